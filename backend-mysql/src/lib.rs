@@ -1,0 +1,2 @@
+//! The `mysql` backend for dlock. Not written yet: its issue fills this crate.
+//! Until then `dlock::connect` answers a `mysql` URL with a `Config` error saying so.

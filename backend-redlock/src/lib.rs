@@ -1,0 +1,2 @@
+//! The `redlock` backend for dlock. Not written yet: its issue fills this crate.
+//! Until then `dlock::connect` answers a `redlock` URL with a `Config` error saying so.

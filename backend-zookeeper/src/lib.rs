@@ -1,0 +1,2 @@
+//! The `zookeeper` backend for dlock. Not written yet: its issue fills this crate.
+//! Until then `dlock::connect` answers a `zookeeper` URL with a `Config` error saying so.

@@ -1,0 +1,1 @@
+//! Test servers (filled by issue 3).
