@@ -1,1 +1,90 @@
-//! placeholder
+//! # dlock-api: one lock trait, many backends
+//!
+//! This crate defines what a dlock lock *is*; the backends (`dlock-redis`, `dlock-postgres`, …)
+//! implement it and the `dlock` facade picks one from a URL. Code that needs a lock takes an
+//! `Arc<dyn DistributedLock>`; tests hand it a [`MemoryLock`].
+//!
+//! ```
+//! # async fn demo() -> dlock_api::Result<()> {
+//! use std::time::Duration;
+//! use dlock_api::{DistributedLock, DistributedLockExt, LockOptions, MemoryLock};
+//!
+//! let locks: std::sync::Arc<dyn DistributedLock> = std::sync::Arc::new(MemoryLock::new());
+//! let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(5));
+//! let guard = locks.acquire_str("coupon:42", &opts).await?;
+//! // … read, change and commit, passing guard.fencing_token() to the storage …
+//! guard.release().await?; // after the commit, never before
+//! # Ok(()) }
+//! ```
+//!
+//! ## Which backend should you use?
+//!
+//! | you have | use | lease | fencing | notes |
+//! |---|---|---|---|---|
+//! | nothing shared (tests, one process) | [`MemoryLock`] | TTL | strict | the whole contract, in-process |
+//! | Redis | `dlock-redis` | TTL + watchdog | best effort (failover can lose a lock) | fastest; pub/sub hand-off |
+//! | several independent Redis nodes | `dlock-redlock` | TTL | best effort | survives a minority of nodes down; assumes bounded clock drift |
+//! | MySQL / MariaDB | `dlock-mysql` | the connection | strict (counter row) | no extra infrastructure |
+//! | Postgres | `dlock-postgres` | the connection | strict (counter row) | advisory, transaction and row locks |
+//! | etcd | `dlock-etcd` | lease + keep-alive | strict (revision) | consensus: survives failover |
+//! | ZooKeeper | `dlock-zookeeper` | the session | strict (zxid) | consensus: survives failover |
+//!
+//! ## The contract in brief
+//! 1. **Mutual exclusion**: while a guard is valid, no other guard for its name exists.
+//! 2. **Ownership**: only the holder releases or extends; a stale guard gets
+//!    [`LockError::NotHeld`] / [`LockError::Lost`] and never touches the new holder's lock.
+//! 3. **Crash liveness**: a vanished holder's lock frees after its TTL or when its session ends.
+//! 4. **Fencing**: every acquire returns a [`FencingToken`] above all earlier ones for the name;
+//!    a resource that remembers the highest (see [`FencingGate`]) refuses stale holders.
+//! 5. **Bounded waiting**: [`try_acquire`](DistributedLock::try_acquire) returns at once;
+//!    [`acquire`](DistributedLock::acquire) returns within its wait timeout plus one round trip.
+//! 6. **Notification, not polling**: waiters are woken by the backend on release.
+//! 7. **Lost signal**: [`LockGuard::lost`] fires when the lock is lost, with a [`LostReason`].
+//! 8. **Renewal**: with [`Renewal::auto`] (the default) a watchdog keeps the lease while held.
+//! 9. **Cancel safety**: dropping an acquire future leaves nothing held; dropping a guard
+//!    releases in the background.
+//! 10. **Clear errors**: bad input fails before any network call with
+//!     [`LockError::InvalidArgument`]; nothing fails as a silent `false`.
+//!
+//! ## Pieces
+//! - [`DistributedLock`]: the trait; [`DistributedLockExt`]: `acquire_str`, `with_lock`.
+//! - [`LockGuard`]: a held lock; [`LockOptions`]: TTL, wait, renewal, max hold, retry.
+//! - [`LockName`]: validated names; [`KeyMapper`]: names into narrower key spaces.
+//! - [`Capabilities`]: what a backend promises beyond the contract.
+//! - [`raw`]: the implementor API (leases, the shared watchdog, cancel-safety guards).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod capabilities;
+mod error;
+mod fencing;
+mod guard;
+mod lock;
+mod memory;
+mod name;
+mod options;
+pub mod raw;
+
+pub use capabilities::{Capabilities, Fencing, LeaseKind};
+pub use error::{BoxError, LockError, Result};
+pub use fencing::{FencingGate, FencingToken};
+pub use guard::{LockGuard, Lost, LostReason};
+pub use lock::{DistributedLock, DistributedLockExt, DynDistributedLock, LockContext};
+pub use memory::MemoryLock;
+pub use name::{KeyMapper, LockName};
+pub use options::{LockOptions, Renewal, RetryPolicy};
+
+/// Compile-time proof that the public types and futures can cross threads.
+#[allow(dead_code)]
+fn assert_send_sync() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    fn send<T: Send>(_: &T) {}
+    send_sync::<LockGuard>();
+    send_sync::<LockError>();
+    send_sync::<MemoryLock>();
+    send_sync::<std::sync::Arc<DynDistributedLock>>();
+    let locks = MemoryLock::new();
+    let name = LockName::new("x").expect("valid");
+    let opts = LockOptions::new();
+    send(&locks.acquire(&name, &opts));
+    send(&locks.with_lock("x", &opts, |_| async {}));
+}

@@ -1,0 +1,91 @@
+//! What a backend can and cannot promise.
+
+use std::time::Duration;
+
+use crate::error::{LockError, Result};
+use crate::options::LockOptions;
+
+/// What a backend promises, beyond the contract every backend keeps.
+///
+/// Naming rule: plain nouns for features (`extend`, `fifo`), `max_*` for limits. Backends build it
+/// with struct-update syntax (`Capabilities { fifo: true, ..Capabilities::default() }`), which is
+/// why it is not `#[non_exhaustive]`: new fields arrive in minor releases with a `false` / `None`
+/// default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// How far fencing tokens can be trusted.
+    pub fencing: Fencing,
+    /// What ends the lock when the holder vanishes.
+    pub lease: LeaseKind,
+    /// [`LockGuard::extend`](crate::LockGuard::extend) and automatic renewal work.
+    pub extend: bool,
+    /// Waiters acquire in the order they started waiting.
+    pub fifo: bool,
+    /// Waiters are woken by the server when the lock is released (no poll interval).
+    pub wake_on_release: bool,
+    /// The guard's [`lost`](crate::LockGuard::lost) signal fires on loss the backend can detect
+    /// (expiry, failed renewal, closed session), not only at the local TTL deadline.
+    pub lost_signal: bool,
+    /// A held lock survives the failover of a server (a quorum or consensus system).
+    pub survives_failover: bool,
+    /// One client can hold the same name twice. No dlock backend is: a second acquire by the same
+    /// client waits like any other client.
+    pub reentrant: bool,
+    /// The longest name the backend keeps readable before mapping it to a digest key, if limited.
+    pub max_name_bytes: Option<usize>,
+    /// The longest lease the backend accepts, if limited.
+    pub max_ttl: Option<Duration>,
+}
+
+/// How far fencing tokens can be trusted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fencing {
+    /// No tokens (every guard reports 0).
+    #[default]
+    None,
+    /// Tokens increase, except across a failure the backend documents (e.g. Redis failover).
+    BestEffort,
+    /// Tokens strictly increase per name, always.
+    Strict,
+}
+
+/// What ends the lock when the holder vanishes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LeaseKind {
+    /// A time-to-live on the server (Redis, etcd, memory).
+    #[default]
+    Ttl,
+    /// The holder's session or connection (MySQL, Postgres, ZooKeeper).
+    Session,
+}
+
+impl Capabilities {
+    /// Checks `options` against these capabilities and on their own. Backends call this first,
+    /// so bad input fails before any network call (OpenDAL's correctness-check layer).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for options no backend accepts or beyond this backend's
+    /// limits; [`LockError::Unsupported`] for renewal on a backend without `extend` where the lease
+    /// is a TTL.
+    pub fn check(&self, backend: &'static str, options: &LockOptions) -> Result<()> {
+        options.validate()?;
+        if let Some(max) = self.max_ttl {
+            if self.lease == LeaseKind::Ttl && options.ttl() > max {
+                return Err(LockError::invalid(
+                    "ttl",
+                    format!(
+                        "{:?} is longer than {backend}'s limit of {max:?}",
+                        options.ttl()
+                    ),
+                ));
+            }
+        }
+        if self.lease == LeaseKind::Ttl && !self.extend && options.renewal_interval().is_some() {
+            return Err(LockError::Unsupported {
+                backend,
+                operation: "lease renewal",
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,281 @@
+//! The held lock: [`LockGuard`], its [`Lost`] signal and [`LostReason`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{LockError, Result};
+use crate::fencing::FencingToken;
+use crate::name::LockName;
+use crate::options::LockOptions;
+use crate::raw::{LeaseState, RawLease, spawn_release, start_watchdog};
+
+/// Why a held lock was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The lease's TTL ran out without renewal.
+    Expired,
+    /// Renewal kept failing (server unreachable) until the lease's validity ran out.
+    RenewalFailed,
+    /// The server says someone else holds the lock, or nobody does.
+    TakenOver,
+    /// The session or connection that held the lock closed (killed, dropped, server restarted).
+    SessionClosed,
+    /// The maximum hold time from [`LockOptions::with_max_hold`] was reached.
+    MaxHoldExceeded,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Expired => "the lease expired",
+            Self::RenewalFailed => "renewal failed until the lease expired",
+            Self::TakenOver => "the server no longer has this holder",
+            Self::SessionClosed => "the session holding the lock closed",
+            Self::MaxHoldExceeded => "the maximum hold time was reached",
+        })
+    }
+}
+
+/// A held lock. Created by [`acquire`](crate::DistributedLock::acquire) and
+/// [`try_acquire`](crate::DistributedLock::try_acquire); released by [`release`](Self::release),
+/// or in the background when dropped.
+///
+/// It carries the lock's [`FencingToken`], the lease deadline and a [`lost`](Self::lost) signal.
+/// With renewal on (the default), a watchdog task keeps the lease alive until the guard is
+/// released, dropped or forgotten.
+///
+/// ### Note: dropping releases in the background, not at once
+/// Async drop does not exist, so `Drop` spawns the release and logs a warning. Code that must know
+/// the lock is free before it goes on (the seeds' commit-then-unlock rule) calls
+/// `release().await` after its commit.
+#[must_use = "if unused the lock is released immediately"]
+#[clippy::has_significant_drop]
+pub struct LockGuard {
+    name: LockName,
+    token: FencingToken,
+    lease: Option<Arc<dyn RawLease>>,
+    state: Arc<LeaseState>,
+}
+
+impl LockGuard {
+    /// Assembles a guard. **For backend implementors**: call it once the server granted the lock,
+    /// with the lease and the state created for it. Starts the watchdog if `options` ask for
+    /// renewal or a maximum hold time.
+    pub fn new(
+        name: LockName,
+        token: FencingToken,
+        lease: Arc<dyn RawLease>,
+        state: Arc<LeaseState>,
+        options: &LockOptions,
+    ) -> Self {
+        let lease_is_ttl = state.valid_until().is_some();
+        start_watchdog(
+            crate::raw::watchdog_settings(&name, options, lease_is_ttl),
+            lease.clone(),
+            state.clone(),
+        );
+        Self {
+            name,
+            token,
+            lease: Some(lease),
+            state,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// The fencing token of this acquire: pass it with every write to the resource you protect.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// When the lease ends unless renewed (the watchdog moves it forward); `None` for session
+    /// leases (MySQL, Postgres), which last as long as their connection.
+    ///
+    /// The deadline is measured from before the acquire request was sent, so it errs early.
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.state.valid_until()
+    }
+
+    /// Whether the lock is still held as far as this client knows (not lost, deadline not passed).
+    pub fn is_held(&self) -> bool {
+        self.state.is_held()
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        if self.state.is_held() {
+            None
+        } else {
+            self.state.lost_reason()
+        }
+    }
+
+    /// A future that resolves when the lock is lost, with the reason. Select on it to abort work:
+    ///
+    /// ```
+    /// # async fn demo(guard: dlock_api::LockGuard) {
+    /// tokio::select! {
+    ///     reason = guard.lost() => eprintln!("lock lost: {reason}"),
+    ///     _ = do_the_work() => {}
+    /// }
+    /// # }
+    /// # async fn do_the_work() {}
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes the guard.
+    pub fn lost(&self) -> Lost<'_> {
+        Lost {
+            inner: Box::pin(self.state.lost()),
+        }
+    }
+
+    /// A token cancelled when the lock is lost, for handing to spawned work. Calling it starts a
+    /// small task that watches the lease deadline until the guard is released or dropped.
+    pub fn lost_token(&self) -> CancellationToken {
+        let token = self.state.lost_token().clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let state = self.state.clone();
+            handle.spawn(async move {
+                tokio::select! {
+                    _ = state.closed() => {}
+                    _ = state.lost() => {}
+                }
+            });
+        }
+        token
+    }
+
+    /// Resets the lease to `ttl` from now.
+    ///
+    /// # Errors
+    /// - [`LockError::Lost`] without a network call if the lock is already known to be lost;
+    /// - [`LockError::NotHeld`] if the server says someone else holds it (the guard is then lost);
+    /// - [`LockError::Unsupported`] on session backends, which have no lease to extend;
+    /// - [`LockError::InvalidArgument`] for a zero or absurd `ttl`, before any network call.
+    ///
+    /// # Cancel safety
+    /// Cancel safe in that dropping it leaves the lock held; the lease may or may not have been
+    /// extended.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        LockOptions::new()
+            .with_ttl(ttl)
+            .with_renewal(crate::Renewal::Off)
+            .validate()?;
+        self.check_held()?;
+        let lease = self.lease.as_ref().expect("lease present until release");
+        let started = Instant::now();
+        match lease.extend(ttl).await {
+            Ok(()) => {
+                if self.state.valid_until().is_some() {
+                    self.state.set_valid_until(Some(started + ttl));
+                }
+                Ok(())
+            }
+            Err(error @ LockError::NotHeld { .. }) => {
+                self.state.mark_lost(LostReason::TakenOver);
+                Err(error)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Releases the lock and waits for the server to confirm.
+    ///
+    /// # Errors
+    /// - [`LockError::Lost`] if the lock had been lost before (the release is still attempted,
+    ///   owner-checked, so it never touches a new holder's lock);
+    /// - [`LockError::NotHeld`] if the server says this guard no longer holds it;
+    /// - [`LockError::Unavailable`] if the server could not be reached: the lock then ends with
+    ///   its lease or session.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: if dropped mid-way, the release may or may not have happened, and no
+    /// background release follows. The lock then ends with its lease or session.
+    pub async fn release(mut self) -> Result<()> {
+        let lease = self.lease.take().expect("lease present until release");
+        self.state.close();
+        let lost_before = (!self.state.is_held())
+            .then(|| self.state.lost_reason())
+            .flatten();
+        let released = lease.release().await;
+        match (lost_before, released) {
+            (Some(reason), _) => Err(LockError::Lost {
+                name: self.name.to_string(),
+                reason,
+            }),
+            (None, result) => result,
+        }
+    }
+
+    /// Stops renewal and lets go of the guard *without* releasing: the lock stays held until its
+    /// TTL ends (a session backend's connection is closed, which frees it at once). Useful for
+    /// handing a lock over to expiry on purpose, and for testing crash liveness.
+    pub fn forget(mut self) {
+        self.state.close();
+        self.lease.take();
+    }
+
+    fn check_held(&self) -> Result<()> {
+        if self.state.is_held() {
+            return Ok(());
+        }
+        let reason = self.state.lost_reason().unwrap_or(LostReason::Expired);
+        Err(LockError::Lost {
+            name: self.name.to_string(),
+            reason,
+        })
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            self.state.close();
+            tracing::warn!(lock = %self.name, "lock guard dropped without release(); releasing in the background");
+            spawn_release(self.name.as_str(), lease);
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.name)
+            .field("fencing_token", &self.token)
+            .field("valid_until", &self.state.valid_until())
+            .field("lost", &self.state.lost_reason())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The future returned by [`LockGuard::lost`]: resolves with the reason when the lock is lost.
+#[must_use = "futures do nothing unless awaited"]
+pub struct Lost<'a> {
+    inner: Pin<Box<dyn Future<Output = LostReason> + Send + 'a>>,
+}
+
+impl Future for Lost<'_> {
+    type Output = LostReason;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<LostReason> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl fmt::Debug for Lost<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Lost")
+    }
+}

@@ -1,0 +1,241 @@
+//! The [`DistributedLock`] trait and its conveniences.
+
+use std::fmt::{Debug, Display};
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::capabilities::Capabilities;
+use crate::error::{LockError, Result};
+use crate::fencing::FencingToken;
+use crate::guard::LockGuard;
+use crate::name::LockName;
+use crate::options::LockOptions;
+
+/// A lock service: one backend (Redis, Postgres, …) or the in-process [`MemoryLock`](crate::MemoryLock).
+///
+/// Used as `Arc<dyn DistributedLock>` (see [`DynDistributedLock`]), so code can take any backend
+/// and tests can swap in the memory backend. The required methods are the minimal set; the
+/// conveniences live in [`DistributedLockExt`].
+///
+/// Every implementation passes the conformance suite (`dlock-conformance`); the case ids in the
+/// `# Behavior` lists below name the checks.
+#[async_trait]
+pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
+    /// What this backend promises beyond the common contract.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Acquires `name` if it is free, without waiting.
+    ///
+    /// # Behavior
+    /// - Returns `Ok(None)` at once when someone else holds the lock
+    ///   (`waiting::try_acquire_on_held_returns_none`), including this same client
+    ///   (`exclusion::same_client_is_not_reentrant`).
+    /// - Each success returns a fencing token above every earlier one for the name
+    ///   (`fencing::tokens_strictly_increase`).
+    /// - Bad options fail with [`LockError::InvalidArgument`] before any network call
+    ///   (`input::bad_options_rejected`).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for bad options; [`LockError::Unavailable`] /
+    /// [`LockError::Backend`] when the server fails. Never an error for contention.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future at any await point leaves no lock held beyond an
+    /// owner-checked background release.
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>>;
+
+    /// Acquires `name`, waiting until it is free or the options' wait timeout passes.
+    ///
+    /// Waiters are woken by the backend when the lock is released (see
+    /// [`Capabilities::wake_on_release`]), so hand-off costs about one round trip.
+    ///
+    /// # Behavior
+    /// - Waits while another guard holds the lock; returns [`LockError::Timeout`] within the
+    ///   wait timeout plus one round trip (`waiting::acquire_times_out_within_bound`).
+    /// - A release wakes the next waiter (`waiting::release_wakes_waiter`).
+    /// - A holder that vanished frees the lock after its lease (`expiry::forgotten_holder_frees_after_ttl`).
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`], [`LockError::InvalidArgument`], [`LockError::Unavailable`],
+    /// [`LockError::Backend`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future leaves no lock held and no waiter registered
+    /// (`cancel::dropped_acquire_leaves_nothing`); the caller loses its place in the queue.
+    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard>;
+}
+
+/// A lock service behind a pointer: `Arc<DynDistributedLock>`.
+pub type DynDistributedLock = dyn DistributedLock;
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<T: DistributedLock + ?Sized> DistributedLock for Arc<T> {
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        (**self).try_acquire(name, options).await
+    }
+    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
+        (**self).acquire(name, options).await
+    }
+}
+
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl<T: DistributedLock + ?Sized> DistributedLock for Box<T> {
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        (**self).try_acquire(name, options).await
+    }
+    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
+        (**self).acquire(name, options).await
+    }
+}
+
+/// What work run by [`DistributedLockExt::with_lock`] knows about its lock.
+#[derive(Clone, Debug)]
+pub struct LockContext {
+    name: LockName,
+    token: FencingToken,
+    lost: CancellationToken,
+}
+
+impl LockContext {
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// The fencing token to send with every write to the protected resource.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// Cancelled when the lock is lost; for tasks the work spawns.
+    pub fn lost_token(&self) -> &CancellationToken {
+        &self.lost
+    }
+}
+
+/// Conveniences on every [`DistributedLock`], including `Arc<dyn DistributedLock>`.
+pub trait DistributedLockExt: DistributedLock {
+    /// [`acquire`](DistributedLock::acquire) with a `&str` name, validated first.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](DistributedLock::acquire).
+    fn acquire_str(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<LockGuard>> + Send {
+        let name = LockName::new(name);
+        async move { self.acquire(&name?, options).await }
+    }
+
+    /// [`try_acquire`](DistributedLock::try_acquire) with a `&str` name, validated first.
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](DistributedLock::try_acquire).
+    fn try_acquire_str(
+        &self,
+        name: &str,
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
+        let name = LockName::new(name);
+        async move { self.try_acquire(&name?, options).await }
+    }
+
+    /// Runs `work` while holding `name`: acquires (waiting as the options say), runs the work,
+    /// and releases **after** the work has finished, so a database commit inside it is durable
+    /// before the next holder reads (the seeds' commit-before-unlock rule).
+    ///
+    /// If the lock is lost while the work runs, the work's future is dropped at its next await
+    /// point and the call returns [`LockError::Lost`]: the work must be written so that stopping
+    /// at an await is safe (an uncommitted transaction rolls back when dropped).
+    ///
+    /// # Errors
+    /// Whatever [`acquire`](DistributedLock::acquire) returns; [`LockError::Lost`] if the lock was
+    /// lost during the work; the release's error if the work finished but the release failed
+    /// (the server then no longer had this holder, so exclusion may have ended early).
+    ///
+    /// # Cancel safety
+    /// Dropping it drops the work and the guard; the guard then releases in the background.
+    ///
+    /// # Examples
+    /// ```
+    /// # async fn demo() -> dlock_api::Result<()> {
+    /// use dlock_api::{DistributedLockExt, LockOptions, MemoryLock};
+    /// let locks = MemoryLock::new();
+    /// let left = locks
+    ///     .with_lock("coupon:1", &LockOptions::new(), |ctx| async move {
+    ///         // read, decrement, write (and commit) while holding the lock
+    ///         let _fence = ctx.fencing_token();
+    ///         99
+    ///     })
+    ///     .await?;
+    /// assert_eq!(left, 99);
+    /// # Ok(()) }
+    /// ```
+    fn with_lock<N, F, Fut, T>(
+        &self,
+        name: N,
+        options: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        N: TryInto<LockName, Error = LockError> + Send,
+        F: FnOnce(LockContext) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        async move {
+            let name = name.try_into()?;
+            let guard = self.acquire(&name, options).await?;
+            let context = LockContext {
+                name: name.clone(),
+                token: guard.fencing_token(),
+                lost: guard.lost_token(),
+            };
+            let outcome = tokio::select! {
+                biased;
+                reason = guard.lost() => Err(reason),
+                output = work(context) => Ok(output),
+            };
+            match outcome {
+                Ok(output) => {
+                    guard.release().await?;
+                    Ok(output)
+                }
+                Err(reason) => {
+                    // Owner-checked: never touches a new holder's lock.
+                    let _ = guard.release().await;
+                    Err(LockError::Lost {
+                        name: name.to_string(),
+                        reason,
+                    })
+                }
+            }
+        }
+    }
+}
+
+impl<T: DistributedLock + ?Sized> DistributedLockExt for T {}

@@ -1,0 +1,253 @@
+//! The in-process backend.
+
+mod store;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use async_trait::async_trait;
+use tokio::time::{Instant, sleep_until};
+
+use self::store::{Attempt, Store};
+use crate::capabilities::{Capabilities, Fencing, LeaseKind};
+use crate::error::{LockError, Result};
+use crate::fencing::FencingToken;
+use crate::guard::LockGuard;
+use crate::lock::DistributedLock;
+use crate::name::LockName;
+use crate::options::LockOptions;
+use crate::raw::{LeaseState, PendingAcquire, RawLease};
+
+const BACKEND: &str = "memory";
+
+/// Locks shared by the tasks of one process: the reference backend, and the one to swap in when
+/// testing code that uses dlock.
+///
+/// It keeps the whole contract within the process: TTL expiry, renewal, strictly increasing
+/// fencing tokens, FIFO waiters woken on release, the lost signal, cancel safety. Time is tokio's,
+/// so tests under `#[tokio::test(start_paused = true)]` see TTLs pass instantly.
+///
+/// Clients of one *store* see each other's locks: [`MemoryLock::new`] makes a new store,
+/// [`client`](Self::client) another client of the same store, and [`MemoryLock::shared`] (what
+/// `dlock::connect("memory://NAME")` uses) the process-wide store of that name.
+///
+/// # Examples
+/// ```
+/// # async fn demo() -> dlock_api::Result<()> {
+/// use dlock_api::{DistributedLock, DistributedLockExt, LockOptions, MemoryLock};
+/// let locks = MemoryLock::new();
+/// let guard = locks.acquire_str("coupon:1", &LockOptions::new()).await?;
+/// assert!(locks.try_acquire_str("coupon:1", &LockOptions::new()).await?.is_none());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryLock {
+    store: Arc<Store>,
+    label: Arc<str>,
+}
+
+impl MemoryLock {
+    /// A client of a new, private store.
+    pub fn new() -> Self {
+        Self {
+            store: Arc::default(),
+            label: "private".into(),
+        }
+    }
+
+    /// A client of the process-wide store called `name`, created on first use and dropped when its
+    /// last client is. `dlock::connect("memory://NAME")` returns this; `memory://` is `"default"`.
+    pub fn shared(name: &str) -> Self {
+        static STORES: OnceLock<Mutex<HashMap<String, Weak<Store>>>> = OnceLock::new();
+        let mut stores = STORES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        stores.retain(|_, store| store.strong_count() > 0);
+        let store = stores.get(name).and_then(Weak::upgrade).unwrap_or_else(|| {
+            let store = Arc::<Store>::default();
+            stores.insert(name.to_owned(), Arc::downgrade(&store));
+            store
+        });
+        Self {
+            store,
+            label: name.into(),
+        }
+    }
+
+    /// Another client of the same store (as a second process would be).
+    pub fn client(&self) -> Self {
+        self.clone()
+    }
+
+    /// Ends the current holder's lease of `name` at once, firing its `lost` signal with
+    /// [`LostReason::SessionClosed`](crate::LostReason::SessionClosed): what a crashed server or
+    /// an expired session does to a real backend. For tests; returns whether there was a holder.
+    pub fn evict(&self, name: &LockName) -> bool {
+        self.store.evict(name)
+    }
+
+    /// How many names are held or waited for. Zero after a test means nothing leaked.
+    pub fn active_names(&self) -> usize {
+        self.store.active_names()
+    }
+
+    fn grant(
+        &self,
+        name: &LockName,
+        id: u64,
+        token: u64,
+        started: Instant,
+        options: &LockOptions,
+    ) -> LockGuard {
+        let state = Arc::new(LeaseState::new(Some(started + options.ttl())));
+        self.store.attach(name, id, &state);
+        let lease = Arc::new(MemoryLease {
+            store: self.store.clone(),
+            name: name.clone(),
+            id,
+        });
+        LockGuard::new(
+            name.clone(),
+            FencingToken::new(token),
+            lease,
+            state,
+            options,
+        )
+    }
+}
+
+impl Default for MemoryLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryLock")
+            .field("store", &self.label)
+            .finish()
+    }
+}
+
+impl fmt::Display for MemoryLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "memory({})", self.label)
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MemoryLock {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: Fencing::Strict,
+            lease: LeaseKind::Ttl,
+            extend: true,
+            fifo: true,
+            wake_on_release: true,
+            lost_signal: true,
+            survives_failover: false,
+            reentrant: false,
+            max_name_bytes: None,
+            max_ttl: None,
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.capabilities().check(BACKEND, options)?;
+        let started = Instant::now();
+        Ok(match self.store.try_take(name, options.ttl(), None) {
+            Attempt::Granted { id, token } => Some(self.grant(name, id, token, started, options)),
+            Attempt::Busy { .. } => None,
+        })
+    }
+
+    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
+        self.capabilities().check(BACKEND, options)?;
+        let started = Instant::now();
+        if let Attempt::Granted { id, token } = self.store.try_take(name, options.ttl(), None) {
+            return Ok(self.grant(name, id, token, started, options));
+        }
+        let deadline = options.wait_timeout().map(|wait| started + wait);
+        let (waiter, wake) = self.store.enqueue(name);
+        let pending = {
+            let (store, name) = (self.store.clone(), name.clone());
+            PendingAcquire::arm(move || store.dequeue(&name, waiter))
+        };
+        loop {
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let attempt_started = Instant::now();
+            let until = match self.store.try_take(name, options.ttl(), Some(waiter)) {
+                Attempt::Granted { id, token } => {
+                    pending.disarm();
+                    return Ok(self.grant(name, id, token, attempt_started, options));
+                }
+                Attempt::Busy { until } => until,
+            };
+            let wake_at = match (until, deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match wake_at {
+                Some(at) => tokio::select! {
+                    _ = notified => {}
+                    _ = sleep_until(at) => {}
+                },
+                None => notified.await,
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                // One last try, so a lock freed exactly at the deadline is not missed.
+                if let Attempt::Granted { id, token } =
+                    self.store.try_take(name, options.ttl(), Some(waiter))
+                {
+                    pending.disarm();
+                    return Ok(self.grant(name, id, token, Instant::now(), options));
+                }
+                drop(pending);
+                return Err(LockError::Timeout {
+                    name: name.to_string(),
+                    waited: started.elapsed(),
+                });
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct MemoryLease {
+    store: Arc<Store>,
+    name: LockName,
+    id: u64,
+}
+
+#[async_trait]
+impl RawLease for MemoryLease {
+    async fn release(&self) -> Result<()> {
+        if self.store.release(&self.name, self.id) {
+            Ok(())
+        } else {
+            Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            })
+        }
+    }
+
+    async fn extend(&self, ttl: std::time::Duration) -> Result<()> {
+        if self.store.extend(&self.name, self.id, ttl) {
+            Ok(())
+        } else {
+            Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            })
+        }
+    }
+}

@@ -1,0 +1,126 @@
+use std::sync::{Mutex, OnceLock};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::guard::LostReason;
+
+/// The shared record of one held lock's validity and loss.
+///
+/// The guard, its watchdog and the backend's own tasks (a connection that notices it closed, a
+/// session watcher) share it through an `Arc`. Loss is sticky: the first
+/// [`mark_lost`](Self::mark_lost) wins and later ones are ignored.
+#[derive(Debug)]
+pub struct LeaseState {
+    lost: CancellationToken,
+    reason: OnceLock<LostReason>,
+    valid_until: Mutex<Option<Instant>>,
+    valid_until_changed: Notify,
+    closed: CancellationToken,
+}
+
+impl LeaseState {
+    /// A held lock, valid until `valid_until` (`None`: no deadline, the lease is a session).
+    pub fn new(valid_until: Option<Instant>) -> Self {
+        Self {
+            lost: CancellationToken::new(),
+            reason: OnceLock::new(),
+            valid_until: Mutex::new(valid_until),
+            valid_until_changed: Notify::new(),
+            closed: CancellationToken::new(),
+        }
+    }
+
+    /// Records that the lock is lost and fires the lost signal. Returns false if it was already
+    /// lost (the first reason is kept).
+    pub fn mark_lost(&self, reason: LostReason) -> bool {
+        let first = self.reason.set(reason).is_ok();
+        if first {
+            self.lost.cancel();
+        }
+        first
+    }
+
+    /// Why the lock was lost, if it was.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.reason.get().copied()
+    }
+
+    /// The instant the lease ends unless renewed; `None` for session leases.
+    pub fn valid_until(&self) -> Option<Instant> {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Moves the deadline (after a successful renewal or extend).
+    pub fn set_valid_until(&self, valid_until: Option<Instant>) {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = valid_until;
+        self.valid_until_changed.notify_waiters();
+    }
+
+    /// Whether the lock is still held as far as this client knows: not marked lost and, for TTL
+    /// leases, before the deadline. Passing the deadline marks the lock lost.
+    pub fn is_held(&self) -> bool {
+        if self.reason.get().is_some() {
+            return false;
+        }
+        match self.valid_until() {
+            Some(deadline) if Instant::now() >= deadline => {
+                self.mark_lost(LostReason::Expired);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// A token cancelled when the lock is marked lost.
+    pub fn lost_token(&self) -> &CancellationToken {
+        &self.lost
+    }
+
+    /// Resolves when the lock is lost: marked lost, or its deadline passed (which marks it).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn lost(&self) -> LostReason {
+        loop {
+            if let Some(reason) = self.reason.get() {
+                return *reason;
+            }
+            let changed = self.valid_until_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.valid_until() {
+                Some(deadline) => {
+                    tokio::select! {
+                        _ = self.lost.cancelled() => {}
+                        _ = changed => {}
+                        _ = tokio::time::sleep_until(deadline) => { self.is_held(); }
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        _ = self.lost.cancelled() => {}
+                        _ = changed => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Marks the lock as no longer this guard's business (released, forgotten or dropped): the
+    /// watchdog and lost watchers stop.
+    pub fn close(&self) {
+        self.closed.cancel();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.is_cancelled()
+    }
+
+    /// Resolves when [`close`](Self::close) is called.
+    pub async fn closed(&self) {
+        self.closed.cancelled().await
+    }
+}

@@ -1,0 +1,91 @@
+//! The shared renewal watchdog and maximum-hold enforcement.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use super::{LeaseState, RawLease, spawn_release};
+use crate::error::LockError;
+use crate::guard::LostReason;
+
+/// The watchdog's settings for one guard.
+pub(crate) struct Watch {
+    pub(crate) name: String,
+    pub(crate) ttl: Duration,
+    pub(crate) renew_every: Option<Duration>,
+    pub(crate) max_hold_until: Option<Instant>,
+}
+
+/// Starts the watchdog task if `watch` asks for renewal or a maximum hold time.
+///
+/// It renews every `renew_every` (a third of the TTL by default). A renewal that fails with a
+/// retryable error is retried quickly until the lease's validity runs out, then the lock is marked
+/// lost (`RenewalFailed`); any other failure marks it lost at once (`TakenOver` when the server says
+/// someone else holds it). At the maximum hold time it marks the lock lost and releases it.
+pub(crate) fn start_watchdog(watch: Watch, lease: Arc<dyn RawLease>, state: Arc<LeaseState>) {
+    if watch.renew_every.is_none() && watch.max_hold_until.is_none() {
+        return;
+    }
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(lock = %watch.name, "no tokio runtime: the lock will not be renewed");
+        return;
+    };
+    handle.spawn(async move {
+        tokio::select! {
+            _ = state.closed() => {}
+            _ = state.lost_token().cancelled() => {}
+            _ = run(&watch, &lease, &state) => {}
+        }
+    });
+}
+
+async fn run(watch: &Watch, lease: &Arc<dyn RawLease>, state: &LeaseState) {
+    let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+    let max_hold_until = watch.max_hold_until.unwrap_or(far);
+    let mut next_renewal = watch.renew_every.map(|every| Instant::now() + every);
+    loop {
+        let wake = next_renewal.unwrap_or(far).min(max_hold_until);
+        sleep_until(wake).await;
+        if Instant::now() >= max_hold_until {
+            if state.mark_lost(LostReason::MaxHoldExceeded) {
+                tracing::warn!(lock = %watch.name, "maximum hold time reached; releasing the lock");
+                spawn_release(&watch.name, lease.clone());
+            }
+            return;
+        }
+        let (Some(every), Some(_)) = (watch.renew_every, next_renewal) else {
+            continue;
+        };
+        let started = Instant::now();
+        // A renewal that cannot finish before the lease ends is pointless: bound it by the deadline.
+        let deadline = state.valid_until().unwrap_or(started + watch.ttl);
+        match timeout_at(deadline, lease.extend(watch.ttl)).await {
+            Ok(Ok(())) => {
+                state.set_valid_until(Some(started + watch.ttl));
+                next_renewal = Some(started + every);
+            }
+            Ok(Err(error)) if error.is_retryable() && Instant::now() < deadline => {
+                tracing::debug!(lock = %watch.name, %error, "renewal failed; retrying");
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                next_renewal =
+                    Some(Instant::now() + (remaining / 4).clamp(Duration::from_millis(5), every));
+            }
+            Ok(Err(error)) => {
+                let reason = match &error {
+                    LockError::NotHeld { .. } => LostReason::TakenOver,
+                    LockError::Lost { reason, .. } => *reason,
+                    _ => LostReason::RenewalFailed,
+                };
+                tracing::warn!(lock = %watch.name, %error, "renewal failed; the lock is lost");
+                state.mark_lost(reason);
+                return;
+            }
+            Err(_elapsed) => {
+                tracing::warn!(lock = %watch.name, "renewal did not finish before the lease ended; the lock is lost");
+                state.mark_lost(LostReason::RenewalFailed);
+                return;
+            }
+        }
+    }
+}
