@@ -1,0 +1,158 @@
+//! The case table's types and what a running case gets.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use dlock_api::{Capabilities, DistributedLock, Fencing, LeaseKind, LockError, LockName};
+use futures::future::BoxFuture;
+
+use crate::harness::{Faults, Harness, Timing};
+
+/// Why a case failed.
+#[derive(Debug)]
+pub struct Failure(pub String);
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<LockError> for Failure {
+    fn from(e: LockError) -> Self {
+        let mut message = format!("unexpected error: {e}");
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            message.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        Failure(message)
+    }
+}
+
+/// The outcome of one case.
+pub type CaseResult = Result<(), Failure>;
+
+/// What a case needs beyond the common contract; unmet needs make it not run, with the reason.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Needs {
+    /// Extendable leases (renewal, `extend`).
+    pub extend: bool,
+    /// A TTL lease (cases about expiry).
+    pub ttl_lease: bool,
+    /// Strictly increasing fencing tokens.
+    pub strict_fencing: bool,
+    /// Harness fault hooks.
+    pub faults: bool,
+}
+
+impl Needs {
+    /// Why a case with these needs cannot run against `caps`/`harness`, if it cannot.
+    pub fn unmet(&self, caps: &Capabilities, has_faults: bool) -> Option<&'static str> {
+        if self.extend && !caps.extend {
+            return Some("backend cannot extend leases");
+        }
+        if self.ttl_lease && caps.lease != LeaseKind::Ttl {
+            return Some("backend's lease is a session, not a TTL");
+        }
+        if self.strict_fencing && caps.fencing != Fencing::Strict {
+            return Some("backend's fencing is not strict");
+        }
+        if self.faults && !has_faults {
+            return Some("needs a test harness with fault hooks");
+        }
+        None
+    }
+}
+
+/// One conformance case: an id `<area>::<property_in_words>`, its needs, and its body.
+#[derive(Clone, Copy)]
+pub struct Case {
+    /// The case id, e.g. `fencing::tokens_strictly_increase`.
+    pub id: &'static str,
+    /// What it needs to run.
+    pub needs: Needs,
+    /// The body.
+    pub run: fn(Ctx) -> BoxFuture<'static, CaseResult>,
+}
+
+impl fmt::Debug for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Case")
+            .field("id", &self.id)
+            .field("needs", &self.needs)
+            .finish()
+    }
+}
+
+/// What a running case gets: the harness, a unique name space, the timing.
+#[derive(Clone)]
+pub struct Ctx {
+    harness: Arc<dyn Harness>,
+    case: &'static str,
+    run: Arc<str>,
+}
+
+impl fmt::Debug for Ctx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ctx")
+            .field("harness", &self.harness.label())
+            .field("case", &self.case)
+            .finish()
+    }
+}
+
+impl Ctx {
+    /// A context for `case` in the run `run` (a random id shared by one run's cases).
+    pub fn new(harness: Arc<dyn Harness>, case: &'static str, run: Arc<str>) -> Self {
+        Self { harness, case, run }
+    }
+
+    /// A name no other case or run uses: `dlock-test/<run>/<case>/<suffix>`. The suite never
+    /// flushes a server; isolation is by name.
+    pub fn name(&self, suffix: &str) -> LockName {
+        LockName::new(format!("dlock-test/{}/{}/{suffix}", self.run, self.case))
+            .expect("test names are valid")
+    }
+
+    /// A fresh, independent client.
+    pub async fn client(&self) -> Result<Arc<dyn DistributedLock>, Failure> {
+        self.harness
+            .client()
+            .await
+            .map_err(|e| Failure(format!("could not create a client: {}", Failure::from(e))))
+    }
+
+    /// The harness's fault hooks, if any.
+    pub fn faults(&self) -> Option<&dyn Faults> {
+        self.harness.faults()
+    }
+
+    /// The time scale.
+    pub fn timing(&self) -> Timing {
+        self.harness.timing()
+    }
+
+    /// Awaits `future` for at most the timing's bound; reaching the bound fails with `what`.
+    pub async fn within<T>(
+        &self,
+        what: &str,
+        future: impl Future<Output = T>,
+    ) -> Result<T, Failure> {
+        let bound = self.timing().bound;
+        tokio::time::timeout(bound, future)
+            .await
+            .map_err(|_| Failure(format!("{what}: nothing after {bound:?}")))
+    }
+}
+
+/// Fails the case with a formatted message unless `cond` holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err($crate::Failure(format!($($msg)+)));
+        }
+    };
+}

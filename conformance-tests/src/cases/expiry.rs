@@ -1,0 +1,39 @@
+//! Crash liveness: a vanished holder's lock frees after its lease; a dropped guard frees at once.
+
+use dlock_api::{LockOptions, Renewal};
+
+use crate::{CaseResult, Ctx, Failure, ensure};
+
+/// A holder that forgets its guard (as a crashed process would) blocks others only until its TTL.
+pub async fn forgotten_holder_frees_after_ttl(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let opts = LockOptions::new()
+        .with_ttl(ctx.timing().short_ttl)
+        .with_renewal(Renewal::auto());
+    a.acquire(&name, &opts).await?.forget();
+    let busy = b.try_acquire(&name, &LockOptions::new()).await?;
+    ensure!(busy.is_none(), "a forgotten lock was free before its TTL");
+    let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let next = ctx
+        .within("the lock after the TTL", b.acquire(&name, &wait))
+        .await??;
+    next.release().await?;
+    Ok(())
+}
+
+/// Dropping a guard without `release()` frees the lock long before its TTL.
+pub async fn dropped_guard_frees_promptly(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let long = LockOptions::new().with_ttl(ctx.timing().bound * 4);
+    let guard = a.acquire(&name, &long).await?;
+    drop(guard);
+    let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let next = b
+        .acquire(&name, &wait)
+        .await
+        .map_err(|e| Failure(format!("the dropped guard's lock stayed busy: {e}")))?;
+    next.release().await?;
+    Ok(())
+}

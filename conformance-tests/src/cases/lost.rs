@@ -1,0 +1,125 @@
+//! The lost signal: it fires when the lease ends or the holder is killed, and stays observable.
+
+use std::time::Duration;
+
+use dlock_api::{DistributedLockExt, LockError, LockOptions, LostReason, Renewal};
+
+use crate::{CaseResult, Ctx, Failure, ensure};
+
+/// Without renewal, `lost` fires when the lease ends, and stays fired.
+pub async fn fires_when_lease_ends_without_renewal(ctx: Ctx) -> CaseResult {
+    let client = ctx.client().await?;
+    let opts = LockOptions::new()
+        .with_ttl(ctx.timing().short_ttl)
+        .with_renewal(Renewal::Off);
+    let guard = client.acquire(&ctx.name("lock"), &opts).await?;
+    let reason = ctx.within("lost after the TTL", guard.lost()).await?;
+    ensure!(
+        reason == LostReason::Expired,
+        "lost for {reason:?}, expected Expired"
+    );
+    ensure!(!guard.is_held(), "is_held() after lost");
+    // Already fired: observable again without waiting.
+    let again = tokio::time::timeout(Duration::from_secs(1), guard.lost()).await;
+    ensure!(
+        again == Ok(LostReason::Expired),
+        "second lost() gave {again:?}"
+    );
+    ensure!(
+        guard.lost_reason() == Some(LostReason::Expired),
+        "lost_reason() is {:?}",
+        guard.lost_reason()
+    );
+    let released = guard.release().await;
+    ensure!(
+        matches!(released, Err(LockError::Lost { .. })),
+        "release after loss returned {released:?}"
+    );
+    Ok(())
+}
+
+/// Killing the holder server-side fires `lost` on its guard, and frees the lock for others.
+pub async fn fires_when_holder_killed(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let guard = a.acquire(&name, &LockOptions::new()).await?;
+    let faults = ctx
+        .faults()
+        .ok_or_else(|| Failure("no fault hooks".into()))?;
+    faults.kill_holder(&name).await.map_err(Failure)?;
+    let reason = ctx
+        .within("lost after the holder was killed", guard.lost())
+        .await?;
+    ensure!(!guard.is_held(), "is_held() after lost ({reason:?})");
+    let next = ctx
+        .within(
+            "the lock after the kill",
+            b.acquire(
+                &name,
+                &LockOptions::new().with_wait_timeout(ctx.timing().bound),
+            ),
+        )
+        .await??;
+    let released = guard.release().await;
+    ensure!(
+        released.is_err(),
+        "release of a killed holder's guard succeeded"
+    );
+    ensure!(
+        b.try_acquire(&name, &LockOptions::new()).await?.is_none(),
+        "the killed holder's release freed the new holder's lock"
+    );
+    next.release().await?;
+    Ok(())
+}
+
+/// `with_lock` stops the work when the lock is lost and returns `Lost`.
+pub async fn with_lock_stops_work_when_lost(ctx: Ctx) -> CaseResult {
+    let client = ctx.client().await?;
+    let opts = LockOptions::new()
+        .with_ttl(ctx.timing().short_ttl)
+        .with_renewal(Renewal::Off);
+    let outcome = ctx
+        .within(
+            "with_lock to notice the loss",
+            client.with_lock(&ctx.name("lock"), &opts, |_| std::future::pending::<()>()),
+        )
+        .await?;
+    ensure!(
+        matches!(outcome, Err(LockError::Lost { .. })),
+        "with_lock returned {outcome:?}"
+    );
+    Ok(())
+}
+
+/// `with_lock` releases only after the work finished, and then at once.
+pub async fn with_lock_releases_after_work(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let probe = b.clone();
+    let probe_name = name.clone();
+    let seen_busy = a
+        .with_lock(&name, &LockOptions::new(), |context| async move {
+            let busy = probe
+                .try_acquire(&probe_name, &LockOptions::new())
+                .await
+                .map(|g| g.is_none());
+            (busy, context.fencing_token())
+        })
+        .await?;
+    ensure!(
+        matches!(seen_busy.0, Ok(true)),
+        "the lock was free during the work: {:?}",
+        seen_busy.0
+    );
+    let after = b.try_acquire(&name, &LockOptions::new()).await?;
+    let Some(after) = after else {
+        return Err(Failure("the lock stayed busy after with_lock".into()));
+    };
+    ensure!(
+        after.fencing_token() > seen_busy.1,
+        "token did not rise after with_lock"
+    );
+    after.release().await?;
+    Ok(())
+}

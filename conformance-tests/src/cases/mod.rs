@@ -1,0 +1,92 @@
+//! The case table: the single list both runners use.
+
+pub mod cancel;
+pub mod exclusion;
+pub mod expiry;
+pub mod fencing;
+pub mod input;
+pub mod lost;
+pub mod names;
+pub mod ownership;
+pub mod renewal;
+pub mod waiting;
+
+use crate::case::{Case, Needs};
+
+const NONE: Needs = Needs {
+    extend: false,
+    ttl_lease: false,
+    strict_fencing: false,
+    faults: false,
+};
+const TTL: Needs = Needs {
+    ttl_lease: true,
+    ..NONE
+};
+const EXTEND: Needs = Needs {
+    extend: true,
+    ttl_lease: true,
+    ..NONE
+};
+const STRICT: Needs = Needs {
+    strict_fencing: true,
+    ..NONE
+};
+const STRICT_TTL: Needs = Needs {
+    strict_fencing: true,
+    ttl_lease: true,
+    ..NONE
+};
+const FAULTS: Needs = Needs {
+    faults: true,
+    ..NONE
+};
+
+macro_rules! case {
+    ($area:ident :: $case:ident, $needs:expr) => {
+        Case {
+            id: concat!(stringify!($area), "::", stringify!($case)),
+            needs: $needs,
+            run: |ctx| Box::pin($area::$case(ctx)),
+        }
+    };
+}
+
+static CASES: &[Case] = &[
+    case!(exclusion::coupon_100_tasks_leave_zero, NONE),
+    case!(exclusion::purchase_10_registrations_create_one, NONE),
+    case!(exclusion::same_client_is_not_reentrant, NONE),
+    case!(exclusion::thousand_names_held_at_once, NONE),
+    case!(waiting::try_acquire_on_held_returns_none, NONE),
+    case!(waiting::acquire_times_out_within_bound, NONE),
+    case!(waiting::release_wakes_waiter, NONE),
+    case!(waiting::waiters_acquire_in_turn, NONE),
+    case!(ownership::stale_guard_cannot_release, TTL),
+    case!(ownership::stale_guard_cannot_extend, TTL),
+    case!(ownership::release_frees_for_others, NONE),
+    case!(expiry::forgotten_holder_frees_after_ttl, TTL),
+    case!(expiry::dropped_guard_frees_promptly, NONE),
+    case!(fencing::tokens_strictly_increase, STRICT),
+    case!(fencing::stale_write_rejected_by_gate, STRICT_TTL),
+    case!(renewal::keeps_lock_past_ttl_and_stops_at_release, EXTEND),
+    case!(renewal::extend_moves_the_deadline, EXTEND),
+    case!(renewal::max_hold_time_releases, NONE),
+    case!(lost::fires_when_lease_ends_without_renewal, TTL),
+    case!(lost::fires_when_holder_killed, FAULTS),
+    case!(lost::with_lock_stops_work_when_lost, TTL),
+    case!(lost::with_lock_releases_after_work, NONE),
+    case!(cancel::dropped_acquire_leaves_nothing, NONE),
+    case!(cancel::dropped_acquire_race_leaves_nothing, NONE),
+    case!(names::unicode_names_work, NONE),
+    case!(names::names_are_case_sensitive, NONE),
+    case!(names::names_differ_after_byte_64, NONE),
+    case!(names::names_with_slashes_work, NONE),
+    case!(names::longest_name_works, NONE),
+    case!(input::bad_names_rejected, NONE),
+    case!(input::bad_options_rejected, NONE),
+];
+
+/// Every conformance case, in report order.
+pub fn cases() -> &'static [Case] {
+    CASES
+}

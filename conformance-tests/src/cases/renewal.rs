@@ -1,0 +1,90 @@
+//! The watchdog keeps a live holder's lock past its TTL and stops at release.
+
+use dlock_api::{LockOptions, LostReason, Renewal};
+use tokio::time::sleep;
+
+use crate::{CaseResult, Ctx, Failure, ensure};
+
+/// With renewal, a lock outlives several TTLs; after release it is free at once.
+pub async fn keeps_lock_past_ttl_and_stops_at_release(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let ttl = ctx.timing().short_ttl;
+    let guard = a
+        .acquire(
+            &name,
+            &LockOptions::new()
+                .with_ttl(ttl)
+                .with_renewal(Renewal::auto()),
+        )
+        .await?;
+    // Waiting out the TTL is the behaviour under test, not a timing assumption.
+    sleep(ttl * 3).await;
+    ensure!(
+        guard.is_held(),
+        "the renewed guard was lost: {:?}",
+        guard.lost_reason()
+    );
+    let busy = b.try_acquire(&name, &LockOptions::new()).await?;
+    ensure!(
+        busy.is_none(),
+        "another client acquired a renewed lock after 3 TTLs"
+    );
+    guard.release().await?;
+    let next = b.try_acquire(&name, &LockOptions::new()).await?;
+    let Some(next) = next else {
+        return Err(Failure("the lock was busy after release".into()));
+    };
+    next.release().await?;
+    Ok(())
+}
+
+/// `extend` moves the deadline: the lock outlives its first TTL without the watchdog.
+pub async fn extend_moves_the_deadline(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let ttl = ctx.timing().short_ttl;
+    let guard = a
+        .acquire(
+            &name,
+            &LockOptions::new().with_ttl(ttl).with_renewal(Renewal::Off),
+        )
+        .await?;
+    let before = guard.valid_until();
+    guard.extend(ttl * 4).await?;
+    ensure!(
+        guard.valid_until() > before,
+        "valid_until did not move: {before:?} -> {:?}",
+        guard.valid_until()
+    );
+    sleep(ttl * 2).await;
+    ensure!(guard.is_held(), "the extended guard was lost");
+    let busy = b.try_acquire(&name, &LockOptions::new()).await?;
+    ensure!(busy.is_none(), "another client acquired an extended lock");
+    guard.release().await?;
+    Ok(())
+}
+
+/// A maximum hold time ends the lock even while renewal runs, and frees it for others.
+pub async fn max_hold_time_releases(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let opts = LockOptions::new()
+        .with_ttl(ctx.timing().bound * 4)
+        .with_max_hold(ctx.timing().short_ttl);
+    let guard = a.acquire(&name, &opts).await?;
+    let reason = ctx.within("the max hold time", guard.lost()).await?;
+    ensure!(reason == LostReason::MaxHoldExceeded, "lost for {reason:?}");
+    let next = ctx
+        .within(
+            "the lock after max hold",
+            b.acquire(
+                &name,
+                &LockOptions::new().with_wait_timeout(ctx.timing().bound),
+            ),
+        )
+        .await??;
+    next.release().await?;
+    let _ = guard.release().await;
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! The two runners: a `cargo test` binary (libtest-mimic) and [`run_all`] for the CLI.
+
+use std::future::Future;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use libtest_mimic::{Arguments, Trial};
+
+use crate::case::{Case, Ctx, Failure};
+use crate::cases::cases;
+use crate::harness::Harness;
+
+fn run_id() -> Arc<str> {
+    format!("{}-{:08x}", std::process::id(), rand::random::<u32>()).into()
+}
+
+fn trial_name(case: &Case) -> String {
+    format!("conformance::{}", case.id)
+}
+
+async fn run_case(case: &Case, ctx: Ctx) -> Result<(), Failure> {
+    // A hung case must fail, not hang the suite: every case's own waits are far shorter.
+    let limit = ctx.timing().bound * 4;
+    match tokio::time::timeout(limit, (case.run)(ctx)).await {
+        Ok(result) => result,
+        Err(_) => Err(Failure(format!("the case did not finish within {limit:?}"))),
+    }
+}
+
+/// Runs the whole suite as a `cargo test` binary (`[[test]] harness = false`) against the
+/// harness `setup` builds, on one multi-thread runtime shared by all cases.
+///
+/// Filtering works as with libtest (`cargo test -p dlock-redis -- fencing::`), and the closing
+/// `test result:` line is libtest's. Cases whose needs the backend does not meet are reported as
+/// *ignored* with the reason in their name; they never count as passed.
+///
+/// # Panics
+/// If the harness cannot start or give a client: a missing server fails loudly, with the fix.
+pub fn main<H, F, Fut>(setup: F) -> ExitCode
+where
+    H: Harness,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = H>,
+{
+    let args = Arguments::from_args();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let harness: Arc<dyn Harness> = Arc::new(runtime.block_on(setup()));
+    let caps = runtime
+        .block_on(harness.client())
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: could not create a client: {}",
+                harness.label(),
+                Failure::from(e)
+            )
+        })
+        .capabilities();
+    let run = run_id();
+    let trials = cases()
+        .iter()
+        .map(|case| {
+            if let Some(reason) = case.needs.unmet(&caps, harness.faults().is_some()) {
+                return Trial::test(format!("{} (not run: {reason})", trial_name(case)), || {
+                    Ok(())
+                })
+                .with_ignored_flag(true);
+            }
+            let (handle, ctx, case) = (
+                runtime.handle().clone(),
+                Ctx::new(harness.clone(), case.id, run.clone()),
+                *case,
+            );
+            Trial::test(trial_name(&case), move || {
+                handle
+                    .block_on(run_case(&case, ctx))
+                    .map_err(|f| f.0.into())
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    runtime.block_on(async move { drop(harness) });
+    conclusion.exit_code()
+}
+
+/// Like [`main`], but each case runs on its own current-thread runtime with **paused time**
+/// (tokio's `start_paused`) and its own harness: TTLs pass instantly. For in-process backends
+/// only; a real server's clock does not pause.
+pub fn main_paused<H: Harness>(setup: fn() -> H) -> ExitCode {
+    let args = Arguments::from_args();
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("tokio runtime")
+    };
+    let probe: Arc<dyn Harness> = Arc::new(setup());
+    let caps = paused()
+        .block_on(probe.client())
+        .expect("client")
+        .capabilities();
+    let run = run_id();
+    let trials = cases()
+        .iter()
+        .map(|case| {
+            if let Some(reason) = case.needs.unmet(&caps, probe.faults().is_some()) {
+                return Trial::test(format!("{} (not run: {reason})", trial_name(case)), || {
+                    Ok(())
+                })
+                .with_ignored_flag(true);
+            }
+            let (case, run) = (*case, run.clone());
+            Trial::test(trial_name(&case), move || {
+                let ctx = Ctx::new(Arc::new(setup()), case.id, run);
+                paused()
+                    .block_on(run_case(&case, ctx))
+                    .map_err(|f| f.0.into())
+            })
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// How one case ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// It passed.
+    Passed,
+    /// It failed, with the reason.
+    Failed(String),
+    /// It could not run here, with the reason (a capability the backend lacks, no fault hooks).
+    NotRun(&'static str),
+}
+
+/// One case's result.
+#[derive(Debug)]
+pub struct CaseReport {
+    /// The case id.
+    pub id: &'static str,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// The results of [`run_all`].
+#[derive(Debug, Default)]
+pub struct Report {
+    /// One entry per case, in table order.
+    pub cases: Vec<CaseReport>,
+}
+
+impl Report {
+    /// `(passed, failed, not run)`.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let count = |f: fn(&Outcome) -> bool| self.cases.iter().filter(|c| f(&c.outcome)).count();
+        (
+            count(|o| matches!(o, Outcome::Passed)),
+            count(|o| matches!(o, Outcome::Failed(_))),
+            count(|o| matches!(o, Outcome::NotRun(_))),
+        )
+    }
+
+    /// `N passed, M failed` with `, K skipped` when any case did not run.
+    pub fn summary(&self) -> String {
+        let (passed, failed, skipped) = self.counts();
+        let mut line = format!("{passed} passed, {failed} failed");
+        if skipped > 0 {
+            line.push_str(&format!(", {skipped} skipped"));
+        }
+        line
+    }
+}
+
+/// Runs the cases whose id contains `filter` (all if `None`) against `harness`, at most four at a
+/// time, on the caller's runtime. For `dlock conformance --backend URL`.
+pub async fn run_all(harness: Arc<dyn Harness>, filter: Option<&str>) -> Result<Report, Failure> {
+    let caps = harness.client().await?.capabilities();
+    let run = run_id();
+    let selected: Vec<&Case> = cases()
+        .iter()
+        .filter(|c| filter.is_none_or(|f| c.id.contains(f)))
+        .collect();
+    let results = futures::stream::iter(selected)
+        .map(|case| {
+            let ctx = Ctx::new(harness.clone(), case.id, run.clone());
+            let unmet = case.needs.unmet(&caps, harness.faults().is_some());
+            async move {
+                let started = Instant::now();
+                let outcome = match unmet {
+                    Some(reason) => Outcome::NotRun(reason),
+                    None => match run_case(case, ctx).await {
+                        Ok(()) => Outcome::Passed,
+                        Err(failure) => Outcome::Failed(failure.0),
+                    },
+                };
+                CaseReport {
+                    id: case.id,
+                    outcome,
+                    elapsed: started.elapsed(),
+                }
+            }
+        })
+        .buffered(4)
+        .collect()
+        .await;
+    Ok(Report { cases: results })
+}
