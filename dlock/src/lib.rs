@@ -1,1 +1,53 @@
-//! placeholder
+//! # dlock: distributed locks with pluggable backends
+//!
+//! One [`DistributedLock`] trait, one implementation per backend, one conformance suite every
+//! backend passes. Pick a backend with a URL (or a [`Config`] file), hold the result as
+//! `Arc<dyn DistributedLock>`, and swap in `memory://` in your tests.
+//!
+//! ```
+//! # async fn demo() -> dlock::Result<()> {
+//! use std::time::Duration;
+//! use dlock::{DistributedLockExt, LockOptions};
+//!
+//! let locks = dlock::connect("memory://").await?; // "redis://127.0.0.1:6379", "postgres://…", …
+//! let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(5));
+//!
+//! // Take one coupon: read, decrement, write (and commit) under the lock; release after the commit.
+//! let token = locks
+//!     .with_lock("coupon:42", &opts, |lock| async move {
+//!         // pass lock.fencing_token() to the storage so a stale holder's write is refused
+//!         lock.fencing_token()
+//!     })
+//!     .await?;
+//! # let _ = token;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Backends
+//! Each backend is a cargo feature of this crate and its own crate (`dlock-redis`, …); the memory
+//! backend is always compiled in. See [`connect`] for the URL forms and [`dlock_api`]'s guide,
+//! re-exported here, for "which backend should you use?" and the contract in brief.
+//!
+//! ## The `dlock` command
+//! With feature `cli`: `dlock demo` (the coupon scenario with and without a lock),
+//! `dlock run NAME -- CMD` (like `flock(1)`, across machines), `dlock conformance` (the suite
+//! against a deployed backend) and `dlock bench` (latency and hand-off figures).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod config;
+mod connect;
+mod scheme;
+
+#[cfg(feature = "cli")]
+pub mod cli;
+
+pub use config::{Config, LockDefaults};
+pub use connect::{connect, connect_with};
+pub use scheme::{BackendScheme, redact};
+
+#[doc(inline)]
+pub use dlock_api::{
+    BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,
+    FencingGate, FencingToken, KeyMapper, LeaseKind, LockContext, LockError, LockGuard, LockName,
+    LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy, raw,
+};

@@ -1,0 +1,21 @@
+//! The `dlock` command: parses arguments and hands over to `dlock::cli`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    dlock::cli::init_logging();
+    let cli = dlock::cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("dlock: cannot start the async runtime: {e}");
+            return ExitCode::from(70);
+        }
+    };
+    runtime.block_on(dlock::cli::run(cli))
+}

@@ -1,0 +1,218 @@
+//! `dlock bench`: uncontended acquire+release latency and throughput, and contended hand-off.
+//!
+//! Definitions follow `shared/design/PERF-ANCHORS.md`: a *pair* is acquire + release on one name
+//! by one client, back to back; *hand-off* is the time from the holder issuing its release to the
+//! next holder's acquire returning, with `--waiters` clients on one name each holding `--hold`.
+
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
+use tokio::sync::Notify;
+
+use super::{BackendArgs, parse_duration};
+
+/// Arguments of `dlock bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// How long each phase runs.
+    #[arg(long, value_parser = parse_duration, default_value = "3s")]
+    duration: Duration,
+    /// Clients contending for one name in the hand-off phase.
+    #[arg(long, default_value_t = 4)]
+    waiters: usize,
+    /// How long each contending client holds the lock.
+    #[arg(long, value_parser = parse_duration, default_value = "2ms")]
+    hold: Duration,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Latency samples of one phase.
+struct Samples {
+    micros: Vec<f64>,
+    elapsed: Duration,
+}
+
+impl Samples {
+    fn percentile(&self, p: f64) -> f64 {
+        if self.micros.is_empty() {
+            return f64::NAN;
+        }
+        let mut sorted = self.micros.clone();
+        sorted.sort_by(f64::total_cmp);
+        let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+        sorted[rank]
+    }
+
+    fn per_sec(&self) -> f64 {
+        self.micros.len() as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
+    if args.waiters < 2 {
+        return Err(LockError::invalid(
+            "--waiters",
+            "hand-off needs at least 2 clients",
+        ));
+    }
+    let client = args.backend.connect().await?;
+    let label = client.to_string();
+    let run = format!("dlock-bench/{}", std::process::id());
+    let uncontended = uncontended(
+        &client,
+        &LockName::new(format!("{run}/uncontended"))?,
+        args.duration,
+    )
+    .await?;
+    let mut clients = Vec::with_capacity(args.waiters);
+    for _ in 0..args.waiters {
+        clients.push(args.backend.connect().await?);
+    }
+    let handoff = handoff(
+        clients,
+        LockName::new(format!("{run}/handoff"))?,
+        args.duration,
+        args.hold,
+    )
+    .await?;
+
+    if args.json {
+        let json = serde_json::json!({
+            "backend": label,
+            "uncontended": {
+                "ops_per_sec": uncontended.per_sec().round(),
+                "p50_us": uncontended.percentile(50.0).round(),
+                "p99_us": uncontended.percentile(99.0).round(),
+                "samples": uncontended.micros.len(),
+            },
+            "handoff": {
+                "waiters": args.waiters,
+                "hold_us": args.hold.as_micros() as u64,
+                "p50_us": handoff.percentile(50.0).round(),
+                "p99_us": handoff.percentile(99.0).round(),
+                "acquisitions_per_sec": handoff.per_sec().round(),
+                "samples": handoff.micros.len(),
+            },
+        });
+        println!("{json}");
+    } else {
+        println!(
+            "dlock bench against {label} ({:?} per phase)\n",
+            args.duration
+        );
+        println!(
+            "{:<44} {:>12} {:>10} {:>10}",
+            "phase", "ops/s", "p50 µs", "p99 µs"
+        );
+        println!(
+            "{:<44} {:>12.0} {:>10.0} {:>10.0}",
+            "uncontended acquire+release",
+            uncontended.per_sec(),
+            uncontended.percentile(50.0),
+            uncontended.percentile(99.0)
+        );
+        println!(
+            "{:<44} {:>12.0} {:>10.0} {:>10.0}",
+            format!("hand-off ({} clients, hold {:?})", args.waiters, args.hold),
+            handoff.per_sec(),
+            handoff.percentile(50.0),
+            handoff.percentile(99.0)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn uncontended(
+    client: &Arc<dyn DistributedLock>,
+    name: &LockName,
+    duration: Duration,
+) -> Result<Samples, LockError> {
+    let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(10));
+    // Warm up connections and script caches before measuring.
+    for _ in 0..50 {
+        client.acquire(name, &opts).await?.release().await?;
+    }
+    let mut micros = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < duration {
+        let t = Instant::now();
+        let guard = client.acquire(name, &opts).await?;
+        guard.release().await?;
+        micros.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(Samples {
+        micros,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Who holds the lock in the hand-off phase, and when the last holder let go.
+#[derive(Default)]
+struct Baton {
+    released_at: Option<Instant>,
+    generation: u64,
+    samples: Vec<f64>,
+}
+
+async fn handoff(
+    clients: Vec<Arc<dyn DistributedLock>>,
+    name: LockName,
+    duration: Duration,
+    hold: Duration,
+) -> Result<Samples, LockError> {
+    let baton = Arc::new(Mutex::new(Baton::default()));
+    let changed = Arc::new(Notify::new());
+    let opts = LockOptions::new().with_wait_timeout(duration + Duration::from_secs(30));
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut workers = Vec::new();
+    for client in clients {
+        let (baton, changed, name, opts) =
+            (baton.clone(), changed.clone(), name.clone(), opts.clone());
+        workers.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let guard = client.acquire(&name, &opts).await?;
+                let acquired = Instant::now();
+                {
+                    let mut b = baton.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(released) = b.released_at.take() {
+                        b.samples.push((acquired - released).as_secs_f64() * 1e6);
+                    }
+                    b.generation += 1;
+                }
+                changed.notify_waiters();
+                tokio::time::sleep(hold).await;
+                let mine = {
+                    let mut b = baton.lock().unwrap_or_else(|e| e.into_inner());
+                    b.released_at = Some(Instant::now());
+                    b.generation
+                };
+                guard.release().await?;
+                // Let someone else take it before competing again, so every release has waiters.
+                while Instant::now() < deadline {
+                    let notified = changed.notified();
+                    if baton.lock().unwrap_or_else(|e| e.into_inner()).generation != mine {
+                        break;
+                    }
+                    let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+                }
+            }
+            Ok::<(), LockError>(())
+        }));
+    }
+    for worker in workers {
+        worker.await.map_err(|e| LockError::backend("dlock", e))??;
+    }
+    let elapsed = started.elapsed();
+    let samples = std::mem::take(&mut baton.lock().unwrap_or_else(|e| e.into_inner()).samples);
+    Ok(Samples {
+        micros: samples,
+        elapsed,
+    })
+}

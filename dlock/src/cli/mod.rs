@@ -1,0 +1,121 @@
+//! The `dlock` command line (feature `cli`): argument types and the dispatcher the thin binary
+//! calls.
+//!
+//! Exit codes follow sysexits(3) where one fits: 0 success; the command's own status for
+//! `dlock run`; 1 a conformance case failed; 64 bad usage or configuration; 69 backend
+//! unavailable; 74 the lock was lost while the command ran; 75 the lock was busy (timed out).
+
+mod bench;
+mod conformance;
+mod demo;
+mod run;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use dlock_api::{DistributedLock, LockError};
+
+pub use bench::BenchArgs;
+pub use conformance::ConformanceArgs;
+pub use demo::DemoArgs;
+pub use run::RunArgs;
+
+/// dlock: distributed locks over Redis, Redlock, MySQL, Postgres, etcd, ZooKeeper or memory.
+#[derive(Debug, Parser)]
+#[command(name = "dlock", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The seeds' coupon scenario: N workers take one coupon each from a shared stock, once
+    /// without a lock (lost updates) and once with dlock (exactly 0 left).
+    Demo(DemoArgs),
+    /// Run a command while holding a lock (like flock(1), across machines).
+    Run(RunArgs),
+    /// Run the conformance suite against a deployed backend.
+    Conformance(ConformanceArgs),
+    /// Measure acquire/release latency and contended hand-off.
+    Bench(BenchArgs),
+}
+
+/// Where the backend is: a URL, or a config file.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BackendArgs {
+    /// Backend URL, e.g. memory://, redis://127.0.0.1:6379, postgres://user@host/db.
+    #[arg(long, env = "DLOCK_URL", default_value = "memory://")]
+    pub backend: String,
+    /// A TOML config file (url, [options], [lock]); overrides --backend.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+}
+
+impl BackendArgs {
+    async fn connect(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
+        match &self.config {
+            Some(path) => crate::Config::from_file(path)?.connect().await,
+            None => crate::connect(&self.backend).await,
+        }
+    }
+}
+
+/// Parses `"30s"`, `"500ms"`, `"2m"` for clap.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// Runs a parsed command line and returns the process exit code.
+pub async fn run(cli: Cli) -> ExitCode {
+    let result = match cli.command {
+        Command::Demo(args) => demo::demo(args).await,
+        Command::Run(args) => run::run(args).await,
+        Command::Conformance(args) => conformance::conformance(args).await,
+        Command::Bench(args) => bench::bench(args).await,
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("dlock: {}", error_chain(&error));
+            ExitCode::from(exit_code_for(&error))
+        }
+    }
+}
+
+fn exit_code_for(error: &LockError) -> u8 {
+    match error {
+        LockError::InvalidArgument { .. }
+        | LockError::Config { .. }
+        | LockError::Unsupported { .. } => 64,
+        LockError::Unavailable { .. } | LockError::Backend { .. } => 69,
+        LockError::Lost { .. } | LockError::NotHeld { .. } => 74,
+        LockError::Timeout { .. } => 75,
+        _ => 70,
+    }
+}
+
+/// The error and its sources on one line.
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// Logs warnings to stderr (`RUST_LOG` overrides).
+pub fn init_logging() {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

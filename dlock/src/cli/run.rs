@@ -1,0 +1,149 @@
+//! `dlock run`: run a command while holding a lock, like flock(1) across machines.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{ExitCode, ExitStatus};
+use std::time::Duration;
+
+use dlock_api::{LockError, LockGuard, LockName, LockOptions};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::{BackendArgs, parse_duration};
+
+/// Arguments of `dlock run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Lease length; the lock is renewed while the command runs (default 30s).
+    #[arg(long, value_parser = parse_duration)]
+    ttl: Option<Duration>,
+    /// How long to wait for the lock (default: without limit). Exit code 75 when it runs out.
+    #[arg(long, value_parser = parse_duration)]
+    wait: Option<Duration>,
+    /// Do not wait: exit with code 75 at once if the lock is busy (flock -n).
+    #[arg(short = 'n', long, conflicts_with = "wait")]
+    no_wait: bool,
+    /// After a lost lock, how long the command has between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    kill_after: Duration,
+    /// The lock name.
+    name: String,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
+    let name = LockName::new(&args.name)?;
+    let mut opts = match &args.backend.config {
+        Some(path) => crate::Config::from_file(path)?.lock_options(),
+        None => LockOptions::new(),
+    };
+    if let Some(ttl) = args.ttl {
+        opts = opts.with_ttl(ttl);
+    }
+    if let Some(wait) = args.wait {
+        opts = opts.with_wait_timeout(wait);
+    }
+    opts.validate()?;
+    let locks = args.backend.connect().await?;
+    let guard = if args.no_wait {
+        match locks.try_acquire(&name, &opts).await? {
+            Some(guard) => guard,
+            None => {
+                eprintln!("dlock: lock `{name}` is busy");
+                return Ok(ExitCode::from(75));
+            }
+        }
+    } else {
+        locks.acquire(&name, &opts).await?
+    };
+
+    let mut child = Command::new(&args.command[0])
+        .args(&args.command[1..])
+        .env("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
+        .env("DLOCK_LOCK_NAME", name.as_str())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| {
+            LockError::invalid(
+                "command",
+                format!("cannot start `{}`: {e}", args.command[0]),
+            )
+        })?;
+
+    match supervise(&mut child, &guard, args.kill_after).await {
+        Supervised::Exited(status) => {
+            if let Err(error) = guard.release().await {
+                eprintln!(
+                    "dlock: releasing `{name}` after the command: {}",
+                    super::error_chain(&error)
+                );
+            }
+            Ok(exit_code_of(status))
+        }
+        Supervised::Lost(reason) => {
+            eprintln!(
+                "dlock: lock `{name}` lost while the command ran ({reason}); the command was stopped"
+            );
+            Ok(ExitCode::from(74))
+        }
+    }
+}
+
+enum Supervised {
+    Exited(ExitStatus),
+    Lost(dlock_api::LostReason),
+}
+
+/// Waits for the command, forwarding SIGINT/SIGTERM to it; stops it if the lock is lost.
+async fn supervise(child: &mut Child, guard: &LockGuard, kill_after: Duration) -> Supervised {
+    let mut interrupt = signal(SignalKind::interrupt()).ok();
+    let mut terminate = signal(SignalKind::terminate()).ok();
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                return Supervised::Exited(status.unwrap_or_else(|_| ExitStatus::from_raw(1 << 8)));
+            }
+            reason = guard.lost() => {
+                stop(child, kill_after).await;
+                return Supervised::Lost(reason);
+            }
+            Some(()) = recv(&mut interrupt) => send_signal(child, libc::SIGINT),
+            Some(()) = recv(&mut terminate) => send_signal(child, libc::SIGTERM),
+        }
+    }
+}
+
+async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match signal {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn send_signal(child: &Child, signal: libc::c_int) {
+    if let Some(pid) = child.id() {
+        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped) has no memory effects.
+        unsafe {
+            libc::kill(pid as libc::pid_t, signal);
+        }
+    }
+}
+
+/// SIGTERM, then SIGKILL after `grace`.
+async fn stop(child: &mut Child, grace: Duration) {
+    send_signal(child, libc::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+}
+
+fn exit_code_of(status: ExitStatus) -> ExitCode {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => ExitCode::from(code as u8),
+        (None, Some(signal)) => ExitCode::from(128u8.wrapping_add(signal as u8)),
+        (None, None) => ExitCode::FAILURE,
+    }
+}

@@ -1,0 +1,118 @@
+//! From a URL (and options) to a lock service.
+
+use std::sync::Arc;
+
+use dlock_api::{DistributedLock, LockError, MemoryLock, Result};
+use url::Url;
+
+use crate::scheme::{BackendScheme, redact};
+
+/// Connects to the lock service `url` names and returns it as `Arc<dyn DistributedLock>`.
+///
+/// | URL | backend |
+/// |---|---|
+/// | `memory://` or `memory://STORE` | in-process; all `connect`s of one STORE in a process share locks |
+/// | `redis://host:port`, `rediss://…`, `redis+sentinel://…`, `redis+cluster://…` | Redis (feature `redis`) |
+/// | `redlock://host1:port,host2:port,…` | Redlock over independent Redis nodes (feature `redlock`) |
+/// | `mysql://user:pass@host/db`, `mariadb://…` | MySQL / MariaDB `GET_LOCK` (feature `mysql`) |
+/// | `postgres://user:pass@host/db` | Postgres advisory locks (feature `postgres`) |
+/// | `etcd://host:port[,host:port]` | etcd (feature `etcd`) |
+/// | `zk://host:port[,host:port]` | ZooKeeper (feature `zookeeper`) |
+///
+/// # Errors
+/// [`LockError::Config`] for a malformed URL, an unknown scheme, or a backend not compiled into
+/// this build (the message names the feature to enable); the backend's connect errors
+/// ([`LockError::Unavailable`]) when its server cannot be reached. Passwords never appear in
+/// errors.
+///
+/// # Examples
+/// ```
+/// # async fn demo() -> dlock::Result<()> {
+/// use dlock::{DistributedLockExt, LockOptions};
+/// let locks = dlock::connect("memory://").await?;
+/// let guard = locks.acquire_str("coupon:1", &LockOptions::new()).await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
+    connect_with(url, std::iter::empty::<(String, String)>()).await
+}
+
+/// [`connect`] with backend options as key/value pairs (the `[options]` table of a config
+/// file), which override the URL's query parameters.
+///
+/// # Errors
+/// As [`connect`]; an unknown or malformed option is a [`LockError::Config`].
+pub async fn connect_with<I, K, V>(url: &str, options: I) -> Result<Arc<dyn DistributedLock>>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<str>,
+    V: AsRef<str>,
+{
+    let options: Vec<(String, String)> = options
+        .into_iter()
+        .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
+        .collect();
+    match BackendScheme::parse(url)? {
+        BackendScheme::Memory => connect_memory(url, &options),
+        other => not_available(other),
+    }
+}
+
+fn connect_memory(url: &str, options: &[(String, String)]) -> Result<Arc<dyn DistributedLock>> {
+    let url = Url::parse(url).map_err(|e| LockError::Config {
+        backend: "memory",
+        reason: format!("`{}` is not a URL: {e}", redact(url)),
+    })?;
+    let mut keys = options
+        .iter()
+        .map(|(k, _)| k.clone())
+        .chain(url.query_pairs().map(|(k, _)| k.into_owned()));
+    if let Some(key) = keys.next() {
+        return Err(LockError::Config {
+            backend: "memory",
+            reason: format!("unknown option `{key}`: memory takes none"),
+        });
+    }
+    let store = url
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .unwrap_or("default");
+    Ok(Arc::new(MemoryLock::shared(store)))
+}
+
+fn not_available(scheme: BackendScheme) -> Result<Arc<dyn DistributedLock>> {
+    let compiled: Vec<&str> = BackendScheme::ALL
+        .iter()
+        .filter(|(s, _, _)| *s == BackendScheme::Memory || compiled_in(*s))
+        .map(|(s, _, _)| s.tag())
+        .collect();
+    let reason = if compiled_in(scheme) {
+        format!(
+            "backend `{scheme}` is not implemented in this version of dlock yet (available: {})",
+            compiled.join(", ")
+        )
+    } else {
+        format!(
+            "backend `{scheme}` not compiled in: enable feature `{}` of the dlock crate (compiled in: {})",
+            scheme.feature(),
+            compiled.join(", ")
+        )
+    };
+    Err(LockError::Config {
+        backend: scheme.tag(),
+        reason,
+    })
+}
+
+fn compiled_in(scheme: BackendScheme) -> bool {
+    match scheme {
+        BackendScheme::Memory => true,
+        BackendScheme::Redis => cfg!(feature = "redis"),
+        BackendScheme::Redlock => cfg!(feature = "redlock"),
+        BackendScheme::MySql => cfg!(feature = "mysql"),
+        BackendScheme::Postgres => cfg!(feature = "postgres"),
+        BackendScheme::Etcd => cfg!(feature = "etcd"),
+        BackendScheme::ZooKeeper => cfg!(feature = "zookeeper"),
+    }
+}

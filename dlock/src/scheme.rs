@@ -1,0 +1,173 @@
+//! Which backend a URL names.
+
+use std::fmt;
+
+use dlock_api::{LockError, Result};
+use url::Url;
+
+/// The backends dlock knows, named by URL scheme.
+///
+/// A closed list with a `cfg`'d match (object_store's `ObjectStoreScheme`): no global registry,
+/// nothing to install at start-up, and a clear error for a backend left out of the build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendScheme {
+    /// `memory://[STORE]`: the in-process backend.
+    Memory,
+    /// `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`.
+    Redis,
+    /// `redlock://host1,host2,…`.
+    Redlock,
+    /// `mysql://`, `mariadb://`.
+    MySql,
+    /// `postgres://`, `postgresql://`.
+    Postgres,
+    /// `etcd://`, `etcds://`.
+    Etcd,
+    /// `zk://`, `zookeeper://`.
+    ZooKeeper,
+}
+
+impl BackendScheme {
+    /// Every scheme, with its URL schemes and cargo feature.
+    pub const ALL: &[(BackendScheme, &[&str], &str)] = &[
+        (Self::Memory, &["memory"], "(always)"),
+        (
+            Self::Redis,
+            &[
+                "redis",
+                "rediss",
+                "redis+sentinel",
+                "redis+cluster",
+                "rediss+cluster",
+            ],
+            "redis",
+        ),
+        (Self::Redlock, &["redlock"], "redlock"),
+        (Self::MySql, &["mysql", "mariadb"], "mysql"),
+        (Self::Postgres, &["postgres", "postgresql"], "postgres"),
+        (Self::Etcd, &["etcd", "etcds"], "etcd"),
+        (Self::ZooKeeper, &["zk", "zookeeper"], "zookeeper"),
+    ];
+
+    /// The backend `url` names, from its scheme alone.
+    ///
+    /// Takes the URL as text because some backends' URLs list several hosts
+    /// (`redlock://h1:6379,h2:6379`), which a generic URL parser refuses; each backend parses the
+    /// rest of its own URL.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for text without `scheme://`, or a scheme dlock does not know
+    /// (the message lists the ones it does).
+    pub fn parse(url: &str) -> Result<Self> {
+        let Some((scheme, _)) = url.split_once("://") else {
+            return Err(LockError::Config {
+                backend: "dlock",
+                reason: format!(
+                    "`{}` is not a backend URL: expected `scheme://…`, e.g. memory:// or redis://host:6379",
+                    redact(url)
+                ),
+            });
+        };
+        let scheme = scheme.to_ascii_lowercase();
+        let scheme = scheme.as_str();
+        Self::ALL
+            .iter()
+            .find(|(_, schemes, _)| schemes.contains(&scheme))
+            .map(|(s, _, _)| *s)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::ALL
+                    .iter()
+                    .flat_map(|(_, s, _)| s.iter().copied())
+                    .collect();
+                LockError::Config {
+                    backend: "dlock",
+                    reason: format!(
+                        "unknown scheme `{scheme}://`; dlock knows {}",
+                        known.join(", ")
+                    ),
+                }
+            })
+    }
+
+    /// The cargo feature that compiles this backend in.
+    pub fn feature(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(s, _, _)| *s == self)
+            .map(|(_, _, f)| *f)
+            .unwrap_or("?")
+    }
+
+    /// The backend's tag in errors and logs.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Redis => "redis",
+            Self::Redlock => "redlock",
+            Self::MySql => "mysql",
+            Self::Postgres => "postgres",
+            Self::Etcd => "etcd",
+            Self::ZooKeeper => "zookeeper",
+        }
+    }
+}
+
+impl fmt::Display for BackendScheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.tag())
+    }
+}
+
+/// `url` with its password replaced by `***`, for errors and logs.
+pub fn redact(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        // Unparsable: drop anything that looks like user info rather than risk printing a secret.
+        Err(_) => match (url.find("://"), url.rfind('@')) {
+            (Some(start), Some(at)) if at > start => {
+                format!("{}***@{}", &url[..start + 3], &url[at + 1..])
+            }
+            _ => url.to_owned(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_known_schemes() {
+        let parse = BackendScheme::parse;
+        assert_eq!(parse("memory://").unwrap(), BackendScheme::Memory);
+        assert_eq!(
+            parse("redis://127.0.0.1:6379").unwrap(),
+            BackendScheme::Redis
+        );
+        assert_eq!(
+            parse("redlock://a:1,b:2,c:3").unwrap(),
+            BackendScheme::Redlock
+        );
+        assert_eq!(parse("mariadb://root@h/db").unwrap(), BackendScheme::MySql);
+        assert_eq!(parse("postgresql://h/db").unwrap(), BackendScheme::Postgres);
+        assert_eq!(parse("zk://h:2181").unwrap(), BackendScheme::ZooKeeper);
+        let err = parse("ftp://h").unwrap_err().to_string();
+        assert!(
+            err.contains("unknown scheme `ftp://`") && err.contains("redis"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact("redis://:s3cret@h:1/0"), "redis://:***@h:1/0");
+        assert_eq!(redact("mysql://u:pw@h/db"), "mysql://u:***@h/db");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert!(!redact("bad url://u:pw@h").contains("pw"));
+    }
+}

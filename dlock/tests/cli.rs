@@ -1,0 +1,108 @@
+//! The `dlock` command, run as a user would, on the memory backend.
+
+use std::process::Command;
+
+fn dlock(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(args)
+        .env_remove("DLOCK_URL")
+        .output()
+        .expect("run dlock")
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn demo_shows_lost_updates_without_the_lock_and_none_with_it() {
+    let out = dlock(&["demo", "--workers", "50", "--stock", "50"]);
+    let text = stdout(&out);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let locked = text
+        .lines()
+        .find(|l| l.contains("with dlock"))
+        .expect("locked line");
+    assert!(
+        locked.contains(" 0 left") && locked.contains(" 0 lost updates"),
+        "{locked}"
+    );
+    let unlocked = text
+        .lines()
+        .find(|l| l.contains("without a lock"))
+        .expect("unlocked line");
+    assert!(
+        !unlocked.contains(" 0 lost updates"),
+        "the unlocked run should lose updates: {unlocked}"
+    );
+}
+
+#[test]
+fn run_passes_the_token_and_the_exit_status() {
+    let out = dlock(&[
+        "run",
+        "--ttl",
+        "5s",
+        "cli-test",
+        "--",
+        "sh",
+        "-c",
+        "echo $DLOCK_LOCK_NAME:$DLOCK_FENCING_TOKEN; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("cli-test:") && text.trim_end().len() > "cli-test:".len(),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_input_is_a_usage_error_before_connecting() {
+    let out = dlock(&["run", "--ttl", "0s", "x", "--", "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid ttl"));
+    let out = dlock(&["demo", "--backend", "ftp://nowhere"]);
+    assert_eq!(out.status.code(), Some(64));
+    let out = dlock(&["demo", "--backend", "redis://:secret@127.0.0.1:1"]);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("secret"));
+}
+
+#[test]
+fn conformance_on_memory_ends_with_the_summary_line() {
+    let out = dlock(&["conformance", "--filter", "exclusion::"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.lines().last(), Some("4 passed, 0 failed"), "{text}");
+}
+
+#[test]
+fn bench_prints_json_with_the_documented_fields() {
+    let out = dlock(&["bench", "--duration", "200ms", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = stdout(&out);
+    for field in [
+        "\"backend\"",
+        "\"uncontended\"",
+        "\"ops_per_sec\"",
+        "\"p50_us\"",
+        "\"p99_us\"",
+        "\"handoff\"",
+        "\"waiters\"",
+    ] {
+        assert!(text.contains(field), "missing {field}: {text}");
+    }
+}
