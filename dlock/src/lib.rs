@@ -41,6 +41,11 @@ mod scheme;
 #[cfg(feature = "cli")]
 pub mod cli;
 
+/// The README's examples, compiled and run as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 pub use config::{Config, LockDefaults};
 pub use connect::{connect, connect_with};
 pub use scheme::{BackendScheme, redact};
