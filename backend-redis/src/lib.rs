@@ -1,2 +1,67 @@
-//! The `redis` backend for dlock. Not written yet: its issue fills this crate.
-//! Until then `dlock::connect` answers a `redis` URL with a `Config` error saying so.
+//! # dlock-redis: distributed locks on Redis
+//!
+//! The Redis backend for [dlock](https://docs.rs/dlock): a [`RedisLock`] implements
+//! [`dlock_api::DistributedLock`] on a single node, a Sentinel-managed primary, or a Cluster.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_api::Result<()> {
+//! use dlock_api::{DistributedLock, DistributedLockExt, LockOptions};
+//! use dlock_redis::RedisLock;
+//!
+//! let locks = RedisLock::connect_url("redis://127.0.0.1:6379").await?;
+//! let guard = locks.acquire_str("coupon:42", &LockOptions::new()).await?;
+//! // … work, passing guard.fencing_token() to the storage …
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## How it works
+//! - **Acquire** is one Lua script: `SET PREFIX:{NAME} OWNER NX PX TTL`, and on success it raises
+//!   the name's fence key and returns the new fencing token; on failure it returns the holder's
+//!   remaining TTL. Scripts go by SHA (`EVALSHA`) and fall back to `EVAL` when the server forgot
+//!   them (restart, `SCRIPT FLUSH`).
+//! - **Release / extend** compare the owner and delete / `PEXPIRE` in one script; release
+//!   `PUBLISH`es on `PREFIX:{NAME}:released`.
+//! - **Waiting**: a waiter subscribes to that channel (once per name per client; all of a client's
+//!   subscriptions ride its one RESP3 connection), re-checks, and sleeps until a release message or
+//!   the holder's remaining TTL. Hand-off costs the release, the message and one acquire, about two
+//!   round trips, instead of a poll interval.
+//! - **Renewal**: the shared dlock watchdog extends the lease every TTL/3; when the key is gone or
+//!   someone else's, or the server stays unreachable until the lease ends, the guard's `lost`
+//!   fires.
+//!
+//! ## URLs
+//! `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS, feature `tls-rustls`),
+//! `redis+sentinel://s1:26379,s2:26379/MASTER[/db]`, `redis+cluster://n1:7000,n2:7001`, each with
+//! options as query parameters (see [`RedisConfig`]).
+//!
+//! ## Keys
+//! `PREFIX:{NAME}` (the lock; value = owner, TTL = lease), `PREFIX:{NAME}:fence` (last token; kept
+//! without TTL so tokens never repeat: one small key per name ever locked), channel
+//! `PREFIX:{NAME}:released`. Braces in names are escaped so the hash tag is always the whole name.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod config;
+mod conn;
+mod error;
+mod keys;
+mod lease;
+mod lock;
+mod scripts;
+mod wake;
+
+pub use config::{RedisConfig, Topology};
+pub use keys::LockKeys;
+pub use lock::RedisLock;
+
+/// The URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+];
+
+pub(crate) const BACKEND: &str = "redis";

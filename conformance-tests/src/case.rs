@@ -41,8 +41,9 @@ pub struct Needs {
     pub extend: bool,
     /// A TTL lease (cases about expiry).
     pub ttl_lease: bool,
-    /// Strictly increasing fencing tokens.
-    pub strict_fencing: bool,
+    /// Fencing tokens (strict, or best effort: the cases check normal operation, not the failures a
+    /// best-effort backend documents).
+    pub fencing: bool,
     /// Harness fault hooks.
     pub faults: bool,
 }
@@ -56,8 +57,8 @@ impl Needs {
         if self.ttl_lease && caps.lease != LeaseKind::Ttl {
             return Some("backend's lease is a session, not a TTL");
         }
-        if self.strict_fencing && caps.fencing != Fencing::Strict {
-            return Some("backend's fencing is not strict");
+        if self.fencing && caps.fencing == Fencing::None {
+            return Some("backend has no fencing tokens");
         }
         if self.faults && !has_faults {
             return Some("needs a test harness with fault hooks");

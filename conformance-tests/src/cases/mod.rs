@@ -16,7 +16,7 @@ use crate::case::{Case, Needs};
 const NONE: Needs = Needs {
     extend: false,
     ttl_lease: false,
-    strict_fencing: false,
+    fencing: false,
     faults: false,
 };
 const TTL: Needs = Needs {
@@ -28,12 +28,12 @@ const EXTEND: Needs = Needs {
     ttl_lease: true,
     ..NONE
 };
-const STRICT: Needs = Needs {
-    strict_fencing: true,
+const FENCED: Needs = Needs {
+    fencing: true,
     ..NONE
 };
-const STRICT_TTL: Needs = Needs {
-    strict_fencing: true,
+const FENCED_TTL: Needs = Needs {
+    fencing: true,
     ttl_lease: true,
     ..NONE
 };
@@ -66,8 +66,8 @@ static CASES: &[Case] = &[
     case!(ownership::release_frees_for_others, NONE),
     case!(expiry::forgotten_holder_frees_after_ttl, TTL),
     case!(expiry::dropped_guard_frees_promptly, NONE),
-    case!(fencing::tokens_strictly_increase, STRICT),
-    case!(fencing::stale_write_rejected_by_gate, STRICT_TTL),
+    case!(fencing::tokens_strictly_increase, FENCED),
+    case!(fencing::stale_write_rejected_by_gate, FENCED_TTL),
     case!(renewal::keeps_lock_past_ttl_and_stops_at_release, EXTEND),
     case!(renewal::extend_moves_the_deadline, EXTEND),
     case!(renewal::max_hold_time_releases, NONE),

@@ -1,0 +1,367 @@
+//! `RedisConfig`: where the servers are and how to talk to them, from a URL or key/value pairs.
+
+use std::fmt;
+use std::time::Duration;
+
+use dlock_api::{LockError, Result};
+
+use crate::BACKEND;
+
+/// How the Redis deployment is laid out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Topology {
+    /// One server (`redis://host:port`).
+    Single {
+        /// `host:port`.
+        node: String,
+    },
+    /// A primary found through Sentinels (`redis+sentinel://s1:26379,s2:26379/MASTER`); the client
+    /// follows failovers by asking the Sentinels again.
+    Sentinel {
+        /// The Sentinels' `host:port`s.
+        sentinels: Vec<String>,
+        /// The monitored primary's name.
+        master: String,
+    },
+    /// A Redis Cluster (`redis+cluster://n1:6379,n2:6379`); any reachable nodes bootstrap it.
+    Cluster {
+        /// Seed nodes' `host:port`s.
+        nodes: Vec<String>,
+    },
+}
+
+/// Configuration of a [`RedisLock`](crate::RedisLock).
+///
+/// Built from a URL ([`RedisConfig::from_url`]) and adjusted with [`set_option`](Self::set_option)
+/// (the `[options]` table of a dlock config file uses the same keys as the URL's query):
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `prefix` | `dlock` | key prefix: keys are `PREFIX:{NAME}`, `PREFIX:{NAME}:fence` |
+/// | `connect_timeout` | `2s` | TCP connect and handshake |
+/// | `command_timeout` | `2s` | each command's reply; no call waits longer on a dead server |
+/// | `wait_replicas` | `0` | after acquiring, `WAIT` for this many replicas (narrows, does not close, the failover window) |
+/// | `wait_replicas_timeout` | `100ms` | how long that `WAIT` may take; fewer acknowledgements fail the acquire |
+///
+/// `Debug` and `Display` never show the password.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// Where the servers are.
+    pub topology: Topology,
+    /// `rediss://`: TLS to the servers.
+    pub tls: bool,
+    /// ACL user name.
+    pub username: Option<String>,
+    /// Password (never printed).
+    pub password: Option<String>,
+    /// Database number (single node and Sentinel only; Cluster has one database).
+    pub database: i64,
+    /// Key prefix.
+    pub prefix: String,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Per-command timeout.
+    pub command_timeout: Duration,
+    /// Replicas to `WAIT` for after an acquire (0: none).
+    pub wait_replicas: usize,
+    /// How long that `WAIT` may take.
+    pub wait_replicas_timeout: Duration,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            topology: Topology::Single {
+                node: "127.0.0.1:6379".into(),
+            },
+            tls: false,
+            username: None,
+            password: None,
+            database: 0,
+            prefix: "dlock".into(),
+            connect_timeout: Duration::from_secs(2),
+            command_timeout: Duration::from_secs(2),
+            wait_replicas: 0,
+            wait_replicas_timeout: Duration::from_millis(100),
+        }
+    }
+}
+
+fn config_error(reason: impl Into<String>) -> LockError {
+    LockError::Config {
+        backend: BACKEND,
+        reason: reason.into(),
+    }
+}
+
+fn parse_duration(key: &str, value: &str) -> Result<Duration> {
+    let d = humantime::parse_duration(value)
+        .map_err(|e| config_error(format!("option `{key}`: {e}")))?;
+    if d.is_zero() {
+        return Err(config_error(format!(
+            "option `{key}` must be greater than zero"
+        )));
+    }
+    Ok(d)
+}
+
+fn percent_decode(text: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+impl RedisConfig {
+    /// Parses `redis://`, `rediss://`, `redis+sentinel://` and `redis+cluster://` URLs:
+    ///
+    /// - `redis://[[user]:password@]host[:port][/db][?option=value…]`
+    /// - `redis+sentinel://[[user]:password@]s1:26379,s2:26379/MASTER[/db][?…]` (the password is the
+    ///   data nodes'; Sentinels are reached without one)
+    /// - `redis+cluster://[[user]:password@]n1:6379,n2:6379[?…]` (`rediss+cluster://` for TLS)
+    ///
+    /// # Errors
+    /// [`LockError::Config`] saying what is wrong; no network call is made.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| config_error("expected redis://host:port"))?;
+        let (tls, kind) = match scheme.to_ascii_lowercase().as_str() {
+            "redis" => (false, "single"),
+            "rediss" => (true, "single"),
+            "redis+sentinel" => (false, "sentinel"),
+            "rediss+sentinel" => (true, "sentinel"),
+            "redis+cluster" => (false, "cluster"),
+            "rediss+cluster" => (true, "cluster"),
+            other => return Err(config_error(format!("unknown scheme `{other}://`"))),
+        };
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((user, hosts)) => (Some(user), hosts),
+            None => (None, authority),
+        };
+        let mut config = Self {
+            tls,
+            ..Self::default()
+        };
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            config.username = (!user.is_empty()).then(|| percent_decode(user));
+            config.password = (!password.is_empty()).then(|| percent_decode(password));
+        }
+        let hosts: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                if h.contains(':') && !h.ends_with(']') {
+                    h.to_owned()
+                } else {
+                    format!("{h}:6379")
+                }
+            })
+            .collect();
+        if hosts.is_empty() {
+            return Err(config_error("the URL names no host"));
+        }
+        let mut segments = path.split('/').filter(|s| !s.is_empty());
+        config.topology = match kind {
+            "single" => {
+                if hosts.len() > 1 {
+                    return Err(config_error(
+                        "redis:// takes one host; use redis+cluster:// or redis+sentinel://",
+                    ));
+                }
+                Topology::Single {
+                    node: hosts[0].clone(),
+                }
+            }
+            "sentinel" => {
+                let master = segments.next().ok_or_else(|| {
+                    config_error("redis+sentinel:// needs the master name as the path: /MASTER")
+                })?;
+                Topology::Sentinel {
+                    sentinels: hosts,
+                    master: master.to_owned(),
+                }
+            }
+            _ => Topology::Cluster { nodes: hosts },
+        };
+        if let Some(db) = segments.next() {
+            if matches!(config.topology, Topology::Cluster { .. }) {
+                return Err(config_error("Redis Cluster has no database numbers"));
+            }
+            config.database = db
+                .parse()
+                .map_err(|_| config_error(format!("database `{db}` is not a number")))?;
+        }
+        if let Some(extra) = segments.next() {
+            return Err(config_error(format!("unexpected path segment `{extra}`")));
+        }
+        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            config.set_option(&key, &value)?;
+        }
+        Ok(config)
+    }
+
+    /// Sets one option by name (see the table on [`RedisConfig`]).
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for an unknown option or a malformed value.
+    pub fn set_option(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "prefix" if value.is_empty() || value.contains(['{', '}']) => {
+                return Err(config_error(
+                    "option `prefix` must be non-empty and without braces",
+                ));
+            }
+            "prefix" => self.prefix = value.to_owned(),
+            "connect_timeout" => self.connect_timeout = parse_duration(key, value)?,
+            "command_timeout" => self.command_timeout = parse_duration(key, value)?,
+            "wait_replicas" => {
+                self.wait_replicas = value
+                    .parse()
+                    .map_err(|_| config_error("option `wait_replicas` takes a number"))?
+            }
+            "wait_replicas_timeout" => self.wait_replicas_timeout = parse_duration(key, value)?,
+            other => {
+                return Err(config_error(format!(
+                    "unknown option `{other}` (known: prefix, connect_timeout, command_timeout, wait_replicas, wait_replicas_timeout)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A `redis://` (or `rediss://`) URL for one node, with credentials and database, for the driver.
+    pub(crate) fn node_url(&self, node: &str, with_db: bool) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let auth = match (&self.username, &self.password) {
+            (None, None) => String::new(),
+            (user, password) => format!(
+                "{}:{}@",
+                encode(user.as_deref().unwrap_or("")),
+                encode(password.as_deref().unwrap_or(""))
+            ),
+        };
+        let db = if with_db {
+            format!("/{}", self.database)
+        } else {
+            String::new()
+        };
+        format!("{scheme}://{auth}{node}{db}?protocol=resp3")
+    }
+}
+
+fn encode(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+impl fmt::Display for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.topology {
+            Topology::Single { node } => write!(f, "{node}"),
+            Topology::Sentinel { sentinels, master } => {
+                write!(f, "sentinel {master}@{}", sentinels.join(","))
+            }
+            Topology::Cluster { nodes } => write!(f, "cluster {}", nodes.join(",")),
+        }
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("topology", &self.topology)
+            .field("tls", &self.tls)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("database", &self.database)
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_replicas_timeout", &self.wait_replicas_timeout)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_single_node_urls() {
+        let c = RedisConfig::from_url(
+            "redis://:p%40ss@127.0.0.1:7000/2?prefix=app&command_timeout=500ms",
+        )
+        .unwrap();
+        assert_eq!(
+            c.topology,
+            Topology::Single {
+                node: "127.0.0.1:7000".into()
+            }
+        );
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.database, 2);
+        assert_eq!(c.prefix, "app");
+        assert_eq!(c.command_timeout, Duration::from_millis(500));
+        assert_eq!(
+            RedisConfig::from_url("redis://localhost").unwrap().topology,
+            Topology::Single {
+                node: "localhost:6379".into()
+            }
+        );
+    }
+
+    #[test]
+    fn parses_sentinel_and_cluster_urls() {
+        let s = RedisConfig::from_url("redis+sentinel://a:26379,b:26380/mymaster/1").unwrap();
+        assert_eq!(
+            s.topology,
+            Topology::Sentinel {
+                sentinels: vec!["a:26379".into(), "b:26380".into()],
+                master: "mymaster".into()
+            }
+        );
+        assert_eq!(s.database, 1);
+        let c = RedisConfig::from_url("redis+cluster://a:7000,b:7001").unwrap();
+        assert_eq!(
+            c.topology,
+            Topology::Cluster {
+                nodes: vec!["a:7000".into(), "b:7001".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_bad_urls_and_options() {
+        for bad in [
+            "redis://",
+            "redis://a:1,b:2",
+            "redis+sentinel://a:1",
+            "redis+cluster://a:1/3",
+            "redis://h/x",
+            "redis://h?nope=1",
+            "redis://h?command_timeout=soon",
+            "redis://h?command_timeout=0s",
+            "redis://h?prefix=a{b}",
+        ] {
+            assert!(
+                matches!(RedisConfig::from_url(bad), Err(LockError::Config { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn debug_and_display_hide_the_password() {
+        let c = RedisConfig::from_url("redis://user:hunter2@h:1").unwrap();
+        assert!(!format!("{c:?} {c}").contains("hunter2"));
+        assert!(c.node_url("h:1", true).contains("hunter2"));
+    }
+}

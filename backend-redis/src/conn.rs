@@ -1,0 +1,266 @@
+//! One multiplexed RESP3 connection per client, for commands *and* subscriptions, in three
+//! topologies. Every command is bounded by the configured command timeout.
+
+use std::sync::{Arc, RwLock};
+
+use dlock_api::{LockError, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{FromRedisValue, PushInfo, Script};
+
+use crate::config::{RedisConfig, Topology};
+use crate::error::{map_err, timed_out};
+
+/// Receives every push message (pub/sub messages, disconnections) of the connection.
+pub(crate) type PushHandler = Arc<dyn Fn(PushInfo) + Send + Sync>;
+
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelConn>),
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Single(_) => "Conn::Single",
+            Self::Cluster(_) => "Conn::Cluster",
+            Self::Sentinel(_) => "Conn::Sentinel",
+        })
+    }
+}
+
+/// The current primary behind a set of Sentinels; replaced when a command finds it gone or read-only.
+pub(crate) struct SentinelConn {
+    config: RedisConfig,
+    push: PushHandler,
+    current: RwLock<(String, ConnectionManager)>,
+    refresh: tokio::sync::Mutex<()>,
+}
+
+fn manager_config(config: &RedisConfig, push: &PushHandler) -> ConnectionManagerConfig {
+    let push = push.clone();
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(config.connect_timeout))
+        .set_response_timeout(Some(config.command_timeout))
+        .set_number_of_retries(1)
+        .set_max_delay(config.connect_timeout)
+        .set_push_sender(move |info: PushInfo| {
+            push(info);
+            Ok::<(), std::convert::Infallible>(())
+        })
+        .set_automatic_resubscription()
+}
+
+async fn manager_for(
+    config: &RedisConfig,
+    node: &str,
+    push: &PushHandler,
+) -> Result<ConnectionManager> {
+    let client =
+        redis::Client::open(config.node_url(node, true)).map_err(|e| LockError::Config {
+            backend: crate::BACKEND,
+            reason: format!("cannot use node {node}: {e}"),
+        })?;
+    let connecting = client.get_connection_manager_with_config(manager_config(config, push));
+    // The driver retries a failed connect; bound the whole attempt so a dead server fails promptly.
+    match tokio::time::timeout(config.connect_timeout * 3, connecting).await {
+        Ok(result) => result.map_err(map_err),
+        Err(_) => Err(timed_out(config.connect_timeout * 3)),
+    }
+}
+
+/// Asks the Sentinels, in order, where the primary `master` is.
+async fn find_primary(config: &RedisConfig, sentinels: &[String], master: &str) -> Result<String> {
+    let mut last_error = None;
+    for sentinel in sentinels {
+        let scheme = if config.tls { "rediss" } else { "redis" };
+        let asked = async {
+            let client = redis::Client::open(format!("{scheme}://{sentinel}")).map_err(map_err)?;
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(map_err)?;
+            let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(master)
+                .query_async(&mut conn)
+                .await
+                .map_err(map_err)?;
+            Ok::<_, LockError>(reply)
+        };
+        match tokio::time::timeout(config.connect_timeout, asked).await {
+            Ok(Ok(Some((host, port)))) => return Ok(format!("{host}:{port}")),
+            Ok(Ok(None)) => {
+                return Err(LockError::Config {
+                    backend: crate::BACKEND,
+                    reason: format!("sentinel {sentinel} does not know a master named `{master}`"),
+                });
+            }
+            Ok(Err(e)) => last_error = Some(e),
+            Err(_) => last_error = Some(timed_out(config.connect_timeout)),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| timed_out(config.connect_timeout)))
+}
+
+impl SentinelConn {
+    fn manager(&self) -> ConnectionManager {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
+    }
+
+    /// Asks the Sentinels again and switches to the primary they name, if it moved.
+    async fn refresh(&self) -> Result<()> {
+        let Topology::Sentinel { sentinels, master } = &self.config.topology else {
+            return Ok(());
+        };
+        let _one_at_a_time = self.refresh.lock().await;
+        let primary = find_primary(&self.config, sentinels, master).await?;
+        if self.current.read().unwrap_or_else(|e| e.into_inner()).0 == primary {
+            return Ok(());
+        }
+        tracing::info!(%primary, "redis sentinel: switching to the new primary");
+        let manager = manager_for(&self.config, &primary, &self.push).await?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = (primary, manager);
+        // The new connection has no subscriptions: make every waiter re-check and re-subscribe.
+        (self.push)(PushInfo {
+            kind: redis::PushKind::Disconnection,
+            data: Vec::new(),
+        });
+        Ok(())
+    }
+}
+
+impl Conn {
+    pub(crate) async fn connect(config: &RedisConfig, push: PushHandler) -> Result<Self> {
+        match &config.topology {
+            Topology::Single { node } => Ok(Self::Single(manager_for(config, node, &push).await?)),
+            Topology::Sentinel { sentinels, master } => {
+                let primary = find_primary(config, sentinels, master).await?;
+                let manager = manager_for(config, &primary, &push).await?;
+                Ok(Self::Sentinel(Arc::new(SentinelConn {
+                    config: config.clone(),
+                    push,
+                    current: RwLock::new((primary, manager)),
+                    refresh: tokio::sync::Mutex::new(()),
+                })))
+            }
+            Topology::Cluster { nodes } => {
+                let urls: Vec<String> = nodes.iter().map(|n| config.node_url(n, false)).collect();
+                let client = ClusterClientBuilder::new(urls)
+                    .use_protocol(redis::ProtocolVersion::RESP3)
+                    .connection_timeout(config.connect_timeout)
+                    .response_timeout(config.command_timeout)
+                    .build()
+                    .map_err(|e| LockError::Config {
+                        backend: crate::BACKEND,
+                        reason: e.to_string(),
+                    })?;
+                let push = push.clone();
+                let cluster_config = ClusterConfig::new().set_push_sender(move |info: PushInfo| {
+                    push(info);
+                    Ok::<(), std::convert::Infallible>(())
+                });
+                let connecting = client.get_async_connection_with_config(cluster_config);
+                match tokio::time::timeout(config.connect_timeout * 3, connecting).await {
+                    Ok(result) => Ok(Self::Cluster(result.map_err(map_err)?)),
+                    Err(_) => Err(timed_out(config.connect_timeout * 3)),
+                }
+            }
+        }
+    }
+
+    /// Runs `script` (EVALSHA, or EVAL when the server does not know it).
+    pub(crate) async fn run_script<T: FromRedisValue>(
+        &self,
+        timeout: std::time::Duration,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<T> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        match self {
+            Self::Single(manager) => {
+                bounded(timeout, invocation.invoke_async(&mut manager.clone())).await
+            }
+            Self::Cluster(cluster) => {
+                bounded(timeout, invocation.invoke_async(&mut cluster.clone())).await
+            }
+            Self::Sentinel(sentinel) => {
+                let result =
+                    bounded(timeout, invocation.invoke_async(&mut sentinel.manager())).await;
+                if result.as_ref().is_err_and(LockError::is_retryable) {
+                    if let Err(error) = sentinel.refresh().await {
+                        tracing::debug!(%error, "redis sentinel: could not refresh the primary");
+                    }
+                }
+                result
+            }
+        }
+    }
+
+    /// Runs a plain command.
+    pub(crate) async fn query<T: FromRedisValue>(
+        &self,
+        timeout: std::time::Duration,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        match self {
+            Self::Single(manager) => bounded(timeout, cmd.query_async(&mut manager.clone())).await,
+            Self::Cluster(cluster) => bounded(timeout, cmd.query_async(&mut cluster.clone())).await,
+            Self::Sentinel(sentinel) => {
+                bounded(timeout, cmd.query_async(&mut sentinel.manager())).await
+            }
+        }
+    }
+
+    pub(crate) async fn subscribe(
+        &self,
+        timeout: std::time::Duration,
+        channel: &str,
+    ) -> Result<()> {
+        match self {
+            Self::Single(manager) => bounded(timeout, manager.clone().subscribe(channel)).await,
+            Self::Cluster(cluster) => bounded(timeout, cluster.clone().subscribe(channel)).await,
+            Self::Sentinel(sentinel) => {
+                bounded(timeout, sentinel.manager().subscribe(channel)).await
+            }
+        }
+    }
+
+    pub(crate) async fn unsubscribe(
+        &self,
+        timeout: std::time::Duration,
+        channel: &str,
+    ) -> Result<()> {
+        match self {
+            Self::Single(manager) => bounded(timeout, manager.clone().unsubscribe(channel)).await,
+            Self::Cluster(cluster) => bounded(timeout, cluster.clone().unsubscribe(channel)).await,
+            Self::Sentinel(sentinel) => {
+                bounded(timeout, sentinel.manager().unsubscribe(channel)).await
+            }
+        }
+    }
+}
+
+async fn bounded<T>(
+    timeout: std::time::Duration,
+    future: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, future).await {
+        Ok(result) => result.map_err(map_err),
+        Err(_) => Err(timed_out(timeout)),
+    }
+}

@@ -1,0 +1,63 @@
+//! Key names: every key of one lock shares a hash tag, so they live in one Cluster slot.
+
+use dlock_api::LockName;
+
+/// The keys and channel of one lock name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockKeys {
+    /// `PREFIX:{NAME}`: holds the owner's random token, with the lease as its TTL.
+    pub lock: String,
+    /// `PREFIX:{NAME}:fence`: the last fencing token handed out (kept, no TTL).
+    pub fence: String,
+    /// `PREFIX:{NAME}:released`: the channel a release publishes on.
+    pub channel: String,
+}
+
+impl LockKeys {
+    /// The keys of `name` under `prefix`.
+    ///
+    /// The name goes between braces as the Cluster hash tag. Braces and backslashes in the name are
+    /// escaped (`\` → `\\`, `{` → `\(`, `}` → `\)`), which is injective, so two names never share a
+    /// key and the tag always ends at our own `}`.
+    pub fn new(prefix: &str, name: &LockName) -> Self {
+        let mut tag = String::with_capacity(name.as_str().len() + 8);
+        for c in name.as_str().chars() {
+            match c {
+                '\\' => tag.push_str("\\\\"),
+                '{' => tag.push_str("\\("),
+                '}' => tag.push_str("\\)"),
+                c => tag.push(c),
+            }
+        }
+        let lock = format!("{prefix}:{{{tag}}}");
+        Self {
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:released"),
+            lock,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(name: &str) -> LockKeys {
+        LockKeys::new("dlock", &LockName::new(name).unwrap())
+    }
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let k = keys("coupon:1");
+        assert_eq!(k.lock, "dlock:{coupon:1}");
+        assert_eq!(k.fence, "dlock:{coupon:1}:fence");
+        assert_eq!(k.channel, "dlock:{coupon:1}:released");
+    }
+
+    #[test]
+    fn braces_are_escaped_injectively() {
+        assert_eq!(keys("}x").lock, "dlock:{\\)x}");
+        assert_ne!(keys("a\\)").lock, keys("a}").lock);
+        assert_ne!(keys("{").lock, keys("\\(").lock);
+    }
+}

@@ -1,0 +1,97 @@
+//! `RedisLease`: owner-checked release and extend of one held lock.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_api::raw::RawLease;
+use dlock_api::{LockError, LockName, Result};
+
+use crate::keys::LockKeys;
+use crate::lock::Inner;
+
+pub(crate) struct RedisLease {
+    inner: Arc<Inner>,
+    name: LockName,
+    keys: LockKeys,
+    owner: String,
+}
+
+impl RedisLease {
+    pub(crate) fn new(inner: Arc<Inner>, name: LockName, keys: LockKeys, owner: String) -> Self {
+        Self {
+            inner,
+            name,
+            keys,
+            owner,
+        }
+    }
+
+    async fn release_script(inner: &Inner, keys: &LockKeys, owner: &str) -> Result<bool> {
+        let released: i64 = inner
+            .conn
+            .run_script(
+                inner.config.command_timeout,
+                &inner.scripts.release,
+                &[&keys.lock],
+                &[owner, &keys.channel],
+            )
+            .await?;
+        Ok(released == 1)
+    }
+
+    /// The cleanup of a cancelled acquire: releases `owner`'s hold if the SET took effect.
+    pub(crate) fn spawn_cleanup(inner: Arc<Inner>, keys: LockKeys, owner: String) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            if let Err(error) = Self::release_script(&inner, &keys, &owner).await {
+                tracing::warn!(key = %keys.lock, %error, "redis: cleanup of a cancelled acquire failed; the lease will end on its own");
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl RawLease for RedisLease {
+    async fn release(&self) -> Result<()> {
+        if Self::release_script(&self.inner, &self.keys, &self.owner).await? {
+            Ok(())
+        } else {
+            Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            })
+        }
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<()> {
+        let inner = &self.inner;
+        let ttl_ms = ttl.as_millis().max(1).to_string();
+        let extended: i64 = inner
+            .conn
+            .run_script(
+                inner.config.command_timeout,
+                &inner.scripts.extend,
+                &[&self.keys.lock],
+                &[&self.owner, &ttl_ms],
+            )
+            .await?;
+        if extended == 1 {
+            Ok(())
+        } else {
+            Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            })
+        }
+    }
+}
+
+impl fmt::Debug for RedisLease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLease")
+            .field("key", &self.keys.lock)
+            .finish_non_exhaustive()
+    }
+}
