@@ -1,0 +1,162 @@
+//! MariaDB: a private instance (`mariadb-install-db` into a temporary directory, own socket and port).
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::control::process_control;
+use crate::error::{Result, ServerError};
+use crate::ports::free_port;
+use crate::process::{Launch, Proc, find_program, temp_dir};
+
+const KIND: &str = "mariadb";
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Options both `mariadb-install-db` and `mariadbd` get, so the files the one creates suit the other.
+const COMMON: &[&str] = &[
+    "--innodb-log-file-size=16M",
+    "--innodb-buffer-pool-size=32M",
+];
+
+fn user_args() -> Vec<&'static str> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        vec!["--user=root"]
+    } else {
+        Vec::new()
+    }
+}
+
+/// A private MariaDB instance: `mariadb-install-db` into its own directory, then `mariadbd` on a free loopback
+/// port with its own socket, binary log off, `innodb-flush-log-at-trx-commit=0`. User `root`, no password;
+/// database `test` is created after the first start.
+///
+/// Data survives [`restart`](Self::restart) (on disk; a [`kill`](Self::kill) is a crash and InnoDB recovers).
+/// Stopped with SIGTERM.
+pub struct MariaDb {
+    proc: Proc,
+    port: u16,
+    client: PathBuf,
+}
+
+process_control!(MariaDb);
+
+impl fmt::Debug for MariaDb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MariaDb")
+            .field("addr", &self.addr())
+            .field("pid", &self.pid())
+            .finish()
+    }
+}
+
+impl MariaDb {
+    /// Initializes the data directory, starts the server, waits until `select 1` works, and creates database
+    /// `test`.
+    ///
+    /// # Errors
+    /// [`ServerError::NotInstalled`] without the binaries; [`ServerError::CommandFailed`] when
+    /// `mariadb-install-db` or the `create database` fails; [`ServerError::StartFailed`] with the server's log.
+    pub fn start() -> Result<Self> {
+        let server = find_program(KIND, "mariadbd")?;
+        let install = find_program(KIND, "mariadb-install-db")?;
+        let client = find_program(KIND, "mariadb")?;
+        let port = free_port().map_err(ServerError::io(KIND, "cannot find a free port"))?;
+        let dir = temp_dir(KIND)?;
+        let data = dir.path().join("data");
+        let begun = Instant::now();
+        Launch::new(install)
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .args(user_args())
+            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            .args(COMMON)
+            .cwd(dir.path())
+            .run(KIND, TOOL_TIMEOUT)?;
+        let install_took = begun.elapsed();
+
+        let launch = Launch::new(server)
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .args(user_args())
+            .arg(format!("--port={port}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!(
+                "--socket={}",
+                dir.path().join("mysqld.sock").display()
+            ))
+            .arg(format!(
+                "--pid-file={}",
+                dir.path().join("mysqld.pid").display()
+            ))
+            .args([
+                "--skip-log-bin",
+                "--innodb-flush-log-at-trx-commit=0",
+                "--skip-name-resolve",
+            ])
+            .args(["--max-connections=300"])
+            .args(COMMON)
+            .cwd(dir.path());
+        let ready = Self::client_command(&client, port, "select 1");
+        let proc = Proc::new(
+            KIND,
+            format!("127.0.0.1:{port}"),
+            dir,
+            launch,
+            Box::new(move || ready.run(KIND, Duration::from_secs(5)).is_ok()),
+            READY_TIMEOUT,
+            libc::SIGTERM,
+        );
+        proc.start()?;
+        let db = MariaDb { proc, port, client };
+        db.query("create database if not exists test")?;
+        eprintln!("dlock-test-servers: mariadb install-db took {install_took:.2?}");
+        Ok(db)
+    }
+
+    fn client_command(client: &Path, port: u16, sql: &str) -> Launch {
+        Launch::new(client)
+            .args([
+                "--no-defaults",
+                "-h",
+                "127.0.0.1",
+                "-u",
+                "root",
+                "--connect-timeout=2",
+                "-N",
+                "-B",
+            ])
+            .arg(format!("--port={port}"))
+            .args(["-e", sql])
+    }
+
+    /// `mysql://root@127.0.0.1:PORT/test`
+    pub fn url(&self) -> String {
+        format!("mysql://root@{}/test", self.addr())
+    }
+
+    /// `127.0.0.1:PORT`
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's Unix socket.
+    pub fn socket_path(&self) -> PathBuf {
+        self.proc.dir().join("mysqld.sock")
+    }
+
+    /// Runs SQL with the `mariadb` client as `root` (batch mode, no column names); returns its output.
+    ///
+    /// # Errors
+    /// [`ServerError::CommandFailed`] when the client fails (its message is in the error).
+    pub fn query(&self, sql: &str) -> Result<String> {
+        Self::client_command(&self.client, self.port, sql).run(KIND, Duration::from_secs(30))
+    }
+}

@@ -1,0 +1,76 @@
+//! Free loopback ports.
+//!
+//! A port is found by binding `127.0.0.1:0` and reading what the kernel chose; the listener is then dropped and
+//! the number handed to a server. Every port handed out is remembered for the life of the process, so two servers
+//! started by parallel tests of one binary never get the same number. (Another process could still take the
+//! port in the short gap; the server then fails to bind, exits, and the start fails with its log.)
+
+use std::collections::HashSet;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::io;
+use std::net::{Ipv4Addr, TcpListener};
+use std::sync::{Mutex, MutexGuard};
+
+static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+fn handed_out() -> MutexGuard<'static, Option<HashSet<u16>>> {
+    HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn can_bind(port: u16) -> bool {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
+/// Returns a loopback TCP port that is free now and that this process has not handed out before.
+///
+/// # Errors
+/// When binding `127.0.0.1:0` fails, or no fresh port was found in many tries.
+pub fn free_port() -> io::Result<u16> {
+    for _ in 0..100 {
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+            .local_addr()?
+            .port();
+        let mut seen = handed_out();
+        if seen.get_or_insert_with(HashSet::new).insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(io::Error::other("no fresh free loopback port found"))
+}
+
+/// Returns a port `p` such that both `p` and `p + offset` are free and not handed out before (Redis Cluster
+/// needs its bus port at `p + 10000`). Both are reserved. `p` is drawn at random from 20000..30000, below the
+/// kernel's ephemeral range, so that `p + offset` stays a valid port.
+pub(crate) fn free_port_pair(offset: u16) -> io::Result<u16> {
+    let random = RandomState::new();
+    for attempt in 0u64..500 {
+        let port = 20_000 + (random.hash_one(attempt) % 10_000) as u16;
+        let Some(other) = port.checked_add(offset) else {
+            continue;
+        };
+        let mut seen = handed_out();
+        let seen = seen.get_or_insert_with(HashSet::new);
+        if seen.contains(&port) || seen.contains(&other) || !can_bind(port) || !can_bind(other) {
+            continue;
+        }
+        seen.insert(port);
+        seen.insert(other);
+        return Ok(port);
+    }
+    Err(io::Error::other("no free loopback port pair found"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_not_handed_out_twice() {
+        let a: HashSet<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        assert_eq!(a.len(), 50);
+        let p = free_port_pair(10_000).unwrap();
+        assert!(!a.contains(&p));
+        assert!(can_bind(p) && can_bind(p + 10_000));
+    }
+}
