@@ -50,6 +50,11 @@ pub use config::{Config, LockDefaults};
 pub use connect::{connect, connect_with};
 pub use scheme::{BackendScheme, redact};
 
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[doc(inline)]
+pub use dlock_redis::{RedisConfig, RedisLock};
+
 #[doc(inline)]
 pub use dlock_api::{
     BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,
