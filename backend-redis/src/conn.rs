@@ -38,6 +38,21 @@ pub(crate) struct SentinelConn {
     push: PushHandler,
     current: RwLock<(String, ConnectionManager)>,
     refresh: tokio::sync::Mutex<()>,
+    /// The `+switch-master` watcher; stopped when the client goes away.
+    watcher: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for SentinelConn {
+    fn drop(&mut self) {
+        if let Some(watcher) = self
+            .watcher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            watcher.abort();
+        }
+    }
 }
 
 fn manager_config(config: &RedisConfig, push: &PushHandler) -> ConnectionManagerConfig {
@@ -106,6 +121,48 @@ async fn find_primary(config: &RedisConfig, sentinels: &[String], master: &str) 
     Err(last_error.unwrap_or_else(|| timed_out(config.connect_timeout)))
 }
 
+/// Follows failovers as they are announced: subscribes to a Sentinel's `+switch-master` channel
+/// and re-resolves the primary on every announcement (and once after each (re)subscription, in
+/// case one was missed). Without this, a client could keep writing to a demoted primary that has
+/// not yet been told to replicate, for as long as Sentinel takes to reconfigure it.
+async fn watch_switches(
+    conn: std::sync::Weak<SentinelConn>,
+    sentinels: Vec<String>,
+    scheme: &'static str,
+) {
+    use futures::StreamExt;
+    loop {
+        for sentinel in &sentinels {
+            let Some(timeout) = conn.upgrade().map(|c| c.config.connect_timeout) else {
+                return;
+            };
+            let subscribed = async {
+                let client = redis::Client::open(format!("{scheme}://{sentinel}"))?;
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe("+switch-master").await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            };
+            let Ok(Ok(mut pubsub)) = tokio::time::timeout(timeout, subscribed).await else {
+                continue;
+            };
+            let mut messages = pubsub.on_message();
+            loop {
+                let Some(current) = conn.upgrade() else {
+                    return;
+                };
+                if let Err(error) = current.refresh().await {
+                    tracing::debug!(%error, "redis sentinel: could not refresh the primary");
+                }
+                drop(current);
+                if messages.next().await.is_none() {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
 impl SentinelConn {
     fn manager(&self) -> ConnectionManager {
         self.current
@@ -144,12 +201,22 @@ impl Conn {
             Topology::Sentinel { sentinels, master } => {
                 let primary = find_primary(config, sentinels, master).await?;
                 let manager = manager_for(config, &primary, &push).await?;
-                Ok(Self::Sentinel(Arc::new(SentinelConn {
+                let conn = Arc::new(SentinelConn {
                     config: config.clone(),
                     push,
                     current: RwLock::new((primary, manager)),
                     refresh: tokio::sync::Mutex::new(()),
-                })))
+                    watcher: std::sync::Mutex::new(None),
+                });
+                let scheme = if config.tls { "rediss" } else { "redis" };
+                let watcher = tokio::spawn(watch_switches(
+                    Arc::downgrade(&conn),
+                    sentinels.clone(),
+                    scheme,
+                ));
+                *conn.watcher.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(watcher.abort_handle());
+                Ok(Self::Sentinel(conn))
             }
             Topology::Cluster { nodes } => {
                 let urls: Vec<String> = nodes.iter().map(|n| config.node_url(n, false)).collect();

@@ -1,0 +1,303 @@
+//! Redis under faults: a killed server, a partitioned client, a flushed script cache, a Sentinel
+//! failover, and many waiters handing one lock along. Each test starts its own servers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LostReason, Renewal};
+use dlock_redis::RedisLock;
+use dlock_test_servers::{FaultProxy, ProxyMode, RedisSentinel, RedisServer};
+use tokio::time::timeout;
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn name(s: &str) -> LockName {
+    LockName::new(format!("faults/{s}")).unwrap()
+}
+
+fn short_ttl() -> LockOptions {
+    LockOptions::new()
+        .with_ttl(Duration::from_secs(2))
+        .with_wait_timeout(Duration::from_secs(20))
+}
+
+fn server() -> RedisServer {
+    RedisServer::start().unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_server_fires_lost_and_a_new_client_acquires_after_restart() {
+    let redis = server();
+    let holder = RedisLock::connect_url(&redis.url()).await.unwrap();
+    let guard = holder.acquire(&name("killed"), &short_ttl()).await.unwrap();
+    redis.kill();
+    let reason = timeout(BOUND, guard.lost())
+        .await
+        .expect("lost fires after the server died");
+    assert!(
+        matches!(reason, LostReason::RenewalFailed | LostReason::TakenOver),
+        "{reason:?}"
+    );
+    assert!(!guard.is_held());
+    redis.restart().unwrap();
+    let other = RedisLock::connect_url(&redis.url()).await.unwrap();
+    let next = other
+        .acquire(&name("killed"), &short_ttl())
+        .await
+        .expect("a new client acquires after restart");
+    assert!(
+        guard.release().await.is_err(),
+        "the lost guard's release must fail"
+    );
+    assert!(
+        other
+            .try_acquire(&name("killed"), &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none(),
+        "the new holder keeps its lock"
+    );
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_server_gives_unavailable_promptly_not_a_hang() {
+    let redis = server();
+    let client = RedisLock::connect_url(&format!(
+        "{}?command_timeout=500ms&connect_timeout=500ms",
+        redis.url()
+    ))
+    .await
+    .unwrap();
+    redis.kill();
+    let result = timeout(
+        BOUND,
+        client.try_acquire(&name("dead"), &LockOptions::new()),
+    )
+    .await
+    .expect("no hang");
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    let connect = timeout(BOUND, RedisLock::connect_url(&redis.url()))
+        .await
+        .expect("connect does not hang");
+    assert!(
+        matches!(connect, Err(LockError::Unavailable { .. })),
+        "{connect:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_holder_loses_the_lock_and_its_late_release_spares_the_new_holder() {
+    let redis = server();
+    let proxy = FaultProxy::start(redis.addr()).unwrap();
+    let partitioned =
+        RedisLock::connect_url(&format!("redis://{}?command_timeout=500ms", proxy.addr()))
+            .await
+            .unwrap();
+    let direct = RedisLock::connect_url(&redis.url()).await.unwrap();
+    let lock = name("partition");
+    let guard = partitioned.acquire(&lock, &short_ttl()).await.unwrap();
+    let stale_token = guard.fencing_token();
+
+    proxy.set_mode(ProxyMode::Blackhole);
+    let reason = timeout(BOUND, guard.lost())
+        .await
+        .expect("lost fires while partitioned");
+    assert_eq!(reason, LostReason::RenewalFailed);
+    let new_holder = direct
+        .acquire(&lock, &short_ttl())
+        .await
+        .expect("another client acquires after the TTL");
+    assert!(new_holder.fencing_token() > stale_token);
+
+    // Drop the stuck connection so the late release really reaches the server.
+    proxy.reset();
+    proxy.heal();
+    let late = guard.release().await;
+    assert!(matches!(late, Err(LockError::Lost { .. })), "{late:?}");
+    let intruder = direct
+        .try_acquire(&lock, &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(
+        intruder.is_none(),
+        "the partitioned client's late release freed the new holder's lock"
+    );
+    let owner = redis.command(&["GET", &direct.keys(&lock).lock]).unwrap();
+    assert!(
+        owner.as_text().is_some(),
+        "the new holder's key is still there"
+    );
+    new_holder.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_reply_to_an_acquire_leaves_no_lock_behind() {
+    let redis = server();
+    let proxy = FaultProxy::start(redis.addr()).unwrap();
+    let client = RedisLock::connect_url(&format!("redis://{}?command_timeout=300ms", proxy.addr()))
+        .await
+        .unwrap();
+    let lock = name("dropped-reply");
+    // The SET reaches the server, the answer never comes back: the client cannot know it won.
+    proxy.set_mode(ProxyMode::DropReplies);
+    let result = client.try_acquire(&lock, &LockOptions::new()).await;
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    proxy.reset();
+    proxy.heal();
+    // The armed cleanup released the orphaned hold: another client gets the lock long before its 30 s TTL.
+    let other = RedisLock::connect_url(&redis.url()).await.unwrap();
+    let guard = other
+        .acquire(
+            &lock,
+            &LockOptions::new().with_wait_timeout(Duration::from_secs(10)),
+        )
+        .await
+        .expect("the orphaned hold was cleaned up");
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_script_cache_is_recovered() {
+    let redis = server();
+    let client = RedisLock::connect_url(&redis.url()).await.unwrap();
+    let lock = name("script-flush");
+    client
+        .acquire(&lock, &LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let guard = client.acquire(&lock, &LockOptions::new()).await.unwrap();
+    let flushed = redis.command(&["SCRIPT", "FLUSH"]).unwrap();
+    assert!(!flushed.is_error());
+    guard
+        .extend(Duration::from_secs(30))
+        .await
+        .expect("extend after SCRIPT FLUSH");
+    guard.release().await.expect("release after SCRIPT FLUSH");
+    redis.command(&["SCRIPT", "FLUSH"]).unwrap();
+    client
+        .acquire(&lock, &LockOptions::new())
+        .await
+        .expect("acquire after SCRIPT FLUSH")
+        .release()
+        .await
+        .unwrap();
+}
+
+/// Documented behaviour: the client follows the failover to the new primary. A lock the replica
+/// had received survives (renewal keeps working there); one it had missed is reported lost at
+/// the next renewal. Never both "held" and "taken by another client" for longer than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_is_followed_and_a_held_lock_survives_or_is_reported_lost() {
+    let sentinel = RedisSentinel::start().unwrap_or_else(|e| panic!("{e}"));
+    let hosts: Vec<String> = sentinel
+        .sentinel_addrs()
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let url = format!(
+        "redis+sentinel://{}/{}?command_timeout=1s",
+        hosts.join(","),
+        sentinel.master_name()
+    );
+    let holder = RedisLock::connect_url(&url).await.unwrap();
+    let opts = LockOptions::new()
+        .with_ttl(Duration::from_secs(3))
+        .with_renewal(Renewal::auto());
+    let lock = name("failover");
+    let guard = holder.acquire(&lock, &opts).await.unwrap();
+    // Let replication carry the key over before the failover.
+    sentinel.primary().command(&["WAIT", "1", "1000"]).unwrap();
+    let old = sentinel.primary().addr();
+    let new_primary = tokio::task::spawn_blocking(move || (sentinel.failover(), sentinel))
+        .await
+        .unwrap();
+    let (promoted, sentinel) = new_primary;
+    assert_ne!(promoted.unwrap(), old);
+
+    // The client follows: a fresh acquire through the same client works on the new primary.
+    let probe = timeout(BOUND, async {
+        loop {
+            match holder
+                .try_acquire(&name("after-failover"), &LockOptions::new())
+                .await
+            {
+                Ok(Some(g)) => break g,
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .expect("the client reaches the new primary");
+    probe.release().await.unwrap();
+
+    // Two renewal intervals later the held lock either survived or was reported lost.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let other = RedisLock::connect_url(&url).await.unwrap();
+    if guard.is_held() {
+        assert!(
+            other
+                .try_acquire(&lock, &LockOptions::new())
+                .await
+                .unwrap()
+                .is_none(),
+            "held by two clients"
+        );
+        guard.release().await.expect("release on the new primary");
+    } else {
+        assert_eq!(guard.lost_reason(), Some(LostReason::TakenOver));
+    }
+    drop(sentinel);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_take_turns_with_none_stranded() {
+    let redis = server();
+    let lock = name("handoff");
+    // A lease far longer than the test: only release messages can hand the lock on.
+    let opts = LockOptions::new()
+        .with_ttl(Duration::from_secs(120))
+        .with_wait_timeout(BOUND);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let turns = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let client = RedisLock::connect_url(&redis.url()).await.unwrap();
+        let (lock, opts, inside, turns) =
+            (lock.clone(), opts.clone(), inside.clone(), turns.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let guard = client
+                    .acquire(&lock, &opts)
+                    .await
+                    .expect("no waiter is stranded");
+                assert_eq!(
+                    inside.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                turns.fetch_add(1, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        timeout(BOUND * 2, task)
+            .await
+            .expect("all waiters finish")
+            .unwrap();
+    }
+    assert_eq!(turns.load(Ordering::SeqCst), 40);
+}
