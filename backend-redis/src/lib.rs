@@ -41,6 +41,7 @@
 //! `PREFIX:{NAME}:released`. Braces in names are escaped so the hash tag is always the whole name.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod bench;
 mod config;
 mod conn;
 mod error;
@@ -50,6 +51,7 @@ mod lock;
 mod scripts;
 mod wake;
 
+pub use bench::raw_floor;
 pub use config::{RedisConfig, Topology};
 pub use keys::LockKeys;
 pub use lock::RedisLock;

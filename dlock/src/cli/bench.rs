@@ -9,6 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
+
+use crate::BackendScheme;
 use tokio::sync::Notify;
 
 use super::{BackendArgs, parse_duration};
@@ -81,6 +83,8 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
         args.hold,
     )
     .await?;
+    let floor = raw_floor(&args.backend.url()?, args.duration).await?;
+    let ratio = |ours: f64, floor: f64| (ours / floor * 100.0).round() / 100.0;
 
     if args.json {
         let json = serde_json::json!({
@@ -100,6 +104,19 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
                 "samples": handoff.micros.len(),
             },
         });
+        let mut json = json;
+        if let Some((op, floor)) = &floor {
+            json["raw_floor"] = serde_json::json!({
+                "op": op,
+                "ops_per_sec": floor.per_sec().round(),
+                "p50_us": floor.percentile(50.0).round(),
+                "p99_us": floor.percentile(99.0).round(),
+            });
+            json["ratios"] = serde_json::json!({
+                "uncontended_throughput_vs_floor": ratio(uncontended.per_sec(), floor.per_sec()),
+                "handoff_p50_vs_floor_round_trip": ratio(handoff.percentile(50.0), floor.percentile(50.0) / 2.0),
+            });
+        }
         println!("{json}");
     } else {
         println!(
@@ -124,8 +141,46 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
             handoff.percentile(50.0),
             handoff.percentile(99.0)
         );
+        if let Some((op, floor)) = &floor {
+            println!(
+                "{:<44} {:>12.0} {:>10.0} {:>10.0}",
+                format!("raw floor: {op}"),
+                floor.per_sec(),
+                floor.percentile(50.0),
+                floor.percentile(99.0)
+            );
+            println!(
+                "\nuncontended throughput = {:.2}x the floor; hand-off p50 = {:.2}x the floor's round trip (pair p50 / 2)",
+                ratio(uncontended.per_sec(), floor.per_sec()),
+                ratio(handoff.percentile(50.0), floor.percentile(50.0) / 2.0)
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The backend's raw protocol floor, measured in the same run (none for the memory backend).
+async fn raw_floor(
+    url: &str,
+    duration: Duration,
+) -> Result<Option<(&'static str, Samples)>, LockError> {
+    let to_samples = |pairs: Vec<Duration>, elapsed: Duration| Samples {
+        micros: pairs.iter().map(|d| d.as_secs_f64() * 1e6).collect(),
+        elapsed,
+    };
+    let _ = &to_samples;
+    match BackendScheme::parse(url)? {
+        #[cfg(feature = "redis")]
+        BackendScheme::Redis => {
+            let pairs = dlock_redis::raw_floor(url, duration).await?;
+            let elapsed = pairs.iter().sum();
+            Ok(Some((
+                "SET NX PX + EVALSHA compare-and-delete",
+                to_samples(pairs, elapsed),
+            )))
+        }
+        _ => Ok(None),
+    }
 }
 
 async fn uncontended(

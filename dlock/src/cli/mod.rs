@@ -57,6 +57,14 @@ pub struct BackendArgs {
 }
 
 impl BackendArgs {
+    /// The backend URL: the config file's, or `--backend`.
+    fn url(&self) -> Result<String, LockError> {
+        match &self.config {
+            Some(path) => Ok(crate::Config::from_file(path)?.url),
+            None => Ok(self.backend.clone()),
+        }
+    }
+
     async fn connect(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
         match &self.config {
             Some(path) => crate::Config::from_file(path)?.connect().await,
