@@ -142,10 +142,13 @@ impl LockGuard {
         }
     }
 
-    /// A token cancelled when the lock is lost, for handing to spawned work. Calling it starts a
-    /// small task that watches the lease deadline until the guard is released or dropped.
+    /// A token cancelled when the lock is lost, for handing to spawned work. The first call starts
+    /// one small task that watches the lease deadline until the guard is released or dropped.
     pub fn lost_token(&self) -> CancellationToken {
         let token = self.state.lost_token().clone();
+        if !self.state.claim_deadline_watch() {
+            return token;
+        }
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let state = self.state.clone();
             handle.spawn(async move {

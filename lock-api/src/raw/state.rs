@@ -1,3 +1,4 @@
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use tokio::sync::Notify;
@@ -18,6 +19,7 @@ pub struct LeaseState {
     valid_until: Mutex<Option<Instant>>,
     valid_until_changed: Notify,
     closed: CancellationToken,
+    deadline_watched: AtomicBool,
 }
 
 impl LeaseState {
@@ -29,7 +31,14 @@ impl LeaseState {
             valid_until: Mutex::new(valid_until),
             valid_until_changed: Notify::new(),
             closed: CancellationToken::new(),
+            deadline_watched: AtomicBool::new(false),
         }
+    }
+
+    /// True the first time it is called: whoever gets true starts the one task that turns a
+    /// passed deadline into a fired lost token.
+    pub(crate) fn claim_deadline_watch(&self) -> bool {
+        !self.deadline_watched.swap(true, Ordering::SeqCst)
     }
 
     /// Records that the lock is lost and fires the lost signal. Returns false if it was already
