@@ -29,6 +29,10 @@ pub struct BenchArgs {
     /// How long each contending client holds the lock.
     #[arg(long, value_parser = parse_duration, default_value = "2ms")]
     hold: Duration,
+    /// Task counts for the many-names phase: that many tasks share one client, each locking its
+    /// own name.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    parallel: Vec<usize>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -83,6 +87,11 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
         args.hold,
     )
     .await?;
+    let mut parallel = Vec::new();
+    for &tasks in &args.parallel {
+        let phase = args.duration / 2;
+        parallel.push((tasks, many_names(&client, &run, tasks.max(1), phase).await?));
+    }
     let floor = raw_floor(&args.backend.url()?, args.duration).await?;
     let ratio = |ours: f64, floor: f64| (ours / floor * 100.0).round() / 100.0;
 
@@ -105,6 +114,10 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
             },
         });
         let mut json = json;
+        json["parallel_names"] = parallel
+            .iter()
+            .map(|(tasks, ops)| serde_json::json!({"tasks": tasks, "ops_per_sec": ops.round()}))
+            .collect();
         if let Some((op, floor)) = &floor {
             json["raw_floor"] = serde_json::json!({
                 "op": op,
@@ -141,6 +154,13 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
             handoff.percentile(50.0),
             handoff.percentile(99.0)
         );
+        for (tasks, ops) in &parallel {
+            println!(
+                "{:<44} {:>12.0}",
+                format!("{tasks} tasks, one client, a name each"),
+                ops
+            );
+        }
         if let Some((op, floor)) = &floor {
             println!(
                 "{:<44} {:>12.0} {:>10.0} {:>10.0}",
@@ -205,6 +225,39 @@ async fn uncontended(
         micros,
         elapsed: started.elapsed(),
     })
+}
+
+/// `tasks` tasks on one client, each acquiring and releasing its own name back to back: how
+/// throughput scales with concurrency when nothing contends.
+async fn many_names(
+    client: &Arc<dyn DistributedLock>,
+    run: &str,
+    tasks: usize,
+    duration: Duration,
+) -> Result<f64, LockError> {
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut workers = Vec::new();
+    for i in 0..tasks {
+        let (client, name) = (
+            client.clone(),
+            LockName::new(format!("{run}/parallel/{tasks}/{i}"))?,
+        );
+        workers.push(tokio::spawn(async move {
+            let opts = LockOptions::new();
+            let mut pairs = 0u64;
+            while Instant::now() < deadline {
+                client.acquire(&name, &opts).await?.release().await?;
+                pairs += 1;
+            }
+            Ok::<u64, LockError>(pairs)
+        }));
+    }
+    let mut total = 0;
+    for worker in workers {
+        total += worker.await.map_err(|e| LockError::backend("dlock", e))??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
 }
 
 /// Who holds the lock in the hand-off phase, and when the last holder let go.
