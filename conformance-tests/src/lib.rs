@@ -1,6 +1,6 @@
 //! # dlock-conformance: the suite every dlock backend passes
 //!
-//! One table of cases ([`cases`]), each a plain `pub async fn` in [`cases`]'s modules, checks
+//! One table of cases ([`cases()`]), each a plain `pub async fn` in the [`cases`](mod@cases) modules, checks
 //! the lock contract (`shared/design/CONTRACT.md`): mutual exclusion under real concurrency (the
 //! seeds' coupon and purchase scenarios), ownership, expiry, fencing, renewal, the lost signal,
 //! cancel safety, names and input validation. A backend supplies a [`Harness`], a way to make

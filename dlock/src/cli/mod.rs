@@ -51,7 +51,7 @@ pub struct BackendArgs {
     /// Backend URL, e.g. memory://, redis://127.0.0.1:6379, postgres://user@host/db.
     #[arg(long, env = "DLOCK_URL", default_value = "memory://")]
     pub backend: String,
-    /// A TOML config file (url, [options], [lock]); overrides --backend.
+    /// A TOML config file (`url`, `[options]`, `[lock]`); overrides --backend.
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
 }
