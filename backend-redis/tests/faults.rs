@@ -81,6 +81,13 @@ async fn dead_server_gives_unavailable_promptly_not_a_hang() {
         matches!(result, Err(LockError::Unavailable { .. })),
         "{result:?}"
     );
+    // Bad input is refused before any network call: the dead server is never asked.
+    let zero_ttl = LockOptions::new().with_ttl(Duration::ZERO);
+    let bad = client.acquire(&name("dead"), &zero_ttl).await;
+    assert!(
+        matches!(bad, Err(LockError::InvalidArgument { .. })),
+        "{bad:?}"
+    );
     let connect = timeout(BOUND, RedisLock::connect_url(&redis.url()))
         .await
         .expect("connect does not hang");
