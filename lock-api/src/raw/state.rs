@@ -20,6 +20,7 @@ pub struct LeaseState {
     valid_until_changed: Notify,
     closed: CancellationToken,
     deadline_watched: AtomicBool,
+    renewal_failing: AtomicBool,
 }
 
 impl LeaseState {
@@ -32,6 +33,7 @@ impl LeaseState {
             valid_until_changed: Notify::new(),
             closed: CancellationToken::new(),
             deadline_watched: AtomicBool::new(false),
+            renewal_failing: AtomicBool::new(false),
         }
     }
 
@@ -67,6 +69,12 @@ impl LeaseState {
         self.valid_until_changed.notify_waiters();
     }
 
+    /// Records whether the last renewal attempt failed, so that a deadline passing while renewals
+    /// fail is reported as [`LostReason::RenewalFailed`] rather than a plain expiry.
+    pub fn set_renewal_failing(&self, failing: bool) {
+        self.renewal_failing.store(failing, Ordering::SeqCst);
+    }
+
     /// Whether the lock is still held as far as this client knows: not marked lost and, for TTL
     /// leases, before the deadline. Passing the deadline marks the lock lost.
     pub fn is_held(&self) -> bool {
@@ -75,7 +83,12 @@ impl LeaseState {
         }
         match self.valid_until() {
             Some(deadline) if Instant::now() >= deadline => {
-                self.mark_lost(LostReason::Expired);
+                let reason = if self.renewal_failing.load(Ordering::SeqCst) {
+                    LostReason::RenewalFailed
+                } else {
+                    LostReason::Expired
+                };
+                self.mark_lost(reason);
                 false
             }
             _ => true,

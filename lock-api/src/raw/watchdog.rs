@@ -60,8 +60,12 @@ async fn run(watch: &Watch, lease: &Arc<dyn RawLease>, state: &LeaseState) {
         let started = Instant::now();
         // A renewal that cannot finish before the lease ends is pointless: bound it by the deadline.
         let deadline = state.valid_until().unwrap_or(started + watch.ttl);
+        // Until it succeeds, a renewal in flight counts as failing: a deadline passing meanwhile is
+        // a renewal failure, not a plain expiry.
+        state.set_renewal_failing(true);
         match timeout_at(deadline, lease.extend(watch.ttl)).await {
             Ok(Ok(())) => {
+                state.set_renewal_failing(false);
                 state.set_valid_until(Some(started + watch.ttl));
                 next_renewal = Some(started + every);
             }
