@@ -1,2 +1,85 @@
-//! The `mysql` backend for dlock. Not written yet: its issue fills this crate.
-//! Until then `dlock::connect` answers a `mysql` URL with a `Config` error saying so.
+//! # dlock-mysql: distributed locks on MySQL and MariaDB named locks
+//!
+//! The MySQL / MariaDB backend for [dlock](https://docs.rs/dlock): a [`MySqlLock`] implements
+//! [`dlock_api::DistributedLock`] with the server's named locks (`GET_LOCK` / `RELEASE_LOCK`), so
+//! a service that already has a MySQL or MariaDB database needs no other lock server.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_api::Result<()> {
+//! use std::time::Duration;
+//! use dlock_api::{DistributedLock, DistributedLockExt, LockOptions};
+//! use dlock_mysql::MySqlLock;
+//!
+//! let locks = MySqlLock::connect_url("mysql://app:secret@127.0.0.1:3306/shop").await?;
+//! let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(5));
+//! let guard = locks.acquire_str("coupon:42", &opts).await?;
+//! // … open a transaction, change rows (passing guard.fencing_token()), COMMIT …
+//! guard.release().await?; // after the commit, never before
+//! # Ok(()) }
+//! ```
+//!
+//! ## How it works
+//! - **A named lock belongs to a connection.** The server frees it when that connection calls
+//!   `RELEASE_LOCK` or closes. So a client keeps its own small set of connections (never a
+//!   general-purpose pool that could hand a lock-holding connection to someone else or reset it):
+//!   each lock is taken and released on the same connection, and a connection returns to the idle
+//!   set only when it holds no lock. One connection can hold many locks (1,000 names at once take
+//!   one connection, not 1,000).
+//! - **Acquire** is one statement that takes the lock and raises the fencing counter together:
+//!   `INSERT INTO dlock_fence … SELECT … FROM DUAL WHERE GET_LOCK(key, wait) = 1 ON DUPLICATE KEY
+//!   UPDATE token = LAST_INSERT_ID(…)`. The counter row is written only when the lock was granted,
+//!   and the new token comes back in the reply, so an uncontended acquire is one round trip.
+//!   `try_acquire` waits 0 s.
+//! - **Waiting** is the server's: a contended `acquire` sends `GET_LOCK(key, wait)` on a
+//!   connection that holds nothing and the server wakes it on release (no polling). Waits longer
+//!   than 30 s are issued again in 30 s pieces, so a dead connection is noticed.
+//! - **Release** is `RELEASE_LOCK(key)` on the lock's own connection: 1 is success, 0 (another
+//!   connection holds it) and NULL (nobody does) are [`NotHeld`](dlock_api::LockError::NotHeld).
+//! - **Lost**: every connection is pinged each `keepalive` (1 s); a connection that broke, was
+//!   killed or whose server restarted fires [`lost`](dlock_api::LockGuard::lost) on every guard it
+//!   held, and their `release` returns [`Lost`](dlock_api::LockError::Lost).
+//! - **No TTL**: the lease is the connection ([`LeaseKind::Session`](dlock_api::LeaseKind)).
+//!   A maximum hold time ([`LockOptions::with_max_hold`](dlock_api::LockOptions::with_max_hold))
+//!   is enforced by the client; `extend` is unsupported.
+//!
+//! ## URLs
+//! `mysql://[user[:password]@]host[:port]/database[?option=value…]`; `mariadb://` is the same.
+//! The database holds the fencing table. Options (see [`MySqlConfig`]): `connect_timeout`,
+//! `command_timeout`, `max_connections`, `keepalive`, `session_timeout`, `table`,
+//! `create_table`, `prefix`.
+//!
+//! ## Names
+//! The server limits lock names to 64 characters (and documents them as case-insensitive), so
+//! a name is used as the key only if it is at most 64 characters of printable ASCII with no
+//! upper-case letter and no `~`; any other name becomes `<readable prefix>~<digest>`, the digest
+//! being 160 bits of its SHA-256 in base32 (see [`dlock_api::KeyMapper`]). Different names never
+//! share a key. [`MySqlLock::key`] shows the key of a name. A short lower-case name is the same
+//! lock as `GET_LOCK('that-name', …)` in other code on the same server.
+//!
+//! ## Fencing table
+//! `dlock_fence (name VARBINARY(255) PRIMARY KEY, token BIGINT UNSIGNED)`: one row per key ever
+//! locked, created on first use (or by [`MySqlLock::migrate`]). A token is
+//! `max(previous + 1, server clock in µs)`, so tokens rise across clients and restarts even if a
+//! crash lost the latest counter writes.
+//!
+//! ## Benchmark helper
+//! [`raw_floor`] measures `GET_LOCK` + `RELEASE_LOCK` on one held connection, the floor `dlock
+//! bench` compares this backend with.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod config;
+mod error;
+mod floor;
+mod lease;
+mod lock;
+mod session;
+mod sql;
+
+pub use config::MySqlConfig;
+pub use floor::raw_floor;
+pub use lock::MySqlLock;
+
+/// The URL schemes this backend serves (`mariadb://` is a `mysql://` URL).
+pub const SCHEMES: &[&str] = &["mysql", "mariadb"];
+
+pub(crate) const BACKEND: &str = "mysql";

@@ -1,0 +1,388 @@
+//! `MySqlConfig`: where the server is and how to talk to it, from a URL or key/value pairs.
+
+use std::fmt;
+use std::time::Duration;
+
+use dlock_api::{LockError, Result};
+
+use crate::BACKEND;
+
+/// Configuration of a [`MySqlLock`](crate::MySqlLock).
+///
+/// Built from a URL ([`MySqlConfig::from_url`]) and adjusted with [`set_option`](Self::set_option)
+/// (the `[options]` table of a dlock config file uses the same keys as the URL's query):
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `connect_timeout` | `2s` | TCP connect and handshake |
+/// | `command_timeout` | `2s` | each command's reply (a blocking `GET_LOCK` gets its wait on top); no call waits longer on a dead server |
+/// | `max_connections` | `10` | connections one client opens at most (sessions holding locks, blocked waiters, idle ones); at least 2 |
+/// | `keepalive` | `1s` | how often a session connection is pinged: the bound on noticing a killed or broken session |
+/// | `session_timeout` | `30s` | `SET SESSION wait_timeout`: the server drops a connection silent for this long, freeing its locks (the bound for a half-open connection of a vanished client); must exceed `keepalive` |
+/// | `table` | `dlock_fence` | the fencing counter table (`name` or `database.name`) |
+/// | `fencing` | `true` | fencing tokens from the counter table; `false`: plain `GET_LOCK`, every token 0, no table (about 10 µs less server time per acquire) |
+/// | `create_table` | `true` | create the table on first use; `false`: call [`MySqlLock::migrate`](crate::MySqlLock::migrate) or create it yourself |
+/// | `prefix` | *(empty)* | prepended to every `GET_LOCK` key, to keep dlock's names apart from other users of named locks on the server |
+///
+/// `Debug` and `Display` never show the password.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MySqlConfig {
+    /// Host name or address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// User name.
+    pub username: String,
+    /// Password (never printed).
+    pub password: Option<String>,
+    /// Database: where the fencing table lives unless `table` names one.
+    pub database: Option<String>,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Per-command timeout.
+    pub command_timeout: Duration,
+    /// Connections one client opens at most.
+    pub max_connections: usize,
+    /// Ping interval of session connections.
+    pub keepalive: Duration,
+    /// The server-side idle limit of each connection (`wait_timeout`).
+    pub session_timeout: Duration,
+    /// The fencing counter table.
+    pub table: String,
+    /// Issue fencing tokens (a counter row per key).
+    pub fencing: bool,
+    /// Create the fencing table on first use.
+    pub create_table: bool,
+    /// Prefix of every `GET_LOCK` key.
+    pub prefix: String,
+}
+
+impl Default for MySqlConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 3306,
+            username: "root".into(),
+            password: None,
+            database: None,
+            connect_timeout: Duration::from_secs(2),
+            command_timeout: Duration::from_secs(2),
+            max_connections: 10,
+            keepalive: Duration::from_secs(1),
+            session_timeout: Duration::from_secs(30),
+            table: "dlock_fence".into(),
+            fencing: true,
+            create_table: true,
+            prefix: String::new(),
+        }
+    }
+}
+
+pub(crate) fn config_error(reason: impl Into<String>) -> LockError {
+    LockError::Config {
+        backend: BACKEND,
+        reason: reason.into(),
+    }
+}
+
+fn parse_duration(key: &str, value: &str) -> Result<Duration> {
+    let d = humantime::parse_duration(value)
+        .map_err(|e| config_error(format!("option `{key}`: {e}")))?;
+    if d.is_zero() {
+        return Err(config_error(format!(
+            "option `{key}` must be greater than zero"
+        )));
+    }
+    Ok(d)
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool> {
+    match value {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(config_error(format!("option `{key}` takes true or false"))),
+    }
+}
+
+fn percent_decode(text: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+fn identifier(part: &str) -> bool {
+    !part.is_empty()
+        && part.len() <= 64
+        && part
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+}
+
+/// The longest prefix accepted: the rest of the 64 characters must hold a digest key.
+const MAX_PREFIX: usize = 24;
+
+const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, session_timeout, table, fencing, create_table, prefix";
+
+impl MySqlConfig {
+    /// Parses `mysql://[user[:password]@]host[:port][/database][?option=value…]`; `mariadb://` is
+    /// the same. The user defaults to `root`, the port to 3306.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] saying what is wrong; no network call is made.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| config_error("expected mysql://user@host:port/database"))?;
+        match scheme.to_ascii_lowercase().as_str() {
+            "mysql" | "mariadb" => {}
+            other => return Err(config_error(format!("unknown scheme `{other}://`"))),
+        }
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, host) = match authority.rsplit_once('@') {
+            Some((user, host)) => (Some(user), host),
+            None => (None, authority),
+        };
+        let mut config = Self::default();
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            if !user.is_empty() {
+                config.username = percent_decode(user);
+            }
+            config.password = (!password.is_empty()).then(|| percent_decode(password));
+        }
+        if host.is_empty() {
+            return Err(config_error("the URL names no host"));
+        }
+        if host.contains(',') {
+            return Err(config_error("mysql:// takes one host"));
+        }
+        let (name, port) = if let Some(v6) = host.strip_prefix('[') {
+            let (addr, after) = v6
+                .split_once(']')
+                .ok_or_else(|| config_error(format!("bad host `{host}`")))?;
+            (addr.to_owned(), after.strip_prefix(':'))
+        } else {
+            match host.rsplit_once(':') {
+                Some((h, p)) => (h.to_owned(), Some(p)),
+                None => (host.to_owned(), None),
+            }
+        };
+        if name.is_empty() {
+            return Err(config_error("the URL names no host"));
+        }
+        config.host = name;
+        if let Some(port) = port {
+            config.port = port
+                .parse()
+                .map_err(|_| config_error(format!("port `{port}` is not a number")))?;
+        }
+        let mut segments = path.split('/').filter(|s| !s.is_empty());
+        if let Some(db) = segments.next() {
+            config.database = Some(percent_decode(db));
+        }
+        if let Some(extra) = segments.next() {
+            return Err(config_error(format!("unexpected path segment `{extra}`")));
+        }
+        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            config.set_option(&key, &value)?;
+        }
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Sets one option by name (see the table on [`MySqlConfig`]).
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for an unknown option or a malformed value.
+    pub fn set_option(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "connect_timeout" => self.connect_timeout = parse_duration(key, value)?,
+            "command_timeout" => self.command_timeout = parse_duration(key, value)?,
+            "keepalive" => self.keepalive = parse_duration(key, value)?,
+            "session_timeout" => {
+                let d = parse_duration(key, value)?;
+                if d < Duration::from_secs(1) {
+                    return Err(config_error(
+                        "option `session_timeout` is whole seconds: at least 1s",
+                    ));
+                }
+                self.session_timeout = d;
+            }
+            "max_connections" => {
+                let n: usize = value.parse().map_err(|_| {
+                    config_error("option `max_connections` takes a number (at least 2)")
+                })?;
+                if n < 2 {
+                    return Err(config_error(
+                        "option `max_connections` must be at least 2: one connection holds locks while another waits",
+                    ));
+                }
+                self.max_connections = n;
+            }
+            "table" => {
+                let parts: Vec<&str> = value.split('.').collect();
+                if parts.len() > 2 || !parts.iter().all(|p| identifier(p)) {
+                    return Err(config_error(format!(
+                        "option `table`: `{value}` is not `name` or `database.name` of letters, digits, `_` and `$`"
+                    )));
+                }
+                self.table = value.to_owned();
+            }
+            "create_table" => self.create_table = parse_bool(key, value)?,
+            "fencing" => self.fencing = parse_bool(key, value)?,
+            "prefix" => {
+                if value.len() > MAX_PREFIX
+                    || !value.chars().all(|c| c.is_ascii_graphic() && c != '~')
+                {
+                    return Err(config_error(format!(
+                        "option `prefix` takes at most {MAX_PREFIX} printable ASCII characters without spaces or `~`"
+                    )));
+                }
+                self.prefix = value.to_owned();
+            }
+            other => {
+                return Err(config_error(format!(
+                    "unknown option `{other}` (known: {KNOWN})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the options against each other.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.session_timeout <= self.keepalive + self.command_timeout {
+            return Err(config_error(format!(
+                "option `session_timeout` ({:?}) must exceed `keepalive` + `command_timeout` ({:?}), or the server drops live sessions",
+                self.session_timeout,
+                self.keepalive + self.command_timeout
+            )));
+        }
+        if self.fencing && !self.table.contains('.') && self.database.is_none() {
+            return Err(config_error(
+                "the fencing table needs a database: put it in the URL (mysql://host/DATABASE) or set `table=database.name`",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The fencing table, quoted for SQL.
+    pub(crate) fn quoted_table(&self) -> String {
+        self.table
+            .split('.')
+            .map(|part| format!("`{part}`"))
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+}
+
+impl fmt::Display for MySqlConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)?;
+        } else {
+            write!(f, "{}:{}", self.host, self.port)?;
+        }
+        if let Some(db) = &self.database {
+            write!(f, "/{db}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for MySqlConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("database", &self.database)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("keepalive", &self.keepalive)
+            .field("session_timeout", &self.session_timeout)
+            .field("table", &self.table)
+            .field("fencing", &self.fencing)
+            .field("create_table", &self.create_table)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls() {
+        let c = MySqlConfig::from_url(
+            "mysql://app:p%40ss@db.example:3307/shop?command_timeout=500ms&max_connections=4&table=locks.fence",
+        )
+        .unwrap();
+        assert_eq!(c.host, "db.example");
+        assert_eq!(c.port, 3307);
+        assert_eq!(c.username, "app");
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.database.as_deref(), Some("shop"));
+        assert_eq!(c.command_timeout, Duration::from_millis(500));
+        assert_eq!(c.max_connections, 4);
+        assert_eq!(c.quoted_table(), "`locks`.`fence`");
+        let m = MySqlConfig::from_url("mariadb://root@127.0.0.1/test").unwrap();
+        assert_eq!((m.host.as_str(), m.port), ("127.0.0.1", 3306));
+        assert_eq!(m.username, "root");
+        assert_eq!(m.password, None);
+        let v6 = MySqlConfig::from_url("mysql://[::1]:3310/test").unwrap();
+        assert_eq!((v6.host.as_str(), v6.port), ("::1", 3310));
+        assert_eq!(v6.to_string(), "[::1]:3310/test");
+    }
+
+    #[test]
+    fn rejects_bad_urls_and_options() {
+        for bad in [
+            "mysql://",
+            "postgres://h/db",
+            "mysql://h:port/db",
+            "mysql://a,b/db",
+            "mysql://h/db/extra",
+            "mysql://h/db?nope=1",
+            "mysql://h/db?command_timeout=soon",
+            "mysql://h/db?command_timeout=0s",
+            "mysql://h/db?max_connections=1",
+            "mysql://h/db?table=a;drop",
+            "mysql://h/db?table=a.b.c",
+            "mysql://h/db?prefix=has%20space",
+            "mysql://h/db?create_table=maybe",
+            "mysql://h/db?session_timeout=2s",
+            "mysql://h",
+        ] {
+            assert!(
+                matches!(MySqlConfig::from_url(bad), Err(LockError::Config { .. })),
+                "{bad}"
+            );
+        }
+        assert!(MySqlConfig::from_url("mysql://h?table=db.fence").is_ok());
+        assert!(
+            !MySqlConfig::from_url("mysql://h?fencing=off")
+                .unwrap()
+                .fencing
+        );
+    }
+
+    #[test]
+    fn unknown_option_lists_known_ones() {
+        let err = MySqlConfig::from_url("mysql://h/db?colour=red").unwrap_err();
+        assert!(err.to_string().contains("max_connections"), "{err}");
+    }
+
+    #[test]
+    fn debug_and_display_hide_the_password() {
+        let c = MySqlConfig::from_url("mysql://user:hunter2@h:1/db").unwrap();
+        assert!(!format!("{c:?} {c}").contains("hunter2"));
+        assert_eq!(c.to_string(), "h:1/db");
+    }
+}

@@ -1,0 +1,334 @@
+//! Faults, each against its own MariaDB: the holder's connection killed, the server restarted
+//! (cleanly and after a crash), a client cut off by the fault proxy, a frozen server, a cancelled
+//! blocking wait, and a pool under pressure.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{MySqlHarness, holder, kill_connection, own_server, raw};
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LostReason};
+use dlock_mysql::MySqlLock;
+use dlock_test_servers::{FaultProxy, ProxyMode};
+use sqlx::{Executor, Row};
+use tokio::time::{Instant, timeout};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn name(what: &str) -> LockName {
+    LockName::new(format!("faults/{what}/{:08x}", rand::random::<u32>())).unwrap()
+}
+
+fn wait(d: Duration) -> LockOptions {
+    LockOptions::new().with_wait_timeout(d)
+}
+
+#[tokio::test]
+async fn killed_connection_fires_lost_on_every_guard_it_held() {
+    let server = own_server();
+    let url = server.url();
+    let locks = MySqlLock::connect_url(&url).await.unwrap();
+    let names: Vec<LockName> = (0..5).map(|i| name(&format!("k{i}"))).collect();
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(
+            locks
+                .try_acquire(n, &LockOptions::new())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let id = locks.holder_connection_id(&names[0]).expect("held");
+    assert!(
+        names
+            .iter()
+            .all(|n| locks.holder_connection_id(n) == Some(id)),
+        "non-blocking acquires share one session connection"
+    );
+    assert_eq!(holder(&url, &locks.key(&names[0])).await, Some(id));
+    kill_connection(&url, id).await.unwrap();
+    for g in &guards {
+        let reason = timeout(BOUND, g.lost())
+            .await
+            .expect("lost within the bound");
+        assert_eq!(reason, LostReason::SessionClosed);
+    }
+    let other = MySqlLock::connect_url(&url).await.unwrap();
+    for (g, n) in guards.into_iter().zip(&names) {
+        let released = g.release().await;
+        assert!(
+            matches!(released, Err(LockError::Lost { .. })),
+            "{released:?}"
+        );
+        other
+            .acquire(n, &wait(BOUND))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    // The client recovers: new locks work on a new connection.
+    locks
+        .try_acquire(&names[0], &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+async fn restart_while_held(crash: bool) {
+    let server = own_server();
+    let url = server.url();
+    let locks = MySqlLock::connect_url(&url).await.unwrap();
+    let n = name("restart");
+    let first = locks.acquire(&n, &LockOptions::new()).await.unwrap();
+    let t1 = first.fencing_token();
+    if crash {
+        server.kill();
+    }
+    server.restart().expect("restart");
+    let reason = timeout(BOUND, first.lost())
+        .await
+        .expect("lost after the restart");
+    assert_eq!(reason, LostReason::SessionClosed);
+    assert!(matches!(first.release().await, Err(LockError::Lost { .. })));
+    let second = timeout(BOUND, locks.acquire(&n, &wait(BOUND)))
+        .await
+        .expect("acquire after restart")
+        .unwrap();
+    assert!(
+        second.fencing_token() > t1,
+        "token {} after {t1} across a restart (crash: {crash})",
+        second.fencing_token()
+    );
+    second.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn server_restart_while_held_fires_lost_and_tokens_keep_rising() {
+    restart_while_held(false).await;
+}
+
+#[tokio::test]
+async fn server_crash_while_held_fires_lost_and_tokens_keep_rising() {
+    restart_while_held(true).await;
+}
+
+#[tokio::test]
+async fn partitioned_client_loses_its_lock_and_the_server_frees_it() {
+    let server = own_server();
+    let proxy = FaultProxy::start(server.addr()).expect("proxy");
+    let through_proxy = format!(
+        "mysql://root@{}/test?keepalive=500ms&command_timeout=1s&session_timeout=4s",
+        proxy.addr()
+    );
+    let cut_off = MySqlLock::connect_url(&through_proxy).await.unwrap();
+    let n = name("partition");
+    let guard = cut_off.acquire(&n, &LockOptions::new()).await.unwrap();
+    let other = MySqlLock::connect_url(&server.url()).await.unwrap();
+    assert!(
+        other
+            .try_acquire(&n, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    proxy.set_mode(ProxyMode::Blackhole);
+    let started = Instant::now();
+    let reason = timeout(BOUND, guard.lost())
+        .await
+        .expect("lost within the bound");
+    assert_eq!(reason, LostReason::SessionClosed);
+    let noticed = started.elapsed();
+    // The server frees the lock when the silent connection passes its wait_timeout (4 s).
+    let next = timeout(BOUND, other.acquire(&n, &wait(BOUND)))
+        .await
+        .expect("the server frees a half-open holder's lock")
+        .unwrap();
+    let freed = started.elapsed();
+    eprintln!("partition: client noticed after {noticed:?}, server freed after {freed:?}");
+    assert!(
+        noticed <= freed,
+        "the client believed it held the lock after the server freed it"
+    );
+    assert!(guard.release().await.is_err());
+    next.release().await.unwrap();
+    proxy.heal();
+    let after = timeout(BOUND, cut_off.acquire(&n, &wait(BOUND)))
+        .await
+        .unwrap()
+        .unwrap();
+    after.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn frozen_or_missing_server_gives_unavailable_not_a_hang() {
+    let server = own_server();
+    let url = format!("{}?command_timeout=1s&connect_timeout=1s", server.url());
+    let locks = MySqlLock::connect_url(&url).await.unwrap();
+    server.pause();
+    let started = Instant::now();
+    let got = timeout(
+        BOUND,
+        locks.try_acquire(&name("frozen"), &LockOptions::new()),
+    )
+    .await
+    .expect("no hang");
+    server.resume();
+    assert!(matches!(got, Err(LockError::Unavailable { .. })), "{got:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let port = dlock_test_servers::free_port().unwrap();
+    let missing = timeout(
+        BOUND,
+        MySqlLock::connect_url(&format!("mysql://root@127.0.0.1:{port}/test")),
+    )
+    .await
+    .expect("no hang");
+    assert!(
+        matches!(missing, Err(LockError::Unavailable { .. })),
+        "{missing:?}"
+    );
+}
+
+#[tokio::test]
+async fn dropped_blocking_acquire_is_interrupted_on_the_server() {
+    // Its own server: the probe counts every waiting GET_LOCK on it.
+    let server = own_server();
+    let url = server.url();
+    let (a, b) = (
+        MySqlLock::connect_url(&url).await.unwrap(),
+        MySqlLock::connect_url(&url).await.unwrap(),
+    );
+    let n = name("cancel");
+    let key = a.key(&n);
+    let held = a.acquire(&n, &LockOptions::new()).await.unwrap();
+    let dropped = timeout(
+        Duration::from_millis(300),
+        b.acquire(&n, &LockOptions::new()),
+    )
+    .await;
+    assert!(dropped.is_err());
+    // Within the bound no statement waits on the key any more: the wait was KILLed, not left.
+    let mut probe = raw(&url).await;
+    let started = Instant::now();
+    loop {
+        let row = probe
+            .fetch_one(
+                sqlx::query(
+                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE '%GET_LOCK%' AND ID <> CONNECTION_ID()",
+                ),
+            )
+            .await
+            .unwrap();
+        let waiting: i64 = row.try_get(0).unwrap();
+        if waiting == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < BOUND,
+            "a cancelled GET_LOCK is still waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    held.release().await.unwrap();
+    let mut probe = raw(&url).await;
+    let free: i64 = probe
+        .fetch_one(sqlx::query("SELECT IS_FREE_LOCK(?)").bind(key))
+        .await
+        .unwrap()
+        .try_get(0)
+        .unwrap();
+    assert_eq!(free, 1, "a cancelled waiter took the lock");
+}
+
+#[tokio::test]
+async fn pool_under_pressure_neither_deadlocks_nor_mixes_connections() {
+    let h = MySqlHarness::shared();
+    let url = format!("{}?max_connections=3", h.url());
+    let locks = MySqlLock::connect_url(&url).await.unwrap();
+    let names: Vec<LockName> = (0..4).map(|i| name(&format!("p{i}"))).collect();
+    let counters: Arc<HashMap<LockName, (AtomicUsize, AtomicUsize)>> = Arc::new(
+        names
+            .iter()
+            .map(|n| (n.clone(), (AtomicUsize::new(0), AtomicUsize::new(0))))
+            .collect(),
+    );
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let max_conns = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let (locks, counters, overlaps, max_conns) = (
+            locks.clone(),
+            counters.clone(),
+            overlaps.clone(),
+            max_conns.clone(),
+        );
+        let n = names[i % names.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let guard = locks.acquire(&n, &wait(BOUND)).await?;
+                let (inside, done) = &counters[&n];
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                max_conns.fetch_max(locks.connection_count(), Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                done.fetch_add(1, Ordering::SeqCst);
+                inside.fetch_sub(1, Ordering::SeqCst);
+                // A release on the wrong connection would answer 0 or NULL: NotHeld.
+                guard.release().await?;
+            }
+            Ok::<(), LockError>(())
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(120), t)
+            .await
+            .expect("no deadlock")
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    let total: usize = counters
+        .values()
+        .map(|(_, d)| d.load(Ordering::SeqCst))
+        .sum();
+    assert_eq!(total, 200);
+    assert!(
+        max_conns.load(Ordering::SeqCst) <= 3,
+        "{} connections",
+        max_conns.load(Ordering::SeqCst)
+    );
+    // try_acquire still gets a connection while waiters use the others.
+    let held = locks.acquire(&names[0], &LockOptions::new()).await.unwrap();
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let (locks, n) = (locks.clone(), names[0].clone());
+            tokio::spawn(async move { locks.acquire(&n, &wait(Duration::from_secs(2))).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let other = locks
+        .try_acquire(&names[1], &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    other.release().await.unwrap();
+    held.release().await.unwrap();
+    for w in waiters {
+        if let Ok(g) = w.await.unwrap() {
+            g.release().await.unwrap();
+        }
+    }
+}
