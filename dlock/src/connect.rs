@@ -63,6 +63,14 @@ where
             }
             Ok(Arc::new(dlock_redis::RedisLock::connect(config).await?))
         }
+        #[cfg(feature = "mysql")]
+        BackendScheme::MySql => {
+            let mut config = dlock_mysql::MySqlConfig::from_url(url)?;
+            for (key, value) in &options {
+                config.set_option(key, value)?;
+            }
+            Ok(Arc::new(dlock_mysql::MySqlLock::connect(config).await?))
+        }
         other => not_available(other),
     }
 }
@@ -115,7 +123,10 @@ fn not_available(scheme: BackendScheme) -> Result<Arc<dyn DistributedLock>> {
 
 /// Backends that have landed (the others' crates are still placeholders).
 fn implemented(scheme: BackendScheme) -> bool {
-    matches!(scheme, BackendScheme::Memory | BackendScheme::Redis)
+    matches!(
+        scheme,
+        BackendScheme::Memory | BackendScheme::Redis | BackendScheme::MySql
+    )
 }
 
 fn compiled_in(scheme: BackendScheme) -> bool {

@@ -55,6 +55,11 @@ pub use scheme::{BackendScheme, redact};
 #[doc(inline)]
 pub use dlock_redis::{RedisConfig, RedisLock};
 
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+#[doc(inline)]
+pub use dlock_mysql::{MySqlConfig, MySqlLock};
+
 #[doc(inline)]
 pub use dlock_api::{
     BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,

@@ -199,6 +199,15 @@ async fn raw_floor(
                 to_samples(pairs, elapsed),
             )))
         }
+        #[cfg(feature = "mysql")]
+        BackendScheme::MySql => {
+            let pairs = dlock_mysql::raw_floor(url, duration).await?;
+            let elapsed = pairs.iter().sum();
+            Ok(Some((
+                "GET_LOCK(n,0) + RELEASE_LOCK(n), prepared",
+                to_samples(pairs, elapsed),
+            )))
+        }
         _ => Ok(None),
     }
 }

@@ -1,0 +1,60 @@
+//! `dlock::connect` reaches each compiled-in backend's real server by URL.
+
+use std::time::Duration;
+
+use dlock::{DistributedLockExt, LockError, LockOptions};
+
+async fn round_trip(url: &str) {
+    let locks = dlock::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(10));
+    let guard = locks
+        .acquire_str("dlock-facade-test/lock", &opts)
+        .await
+        .unwrap();
+    assert!(
+        locks
+            .try_acquire_str("dlock-facade-test/lock", &opts)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn memory_by_url() {
+    round_trip("memory://facade-test").await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_by_url() {
+    round_trip(&dlock_test_servers::shared_redis().url()).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_and_mariadb_by_url() {
+    let url = dlock_test_servers::shared_mariadb().url();
+    round_trip(&url).await;
+    round_trip(&url.replacen("mysql://", "mariadb://", 1)).await;
+}
+
+#[tokio::test]
+async fn unknown_options_and_bad_urls_are_config_errors() {
+    for url in [
+        "memory://?x=1",
+        "ftp://host",
+        "no-scheme",
+        "redis://h?nope=1",
+        "mysql://h/db?nope=1",
+    ] {
+        let result = dlock::connect(url).await;
+        assert!(
+            matches!(result, Err(LockError::Config { .. })),
+            "{url}: {result:?}"
+        );
+    }
+}
