@@ -1,2 +1,101 @@
-//! The `postgres` backend for dlock. Not written yet: its issue fills this crate.
-//! Until then `dlock::connect` answers a `postgres` URL with a `Config` error saying so.
+//! # dlock-postgres: distributed locks on Postgres
+//!
+//! The Postgres backend for [dlock](https://docs.rs/dlock): a [`PostgresLock`] implements
+//! [`dlock_api::DistributedLock`] with **session advisory locks**, and the crate adds helpers
+//! for locks that live inside *your* transaction: [`xact_lock`] (transaction-scoped advisory
+//! locks) and [`RowLock`] (`SELECT … FOR UPDATE` with `NOWAIT`, `SKIP LOCKED` or a bounded wait).
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_api::Result<()> {
+//! use dlock_api::{DistributedLockExt, LockOptions};
+//! use dlock_postgres::PostgresLock;
+//! use std::time::Duration;
+//!
+//! let locks = PostgresLock::connect_url("postgres://app:secret@127.0.0.1:5432/shop").await?;
+//! let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(5));
+//! let guard = locks.acquire_str("coupon:42", &opts).await?;
+//! // … read, change and COMMIT, passing guard.fencing_token() to the storage …
+//! guard.release().await?; // after the commit, never before
+//! # Ok(()) }
+//! ```
+//!
+//! ## Which of the three to use
+//! | you want | use | released by | fencing |
+//! |---|---|---|---|
+//! | a lock around work that is not one transaction (calls to other services, several transactions) | [`PostgresLock`] (`DistributedLock`) | `release()` / drop / the connection closing | token from a sequence |
+//! | a lock around one transaction on this database | [`xact_lock`] / [`try_xact_lock`] | the transaction's commit or rollback | not needed: the writes and the lock end together |
+//! | to lock the rows you are about to change | [`RowLock`] | the transaction's end | not needed |
+//!
+//! The transaction-scoped forms are the strongest version of the seeds' *commit before unlock*
+//! rule: the commit itself releases the lock, so no one can see the lock free before your writes
+//! are committed.
+//!
+//! ## How the session locks work
+//! - **Keys**: a name maps to the 64-bit advisory key space with
+//!   [`KeyMapper::hash_i64`](dlock_api::KeyMapper::hash_i64) (first 8 bytes of SHA-256). A
+//!   collision (odds n²/2^65 for n names in use) only makes two names wait for each other; the
+//!   server's exclusion is on the key, so it never lets two holders in. Callers with integer
+//!   keys pass an [`AdvisoryKey`] to [`PostgresLock::acquire_key`].
+//! - **try_acquire** is one statement on a shared session:
+//!   `SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('dlock_fence_seq') END`, the lock
+//!   and its fencing token in one round trip.
+//! - **acquire** tries that first; when the lock is busy it borrows a connection that holds
+//!   nothing and waits **on the server** with `pg_advisory_lock` under `lock_timeout` (the
+//!   remaining wait, at most `wait_slice`), token in the same statement. The server's lock queue
+//!   wakes it the moment the holder unlocks: hand-off is one round trip, no polling. After the
+//!   grant, that connection is a session like the others.
+//! - **Sessions**: one client keeps a few connections (at most `max_connections`), each
+//!   holding many locks, so a client can hold thousands of locks on a handful of connections. A
+//!   key is never locked twice on one session (advisory locks *stack* per session: a second lock
+//!   would let a second guard in and leave a stacked lock behind), and a lock is always released
+//!   on the session that took it.
+//! - **Fencing**: tokens come from one sequence with `CACHE 1` (a cached sequence hands each
+//!   session its own block of values, out of order across clients), taken while the lock is held;
+//!   so they rise strictly across clients. dlock's connections run with `synchronous_commit=on`,
+//!   so the sequence never goes back after a crash.
+//! - **Lost detection**: a connection holding locks is pinged every `keepalive` (1 s); a failed
+//!   ping, a failed statement, or the server ending the session (`pg_terminate_backend`, a
+//!   restart) closes the session and fires `lost(SessionClosed)` on **every** guard it held.
+//! - **Crash liveness**: if the client process dies, its connections close and the server frees
+//!   the locks at once; if the client's host vanishes without closing them, the server's TCP
+//!   keepalive (set per connection: 10 s idle, 5 s × 3 probes, about 25 s) ends the session.
+//! - **Cancel safety**: a dropped `acquire` sends `pg_cancel_backend` for its server-side wait
+//!   and releases the lock if the grant raced the cancel; a dropped non-blocking attempt queues
+//!   an owner-checked unlock on its session.
+//!
+//! ## URL
+//! `postgres://[user[:password]@]host[:port][/database][?option=value…]` (or `postgresql://`);
+//! options are listed on [`PostgresConfig`].
+//!
+//! ### Note: not through PgBouncer in transaction pooling mode
+//! Session advisory locks belong to the server session that took them. PgBouncer in
+//! *transaction* (or statement) pooling mode hands a different server session to each
+//! transaction, so a lock could be released on the wrong session, or stay held by a session
+//! another client now uses. Point dlock at Postgres directly, or at a PgBouncer pool in
+//! *session* mode. ([`xact_lock`] and [`RowLock`] work in transaction mode: they live inside one
+//! transaction.)
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod client;
+mod config;
+mod error;
+mod floor;
+mod key;
+mod lease;
+mod lock;
+mod sql;
+mod xact;
+
+pub use config::PostgresConfig;
+pub use floor::raw_floor;
+pub use key::AdvisoryKey;
+pub use lock::PostgresLock;
+pub use xact::{RowKey, RowLock, RowLockOutcome, RowWait, try_xact_lock, xact_lock};
+
+/// The sqlx version these helpers take transactions of ([`xact_lock`], [`RowLock`]).
+pub use sqlx;
+
+/// The URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+pub(crate) const BACKEND: &str = "postgres";

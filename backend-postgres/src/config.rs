@@ -1,0 +1,406 @@
+//! `PostgresConfig`: where the server is and how the client behaves, from a URL or key/value pairs.
+
+use std::fmt;
+use std::time::Duration;
+
+use dlock_api::{LockError, Result};
+
+use crate::BACKEND;
+
+/// Configuration of a [`PostgresLock`](crate::PostgresLock).
+///
+/// Built from a URL ([`PostgresConfig::from_url`]) and adjusted with
+/// [`set_option`](Self::set_option) (the `[options]` table of a dlock config file uses the same
+/// keys as the URL's query):
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `connect_timeout` | `2s` | TCP connect and startup handshake |
+/// | `command_timeout` | `2s` | each non-waiting statement's reply; no call waits longer on a dead server |
+/// | `max_connections` | `10` | most connections one client opens (lock sessions plus blocking waits) |
+/// | `keepalive` | `1s` | how often a connection holding locks is pinged; a failed ping fires `lost` on its guards |
+/// | `wait_slice` | `10s` | longest single server-side wait; longer waits re-issue the wait, so a dead server is noticed within `wait_slice + command_timeout` |
+/// | `fencing` | `true` | take a fencing token from a sequence with every acquire (`false`: tokens are 0) |
+/// | `fence_sequence` | `dlock_fence_seq` | the sequence tokens come from, optionally `schema.name` |
+/// | `create_fence` | `true` | create the sequence on connect if missing (`false`: run [`PostgresLock::migrate`](crate::PostgresLock::migrate) once, or create it yourself) |
+/// | `tcp_keepalives_idle` | `10s` | server-side TCP keepalive: idle time before the first probe |
+/// | `tcp_keepalives_interval` | `5s` | server-side TCP keepalive: time between probes |
+/// | `tcp_keepalives_count` | `3` | server-side TCP keepalive: unanswered probes before the server drops the session (and its locks) |
+/// | `application_name` | `dlock` | shown in `pg_stat_activity` |
+/// | `sslmode` | `disable` | only `disable`, `allow` and `prefer` (plain TCP): this build has no TLS |
+///
+/// `Debug` and `Display` never show the password.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PostgresConfig {
+    /// Server host name or address.
+    pub host: String,
+    /// Server port.
+    pub port: u16,
+    /// User name.
+    pub user: String,
+    /// Password (never printed).
+    pub password: Option<String>,
+    /// Database name.
+    pub database: String,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// Per-statement timeout for statements that do not wait for a lock.
+    pub command_timeout: Duration,
+    /// Most connections one client keeps open.
+    pub max_connections: usize,
+    /// Ping interval of connections that hold locks.
+    pub keepalive: Duration,
+    /// Longest single server-side wait.
+    pub wait_slice: Duration,
+    /// Whether acquires take fencing tokens.
+    pub fencing: bool,
+    /// The sequence fencing tokens come from (`name` or `schema.name`).
+    pub fence_sequence: String,
+    /// Create the fence sequence on connect when it is missing.
+    pub create_fence: bool,
+    /// Server-side `tcp_keepalives_idle`.
+    pub tcp_keepalives_idle: Duration,
+    /// Server-side `tcp_keepalives_interval`.
+    pub tcp_keepalives_interval: Duration,
+    /// Server-side `tcp_keepalives_count`.
+    pub tcp_keepalives_count: u32,
+    /// `application_name` of the client's connections.
+    pub application_name: String,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".into(),
+            port: 5432,
+            user: "postgres".into(),
+            password: None,
+            database: "postgres".into(),
+            connect_timeout: Duration::from_secs(2),
+            command_timeout: Duration::from_secs(2),
+            max_connections: 10,
+            keepalive: Duration::from_secs(1),
+            wait_slice: Duration::from_secs(10),
+            fencing: true,
+            fence_sequence: "dlock_fence_seq".into(),
+            create_fence: true,
+            tcp_keepalives_idle: Duration::from_secs(10),
+            tcp_keepalives_interval: Duration::from_secs(5),
+            tcp_keepalives_count: 3,
+            application_name: "dlock".into(),
+        }
+    }
+}
+
+pub(crate) fn config_error(reason: impl Into<String>) -> LockError {
+    LockError::Config {
+        backend: BACKEND,
+        reason: reason.into(),
+    }
+}
+
+fn parse_duration(key: &str, value: &str) -> Result<Duration> {
+    let d = humantime::parse_duration(value)
+        .map_err(|e| config_error(format!("option `{key}`: {e}")))?;
+    if d.is_zero() {
+        return Err(config_error(format!(
+            "option `{key}` must be greater than zero"
+        )));
+    }
+    Ok(d)
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(config_error(format!(
+            "option `{key}` takes true or false, not `{value}`"
+        ))),
+    }
+}
+
+fn parse_number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
+    value
+        .parse()
+        .map_err(|_| config_error(format!("option `{key}` takes a number, not `{value}`")))
+}
+
+/// Checks `name` or `schema.name` made of plain identifier characters, and quotes it for SQL.
+pub(crate) fn quote_qualified(name: &str) -> Result<String> {
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() > 2
+        || parts.iter().any(|p| {
+            p.is_empty()
+                || p.len() > 63
+                || !p
+                    .chars()
+                    .all(|c| c.is_alphanumeric() || c == '_' || c == '$')
+        })
+    {
+        return Err(config_error(format!(
+            "`{name}` is not a valid `name` or `schema.name` (letters, digits, `_`, `$`; at most 63 bytes each)"
+        )));
+    }
+    Ok(parts
+        .iter()
+        .map(|p| format!("\"{p}\""))
+        .collect::<Vec<_>>()
+        .join("."))
+}
+
+fn percent_decode(text: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, wait_slice, fencing, fence_sequence, create_fence, tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count, application_name, sslmode";
+
+impl PostgresConfig {
+    /// Parses `postgres://[user[:password]@]host[:port][/database][?option=value…]` (also
+    /// `postgresql://`). The user defaults to `postgres`, the port to 5432, the database to the
+    /// user name. Options are listed on [`PostgresConfig`].
+    ///
+    /// # Errors
+    /// [`LockError::Config`] saying what is wrong; no network call is made.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| config_error("expected postgres://user@host:port/database"))?;
+        if !matches!(
+            scheme.to_ascii_lowercase().as_str(),
+            "postgres" | "postgresql"
+        ) {
+            return Err(config_error(format!(
+                "unknown scheme `{scheme}://` (expected postgres:// or postgresql://)"
+            )));
+        }
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((user, host)) => (Some(user), host),
+            None => (None, authority),
+        };
+        let mut config = Self::default();
+        let mut database_given = false;
+        if let Some(userinfo) = userinfo {
+            let (user, password) = match userinfo.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (userinfo, None),
+            };
+            if !user.is_empty() {
+                config.user = percent_decode(user);
+            }
+            config.password = password.filter(|p| !p.is_empty()).map(percent_decode);
+        }
+        if hostport.contains(',') {
+            return Err(config_error(
+                "postgres:// takes one host (multi-host failover URLs are not supported)",
+            ));
+        }
+        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
+            let (host, after) = v6
+                .split_once(']')
+                .ok_or_else(|| config_error("unclosed `[` in the host"))?;
+            (host, after.strip_prefix(':'))
+        } else {
+            match hostport.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (hostport, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(config_error("the URL names no host"));
+        }
+        config.host = percent_decode(host);
+        if let Some(port) = port {
+            config.port = port
+                .parse()
+                .map_err(|_| config_error(format!("port `{port}` is not a number")))?;
+        }
+        let path = path.trim_end_matches('/');
+        if path.contains('/') {
+            return Err(config_error(format!(
+                "unexpected path `/{path}`: expected /database"
+            )));
+        }
+        if !path.is_empty() {
+            config.database = percent_decode(path);
+            database_given = true;
+        }
+        if !database_given {
+            config.database = config.user.clone();
+        }
+        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            config.set_option(&key, &value)?;
+        }
+        Ok(config)
+    }
+
+    /// Sets one option by name (see the table on [`PostgresConfig`]).
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for an unknown option or a malformed value.
+    pub fn set_option(&mut self, key: &str, value: &str) -> Result<()> {
+        match key {
+            "connect_timeout" => self.connect_timeout = parse_duration(key, value)?,
+            "command_timeout" => self.command_timeout = parse_duration(key, value)?,
+            "keepalive" => self.keepalive = parse_duration(key, value)?,
+            "wait_slice" => self.wait_slice = parse_duration(key, value)?,
+            "max_connections" => {
+                let n: usize = parse_number(key, value)?;
+                if n == 0 {
+                    return Err(config_error("option `max_connections` must be at least 1"));
+                }
+                self.max_connections = n;
+            }
+            "fencing" => self.fencing = parse_bool(key, value)?,
+            "create_fence" => self.create_fence = parse_bool(key, value)?,
+            "fence_sequence" => {
+                quote_qualified(value)?;
+                self.fence_sequence = value.to_owned();
+            }
+            "tcp_keepalives_idle" => self.tcp_keepalives_idle = parse_duration(key, value)?,
+            "tcp_keepalives_interval" => self.tcp_keepalives_interval = parse_duration(key, value)?,
+            "tcp_keepalives_count" => self.tcp_keepalives_count = parse_number(key, value)?,
+            "application_name" => {
+                if !value
+                    .chars()
+                    .all(|c| c.is_ascii_graphic() && c != '\\' && c != '\'')
+                {
+                    return Err(config_error(
+                        "option `application_name` takes printable ASCII without spaces, quotes or backslashes",
+                    ));
+                }
+                self.application_name = value.to_owned();
+            }
+            "sslmode" => match value {
+                "disable" | "allow" | "prefer" => {}
+                other => {
+                    return Err(config_error(format!(
+                        "sslmode `{other}` needs TLS, which this build of dlock-postgres does not include (use disable, allow or prefer)"
+                    )));
+                }
+            },
+            other => {
+                return Err(config_error(format!(
+                    "unknown option `{other}` (known: {KNOWN})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The fence sequence's name, quoted for SQL.
+    pub(crate) fn quoted_sequence(&self) -> Result<String> {
+        quote_qualified(&self.fence_sequence)
+    }
+}
+
+impl fmt::Display for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}/{}", self.host, self.port, self.database)
+        } else {
+            write!(f, "{}:{}/{}", self.host, self.port, self.database)
+        }
+    }
+}
+
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("database", &self.database)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("keepalive", &self.keepalive)
+            .field("wait_slice", &self.wait_slice)
+            .field("fencing", &self.fencing)
+            .field("fence_sequence", &self.fence_sequence)
+            .field("create_fence", &self.create_fence)
+            .field("tcp_keepalives_idle", &self.tcp_keepalives_idle)
+            .field("tcp_keepalives_interval", &self.tcp_keepalives_interval)
+            .field("tcp_keepalives_count", &self.tcp_keepalives_count)
+            .field("application_name", &self.application_name)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls() {
+        let c = PostgresConfig::from_url(
+            "postgres://app:p%40ss@db.local:6543/orders?command_timeout=500ms&max_connections=4",
+        )
+        .unwrap();
+        assert_eq!(c.host, "db.local");
+        assert_eq!(c.port, 6543);
+        assert_eq!(c.user, "app");
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.database, "orders");
+        assert_eq!(c.command_timeout, Duration::from_millis(500));
+        assert_eq!(c.max_connections, 4);
+        let d = PostgresConfig::from_url("postgresql://localhost").unwrap();
+        assert_eq!((d.host.as_str(), d.port), ("localhost", 5432));
+        assert_eq!(
+            (d.user.as_str(), d.database.as_str()),
+            ("postgres", "postgres")
+        );
+        let e = PostgresConfig::from_url("postgres://bob@[::1]:5433").unwrap();
+        assert_eq!((e.host.as_str(), e.port), ("::1", 5433));
+        assert_eq!(e.database, "bob");
+        let f = PostgresConfig::from_url(
+            "postgres://h/db?fencing=off&fence_sequence=locks.fence&sslmode=prefer",
+        )
+        .unwrap();
+        assert!(!f.fencing);
+        assert_eq!(f.quoted_sequence().unwrap(), "\"locks\".\"fence\"");
+    }
+
+    #[test]
+    fn rejects_bad_urls_and_options() {
+        for bad in [
+            "postgres://",
+            "mysql://h/db",
+            "postgres//h",
+            "postgres://h:port/db",
+            "postgres://a,b/db",
+            "postgres://h/db/extra",
+            "postgres://h/db?nope=1",
+            "postgres://h/db?command_timeout=soon",
+            "postgres://h/db?command_timeout=0s",
+            "postgres://h/db?max_connections=0",
+            "postgres://h/db?fencing=maybe",
+            "postgres://h/db?fence_sequence=a;drop",
+            "postgres://h/db?fence_sequence=a.b.c",
+            "postgres://h/db?sslmode=require",
+        ] {
+            assert!(
+                matches!(PostgresConfig::from_url(bad), Err(LockError::Config { .. })),
+                "{bad}"
+            );
+        }
+        let mut c = PostgresConfig::default();
+        let e = c.set_option("bogus", "1").unwrap_err().to_string();
+        assert!(e.contains("known:") && e.contains("max_connections"), "{e}");
+    }
+
+    #[test]
+    fn debug_and_display_hide_the_password() {
+        let c = PostgresConfig::from_url("postgres://user:hunter2@h:1/db").unwrap();
+        let shown = format!("{c:?} {c}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert_eq!(c.to_string(), "h:1/db");
+    }
+}

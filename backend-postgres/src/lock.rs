@@ -1,0 +1,329 @@
+//! `PostgresLock`: session advisory locks behind the `DistributedLock` trait.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dlock_api::raw::LeaseState;
+use dlock_api::{
+    Capabilities, DistributedLock, Fencing, FencingToken, LeaseKind, LockError, LockGuard,
+    LockName, LockOptions, Result,
+};
+use sqlx::Row;
+use sqlx::postgres::PgConnection;
+use tokio::time::{Duration, Instant, timeout};
+
+use crate::BACKEND;
+use crate::client::{Client, Exclusive, Session, WaitOutcome, open_connection};
+use crate::config::{PostgresConfig, config_error};
+use crate::error::{map_err, sqlstate, timed_out, unavailable};
+use crate::key::{AdvisoryKey, RawKey};
+use crate::lease::PgLease;
+use crate::sql::{Sql, create_sequence};
+
+/// Distributed locks on Postgres session advisory locks.
+///
+/// Each `PostgresLock` is one client with its own connections (at most `max_connections`):
+/// a few **sessions** that each hold many locks, plus connections borrowed for server-side
+/// blocking waits. Clone it (cheap) to share; call [`PostgresLock::connect`] again for an
+/// independent client. Dropping the last clone and every guard closes the connections, which
+/// frees their locks on the server.
+#[doc = include_str!("docs.md")]
+#[derive(Clone)]
+pub struct PostgresLock {
+    inner: Arc<Client>,
+}
+
+impl PostgresLock {
+    /// Connects to the server `config` names and checks (or creates) the fence sequence.
+    ///
+    /// The connection it opens stays as the client's first session.
+    ///
+    /// # Errors
+    /// - [`LockError::Unavailable`] if the server does not answer within the connect timeout;
+    /// - [`LockError::Config`] if the server refuses the credentials or database, or the fence
+    ///   sequence is missing (with `create_fence=false`), cannot be created, or has a cache.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future closes the half-open connection; nothing is locked.
+    pub async fn connect(config: PostgresConfig) -> Result<Self> {
+        let sequence = if config.fencing {
+            Some(config.quoted_sequence()?)
+        } else {
+            None
+        };
+        let mut conn = open_connection(&config).await?;
+        if let Some(sequence) = &sequence {
+            ensure_fence(&mut conn, &config, sequence, config.create_fence).await?;
+        }
+        let inner = Arc::new(Client::new(config, Sql::new(sequence.as_deref())));
+        inner.adopt_idle(conn).await?;
+        Ok(Self { inner })
+    }
+
+    /// Parses `url` ([`PostgresConfig::from_url`]) and connects.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a bad URL (before any network call), else as
+    /// [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    /// As [`connect`](Self::connect).
+    pub async fn connect_url(url: &str) -> Result<Self> {
+        Self::connect(PostgresConfig::from_url(url)?).await
+    }
+
+    /// The configuration this client runs with.
+    pub fn config(&self) -> &PostgresConfig {
+        &self.inner.config
+    }
+
+    /// How many connections this client has open right now (sessions and waits).
+    pub fn connections(&self) -> usize {
+        self.inner.connections()
+    }
+
+    /// Creates the fence sequence (`CREATE SEQUENCE IF NOT EXISTS … CACHE 1`) if it is missing:
+    /// for deployments that run with `create_fence=false` and migrate with a privileged user.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] if the sequence cannot be created or exists with a cache;
+    /// [`LockError::Unavailable`] if the server cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the DDL is one statement; it either ran or not.
+    pub async fn migrate(&self) -> Result<()> {
+        let config = &self.inner.config;
+        let mut conn = open_connection(config).await?;
+        ensure_fence(&mut conn, config, &config.quoted_sequence()?, true).await
+    }
+
+    /// [`try_acquire`](DistributedLock::try_acquire) with an [`AdvisoryKey`]: an integer key
+    /// (or pair) you already have, used as is. The guard's name is
+    /// [`AdvisoryKey::lock_name`].
+    ///
+    /// # Errors
+    /// As [`try_acquire`](DistributedLock::try_acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call queues an owner-checked unlock on the session it used.
+    pub async fn try_acquire_key(
+        &self,
+        key: &AdvisoryKey,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.capabilities().check(BACKEND, options)?;
+        self.attempt(key, options, true).await
+    }
+
+    /// [`acquire`](DistributedLock::acquire) with an [`AdvisoryKey`].
+    ///
+    /// # Errors
+    /// As [`acquire`](DistributedLock::acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call cancels its server-side wait (`pg_cancel_backend`) and
+    /// releases the lock if the server granted it meanwhile.
+    pub async fn acquire_key(&self, key: &AdvisoryKey, options: &LockOptions) -> Result<LockGuard> {
+        self.capabilities().check(BACKEND, options)?;
+        let started = Instant::now();
+        let deadline = options.wait_timeout().map(|wait| started + wait);
+        let raw = key.raw();
+        let timed_out_now = || LockError::Timeout {
+            name: key.lock_name().to_string(),
+            waited: started.elapsed(),
+        };
+        if !self.inner.holds_locally(raw) {
+            if let Some(guard) = self.attempt(key, options, false).await? {
+                return Ok(guard);
+            }
+        }
+        let mut polls = 0u32;
+        let mut next_poll = Instant::now() + options.retry().delay(0);
+        loop {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(timed_out_now());
+            }
+            let wake_at = deadline.map_or(next_poll, |d| d.min(next_poll));
+            let session = match self.inner.take_exclusive(Some(wake_at)).await? {
+                Exclusive::Session(session) => session,
+                Exclusive::Woke => {
+                    // Every connection holds other locks or waits: fall back to polling with
+                    // back-off on a shared session until one frees up.
+                    if Instant::now() >= next_poll {
+                        if !self.inner.holds_locally(raw) {
+                            if let Some(guard) = self.attempt(key, options, false).await? {
+                                return Ok(guard);
+                            }
+                        }
+                        polls = polls.saturating_add(1);
+                        next_poll = Instant::now() + options.retry().delay(polls);
+                    }
+                    continue;
+                }
+            };
+            let slice = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()),
+                None => self.inner.config.wait_slice,
+            }
+            .min(self.inner.config.wait_slice);
+            if slice < Duration::from_millis(1) {
+                self.inner.end_exclusive(session.id);
+                return Err(timed_out_now());
+            }
+            let outcome = self.inner.spawn_wait(session, raw, slice).await;
+            match outcome {
+                Ok(Ok(WaitOutcome::Granted(grant))) => {
+                    let state = Arc::new(LeaseState::new(None));
+                    let (session, token) = grant.disarm();
+                    if !self.inner.hold_granted(session.id, raw, state.clone()) {
+                        // Closed right after the grant: the lock went with it. Try again.
+                        continue;
+                    }
+                    return Ok(self.guard(key, raw, session, token, state, options));
+                }
+                Ok(Ok(WaitOutcome::NotGranted)) => continue,
+                Ok(Err(error)) => return Err(error),
+                Err(_) => return Err(unavailable("the lock wait task ended unexpectedly")),
+            }
+        }
+    }
+
+    async fn attempt(
+        &self,
+        key: &AdvisoryKey,
+        options: &LockOptions,
+        patient: bool,
+    ) -> Result<Option<LockGuard>> {
+        let state = Arc::new(LeaseState::new(None));
+        let raw = key.raw();
+        Ok(self
+            .inner
+            .try_lock(raw, &state, patient)
+            .await?
+            .map(|(session, token)| self.guard(key, raw, session, token, state, options)))
+    }
+
+    fn guard(
+        &self,
+        key: &AdvisoryKey,
+        raw: RawKey,
+        session: Arc<Session>,
+        token: i64,
+        state: Arc<LeaseState>,
+        options: &LockOptions,
+    ) -> LockGuard {
+        let name = key.lock_name();
+        let lease = Arc::new(PgLease::new(self.inner.clone(), session, raw, name.clone()));
+        LockGuard::new(name, FencingToken::new(token as u64), lease, state, options)
+    }
+}
+
+/// The fence sequence's cache size, or `None` if it does not exist.
+async fn sequence_cache(
+    conn: &mut PgConnection,
+    sequence: &str,
+    within: Duration,
+) -> Result<Option<i64>> {
+    let row = timeout(
+        within,
+        sqlx::query("SELECT seqcache FROM pg_sequence WHERE seqrelid = to_regclass($1)")
+            .bind(sequence)
+            .fetch_optional(&mut *conn),
+    )
+    .await
+    .map_err(|_| timed_out(within))?
+    .map_err(map_err)?;
+    row.map(|r| r.try_get::<i64, _>(0))
+        .transpose()
+        .map_err(map_err)
+}
+
+/// Checks the fence sequence: present with `CACHE 1`, or created when `create` allows.
+async fn ensure_fence(
+    conn: &mut PgConnection,
+    config: &PostgresConfig,
+    sequence: &str,
+    create: bool,
+) -> Result<()> {
+    let within = config.command_timeout;
+    let ddl = create_sequence(sequence);
+    match sequence_cache(conn, sequence, within).await? {
+        Some(1) => return Ok(()),
+        Some(n) => {
+            return Err(config_error(format!(
+                "fence sequence {sequence} has CACHE {n}: tokens would not rise in lock order across clients; run ALTER SEQUENCE {sequence} CACHE 1"
+            )));
+        }
+        None if !create => {
+            return Err(config_error(format!(
+                "fence sequence {sequence} does not exist: call PostgresLock::migrate() or run `{ddl}` (or set fencing=false)"
+            )));
+        }
+        None => {}
+    }
+    let created = timeout(within, sqlx::query(&ddl).execute(&mut *conn))
+        .await
+        .map_err(|_| timed_out(within))?;
+    match created {
+        Ok(_) => Ok(()),
+        // Another client created it at the same moment.
+        Err(e) if matches!(sqlstate(&e).as_deref(), Some("42P07" | "23505")) => Ok(()),
+        Err(e) if sqlstate(&e).is_some() => Err(config_error(format!(
+            "cannot create fence sequence {sequence} ({}): run `{ddl}` as a privileged user, or set fencing=false",
+            e.as_database_error().map(|d| d.message()).unwrap_or("")
+        ))),
+        Err(e) => Err(map_err(e)),
+    }
+}
+
+#[async_trait]
+impl DistributedLock for PostgresLock {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: if self.inner.config.fencing {
+                Fencing::Strict
+            } else {
+                Fencing::None
+            },
+            lease: LeaseKind::Session,
+            extend: false,
+            fifo: false,
+            wake_on_release: true,
+            lost_signal: true,
+            survives_failover: false,
+            reentrant: false,
+            max_name_bytes: None,
+            max_ttl: None,
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.try_acquire_key(&AdvisoryKey::Name(name.clone()), options)
+            .await
+    }
+
+    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
+        self.acquire_key(&AdvisoryKey::Name(name.clone()), options)
+            .await
+    }
+}
+
+impl fmt::Debug for PostgresLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLock")
+            .field("client", &self.inner)
+            .finish()
+    }
+}
+
+impl fmt::Display for PostgresLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "postgres({})", self.inner.config)
+    }
+}

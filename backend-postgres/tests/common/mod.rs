@@ -1,0 +1,148 @@
+//! The Postgres test harness: a private server started by dlock-test-servers (or named by
+//! `DLOCK_TEST_POSTGRES_URL`), fresh clients, a fault hook that terminates a holder's backend,
+//! and small SQL helpers to look at `pg_locks`.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_api::{DistributedLock, LockName, Result};
+use dlock_conformance::{Faults, Harness};
+use dlock_postgres::{AdvisoryKey, PostgresLock};
+use dlock_test_servers::Postgres;
+use sqlx::{Connection, PgConnection, Row};
+
+pub struct PgHarness {
+    url: String,
+    /// Keeps a private server alive as long as the harness.
+    _server: Option<Postgres>,
+}
+
+/// A private server for a test that harms it; panics with the install hint if missing.
+pub fn own_server() -> Postgres {
+    Postgres::start().unwrap_or_else(|e| panic!("cannot start Postgres for the tests: {e}"))
+}
+
+/// The URL of a server harmless tests may share: `DLOCK_TEST_POSTGRES_URL` or the shared one.
+pub fn shared_url() -> String {
+    std::env::var("DLOCK_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| dlock_test_servers::shared_postgres().url())
+}
+
+/// `url` with query options appended.
+pub fn with_options(url: &str, options: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{options}")
+}
+
+/// A unique tag for names, tables and application names of one test.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}_{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+impl PgHarness {
+    /// `DLOCK_TEST_POSTGRES_URL` if set, else a private postgres.
+    pub fn start() -> Self {
+        if let Ok(url) = std::env::var("DLOCK_TEST_POSTGRES_URL") {
+            return Self { url, _server: None };
+        }
+        let server = own_server();
+        Self {
+            url: server.url(),
+            _server: Some(server),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+#[async_trait]
+impl Harness for PgHarness {
+    fn label(&self) -> &str {
+        "postgres"
+    }
+
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(PostgresLock::connect_url(&self.url).await?))
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Faults for PgHarness {
+    /// `pg_terminate_backend` on the session holding the name's advisory lock.
+    async fn kill_holder(&self, name: &LockName) -> std::result::Result<(), String> {
+        let killed = terminate_holder(&self.url, &AdvisoryKey::Name(name.clone())).await?;
+        if killed == 0 {
+            return Err(format!("nobody holds {name}"));
+        }
+        Ok(())
+    }
+}
+
+/// A plain sqlx connection for inspecting the server.
+pub async fn sql(url: &str) -> PgConnection {
+    PgConnection::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+/// Terminates every backend holding `key`; returns how many.
+pub async fn terminate_holder(url: &str, key: &AdvisoryKey) -> std::result::Result<i64, String> {
+    let (classid, objid, objsubid) = key.pg_locks_ids();
+    let mut conn = PgConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let row = sqlx::query(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' \
+         AND granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3",
+    )
+    .bind(classid as i64)
+    .bind(objid as i64)
+    .bind(objsubid)
+    .fetch_one(&mut conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    row.try_get::<i64, _>(0).map_err(|e| e.to_string())
+}
+
+/// (granted, waiting) advisory locks held by connections with `application_name`.
+pub async fn advisory_locks(url: &str, application_name: &str) -> (i64, i64) {
+    let mut conn = sql(url).await;
+    let row = sqlx::query(
+        "SELECT count(*) FILTER (WHERE l.granted), count(*) FILTER (WHERE NOT l.granted) \
+         FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND a.application_name = $1",
+    )
+    .bind(application_name)
+    .fetch_one(&mut conn)
+    .await
+    .expect("pg_locks query");
+    (row.get(0), row.get(1))
+}
+
+/// Waits (up to 30 s) until `check` holds, polling the server state every 20 ms.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not true after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

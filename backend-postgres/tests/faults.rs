@@ -1,0 +1,347 @@
+//! Faults: the holder's backend terminated, the server restarted or crashed while held, a
+//! client partitioned by the fault proxy, a dead server, more lockers than connections, and
+//! cancelled waits. Each test that harms its server starts its own.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{advisory_locks, eventually, own_server, terminate_holder, unique, with_options};
+use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions, LostReason};
+use dlock_postgres::{AdvisoryKey, PostgresLock};
+use dlock_test_servers::{FaultProxy, ProxyMode};
+use tokio::time::timeout;
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn name(s: &str) -> LockName {
+    LockName::new(unique(s)).unwrap()
+}
+
+fn wait() -> LockOptions {
+    LockOptions::new().with_wait_timeout(BOUND)
+}
+
+async fn lost(guard: &LockGuard) -> LostReason {
+    timeout(BOUND, guard.lost())
+        .await
+        .expect("lost signal within the bound")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_backend_fires_lost_on_every_guard_of_its_session() {
+    let server = own_server();
+    let a = PostgresLock::connect_url(&server.url()).await.unwrap();
+    let b = PostgresLock::connect_url(&server.url()).await.unwrap();
+    let names: Vec<LockName> = (0..3).map(|i| name(&format!("term{i}"))).collect();
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(
+            a.try_acquire(n, &LockOptions::new())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    // Non-blocking acquires share one session: terminating it ends all three.
+    let killed = terminate_holder(&server.url(), &AdvisoryKey::Name(names[0].clone()))
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    for guard in &guards {
+        assert_eq!(lost(guard).await, LostReason::SessionClosed);
+        assert!(!guard.is_held());
+    }
+    for n in &names {
+        let g = b.acquire(n, &wait()).await.unwrap();
+        g.release().await.unwrap();
+    }
+    for guard in guards {
+        assert!(matches!(
+            guard.release().await,
+            Err(LockError::Lost {
+                reason: LostReason::SessionClosed,
+                ..
+            })
+        ));
+    }
+    // The client itself recovers with fresh connections.
+    let again = a.acquire(&names[0], &wait()).await.unwrap();
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_and_crash_while_held_fire_lost_and_tokens_keep_rising() {
+    let server = own_server();
+    let a = PostgresLock::connect_url(&server.url()).await.unwrap();
+    let n = name("restart");
+    let mut last = 0;
+    for crash in [false, true] {
+        let guard = a.acquire(&n, &wait()).await.unwrap();
+        assert!(guard.fencing_token().get() > last);
+        last = guard.fencing_token().get();
+        if crash {
+            server.kill();
+        }
+        server.restart().expect("restart");
+        assert_eq!(lost(&guard).await, LostReason::SessionClosed);
+        assert!(guard.release().await.is_err());
+        // Same client, stale idle connections and all: the next acquire works.
+        let next = timeout(BOUND, async {
+            loop {
+                match a.acquire(&n, &wait()).await {
+                    Ok(g) => break g,
+                    Err(LockError::Unavailable { .. }) => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    Err(e) => panic!("unexpected error after restart: {e}"),
+                }
+            }
+        })
+        .await
+        .expect("acquire after restart");
+        assert!(
+            next.fencing_token().get() > last,
+            "token {} after {last} (crash: {crash})",
+            next.fencing_token()
+        );
+        last = next.fencing_token().get();
+        next.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_client_loses_its_locks_and_they_free_after_heal() {
+    let server = own_server();
+    let proxy = FaultProxy::start(server.addr()).unwrap();
+    let via_proxy = format!("postgres://postgres@{}/postgres", proxy.addr());
+    let a = PostgresLock::connect_url(&with_options(
+        &via_proxy,
+        "keepalive=200ms&command_timeout=500ms&connect_timeout=500ms",
+    ))
+    .await
+    .unwrap();
+    let b = PostgresLock::connect_url(&server.url()).await.unwrap();
+    let n = name("partition");
+    let guard = a.acquire(&n, &wait()).await.unwrap();
+    proxy.set_mode(ProxyMode::Blackhole);
+    assert_eq!(lost(&guard).await, LostReason::SessionClosed);
+    // The server cannot tell yet: the lock stays held, which is safe.
+    assert!(
+        b.try_acquire(&n, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A cut-off client fails promptly instead of hanging.
+    let started = tokio::time::Instant::now();
+    let cut_off = a.try_acquire(&name("other"), &LockOptions::new()).await;
+    assert!(
+        matches!(cut_off, Err(LockError::Unavailable { .. })),
+        "{cut_off:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    proxy.heal();
+    // The closed connection reaches the server: the lock frees.
+    let next = b.acquire(&n, &wait()).await.unwrap();
+    next.release().await.unwrap();
+    assert!(guard.release().await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_server_gives_unavailable_promptly() {
+    let port = dlock_test_servers::free_port().unwrap();
+    let started = tokio::time::Instant::now();
+    let refused =
+        PostgresLock::connect_url(&format!("postgres://postgres@127.0.0.1:{port}/postgres")).await;
+    assert!(
+        matches!(refused, Err(LockError::Unavailable { .. })),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let server = own_server();
+    let a = PostgresLock::connect_url(&with_options(&server.url(), "command_timeout=1s"))
+        .await
+        .unwrap();
+    let guard = a.acquire(&name("dead"), &wait()).await.unwrap();
+    server.kill();
+    assert_eq!(lost(&guard).await, LostReason::SessionClosed);
+    let started = tokio::time::Instant::now();
+    let got = a.acquire(&name("dead2"), &wait()).await;
+    assert!(matches!(got, Err(LockError::Unavailable { .. })), "{got:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_lockers_than_connections() {
+    let url = common::shared_url();
+    let small = Arc::new(
+        PostgresLock::connect_url(&with_options(&url, "max_connections=2"))
+            .await
+            .unwrap(),
+    );
+    // 40 tasks on one name through 2 connections: exact count, no overlap.
+    let n = name("coupon-small-pool");
+    let stock = Arc::new(AtomicI64::new(40));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..40 {
+        let (small, n, stock, inside) = (small.clone(), n.clone(), stock.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = small.acquire(&n, &wait()).await?;
+            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+            let left = stock.load(Ordering::SeqCst);
+            tokio::task::yield_now().await;
+            stock.store(left - 1, Ordering::SeqCst);
+            inside.fetch_sub(1, Ordering::SeqCst);
+            guard.release().await
+        }));
+    }
+    for task in tasks {
+        timeout(BOUND, task).await.unwrap().unwrap().unwrap();
+    }
+    assert_eq!(stock.load(Ordering::SeqCst), 0);
+    assert!(small.connections() <= 2);
+
+    // 10 names held elsewhere, 10 blocking acquires through 2 connections: after the holder
+    // lets go, all 10 are held by the small client at once (2 through server-side waits, the
+    // rest through the polling fallback on the shared sessions).
+    let other = PostgresLock::connect_url(&url).await.unwrap();
+    let names: Vec<LockName> = (0..10).map(|i| name(&format!("many{i}"))).collect();
+    let mut held = Vec::new();
+    for n in &names {
+        held.push(
+            other
+                .try_acquire(n, &LockOptions::new())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let all_held = Arc::new(tokio::sync::Barrier::new(names.len()));
+    let mut tasks = Vec::new();
+    for n in names.clone() {
+        let (small, all_held) = (small.clone(), all_held.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = small.acquire(&n, &wait()).await?;
+            all_held.wait().await;
+            guard.release().await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    for task in tasks {
+        timeout(BOUND, task).await.unwrap().unwrap().unwrap();
+    }
+    assert!(small.connections() <= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_wait_is_cancelled_on_the_server() {
+    let url = common::shared_url();
+    let tag = unique("cancel");
+    let holder = PostgresLock::connect_url(&url).await.unwrap();
+    let waiter = PostgresLock::connect_url(&with_options(&url, &format!("application_name={tag}")))
+        .await
+        .unwrap();
+    let n = name("cancel");
+    let guard = holder.acquire(&n, &wait()).await.unwrap();
+    for _ in 0..3 {
+        let dropped = timeout(
+            Duration::from_millis(300),
+            waiter.acquire(&n, &LockOptions::new()),
+        )
+        .await;
+        assert!(
+            dropped.is_err(),
+            "the wait finished while the lock was held"
+        );
+    }
+    // No waiting (or granted) advisory lock of the waiter stays on the server.
+    eventually("the cancelled waits to leave pg_locks", || async {
+        advisory_locks(&url, &tag).await == (0, 0)
+    })
+    .await;
+    guard.release().await.unwrap();
+    let third = PostgresLock::connect_url(&url).await.unwrap();
+    let free = third.try_acquire(&n, &LockOptions::new()).await.unwrap();
+    assert!(free.is_some(), "a cancelled wait took the lock");
+    assert_eq!(advisory_locks(&url, &tag).await, (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_stacked_lock_is_left_behind() {
+    let url = common::shared_url();
+    let tag = unique("stack");
+    let a = PostgresLock::connect_url(&with_options(&url, &format!("application_name={tag}")))
+        .await
+        .unwrap();
+    let n = name("stack");
+    let guard = a.acquire(&n, &wait()).await.unwrap();
+    assert!(
+        a.try_acquire(&n, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let again = a
+        .acquire(
+            &n,
+            &LockOptions::new().with_wait_timeout(Duration::from_millis(300)),
+        )
+        .await;
+    assert!(matches!(again, Err(LockError::Timeout { .. })), "{again:?}");
+    // Cancelled non-blocking attempts at ever later points.
+    for micros in [0u64, 50, 100, 200, 400, 800, 1600] {
+        let other = name("stack-race");
+        if let Ok(got) = timeout(
+            Duration::from_micros(micros),
+            a.try_acquire(&other, &LockOptions::new()),
+        )
+        .await
+        {
+            if let Some(g) = got.unwrap() {
+                g.release().await.unwrap();
+            }
+        }
+    }
+    assert!(advisory_locks(&url, &tag).await.0 >= 1);
+    guard.release().await.unwrap();
+    eventually("every advisory lock of the client to be gone", || async {
+        advisory_locks(&url, &tag).await == (0, 0)
+    })
+    .await;
+    let b = PostgresLock::connect_url(&url).await.unwrap();
+    let free = b
+        .try_acquire(&n, &LockOptions::new())
+        .await
+        .unwrap()
+        .expect("the lock is free after one release");
+    free.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_and_forgotten_guards_are_unlocked() {
+    let url = common::shared_url();
+    let tag = unique("drop");
+    let a = PostgresLock::connect_url(&with_options(&url, &format!("application_name={tag}")))
+        .await
+        .unwrap();
+    let b = PostgresLock::connect_url(&url).await.unwrap();
+    let (n1, n2) = (name("dropped"), name("forgotten"));
+    drop(a.acquire(&n1, &wait()).await.unwrap());
+    a.acquire(&n2, &wait()).await.unwrap().forget();
+    for n in [&n1, &n2] {
+        let g = b.acquire(n, &wait()).await.unwrap();
+        g.release().await.unwrap();
+    }
+    eventually("the client's locks to be gone", || async {
+        advisory_locks(&url, &tag).await == (0, 0)
+    })
+    .await;
+}
