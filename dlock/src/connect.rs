@@ -71,6 +71,16 @@ where
             }
             Ok(Arc::new(dlock_mysql::MySqlLock::connect(config).await?))
         }
+        #[cfg(feature = "postgres")]
+        BackendScheme::Postgres => {
+            let mut config = dlock_postgres::PostgresConfig::from_url(url)?;
+            for (key, value) in &options {
+                config.set_option(key, value)?;
+            }
+            Ok(Arc::new(
+                dlock_postgres::PostgresLock::connect(config).await?,
+            ))
+        }
         other => not_available(other),
     }
 }
@@ -125,7 +135,10 @@ fn not_available(scheme: BackendScheme) -> Result<Arc<dyn DistributedLock>> {
 fn implemented(scheme: BackendScheme) -> bool {
     matches!(
         scheme,
-        BackendScheme::Memory | BackendScheme::Redis | BackendScheme::MySql
+        BackendScheme::Memory
+            | BackendScheme::Redis
+            | BackendScheme::MySql
+            | BackendScheme::Postgres
     )
 }
 

@@ -60,6 +60,11 @@ pub use dlock_redis::{RedisConfig, RedisLock};
 #[doc(inline)]
 pub use dlock_mysql::{MySqlConfig, MySqlLock};
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[doc(inline)]
+pub use dlock_postgres::{AdvisoryKey, PostgresConfig, PostgresLock, RowLock};
+
 #[doc(inline)]
 pub use dlock_api::{
     BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,

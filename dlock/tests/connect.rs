@@ -42,6 +42,14 @@ async fn mysql_and_mariadb_by_url() {
     round_trip(&url.replacen("mysql://", "mariadb://", 1)).await;
 }
 
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_by_url() {
+    let url = dlock_test_servers::shared_postgres().url();
+    round_trip(&url).await;
+    round_trip(&url.replacen("postgres://", "postgresql://", 1)).await;
+}
+
 #[tokio::test]
 async fn unknown_options_and_bad_urls_are_config_errors() {
     for url in [
@@ -50,6 +58,7 @@ async fn unknown_options_and_bad_urls_are_config_errors() {
         "no-scheme",
         "redis://h?nope=1",
         "mysql://h/db?nope=1",
+        "postgres://h/db?nope=1",
     ] {
         let result = dlock::connect(url).await;
         assert!(

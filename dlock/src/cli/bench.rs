@@ -208,6 +208,15 @@ async fn raw_floor(
                 to_samples(pairs, elapsed),
             )))
         }
+        #[cfg(feature = "postgres")]
+        BackendScheme::Postgres => {
+            let pairs = dlock_postgres::raw_floor(url, duration).await?;
+            let elapsed = pairs.iter().sum();
+            Ok(Some((
+                "pg_try_advisory_lock + pg_advisory_unlock, prepared",
+                to_samples(pairs, elapsed),
+            )))
+        }
         _ => Ok(None),
     }
 }
