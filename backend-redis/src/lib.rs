@@ -51,7 +51,7 @@ mod lock;
 mod scripts;
 mod wake;
 
-pub use bench::raw_floor;
+pub use bench::{raw_floor, raw_handoff_floor};
 pub use config::{RedisConfig, Topology};
 pub use keys::LockKeys;
 pub use lock::RedisLock;

@@ -93,6 +93,7 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
         parallel.push((tasks, many_names(&client, &run, tasks.max(1), phase).await?));
     }
     let floor = raw_floor(&args.backend.url()?, args.duration).await?;
+    let handoff_floor = raw_handoff_floor(&args.backend.url()?, args.duration).await?;
     let ratio = |ours: f64, floor: f64| (ours / floor * 100.0).round() / 100.0;
 
     if args.json {
@@ -125,10 +126,25 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
                 "p50_us": floor.percentile(50.0).round(),
                 "p99_us": floor.percentile(99.0).round(),
             });
+            if let Some((op, hf)) = &handoff_floor {
+                json["raw_handoff_floor"] = serde_json::json!({
+                    "op": op,
+                    "p50_us": hf.percentile(50.0).round(),
+                    "p99_us": hf.percentile(99.0).round(),
+                });
+                json["ratios"]["handoff_p50_vs_raw_handoff_floor"] =
+                    serde_json::json!(ratio(handoff.percentile(50.0), hf.percentile(50.0)));
+            }
+            let extra = json["ratios"].take();
             json["ratios"] = serde_json::json!({
                 "uncontended_throughput_vs_floor": ratio(uncontended.per_sec(), floor.per_sec()),
                 "handoff_p50_vs_floor_round_trip": ratio(handoff.percentile(50.0), floor.percentile(50.0) / 2.0),
             });
+            if let serde_json::Value::Object(extra) = extra {
+                for (key, value) in extra {
+                    json["ratios"][key] = value;
+                }
+            }
         }
         println!("{json}");
     } else {
@@ -169,14 +185,47 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
                 floor.percentile(50.0),
                 floor.percentile(99.0)
             );
+            if let Some((op, hf)) = &handoff_floor {
+                println!(
+                    "{:<44} {:>12} {:>10.0} {:>10.0}",
+                    format!("raw hand-off floor: {op}"),
+                    "",
+                    hf.percentile(50.0),
+                    hf.percentile(99.0)
+                );
+                println!(
+                    "\nhand-off p50 = {:.2}x the raw hand-off floor",
+                    ratio(handoff.percentile(50.0), hf.percentile(50.0))
+                );
+            }
             println!(
-                "\nuncontended throughput = {:.2}x the floor; hand-off p50 = {:.2}x the floor's round trip (pair p50 / 2)",
+                "uncontended throughput = {:.2}x the floor; hand-off p50 = {:.2}x the floor's round trip (pair p50 / 2)",
                 ratio(uncontended.per_sec(), floor.per_sec()),
                 ratio(handoff.percentile(50.0), floor.percentile(50.0) / 2.0)
             );
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The backend's raw hand-off floor (release → the next holder's acquire answered), if measured.
+async fn raw_handoff_floor(
+    url: &str,
+    duration: Duration,
+) -> Result<Option<(&'static str, Samples)>, LockError> {
+    match BackendScheme::parse(url)? {
+        #[cfg(feature = "redis")]
+        BackendScheme::Redis => {
+            let samples = dlock_redis::raw_handoff_floor(url, duration).await?;
+            let elapsed = samples.iter().sum();
+            let micros = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+            Ok(Some((
+                "DEL+PUBLISH, subscriber SET NX",
+                Samples { micros, elapsed },
+            )))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// The backend's raw protocol floor, measured in the same run (none for the memory backend).
