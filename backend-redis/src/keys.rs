@@ -9,7 +9,11 @@ pub struct LockKeys {
     pub lock: String,
     /// `PREFIX:{NAME}:fence`: the last fencing token handed out (kept, no TTL).
     pub fence: String,
-    /// `PREFIX:{NAME}:released`: the channel a release publishes on.
+    /// `PREFIX:{NAME}:queue`: waiting owners, first in line first.
+    pub queue: String,
+    /// `PREFIX:{NAME}:waiters`: each waiting owner's presence deadline and requested lease.
+    pub waiters: String,
+    /// `PREFIX:{NAME}:released`: the channel releases announce grants and free locks on.
     pub channel: String,
 }
 
@@ -32,6 +36,8 @@ impl LockKeys {
         let lock = format!("{prefix}:{{{tag}}}");
         Self {
             fence: format!("{lock}:fence"),
+            queue: format!("{lock}:queue"),
+            waiters: format!("{lock}:waiters"),
             channel: format!("{lock}:released"),
             lock,
         }

@@ -28,26 +28,45 @@ impl RedisLease {
         }
     }
 
-    async fn release_script(inner: &Inner, keys: &LockKeys, owner: &str) -> Result<bool> {
-        let released: i64 = inner
+    /// Runs `script` (release or cancel) with the name's four keys, for `owner`.
+    async fn run(
+        inner: &Inner,
+        script: &redis::Script,
+        keys: &LockKeys,
+        owner: &str,
+    ) -> Result<i64> {
+        inner
             .conn
             .run_script(
                 inner.config.command_timeout,
-                &inner.scripts.release,
-                &[&keys.lock],
+                script,
+                &[&keys.lock, &keys.fence, &keys.queue, &keys.waiters],
                 &[owner, &keys.channel],
             )
-            .await?;
-        Ok(released == 1)
+            .await
     }
 
-    /// The cleanup of a cancelled acquire: releases `owner`'s hold if the SET took effect.
+    /// Releases `owner`'s hold, handing the lock to the next live waiter. True if it was held.
+    async fn release_script(inner: &Inner, keys: &LockKeys, owner: &str) -> Result<bool> {
+        Ok(Self::run(inner, &inner.scripts.release, keys, owner).await? == 1)
+    }
+
+    /// Ends `owner`'s wait: leaves the queue, or, if a release granted it the lock meanwhile,
+    /// releases it onward.
+    pub(crate) async fn cancel(inner: &Inner, keys: &LockKeys, owner: &str) -> Result<()> {
+        Self::run(inner, &inner.scripts.cancel, keys, owner)
+            .await
+            .map(drop)
+    }
+
+    /// The cleanup of a cancelled acquire: whatever the server did with `owner` (took the lock,
+    /// queued it, granted it the lock), undo it.
     pub(crate) fn spawn_cleanup(inner: Arc<Inner>, keys: LockKeys, owner: String) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         runtime.spawn(async move {
-            if let Err(error) = Self::release_script(&inner, &keys, &owner).await {
+            if let Err(error) = Self::cancel(&inner, &keys, &owner).await {
                 tracing::warn!(key = %keys.lock, %error, "redis: cleanup of a cancelled acquire failed; the lease will end on its own");
             }
         });

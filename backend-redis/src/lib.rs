@@ -20,12 +20,14 @@
 //!   the name's fence key and returns the new fencing token; on failure it returns the holder's
 //!   remaining TTL. Scripts go by SHA (`EVALSHA`) and fall back to `EVAL` when the server forgot
 //!   them (restart, `SCRIPT FLUSH`).
-//! - **Release / extend** compare the owner and delete / `PEXPIRE` in one script; release
-//!   `PUBLISH`es on `PREFIX:{NAME}:released`.
-//! - **Waiting**: a waiter subscribes to that channel (once per name per client; all of a client's
-//!   subscriptions ride its one RESP3 connection), re-checks, and sleeps until a release message or
-//!   the holder's remaining TTL. Hand-off costs the release, the message and one acquire, about two
-//!   round trips, instead of a poll interval.
+//! - **Waiting**: a busy acquire joins the name's FIFO queue (`PREFIX:{NAME}:queue`) and subscribes
+//!   to `PREFIX:{NAME}:released` (once per name per client; all of a client's subscriptions ride its
+//!   one RESP3 connection).
+//! - **Release** compares the owner, deletes the lock and, in the same script, **grants** it to the
+//!   first live waiter: sets the lock to that waiter's owner token, raises the fence, and publishes
+//!   `granted OWNER TOKEN`. The waiter holds the lock the moment the message arrives, so a hand-off
+//!   costs about one round trip instead of a poll interval, and waiters are served in order.
+//!   With nobody waiting it publishes `free`. **Extend** is a compare-and-`PEXPIRE`.
 //! - **Renewal**: the shared dlock watchdog extends the lease every TTL/3; when the key is gone or
 //!   someone else's, or the server stays unreachable until the lease ends, the guard's `lost`
 //!   fires.
@@ -37,8 +39,8 @@
 //!
 //! ## Keys
 //! `PREFIX:{NAME}` (the lock; value = owner, TTL = lease), `PREFIX:{NAME}:fence` (last token; kept
-//! without TTL so tokens never repeat: one small key per name ever locked), channel
-//! `PREFIX:{NAME}:released`. Braces in names are escaped so the hash tag is always the whole name.
+//! without TTL so tokens never repeat: one small key per name ever locked), `PREFIX:{NAME}:queue`
+//! and `PREFIX:{NAME}:waiters` (the waiters, expiring with them), channel `PREFIX:{NAME}:released`. Braces in names are escaped so the hash tag is always the whole name.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bench;

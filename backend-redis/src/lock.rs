@@ -40,7 +40,11 @@ pub(crate) struct Inner {
 
 enum Attempt {
     Granted(LockGuard),
-    Busy { retry_after: Option<Duration> },
+    /// Not ours. `pttl`: the holder's remaining lease in ms; -2 free but a live waiter is first;
+    /// -1 a key without TTL (not dlock's).
+    Busy {
+        pttl: i64,
+    },
 }
 
 impl RedisLock {
@@ -80,56 +84,97 @@ impl RedisLock {
         LockKeys::new(&self.inner.config.prefix, name)
     }
 
+    /// How long a waiter stays in the queue without refreshing: a waiter that vanished is skipped
+    /// by releases after this long. Waiters refresh every third of it.
+    fn presence(&self) -> Duration {
+        (self.inner.config.command_timeout * 2).max(Duration::from_secs(2))
+    }
+
+    fn guard(
+        &self,
+        name: &LockName,
+        keys: &LockKeys,
+        owner: &str,
+        token: i64,
+        valid_until: Instant,
+        options: &LockOptions,
+    ) -> LockGuard {
+        let state = Arc::new(LeaseState::new(Some(valid_until)));
+        let lease = Arc::new(RedisLease::new(
+            self.inner.clone(),
+            name.clone(),
+            keys.clone(),
+            owner.to_owned(),
+        ));
+        LockGuard::new(
+            name.clone(),
+            FencingToken::new(token as u64),
+            lease,
+            state,
+            options,
+        )
+    }
+
+    /// One round trip: take the lock if free and nobody is first in line, or (with `enqueue`)
+    /// join or refresh the queue.
     async fn attempt(
         &self,
         name: &LockName,
         keys: &LockKeys,
         owner: &str,
         options: &LockOptions,
+        enqueue: bool,
     ) -> Result<Attempt> {
         let inner = &self.inner;
         let ttl_ms = options.ttl().as_millis().max(1).to_string();
+        let presence_ms = self.presence().as_millis().to_string();
         let started = Instant::now();
-        // The SET may take effect even if this future is dropped or the reply is lost.
+        // The script may take effect even if this future is dropped or the reply is lost.
         let pending = {
             let (inner, keys, owner) = (inner.clone(), keys.clone(), owner.to_owned());
             PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner))
         };
-        let (granted, value): (i64, i64) = inner
+        let reply: Vec<i64> = inner
             .conn
             .run_script(
                 inner.config.command_timeout,
                 &inner.scripts.acquire,
-                &[&keys.lock, &keys.fence],
-                &[owner, &ttl_ms],
+                &[&keys.lock, &keys.fence, &keys.queue, &keys.waiters],
+                &[
+                    owner,
+                    &ttl_ms,
+                    if enqueue { "1" } else { "0" },
+                    &presence_ms,
+                    &keys.channel,
+                ],
             )
             .await?;
-        if granted != 1 {
-            pending.disarm();
-            // PTTL: -2 gone meanwhile, -1 no TTL (not ours): re-check at once, or after the lease.
-            let retry_after = (value >= 0).then(|| Duration::from_millis(value as u64));
-            return Ok(Attempt::Busy {
-                retry_after: retry_after.or(Some(Duration::ZERO)),
-            });
+        match reply[..] {
+            [1, token, pttl] => {
+                if inner.config.wait_replicas > 0 {
+                    self.wait_for_replicas().await?;
+                }
+                pending.disarm();
+                let lease = Duration::from_millis(pttl.max(0) as u64).min(options.ttl());
+                Ok(Attempt::Granted(self.guard(
+                    name,
+                    keys,
+                    owner,
+                    token,
+                    started + lease,
+                    options,
+                )))
+            }
+            [0, pttl] => {
+                // Queued or not, the caller's own cleanup covers the queue from here.
+                pending.disarm();
+                Ok(Attempt::Busy { pttl })
+            }
+            _ => Err(LockError::backend(
+                BACKEND,
+                format!("unexpected acquire reply {reply:?}"),
+            )),
         }
-        if inner.config.wait_replicas > 0 {
-            self.wait_for_replicas().await?;
-        }
-        pending.disarm();
-        let state = Arc::new(LeaseState::new(Some(started + options.ttl())));
-        let lease = Arc::new(RedisLease::new(
-            inner.clone(),
-            name.clone(),
-            keys.clone(),
-            owner.to_owned(),
-        ));
-        Ok(Attempt::Granted(LockGuard::new(
-            name.clone(),
-            FencingToken::new(value as u64),
-            lease,
-            state,
-            options,
-        )))
     }
 
     /// `WAIT n timeout`: fails the acquire (the pending cleanup then releases) if too few replicas
@@ -161,6 +206,13 @@ fn owner_token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// How much earlier than `ttl` after a grant announcement arrived the waiter considers its lease
+/// over: the announcement left the server a moment before it arrived (and clocks drift), so the
+/// local deadline must err early, as Redlock's drift allowance does.
+fn grant_margin(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
 #[async_trait]
 impl DistributedLock for RedisLock {
     fn capabilities(&self) -> Capabilities {
@@ -168,7 +220,7 @@ impl DistributedLock for RedisLock {
             fencing: Fencing::BestEffort,
             lease: LeaseKind::Ttl,
             extend: true,
-            fifo: false,
+            fifo: true,
             wake_on_release: true,
             lost_signal: true,
             survives_failover: false,
@@ -185,7 +237,10 @@ impl DistributedLock for RedisLock {
     ) -> Result<Option<LockGuard>> {
         self.capabilities().check(BACKEND, options)?;
         let keys = self.keys(name);
-        match self.attempt(name, &keys, &owner_token(), options).await? {
+        match self
+            .attempt(name, &keys, &owner_token(), options, false)
+            .await?
+        {
             Attempt::Granted(guard) => Ok(Some(guard)),
             Attempt::Busy { .. } => Ok(None),
         }
@@ -197,42 +252,67 @@ impl DistributedLock for RedisLock {
         let deadline = options.wait_timeout().map(|wait| started + wait);
         let keys = self.keys(name);
         let owner = owner_token();
-        if let Attempt::Granted(guard) = self.attempt(name, &keys, &owner, options).await? {
+        if let Attempt::Granted(guard) = self.attempt(name, &keys, &owner, options, false).await? {
             return Ok(guard);
         }
         let timeout = self.inner.config.command_timeout;
         let waiting = self
             .inner
             .hub
-            .register(&self.inner.conn, &keys.channel, timeout)
+            .register(&self.inner.conn, &keys.channel, &owner, timeout)
             .await?;
+        // From here the server may queue us or grant us the lock: a dropped wait must undo both.
+        let pending = {
+            let (inner, keys, owner) = (self.inner.clone(), keys.clone(), owner.clone());
+            PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner))
+        };
+        let refresh = self.presence() / 3;
+        let mut backoff = 0;
         loop {
             let notified = waiting.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            if let Some((token, arrived)) = waiting.granted() {
+                pending.disarm();
+                let valid_until =
+                    arrived + options.ttl().saturating_sub(grant_margin(options.ttl()));
+                return Ok(self.guard(name, &keys, &owner, token as i64, valid_until, options));
+            }
             waiting.ensure_subscribed().await?;
-            let retry_after = match self.attempt(name, &keys, &owner, options).await? {
-                Attempt::Granted(guard) => return Ok(guard),
-                Attempt::Busy { retry_after } => retry_after,
+            let pttl = match self.attempt(name, &keys, &owner, options, true).await? {
+                Attempt::Granted(guard) => {
+                    pending.disarm();
+                    return Ok(guard);
+                }
+                Attempt::Busy { pttl } => pttl,
             };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                // Leave the queue (or pass on a grant that raced in) before reporting the timeout.
+                RedisLease::cancel(&self.inner, &keys, &owner).await?;
+                pending.disarm();
                 return Err(LockError::Timeout {
                     name: name.to_string(),
                     waited: started.elapsed(),
                 });
             }
-            // The fallback re-check at the holder's remaining TTL guards against a lost message.
-            let recheck = retry_after.map(|d| Instant::now() + d);
-            let wake_at = match (recheck, deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            match wake_at {
-                Some(at) => tokio::select! {
-                    _ = &mut notified => {}
-                    _ = sleep_until(at) => {}
-                },
-                None => notified.await,
+            // Re-check at the latest when our presence needs refreshing, when the holder's lease
+            // ends (a lost announcement must not strand us), or, if the lock is free with a live
+            // waiter first, after a short back-off.
+            let mut wake_at = now + refresh;
+            if pttl >= 0 {
+                wake_at = wake_at.min(now + Duration::from_millis(pttl as u64));
+            } else if pttl == -2 {
+                wake_at = wake_at.min(now + options.retry().delay(backoff));
+                backoff += 1;
+            }
+            if let Some(deadline) = deadline {
+                wake_at = wake_at.min(deadline);
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = waiting.granted_signal() => {}
+                _ = sleep_until(wake_at) => {}
             }
         }
     }

@@ -1,37 +1,145 @@
 //! The Lua scripts: one atomic round trip per operation, sent by SHA (`EVALSHA`, falling back to
 //! `EVAL` when the server has forgotten them, e.g. after a restart or `SCRIPT FLUSH`).
+//!
+//! Keys of one name (all in one hash slot): `lock` (value: the holder's owner token, TTL: the
+//! lease), `fence` (the last fencing token), `queue` (a list of waiting owners, first in line
+//! first), `waiters` (a hash: owner → `PRESENCE_DEADLINE_MS:TTL_MS`).
+//!
+//! **Hand-off by grant.** A release does not just free the lock and let waiters race: it gives the
+//! lock to the first *live* waiter in the queue (one whose presence deadline has not passed), raises
+//! the fence for it and publishes `granted OWNER TOKEN`. The waiter learns it holds the lock from
+//! that message, with no further round trip, so a hand-off costs about one round trip, and waiters
+//! are served in arrival order. A waiter refreshes its presence while it waits; one that vanished
+//! is skipped once its presence lapses.
 
 use redis::Script;
 
-/// Acquire: `SET lock owner NX PX ttl`; on success raise the fence and return `{1, token}`,
-/// otherwise `{0, holder's PTTL}`.
-///
-/// The token is `max(last + 1, server time in µs)`: strictly increasing while the fence key lives,
-/// and still increasing after the key is lost (a restart without persistence, a failover to a
-/// replica that missed it) as long as the server clock does not step back. Lua numbers are
-/// doubles, exact below 2^53 µs (the year 2255).
-const ACQUIRE: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+/// Helpers shared by the scripts (Lua has no includes, so each script carries them).
+macro_rules! lua_helpers {
+    () => {
+        r"
+local function now_us()
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, now)
-  redis.call('SET', KEYS[2], string.format('%.0f', token))
-  return {1, token}
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-return {0, redis.call('PTTL', KEYS[1])}
-";
 
-/// Release: delete the lock only if we own it, and wake the waiters. Returns 1 or 0.
-const RELEASE: &str = r"
+-- The next fencing token: above the last one, and at least the server clock in microseconds, so
+-- tokens keep rising even if the fence key is lost (restart without persistence, failover).
+-- Lua numbers are doubles, exact below 2^53 us (the year 2255).
+local function raise_fence(fence, now)
+  local token = math.max(tonumber(redis.call('GET', fence) or '0') + 1, now)
+  redis.call('SET', fence, string.format('%.0f', token))
+  return token
+end
+
+-- Gives the free lock to the first live waiter and tells it; or announces the lock free.
+local function grant_next(lock, fence, queue, waiters, channel, now)
+  local now_ms = math.floor(now / 1000)
+  while true do
+    local head = redis.call('LPOP', queue)
+    if not head then break end
+    local entry = redis.call('HGET', waiters, head)
+    redis.call('HDEL', waiters, head)
+    if entry then
+      local deadline, ttl = string.match(entry, '^(%d+):(%d+)$')
+      if tonumber(deadline) > now_ms then
+        redis.call('SET', lock, head, 'PX', ttl)
+        local token = raise_fence(fence, now)
+        redis.call('PUBLISH', channel, 'granted ' .. head .. ' ' .. string.format('%.0f', token))
+        return
+      end
+    end
+  end
+  redis.call('PUBLISH', channel, 'free')
+end
+"
+    };
+}
+
+/// Acquire. KEYS: lock, fence, queue, waiters. ARGV: owner, ttl_ms, enqueue (`0`/`1`),
+/// presence_ms, channel.
+///
+/// Returns `{1, token, pttl}` when the caller holds the lock (taken now, or granted to it by a
+/// release whose message may still be on its way), else `{0, holder's PTTL}` (`-2`: free but a
+/// live waiter is first). With enqueue, a busy answer also queues the caller (or refreshes its
+/// presence).
+const ACQUIRE: &str = concat!(
+    lua_helpers!(),
+    r"
+local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner = ARGV[1]
+local holder = redis.call('GET', lock)
+if holder == owner then
+  return {1, tonumber(redis.call('GET', fence)), redis.call('PTTL', lock)}
+end
+local now = now_us()
+local now_ms = math.floor(now / 1000)
+if not holder then
+  local head = redis.call('LINDEX', queue, 0)
+  while head do
+    local entry = redis.call('HGET', waiters, head)
+    if entry and tonumber(string.match(entry, '^(%d+):')) > now_ms then break end
+    redis.call('LPOP', queue)
+    redis.call('HDEL', waiters, head)
+    head = redis.call('LINDEX', queue, 0)
+  end
+  if (not head) or head == owner then
+    if head then
+      redis.call('LPOP', queue)
+      redis.call('HDEL', waiters, owner)
+    end
+    redis.call('SET', lock, owner, 'PX', ARGV[2])
+    return {1, raise_fence(fence, now), tonumber(ARGV[2])}
+  end
+  -- Free with a live waiter first (its holder expired rather than released): wake it.
+  redis.call('PUBLISH', ARGV[5], 'free')
+end
+if ARGV[3] == '1' then
+  if redis.call('HSET', waiters, owner, (now_ms + tonumber(ARGV[4])) .. ':' .. ARGV[2]) == 1 then
+    redis.call('RPUSH', queue, owner)
+  end
+  local keep = math.max(redis.call('PTTL', lock), tonumber(ARGV[4])) + 1000
+  redis.call('PEXPIRE', queue, keep)
+  redis.call('PEXPIRE', waiters, keep)
+end
+return {0, redis.call('PTTL', lock)}
+"
+);
+
+/// Release. KEYS: lock, fence, queue, waiters. ARGV: owner, channel. Deletes the lock only if the
+/// caller owns it and hands it to the next live waiter. Returns 1 or 0.
+const RELEASE: &str = concat!(
+    lua_helpers!(),
+    r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], now_us())
+return 1
+"
+);
+
+/// Cancel a wait (timeout, dropped future, failed acquire). KEYS and ARGV as release. If a
+/// release granted the lock to the caller meanwhile, releases it onward (returns 2); otherwise
+/// leaves the queue (returns 1), waking the next waiter if the lock is free.
+const CANCEL: &str = concat!(
+    lua_helpers!(),
+    r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
-  return 1
+  grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], now_us())
+  return 2
 end
-return 0
-";
+redis.call('LREM', KEYS[3], 0, ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('LLEN', KEYS[3]) > 0 then
+  redis.call('PUBLISH', ARGV[2], 'free')
+end
+return 1
+"
+);
 
-/// Extend: reset the lease only if we own the lock. Returns 1 or 0.
+/// Extend. KEYS: lock. ARGV: owner, ttl_ms. Resets the lease only if the caller owns the lock.
+/// Returns 1 or 0.
 const EXTEND: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -39,11 +147,12 @@ end
 return 0
 ";
 
-/// The three scripts, hashed once per client.
+/// The scripts, hashed once per client.
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
+    pub(crate) cancel: Script,
     pub(crate) extend: Script,
 }
 
@@ -52,7 +161,50 @@ impl Scripts {
         Self {
             acquire: Script::new(ACQUIRE),
             release: Script::new(RELEASE),
+            cancel: Script::new(CANCEL),
             extend: Script::new(EXTEND),
         }
+    }
+}
+
+/// What a message on a lock's channel says.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Announcement<'a> {
+    /// The lock was handed to `owner` with fencing token `token`.
+    Granted { owner: &'a str, token: u64 },
+    /// The lock is free: waiters should try.
+    Free,
+}
+
+impl<'a> Announcement<'a> {
+    pub(crate) fn parse(payload: &'a str) -> Option<Self> {
+        let mut words = payload.split(' ');
+        match (words.next()?, words.next(), words.next()) {
+            ("granted", Some(owner), Some(token)) => Some(Self::Granted {
+                owner,
+                token: token.parse().ok()?,
+            }),
+            ("free", None, None) => Some(Self::Free),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_announcements() {
+        assert_eq!(
+            Announcement::parse("granted abc 17"),
+            Some(Announcement::Granted {
+                owner: "abc",
+                token: 17
+            })
+        );
+        assert_eq!(Announcement::parse("free"), Some(Announcement::Free));
+        assert_eq!(Announcement::parse("granted abc"), None);
+        assert_eq!(Announcement::parse("released"), None);
     }
 }

@@ -1,10 +1,12 @@
 //! Pub/sub wake-up of waiters: one subscription per name per client, shared by all its waiters.
 //!
-//! A waiter registers (subscribing the name's channel if it is the first), then re-checks the lock,
-//! so a release between its failed attempt and its subscription is not missed. A release
-//! publishes on the channel; the client's push handler wakes every local waiter of that name, and
-//! they race for the lock. A lost connection wakes every waiter, so none sleeps through a release
-//! it could not hear; each waiter also re-checks at the holder's remaining TTL.
+//! A waiter registers (subscribing the name's channel if it is the first, and its owner token for
+//! grants), then re-checks the lock, so an announcement between its failed attempt and its
+//! subscription is not missed. A release either grants the lock to one waiter (`granted OWNER
+//! TOKEN`: only that waiter is woken, and it already holds the lock) or announces it free (every
+//! local waiter of the name is woken to try). A lost connection wakes every waiter, so none sleeps
+//! through an announcement it could not hear; waiters also re-check when they refresh their
+//! presence and at the holder's remaining TTL.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,14 +17,18 @@ use dlock_api::Result;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
+use tokio::time::Instant;
 
 use crate::conn::Conn;
+use crate::scripts::Announcement;
 
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
     channels: Mutex<HashMap<String, Arc<Channel>>>,
     /// Orders subscribe and unsubscribe commands, so a late unsubscribe never undoes a new subscribe.
     subscriptions: tokio::sync::Mutex<()>,
+    /// This client's waiting owners, to deliver `granted` announcements to.
+    grants: Mutex<HashMap<String, Arc<Grant>>>,
 }
 
 #[derive(Debug)]
@@ -33,19 +39,28 @@ struct Channel {
     subscribed: AtomicBool,
 }
 
+/// A grant delivered to one waiter: the fencing token and when the announcement arrived.
+#[derive(Debug, Default)]
+struct Grant {
+    granted: Mutex<Option<(u64, Instant)>>,
+    notify: Notify,
+}
+
 /// One waiter's registration; dropping it unsubscribes when no waiter of the name is left.
 #[derive(Debug)]
 pub(crate) struct Waiting {
     hub: Arc<Wakeups>,
     channel: Arc<Channel>,
+    owner: String,
+    grant: Arc<Grant>,
     conn: Conn,
     timeout: Duration,
 }
 
-fn text(value: &Value) -> Option<&[u8]> {
+fn text(value: &Value) -> Option<&str> {
     match value {
-        Value::BulkString(bytes) => Some(bytes),
-        Value::SimpleString(s) => Some(s.as_bytes()),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s),
         _ => None,
     }
 }
@@ -62,19 +77,34 @@ impl Wakeups {
     }
 
     fn on_push(&self, info: PushInfo) {
-        let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         match info.kind {
             PushKind::Message | PushKind::SMessage => {
-                let name = info
+                let channel = info.data.first().and_then(text);
+                match info
                     .data
-                    .first()
+                    .get(1)
                     .and_then(text)
-                    .and_then(|b| std::str::from_utf8(b).ok());
-                if let Some(channel) = name.and_then(|n| channels.get(n)) {
-                    channel.notify.notify_waiters();
+                    .and_then(Announcement::parse)
+                {
+                    Some(Announcement::Granted { owner, token }) => {
+                        let grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(grant) = grants.get(owner) {
+                            *grant.granted.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some((token, Instant::now()));
+                            grant.notify.notify_one();
+                        }
+                    }
+                    // `free`, or a message this version does not know: every waiter checks.
+                    _ => {
+                        let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(channel) = channel.and_then(|n| channels.get(n)) {
+                            channel.notify.notify_waiters();
+                        }
+                    }
                 }
             }
             PushKind::Disconnection => {
+                let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
                 for channel in channels.values() {
                     channel.subscribed.store(false, Ordering::SeqCst);
                     channel.notify.notify_waiters();
@@ -84,11 +114,13 @@ impl Wakeups {
         }
     }
 
-    /// Registers a waiter on `channel`, subscribing if needed; returns once the subscription is live.
+    /// Registers `owner` as a waiter on `channel`, subscribing if needed; returns once the
+    /// subscription is live.
     pub(crate) async fn register(
         self: &Arc<Self>,
         conn: &Conn,
         channel: &str,
+        owner: &str,
         timeout: Duration,
     ) -> Result<Waiting> {
         let entry = {
@@ -107,9 +139,16 @@ impl Wakeups {
             *entry.waiters.lock().unwrap_or_else(|e| e.into_inner()) += 1;
             entry
         };
+        let grant = Arc::new(Grant::default());
+        self.grants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(owner.to_owned(), grant.clone());
         let waiting = Waiting {
             hub: self.clone(),
             channel: entry,
+            owner: owner.to_owned(),
+            grant,
             conn: conn.clone(),
             timeout,
         };
@@ -119,9 +158,20 @@ impl Wakeups {
 }
 
 impl Waiting {
-    /// A wake-up future; create and `enable` it *before* re-checking the lock.
+    /// A wake-up future for `free` announcements; create and `enable` it *before* re-checking.
     pub(crate) fn notified(&self) -> Notified<'_> {
         self.channel.notify.notified()
+    }
+
+    /// Resolves when a release granted the lock to this waiter. A grant that arrives while the
+    /// waiter is busy leaves a permit, so it is never missed.
+    pub(crate) async fn granted_signal(&self) {
+        self.grant.notify.notified().await
+    }
+
+    /// The grant delivered to this waiter, if any: the fencing token and its arrival time.
+    pub(crate) fn granted(&self) -> Option<(u64, Instant)> {
+        *self.grant.granted.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Subscribes again after a lost connection (a no-op while subscribed).
@@ -142,6 +192,11 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
+        self.hub
+            .grants
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.owner);
         let last = {
             let mut waiters = self
                 .channel

@@ -315,3 +315,47 @@ async fn many_waiters_take_turns_with_none_stranded() {
     }
     assert_eq!(turns.load(Ordering::SeqCst), 40);
 }
+
+/// Waiters are served in the order they queued: each release grants the lock to the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_the_lock_in_queue_order() {
+    let redis = server();
+    let lock = name("fifo");
+    let holder = RedisLock::connect_url(&redis.url()).await.unwrap();
+    let queue_key = holder.keys(&lock).queue;
+    let opts = LockOptions::new()
+        .with_ttl(Duration::from_secs(60))
+        .with_wait_timeout(BOUND);
+    let first = holder.acquire(&lock, &opts).await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..5usize {
+        let client = RedisLock::connect_url(&redis.url()).await.unwrap();
+        let (lock, opts, order) = (lock.clone(), opts.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = client.acquire(&lock, &opts).await.unwrap();
+            order.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        // Wait until this waiter is in the queue before starting the next one.
+        timeout(BOUND, async {
+            loop {
+                let len = redis.command(&["LLEN", &queue_key]).unwrap();
+                if len.as_text().and_then(|t| t.parse::<usize>().ok()) == Some(i + 1) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the waiter joins the queue");
+    }
+    first.release().await.unwrap();
+    for waiter in waiters {
+        timeout(BOUND, waiter)
+            .await
+            .expect("every waiter is served")
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+}
