@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use dlock_api::raw::config::{bool_option, duration_option, percent_decode};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
@@ -80,36 +81,7 @@ impl Default for MySqlConfig {
 }
 
 pub(crate) fn config_error(reason: impl Into<String>) -> LockError {
-    LockError::Config {
-        backend: BACKEND,
-        reason: reason.into(),
-    }
-}
-
-fn parse_duration(key: &str, value: &str) -> Result<Duration> {
-    let d = humantime::parse_duration(value)
-        .map_err(|e| config_error(format!("option `{key}`: {e}")))?;
-    if d.is_zero() {
-        return Err(config_error(format!(
-            "option `{key}` must be greater than zero"
-        )));
-    }
-    Ok(d)
-}
-
-fn parse_bool(key: &str, value: &str) -> Result<bool> {
-    match value {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(config_error(format!("option `{key}` takes true or false"))),
-    }
-}
-
-fn percent_decode(text: &str) -> String {
-    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
+    dlock_api::raw::config::config_error(BACKEND, reason)
 }
 
 fn identifier(part: &str) -> bool {
@@ -199,11 +171,11 @@ impl MySqlConfig {
     /// [`LockError::Config`] for an unknown option or a malformed value.
     pub fn set_option(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
-            "connect_timeout" => self.connect_timeout = parse_duration(key, value)?,
-            "command_timeout" => self.command_timeout = parse_duration(key, value)?,
-            "keepalive" => self.keepalive = parse_duration(key, value)?,
+            "connect_timeout" => self.connect_timeout = duration_option(BACKEND, key, value)?,
+            "command_timeout" => self.command_timeout = duration_option(BACKEND, key, value)?,
+            "keepalive" => self.keepalive = duration_option(BACKEND, key, value)?,
             "session_timeout" => {
-                let d = parse_duration(key, value)?;
+                let d = duration_option(BACKEND, key, value)?;
                 if d < Duration::from_secs(1) {
                     return Err(config_error(
                         "option `session_timeout` is whole seconds: at least 1s",
@@ -231,8 +203,8 @@ impl MySqlConfig {
                 }
                 self.table = value.to_owned();
             }
-            "create_table" => self.create_table = parse_bool(key, value)?,
-            "fencing" => self.fencing = parse_bool(key, value)?,
+            "create_table" => self.create_table = bool_option(BACKEND, key, value)?,
+            "fencing" => self.fencing = bool_option(BACKEND, key, value)?,
             "prefix" => {
                 if value.len() > MAX_PREFIX
                     || !value.chars().all(|c| c.is_ascii_graphic() && c != '~')

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use dlock_api::raw::config::{bool_option, duration_option, percent_decode};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
@@ -94,31 +95,7 @@ impl Default for PostgresConfig {
 }
 
 pub(crate) fn config_error(reason: impl Into<String>) -> LockError {
-    LockError::Config {
-        backend: BACKEND,
-        reason: reason.into(),
-    }
-}
-
-fn parse_duration(key: &str, value: &str) -> Result<Duration> {
-    let d = humantime::parse_duration(value)
-        .map_err(|e| config_error(format!("option `{key}`: {e}")))?;
-    if d.is_zero() {
-        return Err(config_error(format!(
-            "option `{key}` must be greater than zero"
-        )));
-    }
-    Ok(d)
-}
-
-fn parse_bool(key: &str, value: &str) -> Result<bool> {
-    match value.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" => Ok(true),
-        "false" | "0" | "no" | "off" => Ok(false),
-        _ => Err(config_error(format!(
-            "option `{key}` takes true or false, not `{value}`"
-        ))),
-    }
+    dlock_api::raw::config::config_error(BACKEND, reason)
 }
 
 fn parse_number<T: std::str::FromStr>(key: &str, value: &str) -> Result<T> {
@@ -148,13 +125,6 @@ pub(crate) fn quote_qualified(name: &str) -> Result<String> {
         .map(|p| format!("\"{p}\""))
         .collect::<Vec<_>>()
         .join("."))
-}
-
-fn percent_decode(text: &str) -> String {
-    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
 }
 
 const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, wait_slice, fencing, fence_sequence, create_fence, tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count, application_name, sslmode";
@@ -246,10 +216,10 @@ impl PostgresConfig {
     /// [`LockError::Config`] for an unknown option or a malformed value.
     pub fn set_option(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
-            "connect_timeout" => self.connect_timeout = parse_duration(key, value)?,
-            "command_timeout" => self.command_timeout = parse_duration(key, value)?,
-            "keepalive" => self.keepalive = parse_duration(key, value)?,
-            "wait_slice" => self.wait_slice = parse_duration(key, value)?,
+            "connect_timeout" => self.connect_timeout = duration_option(BACKEND, key, value)?,
+            "command_timeout" => self.command_timeout = duration_option(BACKEND, key, value)?,
+            "keepalive" => self.keepalive = duration_option(BACKEND, key, value)?,
+            "wait_slice" => self.wait_slice = duration_option(BACKEND, key, value)?,
             "max_connections" => {
                 let n: usize = parse_number(key, value)?;
                 if n == 0 {
@@ -257,14 +227,18 @@ impl PostgresConfig {
                 }
                 self.max_connections = n;
             }
-            "fencing" => self.fencing = parse_bool(key, value)?,
-            "create_fence" => self.create_fence = parse_bool(key, value)?,
+            "fencing" => self.fencing = bool_option(BACKEND, key, value)?,
+            "create_fence" => self.create_fence = bool_option(BACKEND, key, value)?,
             "fence_sequence" => {
                 quote_qualified(value)?;
                 self.fence_sequence = value.to_owned();
             }
-            "tcp_keepalives_idle" => self.tcp_keepalives_idle = parse_duration(key, value)?,
-            "tcp_keepalives_interval" => self.tcp_keepalives_interval = parse_duration(key, value)?,
+            "tcp_keepalives_idle" => {
+                self.tcp_keepalives_idle = duration_option(BACKEND, key, value)?
+            }
+            "tcp_keepalives_interval" => {
+                self.tcp_keepalives_interval = duration_option(BACKEND, key, value)?
+            }
             "tcp_keepalives_count" => self.tcp_keepalives_count = parse_number(key, value)?,
             "application_name" => {
                 if !value

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use dlock_api::raw::config::{duration_option, percent_decode};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
@@ -90,28 +91,7 @@ impl Default for RedisConfig {
 }
 
 fn config_error(reason: impl Into<String>) -> LockError {
-    LockError::Config {
-        backend: BACKEND,
-        reason: reason.into(),
-    }
-}
-
-fn parse_duration(key: &str, value: &str) -> Result<Duration> {
-    let d = humantime::parse_duration(value)
-        .map_err(|e| config_error(format!("option `{key}`: {e}")))?;
-    if d.is_zero() {
-        return Err(config_error(format!(
-            "option `{key}` must be greater than zero"
-        )));
-    }
-    Ok(d)
-}
-
-fn percent_decode(text: &str) -> String {
-    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
+    dlock_api::raw::config::config_error(BACKEND, reason)
 }
 
 impl RedisConfig {
@@ -218,14 +198,16 @@ impl RedisConfig {
                 ));
             }
             "prefix" => self.prefix = value.to_owned(),
-            "connect_timeout" => self.connect_timeout = parse_duration(key, value)?,
-            "command_timeout" => self.command_timeout = parse_duration(key, value)?,
+            "connect_timeout" => self.connect_timeout = duration_option(BACKEND, key, value)?,
+            "command_timeout" => self.command_timeout = duration_option(BACKEND, key, value)?,
             "wait_replicas" => {
                 self.wait_replicas = value
                     .parse()
                     .map_err(|_| config_error("option `wait_replicas` takes a number"))?
             }
-            "wait_replicas_timeout" => self.wait_replicas_timeout = parse_duration(key, value)?,
+            "wait_replicas_timeout" => {
+                self.wait_replicas_timeout = duration_option(BACKEND, key, value)?
+            }
             other => {
                 return Err(config_error(format!(
                     "unknown option `{other}` (known: prefix, connect_timeout, command_timeout, wait_replicas, wait_replicas_timeout)"

@@ -10,6 +10,7 @@
 //! sending the request that could grant the lock and returning the guard, the backend keeps a
 //! [`PendingAcquire`] armed, so a dropped acquire future cleans up after itself.
 
+pub mod config;
 mod pending;
 mod state;
 mod watchdog;
