@@ -23,11 +23,11 @@
 //! |---|---|---|---|---|
 //! | nothing shared (tests, one process) | [`MemoryLock`] | TTL | strict | the whole contract, in-process |
 //! | Redis | `dlock-redis` | TTL + watchdog | best effort (failover can lose a lock) | FIFO hand-off by grant, about one round trip |
-//! | several independent Redis nodes | `dlock-redlock` | TTL | best effort | survives a minority of nodes down; assumes bounded clock drift |
+//! | several independent Redis nodes | `dlock-redlock` (planned) | TTL | best effort | survives a minority of nodes down; assumes bounded clock drift |
 //! | MySQL / MariaDB | `dlock-mysql` | the connection | strict (counter row) | no extra infrastructure |
 //! | Postgres | `dlock-postgres` | the connection | strict (`CACHE 1` sequence) | advisory, transaction and row locks |
-//! | etcd | `dlock-etcd` | lease + keep-alive | strict (revision) | consensus: survives failover |
-//! | ZooKeeper | `dlock-zookeeper` | the session | strict (zxid) | consensus: survives failover |
+//! | etcd | `dlock-etcd` (planned) | lease + keep-alive | strict (revision) | consensus: survives failover |
+//! | ZooKeeper | `dlock-zookeeper` (planned) | the session | strict (zxid) | consensus: survives failover |
 //!
 //! ## The contract in brief
 //! 1. **Mutual exclusion**: while a guard is valid, no other guard for its name exists.
