@@ -32,12 +32,15 @@ local function raise_fence(fence, now)
   return token
 end
 
--- Gives the free lock to the first live waiter and tells it; or announces the lock free.
-local function grant_next(lock, fence, queue, waiters, channel, now)
+-- Gives the free lock to the first live waiter and tells it; or, if the queue held only waiters
+-- whose presence lapsed, announces the lock free (one of them may still be alive and re-queue).
+-- With nobody queued there is nobody to tell: a waiter not yet queued re-checks after subscribing.
+local function grant_next(lock, fence, queue, waiters, channel)
+  local head = redis.call('LPOP', queue)
+  if not head then return end
+  local now = now_us()
   local now_ms = math.floor(now / 1000)
-  while true do
-    local head = redis.call('LPOP', queue)
-    if not head then break end
+  while head do
     local entry = redis.call('HGET', waiters, head)
     redis.call('HDEL', waiters, head)
     if entry then
@@ -49,6 +52,7 @@ local function grant_next(lock, fence, queue, waiters, channel, now)
         return
       end
     end
+    head = redis.call('LPOP', queue)
   end
   redis.call('PUBLISH', channel, 'free')
 end
@@ -113,7 +117,7 @@ const RELEASE: &str = concat!(
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], now_us())
+grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2])
 return 1
 "
 );
@@ -126,7 +130,7 @@ const CANCEL: &str = concat!(
     r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], now_us())
+  grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2])
   return 2
 end
 redis.call('LREM', KEYS[3], 0, ARGV[1])
