@@ -41,6 +41,24 @@
 //! `PREFIX:{NAME}` (the lock; value = owner, TTL = lease), `PREFIX:{NAME}:fence` (last token; kept
 //! without TTL so tokens never repeat: one small key per name ever locked), `PREFIX:{NAME}:queue`
 //! and `PREFIX:{NAME}:waiters` (the waiters, expiring with them), channel `PREFIX:{NAME}:released`. Braces in names are escaped so the hash tag is always the whole name.
+//!
+//! ## Performance
+//! Measured with `dlock bench --backend redis://…` (release build) against a local redis-server
+//! on a 2-core VM, which also measures the raw floors in the same run; medians of three runs.
+//! Absolute figures on that VM drift by 2–4× between runs with the host's load; the ratios are
+//! what carries over.
+//!
+//! | measurement | dlock | raw floor, same run | ratio |
+//! |---|---|---|---|
+//! | uncontended acquire + release, 1 client | 3,344 pairs/s, p50 277 µs | `SET NX PX` + `EVALSHA` compare-and-delete: 4,618 pairs/s, p50 214 µs | 0.72× (runs 0.66–0.99×) |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 309 µs, p99 480 µs, 284 acquisitions/s | notified hand-off (`DEL`+`PUBLISH`, subscriber `SET NX`): p50 208 µs | 1.5× (runs 1.0–1.6×) |
+//! | many names, one client | 1 task: 3.6k pairs/s; 16 tasks: 23.8k pairs/s | | scales 6.6× with 16× the tasks |
+//!
+//! The polling peers hand a lock off in 27–99 ms (PERF-ANCHORS); dlock's grant hand-off is about
+//! 100× faster. The grant itself reaches the waiter about one round trip after the release is sent
+//! (measured floor ~95 µs when the round trip was ~80 µs); the rest of the p50 is task wake-ups on a
+//! 2-core machine shared with the server. Uncontended pairs pay for the fencing counter and the
+//! queue check inside the scripts (6 and 3 server commands against the floor's 1 and 2).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bench;
