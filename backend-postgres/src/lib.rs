@@ -74,6 +74,21 @@
 //! another client now uses. Point dlock at Postgres directly, or at a PgBouncer pool in
 //! *session* mode. ([`xact_lock`] and [`RowLock`] work in transaction mode: they live inside one
 //! transaction.)
+//!
+//! ## Performance
+//! `dlock bench --backend postgres://…` on a 2-core VM against PostgreSQL 15, medians of three
+//! runs against the same-run floor (prepared `pg_try_advisory_lock` + `pg_advisory_unlock` on one
+//! held connection). Absolute figures on that VM drift 2–4× with the host's load.
+//!
+//! | measurement | result |
+//! |---|---|
+//! | uncontended pairs vs floor | 1.02× (runs 0.85–1.41×); 0.81× in a quiet run (0.94× with `fencing=false`) |
+//! | hand-off p50, 4 clients, 2 ms hold | 326 µs; quiet run 259 µs against 216 µs for raw blocking `pg_advisory_lock` (1.2×) |
+//! | many names, one client | 1 task 4.3k pairs/s, 16 tasks 20k pairs/s |
+//!
+//! The fencing token is a `nextval` folded into the lock statement: no extra round trip, and a
+//! sequence's WAL is written once per 32 values, so unlike a counter row it does not wait for a
+//! flush on every acquire.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod client;
