@@ -45,6 +45,14 @@ struct Samples {
 }
 
 impl Samples {
+    /// Samples from back-to-back measurements (their sum is the phase's duration).
+    fn from_durations(samples: &[Duration]) -> Self {
+        Self {
+            micros: samples.iter().map(|d| d.as_secs_f64() * 1e6).collect(),
+            elapsed: samples.iter().sum(),
+        }
+    }
+
     fn percentile(&self, p: f64) -> f64 {
         if self.micros.is_empty() {
             return f64::NAN;
@@ -209,65 +217,50 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
 }
 
 /// The backend's raw hand-off floor (release → the next holder's acquire answered), if measured.
+#[cfg_attr(not(feature = "redis"), allow(unused_variables))]
 async fn raw_handoff_floor(
     url: &str,
     duration: Duration,
 ) -> Result<Option<(&'static str, Samples)>, LockError> {
-    match BackendScheme::parse(url)? {
+    let floor: Option<(&'static str, Vec<Duration>)> = match BackendScheme::parse(url)? {
         #[cfg(feature = "redis")]
-        BackendScheme::Redis => {
-            let samples = dlock_redis::raw_handoff_floor(url, duration).await?;
-            let elapsed = samples.iter().sum();
-            let micros = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-            Ok(Some((
-                "DEL+PUBLISH, subscriber SET NX",
-                Samples { micros, elapsed },
-            )))
-        }
-        _ => Ok(None),
-    }
+        BackendScheme::Redis => Some((
+            "DEL+PUBLISH, subscriber SET NX",
+            dlock_redis::raw_handoff_floor(url, duration).await?,
+        )),
+        _ => None,
+    };
+    Ok(floor.map(|(op, pairs)| (op, Samples::from_durations(&pairs))))
 }
 
 /// The backend's raw protocol floor, measured in the same run (none for the memory backend).
+#[cfg_attr(
+    not(any(feature = "redis", feature = "mysql", feature = "postgres")),
+    allow(unused_variables)
+)]
 async fn raw_floor(
     url: &str,
     duration: Duration,
 ) -> Result<Option<(&'static str, Samples)>, LockError> {
-    let to_samples = |pairs: Vec<Duration>, elapsed: Duration| Samples {
-        micros: pairs.iter().map(|d| d.as_secs_f64() * 1e6).collect(),
-        elapsed,
-    };
-    let _ = &to_samples;
-    match BackendScheme::parse(url)? {
+    let floor: Option<(&'static str, Vec<Duration>)> = match BackendScheme::parse(url)? {
         #[cfg(feature = "redis")]
-        BackendScheme::Redis => {
-            let pairs = dlock_redis::raw_floor(url, duration).await?;
-            let elapsed = pairs.iter().sum();
-            Ok(Some((
-                "SET NX PX + EVALSHA compare-and-delete",
-                to_samples(pairs, elapsed),
-            )))
-        }
+        BackendScheme::Redis => Some((
+            "SET NX PX + EVALSHA compare-and-delete",
+            dlock_redis::raw_floor(url, duration).await?,
+        )),
         #[cfg(feature = "mysql")]
-        BackendScheme::MySql => {
-            let pairs = dlock_mysql::raw_floor(url, duration).await?;
-            let elapsed = pairs.iter().sum();
-            Ok(Some((
-                "GET_LOCK(n,0) + RELEASE_LOCK(n), prepared",
-                to_samples(pairs, elapsed),
-            )))
-        }
+        BackendScheme::MySql => Some((
+            "GET_LOCK(n,0) + RELEASE_LOCK(n), prepared",
+            dlock_mysql::raw_floor(url, duration).await?,
+        )),
         #[cfg(feature = "postgres")]
-        BackendScheme::Postgres => {
-            let pairs = dlock_postgres::raw_floor(url, duration).await?;
-            let elapsed = pairs.iter().sum();
-            Ok(Some((
-                "pg_try_advisory_lock + pg_advisory_unlock, prepared",
-                to_samples(pairs, elapsed),
-            )))
-        }
-        _ => Ok(None),
-    }
+        BackendScheme::Postgres => Some((
+            "pg_try_advisory_lock + pg_advisory_unlock, prepared",
+            dlock_postgres::raw_floor(url, duration).await?,
+        )),
+        _ => None,
+    };
+    Ok(floor.map(|(op, pairs)| (op, Samples::from_durations(&pairs))))
 }
 
 async fn uncontended(
