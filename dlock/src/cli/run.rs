@@ -65,6 +65,8 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
         .env("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("DLOCK_LOCK_NAME", name.as_str())
         .kill_on_drop(true)
+        // Its own process group, so that stopping it reaches everything it started.
+        .process_group(0)
         .spawn()
         .map_err(|e| {
             LockError::invalid(
@@ -97,7 +99,8 @@ enum Supervised {
     Lost(dlock_api::LostReason),
 }
 
-/// Waits for the command, forwarding SIGINT/SIGTERM to it; stops it if the lock is lost.
+/// Waits for the command, forwarding SIGINT/SIGTERM to its process group; stops the group if the
+/// lock is lost.
 async fn supervise(child: &mut Child, guard: &LockGuard, kill_after: Duration) -> Supervised {
     let mut interrupt = signal(SignalKind::interrupt()).ok();
     let mut terminate = signal(SignalKind::terminate()).ok();
@@ -123,19 +126,22 @@ async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
     }
 }
 
+/// Sends `signal` to the command's whole process group (the command and everything it started).
 fn send_signal(child: &Child, signal: libc::c_int) {
     if let Some(pid) = child.id() {
-        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped) has no memory effects.
+        // SAFETY: kill(2) on the process group we created for a child we have not reaped yet has
+        // no memory effects.
         unsafe {
-            libc::kill(pid as libc::pid_t, signal);
+            libc::kill(-(pid as libc::pid_t), signal);
         }
     }
 }
 
-/// SIGTERM, then SIGKILL after `grace`.
+/// SIGTERM to the command's process group, then SIGKILL to it after `grace`.
 async fn stop(child: &mut Child, grace: Duration) {
     send_signal(child, libc::SIGTERM);
     if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        send_signal(child, libc::SIGKILL);
         let _ = child.kill().await;
     }
 }
