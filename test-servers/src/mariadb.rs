@@ -66,12 +66,18 @@ impl MariaDb {
         let port = free_port().map_err(ServerError::io(KIND, "cannot find a free port"))?;
         let dir = temp_dir(KIND)?;
         let data = dir.path().join("data");
+        // Its own tmpdir: concurrent bootstraps sharing /tmp trip over each other's temporary
+        // tables ("Could not remove temporary table", then "Unknown table 'mysql.tmp_user_sys'").
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir_all(&tmp).map_err(ServerError::io(KIND, "cannot create the tmpdir"))?;
+        let tmpdir = format!("--tmpdir={}", tmp.display());
         let begun = Instant::now();
         Launch::new(install)
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
             .args(user_args())
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            .arg(&tmpdir)
             .args(COMMON)
             .cwd(dir.path())
             .run(KIND, TOOL_TIMEOUT)?;
@@ -97,6 +103,7 @@ impl MariaDb {
                 "--skip-name-resolve",
             ])
             .args(["--max-connections=300"])
+            .arg(&tmpdir)
             .args(COMMON)
             .cwd(dir.path());
         let ready = Self::client_command(&client, port, "select 1");

@@ -594,9 +594,19 @@ impl Proc {
     fn kill_and_reap(&self) -> Option<std::process::ExitStatus> {
         let mut state = self.state();
         Self::signal_group(&state, libc::SIGKILL);
+        let group = state.child.as_ref().map(|child| child.id() as libc::pid_t);
         let status = state.child.take().and_then(|mut child| child.wait().ok());
         state.paused = false;
         set_registered_pid(self.id, None);
+        // SIGKILL is delivered asynchronously: the group's other members (Postgres backends,
+        // helper processes) may still be dying, holding the port or the old shared memory, which
+        // makes an immediate restart fail ("pre-existing shared memory block is still in use").
+        if let Some(group) = group {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while group_has_live_members(group) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(5));
+            }
+        }
         status
     }
 
@@ -652,6 +662,33 @@ impl Proc {
         Self::signal_group(&state, libc::SIGCONT);
         state.paused = false;
     }
+}
+
+/// Whether any process other than a zombie is still in process group `group` (read from
+/// `/proc/<pid>/stat`: the state follows the parenthesised command name, then ppid, then pgrp).
+fn group_has_live_members(group: libc::pid_t) -> bool {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            return false;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("Z");
+        let pgrp = fields.nth(1).and_then(|g| g.parse::<libc::pid_t>().ok());
+        pgrp == Some(group) && !matches!(state, "Z" | "X")
+    })
 }
 
 /// Whether every thread of `pid` is in the stopped state (`T` in `/proc/<pid>/task/<tid>/stat`).
