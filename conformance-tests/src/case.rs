@@ -46,11 +46,17 @@ pub struct Needs {
     pub fencing: bool,
     /// Harness fault hooks.
     pub faults: bool,
+    /// A harness a child process can reach ([`Harness::child_env`]).
+    pub child_process: bool,
 }
 
 impl Needs {
-    /// Why a case with these needs cannot run against `caps`/`harness`, if it cannot.
-    pub fn unmet(&self, caps: &Capabilities, has_faults: bool) -> Option<&'static str> {
+    /// Why a case with these needs cannot run against `caps` and `harness`, if it cannot.
+    pub fn unmet(&self, caps: &Capabilities, harness: &dyn Harness) -> Option<&'static str> {
+        let has_faults = harness.faults().is_some();
+        if self.child_process && harness.child_env().is_none() {
+            return Some("needs a harness that a child process can reach");
+        }
         if self.extend && !caps.extend {
             return Some("backend cannot extend leases");
         }
@@ -128,6 +134,11 @@ impl Ctx {
     /// The harness's fault hooks, if any.
     pub fn faults(&self) -> Option<&dyn Faults> {
         self.harness.faults()
+    }
+
+    /// The environment a child process needs to reach the same deployment, if it can.
+    pub fn child_env(&self) -> Option<Vec<(String, String)>> {
+        self.harness.child_env()
     }
 
     /// The time scale.

@@ -22,6 +22,14 @@ pub trait Harness: Send + Sync + 'static {
         None
     }
 
+    /// Environment variables that make this harness's setup, run in a **child process** (the
+    /// same test binary, re-executed), reach the same deployment: typically
+    /// `DLOCK_TEST_<BACKEND>_URL`. `None` (the default): cases that crash a holder process do not
+    /// run.
+    fn child_env(&self) -> Option<Vec<(String, String)>> {
+        None
+    }
+
     /// Time scale of the cases. The default suits servers on loopback.
     fn timing(&self) -> Timing {
         Timing::default()

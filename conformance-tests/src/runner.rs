@@ -44,11 +44,18 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = H>,
 {
-    let args = Arguments::from_args();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
+    if let Ok(name) = std::env::var(crate::cases::crash::CHILD_HOLDS) {
+        // Re-executed by a cross-process case: hold the lock until killed.
+        runtime.block_on(async move {
+            crate::cases::crash::hold_until_killed(Arc::new(setup().await), &name).await
+        });
+        return ExitCode::FAILURE;
+    }
+    let args = Arguments::from_args();
     let harness: Arc<dyn Harness> = Arc::new(runtime.block_on(setup()));
     let caps = runtime
         .block_on(harness.client())
@@ -64,7 +71,7 @@ where
     let trials = cases()
         .iter()
         .map(|case| {
-            if let Some(reason) = case.needs.unmet(&caps, harness.faults().is_some()) {
+            if let Some(reason) = case.needs.unmet(&caps, &*harness) {
                 return Trial::test(format!("{} (not run: {reason})", trial_name(case)), || {
                     Ok(())
                 })
@@ -108,7 +115,7 @@ pub fn main_paused<H: Harness>(setup: fn() -> H) -> ExitCode {
     let trials = cases()
         .iter()
         .map(|case| {
-            if let Some(reason) = case.needs.unmet(&caps, probe.faults().is_some()) {
+            if let Some(reason) = case.needs.unmet(&caps, &*probe) {
                 return Trial::test(format!("{} (not run: {reason})", trial_name(case)), || {
                     Ok(())
                 })
@@ -189,7 +196,7 @@ pub async fn run_all(harness: Arc<dyn Harness>, filter: Option<&str>) -> Result<
     let results = futures::stream::iter(selected)
         .map(|case| {
             let ctx = Ctx::new(harness.clone(), case.id, run.clone());
-            let unmet = case.needs.unmet(&caps, harness.faults().is_some());
+            let unmet = case.needs.unmet(&caps, &*harness);
             async move {
                 let started = Instant::now();
                 let outcome = match unmet {

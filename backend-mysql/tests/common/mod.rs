@@ -82,6 +82,10 @@ impl Harness for MySqlHarness {
     fn faults(&self) -> Option<&dyn Faults> {
         self.owned.then_some(self as &dyn Faults)
     }
+
+    fn child_env(&self) -> Option<Vec<(String, String)>> {
+        Some(vec![("DLOCK_TEST_MYSQL_URL".to_owned(), self.url.clone())])
+    }
 }
 
 #[async_trait]

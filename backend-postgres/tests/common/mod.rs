@@ -76,6 +76,13 @@ impl Harness for PgHarness {
     fn faults(&self) -> Option<&dyn Faults> {
         Some(self)
     }
+
+    fn child_env(&self) -> Option<Vec<(String, String)>> {
+        Some(vec![(
+            "DLOCK_TEST_POSTGRES_URL".to_owned(),
+            self.url.clone(),
+        )])
+    }
 }
 
 #[async_trait]

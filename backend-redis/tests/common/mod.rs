@@ -40,8 +40,15 @@ impl RedisHarness {
         }
     }
 
-    /// A primary, a replica and three Sentinels.
+    /// A primary, a replica and three Sentinels (or `DLOCK_TEST_REDIS_SENTINEL_URL`).
     pub fn sentinel() -> Self {
+        if let Ok(url) = std::env::var("DLOCK_TEST_REDIS_SENTINEL_URL") {
+            return Self {
+                label: "redis-sentinel",
+                url,
+                _servers: Box::new(()),
+            };
+        }
         let sentinel = started("a Redis Sentinel deployment", RedisSentinel::start());
         let hosts: Vec<String> = sentinel
             .sentinel_addrs()
@@ -60,8 +67,15 @@ impl RedisHarness {
         }
     }
 
-    /// Three primaries, each with a replica.
+    /// Three primaries, each with a replica (or `DLOCK_TEST_REDIS_CLUSTER_URL`).
     pub fn cluster() -> Self {
+        if let Ok(url) = std::env::var("DLOCK_TEST_REDIS_CLUSTER_URL") {
+            return Self {
+                label: "redis-cluster",
+                url,
+                _servers: Box::new(()),
+            };
+        }
         let cluster = started("a Redis Cluster", RedisCluster::start());
         let hosts: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
         let url = format!("redis+cluster://{}", hosts.join(","));
@@ -89,6 +103,15 @@ impl Harness for RedisHarness {
 
     fn faults(&self) -> Option<&dyn Faults> {
         Some(self)
+    }
+
+    fn child_env(&self) -> Option<Vec<(String, String)>> {
+        let var = match self.label {
+            "redis-sentinel" => "DLOCK_TEST_REDIS_SENTINEL_URL",
+            "redis-cluster" => "DLOCK_TEST_REDIS_CLUSTER_URL",
+            _ => "DLOCK_TEST_REDIS_URL",
+        };
+        Some(vec![(var.to_owned(), self.url.clone())])
     }
 }
 

@@ -1,6 +1,7 @@
 //! The case table: the single list both runners use.
 
 pub mod cancel;
+pub mod crash;
 pub mod exclusion;
 pub mod expiry;
 pub mod fencing;
@@ -18,6 +19,7 @@ const NONE: Needs = Needs {
     ttl_lease: false,
     fencing: false,
     faults: false,
+    child_process: false,
 };
 const TTL: Needs = Needs {
     ttl_lease: true,
@@ -35,6 +37,10 @@ const FENCED: Needs = Needs {
 const FENCED_TTL: Needs = Needs {
     fencing: true,
     ttl_lease: true,
+    ..NONE
+};
+const CHILD: Needs = Needs {
+    child_process: true,
     ..NONE
 };
 const FAULTS: Needs = Needs {
@@ -75,6 +81,7 @@ static CASES: &[Case] = &[
     case!(lost::fires_when_holder_killed, FAULTS),
     case!(lost::with_lock_stops_work_when_lost, TTL),
     case!(lost::with_lock_releases_after_work, NONE),
+    case!(crash::crashed_holder_process_frees_the_lock, CHILD),
     case!(cancel::dropped_acquire_leaves_nothing, NONE),
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),
     case!(names::unicode_names_work, NONE),
