@@ -67,13 +67,13 @@
 //! bench` compares this backend with.
 //!
 //! ## Performance
-//! `dlock bench --backend mysql://…` on a 2-core VM, medians of three runs against the same-run
-//! floor (prepared `GET_LOCK(n,0)` + `RELEASE_LOCK(n)` on one held connection). Absolute figures on
+//! `dlock bench --backend mysql://…` on a 2-core VM, medians of three runs, the floor measured in
+//! alternating slices of the same run (prepared `GET_LOCK(n,0)` + `RELEASE_LOCK(n)` on one held connection). Absolute figures on
 //! that VM drift 2–4× with the host's load.
 //!
 //! | server | uncontended pairs vs floor | hand-off p50 (4 clients, 2 ms hold) |
 //! |---|---|---|
-//! | MariaDB 10.11, `innodb_flush_log_at_trx_commit=0` | 0.68× (runs 0.46–1.27×); 0.7× in a quiet run, 0.9× with `fencing=false` | 413 µs (server-queue floor measured separately: 128–137 µs; dlock 206–260 µs in a quiet run) |
+//! | MariaDB 10.11, `innodb_flush_log_at_trx_commit=0` | 0.78× (runs 0.76–0.80×; 0.9× with `fencing=false`) | 216 µs, p99 399 µs (server-queue floor measured separately: 128–137 µs in a quiet run, where dlock took 206–260 µs) |
 //! | MariaDB 10.11, default durable settings (`=1`) | 0.41×: the fence row's commit waits for a log flush on every acquire | 600 µs |
 //!
 //! ### Note: fencing on a durable server costs a log flush per acquire

@@ -77,13 +77,13 @@
 //!
 //! ## Performance
 //! `dlock bench --backend postgres://…` on a 2-core VM against PostgreSQL 15, medians of three
-//! runs against the same-run floor (prepared `pg_try_advisory_lock` + `pg_advisory_unlock` on one
+//! runs, the floor measured in alternating slices of the same run (prepared `pg_try_advisory_lock` + `pg_advisory_unlock` on one
 //! held connection). Absolute figures on that VM drift 2–4× with the host's load.
 //!
 //! | measurement | result |
 //! |---|---|
-//! | uncontended pairs vs floor | 1.02× (runs 0.85–1.41×); 0.81× in a quiet run (0.94× with `fencing=false`) |
-//! | hand-off p50, 4 clients, 2 ms hold | 326 µs; quiet run 259 µs against 216 µs for raw blocking `pg_advisory_lock` (1.2×) |
+//! | uncontended pairs vs floor | 0.98× (runs 0.95–1.15×); 0.81× in an earlier quiet run (0.94× with `fencing=false`) |
+//! | hand-off p50, 4 clients, 2 ms hold | 242 µs, p99 747 µs; in a quiet run 259 µs against 216 µs for raw blocking `pg_advisory_lock` (1.2×) |
 //! | many names, one client | 1 task 4.3k pairs/s, 16 tasks 20k pairs/s |
 //!
 //! The fencing token is a `nextval` folded into the lock statement: no extra round trip, and a

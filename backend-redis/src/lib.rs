@@ -44,14 +44,14 @@
 //!
 //! ## Performance
 //! Measured with `dlock bench --backend redis://…` (release build) against a local redis-server
-//! on a 2-core VM, which also measures the raw floors in the same run; medians of three runs.
-//! Absolute figures on that VM drift by 2–4× between runs with the host's load; the ratios are
-//! what carries over.
+//! on a 2-core VM. The bench measures dlock and the raw floor in alternating slices of the same
+//! run; figures are medians of three runs. Absolute latencies on that VM drift 2–4× with the
+//! host's load; the ratios are what carries over.
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release, 1 client | 3,344 pairs/s, p50 277 µs | `SET NX PX` + `EVALSHA` compare-and-delete: 4,618 pairs/s, p50 214 µs | 0.72× (runs 0.66–0.99×) |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 309 µs, p99 480 µs, 284 acquisitions/s | notified hand-off (`DEL`+`PUBLISH`, subscriber `SET NX`): p50 208 µs | 1.5× (runs 1.0–1.6×) |
+//! | uncontended acquire + release, 1 client | 4,485 pairs/s, p50 206 µs, p99 429 µs | `SET NX PX` + `EVALSHA` compare-and-delete: 5,389 pairs/s, p50 178 µs | 0.83× (runs 0.82–0.88×) |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 234 µs, p99 421 µs | notified hand-off (`DEL`+`PUBLISH`, subscriber `SET NX`): p50 164 µs | 1.44× (runs 1.33–1.78×) |
 //! | many names, one client | 1 task: 3.6k pairs/s; 16 tasks: 23.8k pairs/s | | scales 6.6× with 16× the tasks |
 //!
 //! The polling peers hand a lock off in 27–99 ms (PERF-ANCHORS); dlock's grant hand-off is about
