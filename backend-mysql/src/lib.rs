@@ -74,7 +74,7 @@
 //! | server | uncontended pairs vs floor | hand-off p50 (4 clients, 2 ms hold) |
 //! |---|---|---|
 //! | MariaDB 10.11, `innodb_flush_log_at_trx_commit=0` | 0.78× (runs 0.76–0.80×; 0.9× with `fencing=false`) | 216 µs, p99 399 µs (server-queue floor measured separately: 128–137 µs in a quiet run, where dlock took 206–260 µs) |
-//! | MariaDB 10.11, default durable settings (`=1`) | 0.41×: the fence row's commit waits for a log flush on every acquire | 600 µs |
+//! | MariaDB 10.11, default durable settings (`=1`) | 0.42× (runs 0.39–0.43×): the fence row's commit waits for a log flush on every acquire | 480 µs |
 //!
 //! ### Note: fencing on a durable server costs a log flush per acquire
 //! The fence counter is a row, so with `innodb_flush_log_at_trx_commit=1` every acquire waits for
