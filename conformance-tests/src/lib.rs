@@ -12,10 +12,11 @@
 //! name = "conformance"
 //! harness = false
 //! ```
-//! ```ignore
-//! // backend-foo/tests/conformance.rs
+//! ```no_run
+//! // backend-foo/tests/conformance.rs; the memory harness stands in for yours here
+//! # use dlock_conformance::MemoryHarness as FooHarness;
 //! fn main() -> std::process::ExitCode {
-//!     dlock_conformance::main(|| async { FooHarness::start().await })
+//!     dlock_conformance::main(|| async { FooHarness::new() })
 //! }
 //! ```
 //!
