@@ -53,6 +53,81 @@ fn wait_for<T>(
     }
 }
 
+/// A CA (`ca.pem`) and a server certificate for `127.0.0.1` (`server.pem`, `server.key`) in `dir`.
+fn make_certificates(dir: &std::path::Path) -> Result<()> {
+    let openssl = find_program(KIND, "openssl")?;
+    let ext = dir.join("server.ext");
+    fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    .map_err(ServerError::io(
+        KIND,
+        "cannot write the certificate extensions",
+    ))?;
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let steps: [Vec<&str>; 3] = [
+        [
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=dlock test CA",
+            ],
+        ]
+        .concat(),
+        [
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "server.key",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat(),
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ],
+    ];
+    for step in steps {
+        Launch::new(openssl.clone())
+            .args(step)
+            .cwd(dir)
+            .run(KIND, Duration::from_secs(30))?;
+    }
+    Ok(())
+}
+
 /// One `redis-server` process (a plain node, a replica, a cluster node or a Sentinel).
 ///
 /// Started with a config file in its own directory (so `CONFIG REWRITE`, used by Sentinel failovers, works),
@@ -61,6 +136,13 @@ fn wait_for<T>(
 pub struct RedisServer {
     proc: Proc,
     port: u16,
+    tls: Option<TlsFiles>,
+}
+
+/// The TLS side of a node from [`RedisServer::start_tls`]: its port and its private CA.
+struct TlsFiles {
+    port: u16,
+    dir: tempfile::TempDir,
 }
 
 process_control!(RedisServer);
@@ -83,6 +165,46 @@ impl RedisServer {
         let server = Self::prepare(KIND, free_port_for(KIND)?, "")?;
         server.proc.start()?;
         Ok(server)
+    }
+
+    /// Starts a single node that serves **TLS** on a second port (certificates from a private CA made
+    /// with `openssl`, valid for `127.0.0.1`), besides its plain port, which readiness checks and
+    /// [`command`](Self::command) keep using. Clients connect to [`tls_url`](Self::tls_url) and
+    /// trust [`ca_cert`](Self::ca_cert).
+    ///
+    /// # Errors
+    /// [`ServerError::NotInstalled`] without `redis-server` or `openssl`; [`ServerError::CommandFailed`]
+    /// if a certificate cannot be made; [`ServerError::StartFailed`] with the server's log.
+    pub fn start_tls() -> Result<Self> {
+        let dir = temp_dir(KIND)?;
+        make_certificates(dir.path())?;
+        let tls_port = free_port_for(KIND)?;
+        let file = |name: &str| dir.path().join(name).display().to_string();
+        let extra = format!(
+            "tls-port {tls_port}\ntls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\ntls-auth-clients no\n",
+            file("server.pem"),
+            file("server.key"),
+            file("ca.pem"),
+        );
+        let mut server = Self::prepare(KIND, free_port_for(KIND)?, &extra)?;
+        server.tls = Some(TlsFiles {
+            port: tls_port,
+            dir,
+        });
+        server.proc.start()?;
+        Ok(server)
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` for a node from [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls
+            .as_ref()
+            .map(|tls| format!("rediss://{}", loopback(tls.port)))
+    }
+
+    /// The PEM file of the private CA that signed the TLS certificate, for clients to trust.
+    pub fn ca_cert(&self) -> Option<std::path::PathBuf> {
+        self.tls.as_ref().map(|tls| tls.dir.path().join("ca.pem"))
     }
 
     /// Writes the config and prepares the process; does not start it.
@@ -122,7 +244,11 @@ impl RedisServer {
             READY_TIMEOUT,
             libc::SIGTERM,
         );
-        Ok(RedisServer { proc, port })
+        Ok(RedisServer {
+            proc,
+            port,
+            tls: None,
+        })
     }
 
     /// `redis://127.0.0.1:PORT`

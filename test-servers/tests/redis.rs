@@ -148,3 +148,28 @@ fn wait_until(mut f: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn tls_node_answers_on_its_tls_port_with_its_ca() {
+    let redis = dlock_test_servers::RedisServer::start_tls().unwrap_or_else(|e| panic!("{e}"));
+    let url = redis.tls_url().expect("a TLS url");
+    let port = url.rsplit(':').next().unwrap().to_owned();
+    let ca = redis.ca_cert().expect("a CA");
+    let out = std::process::Command::new("redis-cli")
+        .args(["--tls", "--cacert"])
+        .arg(&ca)
+        .args(["-h", "127.0.0.1", "-p", &port, "ping"])
+        .output()
+        .expect("redis-cli");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "PONG",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The plain port still serves the test's own commands.
+    assert_eq!(
+        redis.command(&["PING"]).unwrap().as_text().as_deref(),
+        Some("PONG")
+    );
+}
