@@ -44,6 +44,7 @@ pub enum Topology {
 /// | `command_timeout` | `2s` | each command's reply; no call waits longer on a dead server |
 /// | `wait_replicas` | `0` | after acquiring, `WAIT` for this many replicas (narrows, does not close, the failover window) |
 /// | `wait_replicas_timeout` | `100ms` | how long that `WAIT` may take; fewer acknowledgements fail the acquire |
+/// | `ca_cert` | (system roots) | with `rediss://`: a PEM file of the CA to trust instead (a private CA) |
 ///
 /// `Debug` and `Display` never show the password.
 #[derive(Clone, PartialEq, Eq)]
@@ -69,6 +70,8 @@ pub struct RedisConfig {
     pub wait_replicas: usize,
     /// How long that `WAIT` may take.
     pub wait_replicas_timeout: Duration,
+    /// With TLS: a PEM file of the CA to trust instead of the system's roots.
+    pub ca_cert: Option<std::path::PathBuf>,
 }
 
 impl Default for RedisConfig {
@@ -86,6 +89,7 @@ impl Default for RedisConfig {
             command_timeout: Duration::from_secs(2),
             wait_replicas: 0,
             wait_replicas_timeout: Duration::from_millis(100),
+            ca_cert: None,
         }
     }
 }
@@ -123,6 +127,11 @@ impl RedisConfig {
             Some((user, hosts)) => (Some(user), hosts),
             None => (None, authority),
         };
+        if tls && !cfg!(feature = "tls-rustls") {
+            return Err(config_error(
+                "rediss:// needs TLS support: enable feature `tls-rustls` (of dlock-redis, or of dlock)",
+            ));
+        }
         let mut config = Self {
             tls,
             ..Self::default()
@@ -208,9 +217,10 @@ impl RedisConfig {
             "wait_replicas_timeout" => {
                 self.wait_replicas_timeout = duration_option(BACKEND, key, value)?
             }
+            "ca_cert" => self.ca_cert = Some(value.into()),
             other => {
                 return Err(config_error(format!(
-                    "unknown option `{other}` (known: prefix, connect_timeout, command_timeout, wait_replicas, wait_replicas_timeout)"
+                    "unknown option `{other}` (known: prefix, connect_timeout, command_timeout, wait_replicas, wait_replicas_timeout, ca_cert)"
                 )));
             }
         }
@@ -268,6 +278,7 @@ impl fmt::Debug for RedisConfig {
             .field("command_timeout", &self.command_timeout)
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_replicas_timeout", &self.wait_replicas_timeout)
+            .field("ca_cert", &self.ca_cert)
             .finish()
     }
 }
@@ -337,6 +348,16 @@ mod tests {
                 matches!(RedisConfig::from_url(bad), Err(LockError::Config { .. })),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn tls_needs_the_feature() {
+        let result = RedisConfig::from_url("rediss://h:6380");
+        if cfg!(feature = "tls-rustls") {
+            assert!(result.unwrap().tls);
+        } else {
+            assert!(matches!(result, Err(LockError::Config { .. })));
         }
     }
 

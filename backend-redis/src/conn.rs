@@ -69,16 +69,58 @@ fn manager_config(config: &RedisConfig, push: &PushHandler) -> ConnectionManager
         .set_automatic_resubscription()
 }
 
+/// The CA to trust, read from the configured PEM file (TLS with a private CA).
+#[cfg(feature = "tls-rustls")]
+fn tls_certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificates>> {
+    install_crypto_provider();
+    let Some(path) = config.ca_cert.as_ref().filter(|_| config.tls) else {
+        return Ok(None);
+    };
+    let root_cert = std::fs::read(path).map_err(|e| LockError::Config {
+        backend: crate::BACKEND,
+        reason: format!("cannot read ca_cert {}: {e}", path.display()),
+    })?;
+    Ok(Some(redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    }))
+}
+
+/// rustls needs one process-wide crypto provider and panics at the first TLS connection without
+/// one; install ring's unless the application installed its own.
+#[cfg(feature = "tls-rustls")]
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// A driver client for one node, trusting the configured CA when there is one.
+fn open_client(config: &RedisConfig, node: &str) -> Result<redis::Client> {
+    let url = config.node_url(node, true);
+    #[cfg(feature = "tls-rustls")]
+    if config.tls {
+        install_crypto_provider();
+    }
+    #[cfg(feature = "tls-rustls")]
+    let client = match tls_certificates(config)? {
+        Some(certificates) => redis::Client::build_with_tls(url, certificates),
+        None => redis::Client::open(url),
+    };
+    #[cfg(not(feature = "tls-rustls"))]
+    let client = redis::Client::open(url);
+    client.map_err(|e| LockError::Config {
+        backend: crate::BACKEND,
+        reason: format!("cannot use node {node}: {e}"),
+    })
+}
+
 async fn manager_for(
     config: &RedisConfig,
     node: &str,
     push: &PushHandler,
 ) -> Result<ConnectionManager> {
-    let client =
-        redis::Client::open(config.node_url(node, true)).map_err(|e| LockError::Config {
-            backend: crate::BACKEND,
-            reason: format!("cannot use node {node}: {e}"),
-        })?;
+    let client = open_client(config, node)?;
     let connecting = client.get_connection_manager_with_config(manager_config(config, push));
     // The driver retries a failed connect; bound the whole attempt so a dead server fails promptly.
     match tokio::time::timeout(config.connect_timeout * 3, connecting).await {
@@ -196,6 +238,10 @@ impl SentinelConn {
 
 impl Conn {
     pub(crate) async fn connect(config: &RedisConfig, push: PushHandler) -> Result<Self> {
+        #[cfg(feature = "tls-rustls")]
+        if config.tls {
+            install_crypto_provider();
+        }
         match &config.topology {
             Topology::Single { node } => Ok(Self::Single(manager_for(config, node, &push).await?)),
             Topology::Sentinel { sentinels, master } => {
@@ -220,7 +266,13 @@ impl Conn {
             }
             Topology::Cluster { nodes } => {
                 let urls: Vec<String> = nodes.iter().map(|n| config.node_url(n, false)).collect();
-                let client = ClusterClientBuilder::new(urls)
+                let builder = ClusterClientBuilder::new(urls);
+                #[cfg(feature = "tls-rustls")]
+                let builder = match tls_certificates(config)? {
+                    Some(certificates) => builder.certs(certificates),
+                    None => builder,
+                };
+                let client = builder
                     .use_protocol(redis::ProtocolVersion::RESP3)
                     .connection_timeout(config.connect_timeout)
                     .response_timeout(config.command_timeout)
