@@ -33,7 +33,8 @@
 //!   fires.
 //!
 //! ## URLs
-//! `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS, feature `tls-rustls`),
+//! `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS, feature `tls-rustls`; add
+//! `?ca_cert=/path/ca.pem` to trust a private CA instead of the system roots),
 //! `redis+sentinel://s1:26379,s2:26379/MASTER[/db]`, `redis+cluster://n1:7000,n2:7001`, each with
 //! options as query parameters (see [`RedisConfig`]).
 //!
