@@ -14,6 +14,8 @@ use dlock_test_servers::{RedisCluster, RedisSentinel, RedisServer};
 pub struct RedisHarness {
     label: &'static str,
     url: String,
+    /// The variable that points a harness (here, or in a child process) at this deployment.
+    url_var: &'static str,
     /// Keeps the servers alive as long as the harness.
     _servers: Box<dyn Any + Send + Sync>,
 }
@@ -22,68 +24,63 @@ fn started<T>(what: &str, result: dlock_test_servers::Result<T>) -> T {
     result.unwrap_or_else(|e| panic!("cannot start {what} for the Redis tests: {e}"))
 }
 
+fn joined(addrs: &[std::net::SocketAddr]) -> String {
+    addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 impl RedisHarness {
+    /// The deployment `url_var` names, or else the one `start` starts (its URL and its servers).
+    fn deployment(
+        label: &'static str,
+        url_var: &'static str,
+        start: impl FnOnce() -> (String, Box<dyn Any + Send + Sync>),
+    ) -> Self {
+        let (url, servers) = match std::env::var(url_var) {
+            Ok(url) => (url, Box::new(()) as Box<dyn Any + Send + Sync>),
+            Err(_) => start(),
+        };
+        Self {
+            label,
+            url,
+            url_var,
+            _servers: servers,
+        }
+    }
+
     /// One node: `DLOCK_TEST_REDIS_URL` if set, else a private redis-server.
     pub fn single() -> Self {
-        if let Ok(url) = std::env::var("DLOCK_TEST_REDIS_URL") {
-            return Self {
-                label: "redis",
-                url,
-                _servers: Box::new(()),
-            };
-        }
-        let server = started("redis-server", RedisServer::start());
-        Self {
-            label: "redis",
-            url: server.url(),
-            _servers: Box::new(server),
-        }
+        Self::deployment("redis", "DLOCK_TEST_REDIS_URL", || {
+            let server = started("redis-server", RedisServer::start());
+            (server.url(), Box::new(server))
+        })
     }
 
     /// A primary, a replica and three Sentinels (or `DLOCK_TEST_REDIS_SENTINEL_URL`).
     pub fn sentinel() -> Self {
-        if let Ok(url) = std::env::var("DLOCK_TEST_REDIS_SENTINEL_URL") {
-            return Self {
-                label: "redis-sentinel",
-                url,
-                _servers: Box::new(()),
-            };
-        }
-        let sentinel = started("a Redis Sentinel deployment", RedisSentinel::start());
-        let hosts: Vec<String> = sentinel
-            .sentinel_addrs()
-            .iter()
-            .map(|a| a.to_string())
-            .collect();
-        let url = format!(
-            "redis+sentinel://{}/{}",
-            hosts.join(","),
-            sentinel.master_name()
-        );
-        Self {
-            label: "redis-sentinel",
-            url,
-            _servers: Box::new(sentinel),
-        }
+        Self::deployment("redis-sentinel", "DLOCK_TEST_REDIS_SENTINEL_URL", || {
+            let sentinel = started("a Redis Sentinel deployment", RedisSentinel::start());
+            let url = format!(
+                "redis+sentinel://{}/{}",
+                joined(&sentinel.sentinel_addrs()),
+                sentinel.master_name()
+            );
+            (url, Box::new(sentinel))
+        })
     }
 
     /// Three primaries, each with a replica (or `DLOCK_TEST_REDIS_CLUSTER_URL`).
     pub fn cluster() -> Self {
-        if let Ok(url) = std::env::var("DLOCK_TEST_REDIS_CLUSTER_URL") {
-            return Self {
-                label: "redis-cluster",
-                url,
-                _servers: Box::new(()),
-            };
-        }
-        let cluster = started("a Redis Cluster", RedisCluster::start());
-        let hosts: Vec<String> = cluster.addrs().iter().map(|a| a.to_string()).collect();
-        let url = format!("redis+cluster://{}", hosts.join(","));
-        Self {
-            label: "redis-cluster",
-            url,
-            _servers: Box::new(cluster),
-        }
+        Self::deployment("redis-cluster", "DLOCK_TEST_REDIS_CLUSTER_URL", || {
+            let cluster = started("a Redis Cluster", RedisCluster::start());
+            (
+                format!("redis+cluster://{}", joined(&cluster.addrs())),
+                Box::new(cluster),
+            )
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -106,12 +103,7 @@ impl Harness for RedisHarness {
     }
 
     fn child_env(&self) -> Option<Vec<(String, String)>> {
-        let var = match self.label {
-            "redis-sentinel" => "DLOCK_TEST_REDIS_SENTINEL_URL",
-            "redis-cluster" => "DLOCK_TEST_REDIS_CLUSTER_URL",
-            _ => "DLOCK_TEST_REDIS_URL",
-        };
-        Some(vec![(var.to_owned(), self.url.clone())])
+        Some(vec![(self.url_var.to_owned(), self.url.clone())])
     }
 }
 
@@ -126,63 +118,54 @@ impl Faults for RedisHarness {
     }
 }
 
+fn text(e: impl ToString) -> String {
+    e.to_string()
+}
+
 /// `DEL key` on whichever node owns it.
 pub async fn delete_key(url: &str, key: &str) -> std::result::Result<(), String> {
+    let mut del = redis::cmd("DEL");
+    del.arg(key);
     let deleted: i64 = if let Some(hosts) = url.strip_prefix("redis+cluster://") {
         let nodes: Vec<String> = hosts.split(',').map(|h| format!("redis://{h}")).collect();
-        let client = redis::cluster::ClusterClient::new(nodes).map_err(|e| e.to_string())?;
-        let mut conn = client
-            .get_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
-        redis::cmd("DEL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?
-    } else if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-        let (hosts, master) = rest.split_once('/').ok_or("no master")?;
-        let sentinel = redis::Client::open(format!(
-            "redis://{}",
-            hosts.split(',').next().unwrap_or(hosts)
-        ))
-        .map_err(|e| e.to_string())?;
-        let mut s = sentinel
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
-        let (host, port): (String, u16) = redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(master)
-            .query_async(&mut s)
-            .await
-            .map_err(|e| e.to_string())?;
-        let client =
-            redis::Client::open(format!("redis://{host}:{port}")).map_err(|e| e.to_string())?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
-        redis::cmd("DEL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?
+        let client = redis::cluster::ClusterClient::new(nodes).map_err(text)?;
+        let mut conn = client.get_async_connection().await.map_err(text)?;
+        del.query_async(&mut conn).await.map_err(text)?
     } else {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let node = match url.strip_prefix("redis+sentinel://") {
+            Some(rest) => primary_url(rest).await?,
+            None => url.to_owned(),
+        };
+        let client = redis::Client::open(node).map_err(text)?;
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
-            .map_err(|e| e.to_string())?;
-        redis::cmd("DEL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?
+            .map_err(text)?;
+        del.query_async(&mut conn).await.map_err(text)?
     };
     if deleted == 1 {
         Ok(())
     } else {
         Err(format!("key {key} was not there"))
     }
+}
+
+/// The current primary's URL, asked of the first Sentinel in `SENTINELS/MASTER`.
+async fn primary_url(sentinels_and_master: &str) -> std::result::Result<String, String> {
+    let (hosts, master) = sentinels_and_master
+        .split_once('/')
+        .ok_or("no master name")?;
+    let first = hosts.split(',').next().unwrap_or(hosts);
+    let sentinel = redis::Client::open(format!("redis://{first}")).map_err(text)?;
+    let mut conn = sentinel
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(text)?;
+    let (host, port): (String, u16) = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(master)
+        .query_async(&mut conn)
+        .await
+        .map_err(text)?;
+    Ok(format!("redis://{host}:{port}"))
 }
