@@ -318,7 +318,23 @@ async fn pool_under_pressure_neither_deadlocks_nor_mixes_connections() {
             tokio::spawn(async move { locks.acquire(&n, &wait(Duration::from_secs(2))).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Wait (bounded) until a waiter is blocked in GET_LOCK on the server, holding a connection.
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let mut conn = raw(h.url()).await;
+        let waiting: i64 = conn
+            .fetch_one(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE STATE = 'User lock'",
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no waiter blocked on the server");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let other = locks
         .try_acquire(&names[1], &LockOptions::new())
         .await

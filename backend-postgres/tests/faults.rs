@@ -178,10 +178,14 @@ async fn dead_server_gives_unavailable_promptly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_lockers_than_connections() {
     let url = common::shared_url();
+    let tag = unique("small-pool");
     let small = Arc::new(
-        PostgresLock::connect_url(&with_options(&url, "max_connections=2"))
-            .await
-            .unwrap(),
+        PostgresLock::connect_url(&with_options(
+            &url,
+            &format!("max_connections=2&application_name={tag}"),
+        ))
+        .await
+        .unwrap(),
     );
     // 40 tasks on one name through 2 connections: exact count, no overlap.
     let n = name("coupon-small-pool");
@@ -231,7 +235,11 @@ async fn more_lockers_than_connections() {
             guard.release().await
         }));
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The lockers are queued before the holder lets go: at least one waits on the server.
+    eventually("a locker waiting on the server", || async {
+        advisory_locks(&url, &tag).await.1 > 0
+    })
+    .await;
     for guard in held {
         guard.release().await.unwrap();
     }
