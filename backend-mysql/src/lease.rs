@@ -50,7 +50,8 @@ impl MySqlLease {
         }
     }
 
-    /// `RELEASE_LOCK` on the lease's own connection, handling 1, 0 and NULL.
+    /// `RELEASE_LOCK` on the lease's own connection, handling 1, 0 and NULL. The guard runs it to
+    /// completion (in a `Detach`), so the registry update after the reply is never skipped.
     async fn release_once(&self) -> Result<()> {
         if self.session.is_dead() {
             self.state.mark_lost(LostReason::SessionClosed);

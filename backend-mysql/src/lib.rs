@@ -32,7 +32,13 @@
 //!   `try_acquire` waits 0 s.
 //! - **Waiting** is the server's: a contended `acquire` sends `GET_LOCK(key, wait)` on a
 //!   connection that holds nothing and the server wakes it on release (no polling). Waits longer
-//!   than 30 s are issued again in 30 s pieces, so a dead connection is noticed.
+//!   than 30 s are issued again in 30 s pieces, so a dead connection is noticed. A waiter whose
+//!   connection is killed opens another and keeps waiting within its wait timeout; a dropped
+//!   wait is interrupted with `KILL QUERY`, and a grant that raced the cancel is released.
+//! - **Cancel safety**: every statement runs to completion even if its caller is dropped, and a
+//!   release runs together with the client's record of it, so a task aborted anywhere (inside
+//!   `acquire` or inside `release`) leaves neither a lock on the server nor a client that
+//!   refuses a free name.
 //! - **Release** is `RELEASE_LOCK(key)` on the lock's own connection: 1 is success, 0 (another
 //!   connection holds it) and NULL (nobody does) are [`NotHeld`](dlock_api::LockError::NotHeld).
 //! - **Lost**: every connection is pinged each `keepalive` (1 s); a connection that broke, was

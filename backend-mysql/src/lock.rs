@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_api::raw::{LeaseState, PendingAcquire};
+use dlock_api::raw::{Detach, LeaseState, PendingAcquire, WaitRecovery};
 use dlock_api::{
     Capabilities, DistributedLock, Fencing, FencingToken, LeaseKind, LockError, LockGuard,
     LockName, LockOptions, Result,
@@ -18,7 +18,7 @@ use crate::BACKEND;
 use crate::config::MySqlConfig;
 use crate::error::unavailable;
 use crate::lease::MySqlLease;
-use crate::session::{Detach, Inner, MAX_KEY_CHARS, Session, TryCheckout};
+use crate::session::{Inner, MAX_KEY_CHARS, Session, TryCheckout};
 use crate::sql::{Cmd, Reply};
 
 /// The longest a single blocking `GET_LOCK` waits on the server; longer waits are issued again, so
@@ -423,15 +423,24 @@ impl DistributedLock for MySqlLock {
             return Ok(guard);
         }
         let key = self.inner.key(name);
+        // A wait whose connection is killed waits again on a new one (only a server that stays
+        // unreachable for the connect timeout ends it).
+        let mut recovery = WaitRecovery::new(self.inner.config.connect_timeout);
         loop {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Err(timed_out());
             }
-            let session = self
-                .inner
-                .checkout_dedicated(name, started, deadline)
-                .await?;
+            let session = match self.inner.checkout_dedicated(name, started, deadline).await {
+                Ok(session) => session,
+                Err(error) => match recovery.on_failure(&error, options.retry()) {
+                    Some(delay) => {
+                        sleep_before_retry(delay, deadline).await;
+                        continue;
+                    }
+                    None => return Err(error),
+                },
+            };
             let wait = deadline
                 .map(|d| d.saturating_duration_since(Instant::now()))
                 .unwrap_or(WAIT_CHUNK)
@@ -472,14 +481,26 @@ impl DistributedLock for MySqlLock {
                     pending.disarm();
                     return Err(timed_out());
                 }
-                Ok(None) => pending.disarm(),
+                Ok(None) => {
+                    pending.disarm();
+                    recovery.reached_server();
+                }
                 Err(error) => {
                     pending.disarm();
-                    return Err(error);
+                    match recovery.on_failure(&error, options.retry()) {
+                        Some(delay) => sleep_before_retry(delay, deadline).await,
+                        None => return Err(error),
+                    }
                 }
             }
         }
     }
+}
+
+/// Sleeps `delay`, but not past the wait's deadline.
+async fn sleep_before_retry(delay: Duration, deadline: Option<Instant>) {
+    let wake = Instant::now() + delay;
+    tokio::time::sleep_until(deadline.map_or(wake, |d| d.min(wake))).await;
 }
 
 impl fmt::Debug for MySqlLock {

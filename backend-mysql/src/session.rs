@@ -17,14 +17,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use dlock_api::raw::LeaseState;
+use dlock_api::raw::{Detach, LeaseState};
 use dlock_api::{KeyMapper, LockError, LockName, LostReason, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlSslMode};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
@@ -437,7 +434,7 @@ impl Inner {
     }
 
     /// Runs `cmd` on `session` within `limit`, to completion even if the caller is dropped (see
-    /// [`Detach`]). A connection error or a timeout closes the connection.
+    /// [`Detach`]), so a cancelled caller never leaves a connection mid-protocol. A connection error or a timeout closes the connection.
     pub(crate) async fn call(
         self: &Arc<Self>,
         session: &Arc<Session>,
@@ -525,65 +522,6 @@ impl Inner {
             .filter(|e| !e.blocking)
             .map(|e| e.session.clone())
             .collect()
-    }
-}
-
-/// A future that runs to completion even when dropped: polled in place while its caller waits
-/// (no task hop on the fast path), and moved into a spawned task if the caller goes away first.
-///
-/// Every statement runs inside one, so a cancelled caller never leaves a connection mid-protocol,
-/// and a lock granted after the caller left is released by the guard the finished future drops.
-pub(crate) struct Detach<F: Future + Send + 'static>
-where
-    F::Output: Send + 'static,
-{
-    future: Option<Pin<Box<F>>>,
-}
-
-impl<F: Future + Send + 'static> Detach<F>
-where
-    F::Output: Send + 'static,
-{
-    pub(crate) fn new(future: F) -> Self {
-        Self {
-            future: Some(Box::pin(future)),
-        }
-    }
-}
-
-impl<F: Future + Send + 'static> Future for Detach<F>
-where
-    F::Output: Send + 'static,
-{
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(future) = self.future.as_mut() else {
-            panic!("Detach polled after completion");
-        };
-        let output = std::task::ready!(future.as_mut().poll(cx));
-        self.future = None;
-        Poll::Ready(output)
-    }
-}
-
-impl<F: Future + Send + 'static> Drop for Detach<F>
-where
-    F::Output: Send + 'static,
-{
-    fn drop(&mut self) {
-        if let Some(future) = self.future.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(future);
-                }
-                Err(_) => {
-                    tracing::warn!(
-                        "mysql: a statement was cut off outside a tokio runtime; its connection is dropped with it"
-                    );
-                }
-            }
-        }
     }
 }
 

@@ -762,8 +762,20 @@ impl Client {
                 }
             },
             Ok(Err(e)) => match sqlstate(&e).as_deref() {
-                Some(LOCK_NOT_AVAILABLE) => Ok(None),
-                Some(QUERY_CANCELED) if tx.is_closed() => Ok(None),
+                Some(LOCK_NOT_AVAILABLE) => {
+                    // Seen under load: `lock_timeout` fires as the lock is granted, and the error
+                    // is raised with the lock already in the session's lock table. A session
+                    // lock outlives the failed statement, so unlock (owner-checked: `false` if
+                    // it was not granted) before this connection is used again, or close it.
+                    self.undo(session, &mut guard, key).await;
+                    Ok(None)
+                }
+                Some(QUERY_CANCELED) if tx.is_closed() => {
+                    // Our cancel can land the same way, after the grant (or while the token
+                    // is taken): undo as above.
+                    self.undo(session, &mut guard, key).await;
+                    Ok(None)
+                }
                 _ if is_connection_error(&e) => {
                     self.kill(session, &mut guard, "connection failed during a lock wait");
                     Err(map_err(e))

@@ -59,9 +59,13 @@
 //! - **Crash liveness**: if the client process dies, its connections close and the server frees
 //!   the locks at once; if the client's host vanishes without closing them, the server's TCP
 //!   keepalive (set per connection: 10 s idle, 5 s × 3 probes, about 25 s) ends the session.
-//! - **Cancel safety**: a dropped `acquire` sends `pg_cancel_backend` for its server-side wait
-//!   and releases the lock if the grant raced the cancel; a dropped non-blocking attempt queues
-//!   an owner-checked unlock on its session.
+//! - **Cancel safety**: a dropped `acquire` sends `pg_cancel_backend` for its server-side wait.
+//!   A cancel (or `lock_timeout`) can land after the server granted the lock inside the
+//!   statement, and a session lock outlives the failed statement: so every wait that ends
+//!   without a guard is undone with an owner-checked `pg_advisory_unlock` before its
+//!   connection is used again (or the connection is closed). A dropped non-blocking attempt
+//!   queues the same unlock on its session. A waiter whose connection is killed opens a new
+//!   one and keeps waiting within its wait timeout.
 //!
 //! ## URL
 //! `postgres://[user[:password]@]host[:port][/database][?option=value…]` (or `postgresql://`);

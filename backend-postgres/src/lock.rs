@@ -4,14 +4,14 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dlock_api::raw::LeaseState;
+use dlock_api::raw::{LeaseState, WaitRecovery};
 use dlock_api::{
     Capabilities, DistributedLock, Fencing, FencingToken, LeaseKind, LockError, LockGuard,
     LockName, LockOptions, Result,
 };
 use sqlx::Row;
 use sqlx::postgres::PgConnection;
-use tokio::time::{Duration, Instant, timeout};
+use tokio::time::{Duration, Instant, sleep_until, timeout};
 
 use crate::BACKEND;
 use crate::client::{Client, Exclusive, Session, WaitOutcome, open_connection};
@@ -140,13 +140,29 @@ impl PostgresLock {
         }
         let mut polls = 0u32;
         let mut next_poll = Instant::now() + options.retry().delay(0);
+        // A wait whose connection is killed waits again on a new one (only a server that stays
+        // unreachable for the connect timeout ends it).
+        let mut recovery = WaitRecovery::new(self.inner.config.connect_timeout);
+        let mut retry_after = |error: LockError| match recovery.on_failure(&error, options.retry())
+        {
+            Some(delay) => Ok(Instant::now() + delay),
+            None => Err(error),
+        };
         loop {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Err(timed_out_now());
             }
             let wake_at = deadline.map_or(next_poll, |d| d.min(next_poll));
-            let session = match self.inner.take_exclusive(Some(wake_at)).await? {
+            let exclusive = match self.inner.take_exclusive(Some(wake_at)).await {
+                Ok(exclusive) => exclusive,
+                Err(error) => {
+                    let again = retry_after(error)?;
+                    sleep_until(deadline.map_or(again, |d| d.min(again))).await;
+                    continue;
+                }
+            };
+            let session = match exclusive {
                 Exclusive::Session(session) => session,
                 Exclusive::Woke => {
                     // Every connection holds other locks or waits: fall back to polling with
@@ -184,7 +200,10 @@ impl PostgresLock {
                     return Ok(self.guard(key, raw, session, token, state, options));
                 }
                 Ok(Ok(WaitOutcome::NotGranted)) => continue,
-                Ok(Err(error)) => return Err(error),
+                Ok(Err(error)) => {
+                    let again = retry_after(error)?;
+                    sleep_until(deadline.map_or(again, |d| d.min(again))).await;
+                }
                 Err(_) => return Err(unavailable("the lock wait task ended unexpectedly")),
             }
         }

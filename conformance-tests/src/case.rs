@@ -2,12 +2,12 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use dlock_api::{Capabilities, DistributedLock, Fencing, LeaseKind, LockError, LockName};
 use futures::future::BoxFuture;
 
-use crate::harness::{Faults, Harness, Timing};
+use crate::harness::{Fault, Faults, Harness, Timing};
 
 /// Why a case failed.
 #[derive(Debug)]
@@ -44,8 +44,8 @@ pub struct Needs {
     /// Fencing tokens (strict, or best effort: the cases check normal operation, not the failures a
     /// best-effort backend documents).
     pub fencing: bool,
-    /// Harness fault hooks.
-    pub faults: bool,
+    /// A harness fault hook.
+    pub fault: Option<Fault>,
     /// A harness a child process can reach ([`Harness::child_env`]).
     pub child_process: bool,
 }
@@ -53,7 +53,6 @@ pub struct Needs {
 impl Needs {
     /// Why a case with these needs cannot run against `caps` and `harness`, if it cannot.
     pub fn unmet(&self, caps: &Capabilities, harness: &dyn Harness) -> Option<&'static str> {
-        let has_faults = harness.faults().is_some();
         if self.child_process && harness.child_env().is_none() {
             return Some("needs a harness that a child process can reach");
         }
@@ -66,8 +65,17 @@ impl Needs {
         if self.fencing && caps.fencing == Fencing::None {
             return Some("backend has no fencing tokens");
         }
-        if self.faults && !has_faults {
-            return Some("needs a test harness with fault hooks");
+        if let Some(fault) = self.fault {
+            match harness.faults() {
+                None => return Some("needs a test harness with fault hooks"),
+                Some(faults) if !faults.supports(fault) => {
+                    return Some(match fault {
+                        Fault::KillHolder => "harness cannot kill a holder",
+                        Fault::KillWaiters => "harness cannot kill waiting connections",
+                    });
+                }
+                Some(_) => {}
+            }
         }
         None
     }
@@ -99,6 +107,8 @@ pub struct Ctx {
     harness: Arc<dyn Harness>,
     case: &'static str,
     run: Arc<str>,
+    /// Every name the case asked for, for the residue check after it.
+    used: Arc<Mutex<Vec<LockName>>>,
 }
 
 impl fmt::Debug for Ctx {
@@ -113,14 +123,29 @@ impl fmt::Debug for Ctx {
 impl Ctx {
     /// A context for `case` in the run `run` (a random id shared by one run's cases).
     pub fn new(harness: Arc<dyn Harness>, case: &'static str, run: Arc<str>) -> Self {
-        Self { harness, case, run }
+        Self {
+            harness,
+            case,
+            run,
+            used: Arc::default(),
+        }
+    }
+
+    /// The names this case has used so far.
+    pub fn used_names(&self) -> Vec<LockName> {
+        self.used.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// A name no other case or run uses: `dlock-test/<run>/<case>/<suffix>`. The suite never
     /// flushes a server; isolation is by name.
     pub fn name(&self, suffix: &str) -> LockName {
-        LockName::new(format!("dlock-test/{}/{}/{suffix}", self.run, self.case))
-            .expect("test names are valid")
+        let name = LockName::new(format!("dlock-test/{}/{}/{suffix}", self.run, self.case))
+            .expect("test names are valid");
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        if !used.contains(&name) {
+            used.push(name.clone());
+        }
+        name
     }
 
     /// A fresh, independent client.
@@ -139,6 +164,11 @@ impl Ctx {
     /// The environment a child process needs to reach the same deployment, if it can.
     pub fn child_env(&self) -> Option<Vec<(String, String)>> {
         self.harness.child_env()
+    }
+
+    /// The harness itself.
+    pub fn harness(&self) -> &Arc<dyn Harness> {
+        &self.harness
     }
 
     /// The time scale.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_api::{DistributedLock, LockName, Result};
+use dlock_api::{DistributedLock, LockName, LockOptions, Renewal, Result};
 
 /// One deployment under test: a backend in one topology (`redis`, `redis-cluster`, `memory`, …).
 #[async_trait]
@@ -34,14 +34,64 @@ pub trait Harness: Send + Sync + 'static {
     fn timing(&self) -> Timing {
         Timing::default()
     }
+
+    /// What is left on the server of `names`: locks held, waiters queued (not what a backend keeps
+    /// by design, such as fencing counters). Empty means clean. The runner calls it after every
+    /// case, with every name the case used, until it is empty or the timing's bound passes, so a
+    /// lock or waiter that outlives the clients that made it fails the case instead of passing
+    /// silently.
+    ///
+    /// The default asks a fresh client to take each name at once: it sees held locks, not queued
+    /// waiters. Harnesses that can read the server (keys under a prefix, `pg_locks`,
+    /// `IS_USED_LOCK`) say more.
+    async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
+        let client = self.client().await.map_err(|e| e.to_string())?;
+        let mut left = Vec::new();
+        for name in names {
+            let mut options = LockOptions::new();
+            if !client.capabilities().extend {
+                options = options.with_renewal(Renewal::Off);
+            }
+            match client.try_acquire(name, &options).await {
+                Ok(Some(guard)) => guard.release().await.map_err(|e| e.to_string())?,
+                Ok(None) => left.push(format!("{name} is held")),
+                Err(error) => return Err(format!("checking {name}: {error}")),
+            }
+        }
+        Ok(left)
+    }
+}
+
+/// A fault a harness may be able to inject; cases that need one it cannot show as not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// [`Faults::kill_holder`].
+    KillHolder,
+    /// [`Faults::kill_waiters`].
+    KillWaiters,
 }
 
 /// Server-side faults a harness can inject.
 #[async_trait]
 pub trait Faults: Send + Sync {
+    /// Whether this harness can inject `fault`. The default: [`Fault::KillHolder`] only.
+    fn supports(&self, fault: Fault) -> bool {
+        fault == Fault::KillHolder
+    }
+
     /// Ends the current holder's hold on `name` from the server side, as a crashed server, a
     /// killed connection (`KILL`, `pg_terminate_backend`) or an expired session would.
     async fn kill_holder(&self, name: &LockName) -> std::result::Result<(), String>;
+
+    /// Ends, from the server side, the connections of clients **waiting** for `name` (as `KILL`,
+    /// `pg_terminate_backend`, `CLIENT KILL` or a network reset would), leaving its holder alone
+    /// where the backend allows. Waits (within the timing's bound) until a waiter shows on the
+    /// server first; returns how many connections it ended.
+    async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
+        let _ = name;
+        Err("this harness cannot kill waiters".into())
+    }
 }
 
 /// Durations the cases use.

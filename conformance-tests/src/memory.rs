@@ -33,6 +33,14 @@ impl Harness for MemoryHarness {
     fn faults(&self) -> Option<&dyn Faults> {
         Some(self)
     }
+
+    async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
+        Ok(names
+            .iter()
+            .filter(|name| self.store.is_in_use(name))
+            .map(|name| format!("{name} is held or waited for"))
+            .collect())
+    }
 }
 
 #[async_trait]

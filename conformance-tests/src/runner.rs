@@ -23,9 +23,39 @@ fn trial_name(case: &Case) -> String {
 async fn run_case(case: &Case, ctx: Ctx) -> Result<(), Failure> {
     // A hung case must fail, not hang the suite: every case's own waits are far shorter.
     let limit = ctx.timing().bound * 4;
-    match tokio::time::timeout(limit, (case.run)(ctx)).await {
-        Ok(result) => result,
-        Err(_) => Err(Failure(format!("the case did not finish within {limit:?}"))),
+    match tokio::time::timeout(limit, (case.run)(ctx.clone())).await {
+        Ok(result) => result?,
+        Err(_) => return Err(Failure(format!("the case did not finish within {limit:?}"))),
+    }
+    check_residue(&ctx).await
+}
+
+/// After a passing case: nothing of the names it used may stay on the server (a lock held or a
+/// waiter queued by a client that is gone). Background releases of dropped guards need a moment,
+/// so the server is read again until it is clean or the bound passes.
+async fn check_residue(ctx: &Ctx) -> Result<(), Failure> {
+    let names = ctx.used_names();
+    if names.is_empty() {
+        return Ok(());
+    }
+    let bound = ctx.timing().bound;
+    let give_up = tokio::time::Instant::now() + bound;
+    loop {
+        let left = ctx
+            .harness()
+            .residue(&names)
+            .await
+            .map_err(|e| Failure(format!("residue check failed: {e}")))?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= give_up {
+            return Err(Failure(format!(
+                "left on the server {bound:?} after the case: {}",
+                left.join("; ")
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

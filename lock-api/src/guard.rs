@@ -205,15 +205,17 @@ impl LockGuard {
     ///   its lease or session.
     ///
     /// # Cancel safety
-    /// Not cancel safe: if dropped mid-way, the release may or may not have happened, and no
-    /// background release follows. The lock then ends with its lease or session.
+    /// Cancel safe: the release runs to completion in the background if this future is dropped
+    /// (a `select!`, a timeout, an aborted task), so the lock is released and the client's own
+    /// records of it are updated either way; only the result is lost
+    /// (`cancel::aborted_release_leaves_client_usable`).
     pub async fn release(mut self) -> Result<()> {
         let lease = self.lease.take().expect("lease present until release");
         self.state.close();
         let lost_before = (!self.state.is_held())
             .then(|| self.state.lost_reason())
             .flatten();
-        let released = lease.release().await;
+        let released = crate::raw::Detach::new(async move { lease.release().await }).await;
         match (lost_before, released) {
             (Some(reason), _) => Err(LockError::Lost {
                 name: self.name.to_string(),

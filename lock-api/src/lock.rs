@@ -44,7 +44,8 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping the future at any await point leaves no lock held beyond an
-    /// owner-checked background release.
+    /// owner-checked background release, and the client's records right
+    /// (`cancel::dropped_acquire_race_leaves_nothing`, `cancel::storm_leaves_every_name_free`).
     async fn try_acquire(
         &self,
         name: &LockName,
@@ -66,9 +67,14 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
     /// [`LockError::Timeout`], [`LockError::InvalidArgument`], [`LockError::Unavailable`],
     /// [`LockError::Backend`].
     ///
+    /// A waiter whose connection is killed reconnects and keeps waiting within its wait timeout
+    /// (`waiting::waiter_survives_killed_connection`); only a server that stays unreachable ends
+    /// the wait early, with [`LockError::Unavailable`].
+    ///
     /// # Cancel safety
-    /// Cancel safe: dropping the future leaves no lock held and no waiter registered
-    /// (`cancel::dropped_acquire_leaves_nothing`); the caller loses its place in the queue.
+    /// Cancel safe: dropping the future at any await point leaves no lock held, no waiter
+    /// registered, and no client that refuses the name later (`cancel::dropped_acquire_leaves_nothing`,
+    /// `cancel::storm_leaves_every_name_free`); the caller loses its place in the queue.
     async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard>;
 }
 

@@ -103,6 +103,12 @@ impl MariaDb {
                 "--skip-name-resolve",
             ])
             .args(["--max-connections=300"])
+            // Tests find who waits for which `GET_LOCK` key in performance_schema.metadata_locks
+            // (PROCESSLIST shows a prepared statement's placeholders, not its key).
+            .args([
+                "--performance-schema=ON",
+                "--performance-schema-instrument=wait/lock/metadata/sql/mdl=ON",
+            ])
             .arg(&tmpdir)
             .args(COMMON)
             .cwd(dir.path());

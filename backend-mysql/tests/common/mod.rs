@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Faults, Harness};
+use dlock_conformance::{Fault, Faults, Harness};
 use dlock_mysql::MySqlLock;
 use dlock_test_servers::{MariaDb, shared_mariadb};
 use sqlx::mysql::MySqlConnection;
@@ -86,6 +86,41 @@ impl Harness for MySqlHarness {
     fn child_env(&self) -> Option<Vec<(String, String)>> {
         Some(vec![("DLOCK_TEST_MYSQL_URL".to_owned(), self.url.clone())])
     }
+
+    /// `IS_USED_LOCK` of each name's key: held by any connection.
+    async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
+        let (url, names) = (self.url.clone(), names.to_vec());
+        // Spawned: sqlx's futures trip async-trait's `Send` inference otherwise.
+        tokio::spawn(async move {
+            let probe = MySqlLock::connect_url(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut conn = MySqlConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut left = Vec::new();
+            for name in &names {
+                let key = probe.key(name);
+                let query = sqlx::query("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)").bind(&key);
+                let row = conn.fetch_one(query).await.map_err(|e| e.to_string())?;
+                if let Some(id) = row
+                    .try_get::<Option<i64>, _>(0)
+                    .map_err(|e| e.to_string())?
+                {
+                    left.push(format!("{key} held by connection {id}"));
+                }
+                // A server without performance_schema shows only holders.
+                if let Ok(waiting) = lock_waiters(&url, &key).await {
+                    if !waiting.is_empty() {
+                        left.push(format!("{key} waited for by connections {waiting:?}"));
+                    }
+                }
+            }
+            Ok(left)
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
 }
 
 #[async_trait]
@@ -108,4 +143,59 @@ impl Faults for MySqlHarness {
         .await
         .map_err(|e| e.to_string())?
     }
+
+    fn supports(&self, _fault: Fault) -> bool {
+        true
+    }
+
+    /// `KILL`s the connections whose statement waits in `GET_LOCK` on the name's key (state
+    /// `User lock`), once there is one.
+    async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
+        let (url, name) = (self.url.clone(), name.clone());
+        tokio::spawn(async move {
+            let key = MySqlLock::connect_url(&url)
+                .await
+                .map_err(|e| e.to_string())?
+                .key(&name);
+            let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+            let waiting = loop {
+                let waiting = lock_waiters(&url, &key).await?;
+                if !waiting.is_empty() {
+                    break waiting;
+                }
+                if tokio::time::Instant::now() >= give_up {
+                    return Err(format!("nobody waits for {key} after 30 s"));
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            };
+            for id in &waiting {
+                kill_connection(&url, *id).await?;
+            }
+            Ok(waiting.len())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+}
+
+/// The connections waiting in `GET_LOCK` for `key`, from performance_schema's metadata locks
+/// (the test servers run with it on; PROCESSLIST shows placeholders, not the key).
+pub async fn lock_waiters(url: &str, key: &str) -> std::result::Result<Vec<u64>, String> {
+    let mut conn = MySqlConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let rows = sqlx::query(
+        "SELECT CAST(t.PROCESSLIST_ID AS SIGNED) FROM performance_schema.metadata_locks m \
+         JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID \
+         WHERE m.OBJECT_TYPE = 'USER LEVEL LOCK' AND m.LOCK_STATUS = 'PENDING' \
+         AND m.OBJECT_NAME = ?",
+    )
+    .bind(key)
+    .fetch_all(&mut conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    rows.iter()
+        .map(|row| row.try_get::<i64, _>(0).map(|id| id as u64))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| e.to_string())
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Faults, Harness};
+use dlock_conformance::{Fault, Faults, Harness};
 use dlock_postgres::{AdvisoryKey, PostgresLock};
 use dlock_test_servers::Postgres;
 use sqlx::{Connection, PgConnection, Row};
@@ -83,6 +83,49 @@ impl Harness for PgHarness {
             self.url.clone(),
         )])
     }
+
+    /// `pg_locks` rows (held or awaited) of each name's advisory key.
+    async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
+        let mut conn = PgConnection::connect(&self.url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut left = Vec::new();
+        for name in names {
+            let rows = advisory_rows(&mut conn, &AdvisoryKey::Name(name.clone())).await?;
+            if !rows.is_empty() {
+                left.push(format!("{name}: {}", rows.join(", ")));
+            }
+        }
+        Ok(left)
+    }
+}
+
+/// The `pg_locks` rows of `key`, each as `held|waiting by pid N (state, last statement)`.
+pub async fn advisory_rows(
+    conn: &mut PgConnection,
+    key: &AdvisoryKey,
+) -> std::result::Result<Vec<String>, String> {
+    let (classid, objid, objsubid) = key.pg_locks_ids();
+    let rows = sqlx::query(
+        "SELECT l.granted, l.pid, a.state, left(a.query, 60) FROM pg_locks l \
+         LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' \
+         AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid AND l.objsubid = $3",
+    )
+    .bind(classid as i64)
+    .bind(objid as i64)
+    .bind(objsubid)
+    .fetch_all(conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let (granted, pid, state, query): (bool, i32, Option<String>, Option<String>) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            let how = if granted { "held" } else { "waiting" };
+            format!("{how} by pid {pid} ({state:?}, last {query:?})")
+        })
+        .collect())
 }
 
 #[async_trait]
@@ -95,6 +138,27 @@ impl Faults for PgHarness {
         }
         Ok(())
     }
+
+    fn supports(&self, _fault: Fault) -> bool {
+        true
+    }
+
+    /// `pg_terminate_backend` on the sessions waiting for the name's advisory lock, once there
+    /// is one.
+    async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
+        let key = AdvisoryKey::Name(name.clone());
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let killed = terminate(&self.url, &key, false).await?;
+            if killed > 0 {
+                return Ok(killed as usize);
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(format!("nobody waits for {name} after 30 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 /// A plain sqlx connection for inspecting the server.
@@ -106,17 +170,28 @@ pub async fn sql(url: &str) -> PgConnection {
 
 /// Terminates every backend holding `key`; returns how many.
 pub async fn terminate_holder(url: &str, key: &AdvisoryKey) -> std::result::Result<i64, String> {
+    terminate(url, key, true).await
+}
+
+/// Terminates every backend holding (`granted`) or waiting for `key`; returns how many.
+async fn terminate(
+    url: &str,
+    key: &AdvisoryKey,
+    granted: bool,
+) -> std::result::Result<i64, String> {
     let (classid, objid, objsubid) = key.pg_locks_ids();
     let mut conn = PgConnection::connect(url)
         .await
         .map_err(|e| e.to_string())?;
     let row = sqlx::query(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' \
-         AND granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3",
+         AND granted = $4 AND classid = $1::bigint::oid AND objid = $2::bigint::oid \
+         AND objsubid = $3",
     )
     .bind(classid as i64)
     .bind(objid as i64)
     .bind(objsubid)
+    .bind(granted)
     .fetch_one(&mut conn)
     .await
     .map_err(|e| e.to_string())?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Faults, Harness};
+use dlock_conformance::{Fault, Faults, Harness};
 use dlock_redis::{LockKeys, RedisConfig, RedisLock};
 use dlock_test_servers::{RedisCluster, RedisSentinel, RedisServer};
 
@@ -105,6 +105,25 @@ impl Harness for RedisHarness {
     fn child_env(&self) -> Option<Vec<(String, String)>> {
         Some(vec![(self.url_var.to_owned(), self.url.clone())])
     }
+
+    /// The lock key, the waiter queue and the waiters' records of each name (the fence counter
+    /// stays by design).
+    async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
+        let config = RedisConfig::from_url(&self.url).map_err(text)?;
+        let mut left = Vec::new();
+        for name in names {
+            let keys = LockKeys::new(&config.prefix, name);
+            for key in [&keys.lock, &keys.queue, &keys.waiters] {
+                let mut exists = redis::cmd("EXISTS");
+                exists.arg(key);
+                let found: i64 = query_for_key(&self.url, &exists).await?;
+                if found > 0 {
+                    left.push(format!("key {key}"));
+                }
+            }
+        }
+        Ok(left)
+    }
 }
 
 #[async_trait]
@@ -116,33 +135,90 @@ impl Faults for RedisHarness {
         let keys = LockKeys::new(&config.prefix, name);
         delete_key(&self.url, &keys.lock).await
     }
+
+    fn supports(&self, _fault: Fault) -> bool {
+        true
+    }
+
+    /// Once a waiter is queued for `name`, `CLIENT KILL`s every client connection (normal and
+    /// pub/sub) on every node, as a proxy or network reset would. The holder's lease is a TTL and
+    /// survives its connection.
+    async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
+        let config = RedisConfig::from_url(&self.url).map_err(text)?;
+        let keys = LockKeys::new(&config.prefix, name);
+        let mut exists = redis::cmd("EXISTS");
+        exists.arg(&keys.queue);
+        let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        while query_for_key::<i64>(&self.url, &exists).await? == 0 {
+            if tokio::time::Instant::now() >= give_up {
+                return Err(format!("no waiter queued for {name} after 30 s"));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let mut killed = 0;
+        for node in node_urls(&self.url).await? {
+            let client = redis::Client::open(node).map_err(text)?;
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(text)?;
+            for kind in ["normal", "pubsub"] {
+                let n: i64 = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("TYPE")
+                    .arg(kind)
+                    .arg("SKIPME")
+                    .arg("yes")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(text)?;
+                killed += n as usize;
+            }
+        }
+        Ok(killed)
+    }
+}
+
+/// The URL of every data node of the deployment `url` names (the primary, for Sentinel).
+async fn node_urls(url: &str) -> std::result::Result<Vec<String>, String> {
+    if let Some(hosts) = url.strip_prefix("redis+cluster://") {
+        return Ok(hosts.split(',').map(|h| format!("redis://{h}")).collect());
+    }
+    match url.strip_prefix("redis+sentinel://") {
+        Some(rest) => Ok(vec![primary_url(rest).await?]),
+        None => Ok(vec![url.to_owned()]),
+    }
 }
 
 fn text(e: impl ToString) -> String {
     e.to_string()
 }
 
-/// `DEL key` on whichever node owns it.
-pub async fn delete_key(url: &str, key: &str) -> std::result::Result<(), String> {
-    let mut del = redis::cmd("DEL");
-    del.arg(key);
-    let deleted: i64 = if let Some(hosts) = url.strip_prefix("redis+cluster://") {
-        let nodes: Vec<String> = hosts.split(',').map(|h| format!("redis://{h}")).collect();
-        let client = redis::cluster::ClusterClient::new(nodes).map_err(text)?;
+/// Runs a one-key command on whichever node owns the key.
+async fn query_for_key<T: redis::FromRedisValue>(
+    url: &str,
+    cmd: &redis::Cmd,
+) -> std::result::Result<T, String> {
+    if url.starts_with("redis+cluster://") {
+        let client = redis::cluster::ClusterClient::new(node_urls(url).await?).map_err(text)?;
         let mut conn = client.get_async_connection().await.map_err(text)?;
-        del.query_async(&mut conn).await.map_err(text)?
+        cmd.query_async(&mut conn).await.map_err(text)
     } else {
-        let node = match url.strip_prefix("redis+sentinel://") {
-            Some(rest) => primary_url(rest).await?,
-            None => url.to_owned(),
-        };
+        let node = node_urls(url).await?.remove(0);
         let client = redis::Client::open(node).map_err(text)?;
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
             .map_err(text)?;
-        del.query_async(&mut conn).await.map_err(text)?
-    };
+        cmd.query_async(&mut conn).await.map_err(text)
+    }
+}
+
+/// `DEL key` on whichever node owns it.
+pub async fn delete_key(url: &str, key: &str) -> std::result::Result<(), String> {
+    let mut del = redis::cmd("DEL");
+    del.arg(key);
+    let deleted: i64 = query_for_key(url, &del).await?;
     if deleted == 1 {
         Ok(())
     } else {

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use dlock_api::LockOptions;
+use dlock_api::{LockName, LockOptions};
+use rand::Rng;
 
 use crate::{CaseResult, Ctx, Failure, ensure};
 
@@ -64,4 +65,148 @@ pub async fn dropped_acquire_race_leaves_nothing(ctx: Ctx) -> CaseResult {
         .map_err(|e| Failure(format!("a cancelled acquire left the lock held: {e}")))?;
     free.release().await?;
     Ok(())
+}
+
+/// Many acquires cut short at random points (a `timeout` around the call, a short wait timeout,
+/// an aborted task, including aborts inside `release`), against holders that come and go, leave
+/// every name free: each client, and a fresh one, can take every name afterwards. Repeated in
+/// rounds so that an intermittent leak cannot pass by luck.
+pub async fn storm_leaves_every_name_free(ctx: Ctx) -> CaseResult {
+    const CLIENTS: usize = 3;
+    const NAMES: usize = 3;
+    const ROUNDS: usize = 6;
+    const TASKS: usize = 36;
+    let mut clients = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        clients.push(ctx.client().await?);
+    }
+    let names: Vec<LockName> = (0..NAMES).map(|i| ctx.name(&format!("n{i}"))).collect();
+    let bound = ctx.timing().bound;
+    for _ in 0..ROUNDS {
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut cuts = Vec::with_capacity(TASKS);
+        for t in 0..TASKS {
+            let (client, name) = (clients[t % CLIENTS].clone(), names[t % NAMES].clone());
+            let (hold, cut, wait) = {
+                let mut rng = rand::rng();
+                (
+                    Duration::from_micros(rng.random_range(0..3_000)),
+                    Duration::from_micros(rng.random_range(0..25_000)),
+                    Duration::from_micros(rng.random_range(1_000..40_000)),
+                )
+            };
+            // Every third task holds for real (wait for the lock, hold, release); the others
+            // are cut short by a wait timeout, a `timeout` around the call, or an abort.
+            let opts = match t % 3 {
+                0 => LockOptions::new().with_wait_timeout(bound),
+                _ => LockOptions::new().with_wait_timeout(wait),
+            };
+            let work = async move {
+                let guard = client.acquire(&name, &opts).await?;
+                tokio::time::sleep(hold).await;
+                guard.release().await
+            };
+            match t % 3 {
+                0 => {
+                    tasks.spawn(async move {
+                        let _ = work.await;
+                    });
+                }
+                1 => {
+                    tasks.spawn(async move {
+                        let _ = tokio::time::timeout(cut, work).await;
+                    });
+                }
+                _ => {
+                    let handle = tasks.spawn(async move {
+                        let _ = work.await;
+                    });
+                    cuts.push((cut, handle));
+                }
+            }
+        }
+        cuts.sort_by_key(|(cut, _)| *cut);
+        let started = tokio::time::Instant::now();
+        for (cut, handle) in cuts {
+            tokio::time::sleep_until(started + cut).await;
+            handle.abort();
+        }
+        ctx.within("the storm's tasks to end", async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await?;
+    }
+    // A fresh client first: it sees what is left on the server; then each storm client, which
+    // must not refuse a free name because of its own records.
+    let fresh = ctx.client().await?;
+    let wait = LockOptions::new().with_wait_timeout(bound);
+    for (i, client) in std::iter::once(&fresh).chain(clients.iter()).enumerate() {
+        for name in &names {
+            match client.acquire(name, &wait).await {
+                Ok(guard) => guard.release().await?,
+                Err(e) => {
+                    let who = if i == 0 {
+                        "a fresh client".to_owned()
+                    } else {
+                        format!("storm client {}", i - 1)
+                    };
+                    let left = ctx.harness().residue(&names).await;
+                    return Err(Failure(format!(
+                        "after the storm, {who} could not take {name}: {e}; on the server: {left:?}"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A task aborted inside `guard.release().await`, at every point from before the request to
+/// after the reply, leaves the lock free and the client able to take it again at once.
+pub async fn aborted_release_leaves_client_usable(ctx: Ctx) -> CaseResult {
+    const ROUNDS: u32 = 60;
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    // How long a release takes here, so the aborts spread over the whole of one.
+    let mut release_time = Duration::ZERO;
+    for _ in 0..5 {
+        let guard = a.acquire(&name, &wait).await?;
+        let started = std::time::Instant::now();
+        guard.release().await?;
+        release_time = release_time.max(started.elapsed());
+    }
+    for round in 0..ROUNDS {
+        let guard = a.acquire(&name, &wait).await.map_err(|e| {
+            Failure(format!(
+                "round {round}: the client could not take its own released name again: {e}"
+            ))
+        })?;
+        let releasing = tokio::spawn(async move { guard.release().await });
+        // From 0 to twice a release, finer than the timer's 1 ms: before the request, in
+        // flight, after the reply.
+        spin_for(release_time * 2 * round / ROUNDS).await;
+        releasing.abort();
+        let _ = releasing.await;
+    }
+    let other = b
+        .acquire(&name, &wait)
+        .await
+        .map_err(|e| Failure(format!("another client could not take the name: {e}")))?;
+    other.release().await?;
+    let again = a.acquire(&name, &wait).await.map_err(|e| {
+        Failure(format!(
+            "after aborted releases, the client refuses the free name: {e}"
+        ))
+    })?;
+    again.release().await?;
+    Ok(())
+}
+
+/// Lets other tasks run for about `delay`, at a finer grain than tokio's 1 ms timer.
+async fn spin_for(delay: Duration) {
+    let started = std::time::Instant::now();
+    while started.elapsed() < delay {
+        tokio::task::yield_now().await;
+    }
 }

@@ -13,12 +13,13 @@ pub mod renewal;
 pub mod waiting;
 
 use crate::case::{Case, Needs};
+use crate::harness::Fault;
 
 const NONE: Needs = Needs {
     extend: false,
     ttl_lease: false,
     fencing: false,
-    faults: false,
+    fault: None,
     child_process: false,
 };
 const TTL: Needs = Needs {
@@ -43,8 +44,12 @@ const CHILD: Needs = Needs {
     child_process: true,
     ..NONE
 };
-const FAULTS: Needs = Needs {
-    faults: true,
+const KILL_HOLDER: Needs = Needs {
+    fault: Some(Fault::KillHolder),
+    ..NONE
+};
+const KILL_WAITERS: Needs = Needs {
+    fault: Some(Fault::KillWaiters),
     ..NONE
 };
 
@@ -67,6 +72,7 @@ static CASES: &[Case] = &[
     case!(waiting::acquire_times_out_within_bound, NONE),
     case!(waiting::release_wakes_waiter, NONE),
     case!(waiting::waiters_acquire_in_turn, NONE),
+    case!(waiting::waiter_survives_killed_connection, KILL_WAITERS),
     case!(ownership::stale_guard_cannot_release, TTL),
     case!(ownership::stale_guard_cannot_extend, TTL),
     case!(ownership::release_frees_for_others, NONE),
@@ -78,12 +84,14 @@ static CASES: &[Case] = &[
     case!(renewal::extend_moves_the_deadline, EXTEND),
     case!(renewal::max_hold_time_releases, NONE),
     case!(lost::fires_when_lease_ends_without_renewal, TTL),
-    case!(lost::fires_when_holder_killed, FAULTS),
+    case!(lost::fires_when_holder_killed, KILL_HOLDER),
     case!(lost::with_lock_stops_work_when_lost, TTL),
     case!(lost::with_lock_releases_after_work, NONE),
     case!(crash::crashed_holder_process_frees_the_lock, CHILD),
     case!(cancel::dropped_acquire_leaves_nothing, NONE),
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),
+    case!(cancel::storm_leaves_every_name_free, NONE),
+    case!(cancel::aborted_release_leaves_client_usable, NONE),
     case!(names::unicode_names_work, NONE),
     case!(names::names_are_case_sensitive, NONE),
     case!(names::names_differ_after_byte_64, NONE),

@@ -106,3 +106,40 @@ pub async fn waiters_acquire_in_turn(ctx: Ctx) -> CaseResult {
     }
     Ok(())
 }
+
+/// A waiter whose server connection is killed keeps waiting within its wait timeout: it
+/// reconnects and takes the lock when the holder releases, rather than failing with
+/// `Unavailable` (contract item 5: only a server that stays unreachable ends a wait early).
+pub async fn waiter_survives_killed_connection(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let holder = a.acquire(&name, &LockOptions::new()).await?;
+    let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let waiter = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let guard = b.acquire(&name, &wait).await?;
+            guard.release().await
+        })
+    };
+    let faults = ctx
+        .faults()
+        .ok_or_else(|| Failure("no fault hooks".into()))?;
+    let killed = faults.kill_waiters(&name).await.map_err(Failure)?;
+    ensure!(killed > 0, "the harness killed no waiting connection");
+    ensure!(
+        holder.is_held(),
+        "the holder lost its lock when only waiters were killed"
+    );
+    holder.release().await?;
+    let outcome = ctx
+        .within("the waiter after the holder released", waiter)
+        .await?
+        .map_err(|e| Failure(format!("the waiting task panicked: {e}")))?;
+    outcome.map_err(|e| {
+        Failure(format!(
+            "the waiter gave up after its connection was killed: {e}"
+        ))
+    })?;
+    Ok(())
+}

@@ -89,6 +89,11 @@ impl MemoryLock {
         self.store.evict(name)
     }
 
+    /// Whether `name` is held or waited for right now. For tests that check nothing leaked.
+    pub fn is_in_use(&self, name: &LockName) -> bool {
+        self.store.in_use(name)
+    }
+
     /// How many names are held or waited for. Zero after a test means nothing leaked.
     pub fn active_names(&self) -> usize {
         self.store.active_names()

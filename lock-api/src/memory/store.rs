@@ -221,4 +221,14 @@ impl Store {
             .retain(|_, e| e.holder.is_some() || !e.waiters.is_empty());
         inner.locks.len()
     }
+
+    /// Whether `name` is held or waited for.
+    pub(super) fn in_use(&self, name: &LockName) -> bool {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        inner.locks.get_mut(name).is_some_and(|e| {
+            e.expire(now);
+            e.holder.is_some() || !e.waiters.is_empty()
+        })
+    }
 }

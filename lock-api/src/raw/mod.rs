@@ -9,13 +9,22 @@
 //! [watchdog](crate::Renewal) when the options ask for renewal or a maximum hold time. Between
 //! sending the request that could grant the lock and returning the guard, the backend keeps a
 //! [`PendingAcquire`] armed, so a dropped acquire future cleans up after itself.
+//!
+//! Two more pieces keep cancellation from cutting work in half: [`Detach`] runs a step to
+//! completion even if its caller is dropped (every release runs in one, so a task aborted inside
+//! `release().await` still releases and still updates the client's records), and
+//! [`WaitRecovery`] lets a blocking wait survive its connection being killed.
 
 pub mod config;
+mod detach;
 mod pending;
+mod recovery;
 mod state;
 mod watchdog;
 
+pub use detach::Detach;
 pub use pending::PendingAcquire;
+pub use recovery::WaitRecovery;
 pub use state::LeaseState;
 pub(crate) use watchdog::start_watchdog;
 
@@ -36,6 +45,9 @@ pub trait RawLease: Debug + Send + Sync + 'static {
     ///
     /// Returns [`LockError::NotHeld`](crate::LockError::NotHeld) if someone else holds it now or
     /// nobody does; it must never touch another holder's lock.
+    ///
+    /// The guard runs it inside a [`Detach`], so it always runs to completion even when the
+    /// caller of `release()` is dropped: keep the client's own bookkeeping of the release in it.
     async fn release(&self) -> Result<()>;
 
     /// Resets the lease to `ttl` from now if this lease still owns the lock.
