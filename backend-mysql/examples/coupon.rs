@@ -1,4 +1,4 @@
-//! The seeds' coupon scenario on a real table: 100 concurrent requests each issue one coupon
+//! The coupon scenario on a real table: 100 concurrent requests each issue one coupon
 //! from a stock of 100, under a dlock named lock. The right order is **lock → begin → change rows
 //! → commit → release**; releasing before the commit lets the next holder read the stock before
 //! the previous change is visible, and coupons are issued twice.
@@ -20,7 +20,7 @@ use sqlx::{Executor, Row};
 pub enum Order {
     /// Commit, then release: correct.
     CommitThenRelease,
-    /// Release, then commit: the bug the seeds warn about.
+    /// Release, then commit: the classic bug (the next request reads the stock before this commit lands).
     ReleaseThenCommit,
 }
 

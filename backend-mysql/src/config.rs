@@ -226,12 +226,40 @@ impl MySqlConfig {
 
     /// Checks the options against each other.
     pub(crate) fn check(&self) -> Result<()> {
-        if self.session_timeout <= self.keepalive + self.command_timeout {
+        // The fields are public, so a config built in code gets the same checks as a URL's.
+        let keepalive_round = self.keepalive.saturating_add(self.command_timeout);
+        if self.session_timeout <= keepalive_round {
             return Err(config_error(format!(
                 "option `session_timeout` ({:?}) must exceed `keepalive` + `command_timeout` ({:?}), or the server drops live sessions",
-                self.session_timeout,
-                self.keepalive + self.command_timeout
+                self.session_timeout, keepalive_round
             )));
+        }
+        if self.max_connections < 2 {
+            return Err(config_error(
+                "option `max_connections` must be at least 2: one connection holds locks while another waits",
+            ));
+        }
+        if self.prefix.len() > MAX_PREFIX
+            || !self
+                .prefix
+                .chars()
+                .all(|c| c.is_ascii_graphic() && c != '~')
+        {
+            return Err(config_error(format!(
+                "option `prefix` takes at most {MAX_PREFIX} printable ASCII characters without spaces or `~`"
+            )));
+        }
+        for (key, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("command_timeout", self.command_timeout),
+            ("keepalive", self.keepalive),
+            ("session_timeout", self.session_timeout),
+        ] {
+            if value.is_zero() || value > dlock_api::raw::config::MAX_OPTION_DURATION {
+                return Err(config_error(format!(
+                    "option `{key}` must be above zero and at most a year, not {value:?}"
+                )));
+            }
         }
         if self.fencing && !self.table.contains('.') && self.database.is_none() {
             return Err(config_error(

@@ -1,4 +1,4 @@
-//! The seeds' coupon scenario on a real table (the code is `examples/coupon.rs`): with
+//! The coupon scenario on a real table (the code is `examples/coupon.rs`): with
 //! commit-then-release, 100 concurrent requests on a stock of 100 leave exactly 0.
 
 mod common;

@@ -1,4 +1,4 @@
-//! The seeds' coupon scenario three ways on a real table: 100 concurrent requests take one
+//! The coupon scenario three ways on a real table: 100 concurrent requests take one
 //! coupon each from a stock of 100, and each way leaves exactly 0.
 //!
 //! `cargo run -p dlock-postgres --example coupon [-- postgres://…]`; without a URL it starts a

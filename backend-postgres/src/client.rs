@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use dlock_api::raw::time::after;
 use dlock_api::raw::{LeaseState, PendingAcquire};
 use dlock_api::{LockError, LostReason, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
@@ -399,11 +400,14 @@ impl Client {
     ) -> Result<Option<Arc<Session>>> {
         enum Next {
             Busy,
+            /// Our own attempt or cleanup on the key is in flight: its answer comes within a
+            /// round trip, so wait for it rather than call a free name busy.
+            Settling,
             Use(Arc<Session>),
             Open,
             Wait,
         }
-        let give_up = Instant::now() + self.config.command_timeout;
+        let give_up = after(Instant::now(), self.config.command_timeout);
         loop {
             let notified = self.capacity.notified();
             tokio::pin!(notified);
@@ -411,7 +415,11 @@ impl Client {
             let next = {
                 let mut st = self.lock_state();
                 if st.local.contains_key(&key) {
-                    Next::Busy
+                    let held = st
+                        .sessions
+                        .values()
+                        .any(|e| matches!(e.slots.get(&key), Some(Slot::Held(_))));
+                    if held { Next::Busy } else { Next::Settling }
                 } else {
                     // Least busy first; among equals, a session that already holds locks (so
                     // locks gather on few sessions and idle connections stay free for waits).
@@ -448,6 +456,12 @@ impl Client {
             };
             match next {
                 Next::Busy => return Ok(None),
+                Next::Settling => {
+                    tokio::select! {
+                        _ = notified => continue,
+                        _ = sleep_until(give_up) => return Ok(None),
+                    }
+                }
                 Next::Use(session) => return Ok(Some(session)),
                 Next::Wait if !patient => return Ok(None),
                 Next::Wait => {
@@ -475,7 +489,7 @@ impl Client {
 
     /// The attempt on `session` ended: forget its reservation (or slot) of `key`.
     pub(crate) fn remove_slot(&self, session: u64, key: RawKey, attempt: bool) {
-        let idle = {
+        let changed = {
             let mut st = self.lock_state();
             let Some(entry) = st.sessions.get_mut(&session) else {
                 return;
@@ -488,9 +502,10 @@ impl Client {
             if removed {
                 st.drop_local(key);
             }
-            idle
+            removed || idle
         };
-        if idle {
+        if changed {
+            // A connection freed up, or a key settled that a try may be waiting on.
             self.capacity.notify_waiters();
         }
     }
@@ -733,7 +748,7 @@ impl Client {
         tx: &mut oneshot::Sender<Result<WaitOutcome>>,
     ) -> Result<Option<i64>> {
         let ms = slice.as_millis().clamp(1, u64::MAX as u128) as u64;
-        let bound = slice + self.config.command_timeout;
+        let bound = slice.saturating_add(self.config.command_timeout);
         let mut guard = session.conn.lock().await;
         let Some(conn) = guard.as_mut() else {
             return Err(unavailable("the session closed"));
@@ -869,7 +884,8 @@ async fn session_task(
     mut unlocks: mpsc::UnboundedReceiver<RawKey>,
     keepalive: Duration,
 ) {
-    let mut tick = tokio::time::interval(keepalive);
+    // A config built in code may carry a zero keepalive, which `interval` refuses.
+    let mut tick = tokio::time::interval(keepalive.max(Duration::from_millis(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {

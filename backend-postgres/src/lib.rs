@@ -26,7 +26,7 @@
 //! | a lock around one transaction on this database | [`xact_lock`] / [`try_xact_lock`] | the transaction's commit or rollback | not needed: the writes and the lock end together |
 //! | to lock the rows you are about to change | [`RowLock`] | the transaction's end | not needed |
 //!
-//! The transaction-scoped forms are the strongest version of the seeds' *commit before unlock*
+//! The transaction-scoped forms are the strongest version of the *commit before unlock*
 //! rule: the commit itself releases the lock, so no one can see the lock free before your writes
 //! are committed.
 //!

@@ -1,7 +1,7 @@
 //! Locks inside the caller's own transaction: transaction-scoped advisory locks and row locks.
 //!
 //! Both are released by the transaction's end (commit or rollback) and by nothing else, so the
-//! seeds' commit-before-unlock rule holds by construction: the lock cannot be released before
+//! commit-before-unlock rule holds by construction: the lock cannot be released before
 //! the writes it protects are committed. Neither needs a fencing token: a holder's writes and
 //! its lock live and die with the same transaction, so a stale holder's writes can never commit
 //! after a new holder's.
@@ -249,7 +249,7 @@ impl fmt::Display for RowKey {
     }
 }
 
-/// A row lock (`SELECT … FOR UPDATE`) taken inside the caller's transaction: the seeds'
+/// A row lock (`SELECT … FOR UPDATE`) taken inside the caller's transaction: the
 /// pessimistic lock, with `NOWAIT`, `SKIP LOCKED` or a bounded wait, and Postgres' lock errors
 /// mapped to [`LockError`].
 ///

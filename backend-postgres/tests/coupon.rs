@@ -1,4 +1,4 @@
-//! The seeds' coupon scenario on a real table, three ways: 100 concurrent tasks each take one
+//! The coupon scenario on a real table, three ways: 100 concurrent tasks each take one
 //! coupon from a stock of 100 with a read-then-write in a transaction; each way leaves exactly 0.
 //!
 //! 1. session advisory lock (`DistributedLock`), commit, then release;

@@ -123,9 +123,9 @@ async fn manager_for(
     let client = open_client(config, node)?;
     let connecting = client.get_connection_manager_with_config(manager_config(config, push));
     // The driver retries a failed connect; bound the whole attempt so a dead server fails promptly.
-    match tokio::time::timeout(config.connect_timeout * 3, connecting).await {
+    match tokio::time::timeout(config.connect_timeout.saturating_mul(3), connecting).await {
         Ok(result) => result.map_err(map_err),
-        Err(_) => Err(timed_out(config.connect_timeout * 3)),
+        Err(_) => Err(timed_out(config.connect_timeout.saturating_mul(3))),
     }
 }
 
@@ -287,9 +287,11 @@ impl Conn {
                     Ok::<(), std::convert::Infallible>(())
                 });
                 let connecting = client.get_async_connection_with_config(cluster_config);
-                match tokio::time::timeout(config.connect_timeout * 3, connecting).await {
+                match tokio::time::timeout(config.connect_timeout.saturating_mul(3), connecting)
+                    .await
+                {
                     Ok(result) => Ok(Self::Cluster(result.map_err(map_err)?)),
-                    Err(_) => Err(timed_out(config.connect_timeout * 3)),
+                    Err(_) => Err(timed_out(config.connect_timeout.saturating_mul(3))),
                 }
             }
         }

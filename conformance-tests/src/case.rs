@@ -131,6 +131,14 @@ impl Ctx {
         }
     }
 
+    /// Records `name` (made without [`name`](Self::name)) for the residue check after the case.
+    pub fn record(&self, name: &LockName) {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        if !used.contains(name) {
+            used.push(name.clone());
+        }
+    }
+
     /// The names this case has used so far.
     pub fn used_names(&self) -> Vec<LockName> {
         self.used.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -141,10 +149,7 @@ impl Ctx {
     pub fn name(&self, suffix: &str) -> LockName {
         let name = LockName::new(format!("dlock-test/{}/{}/{suffix}", self.run, self.case))
             .expect("test names are valid");
-        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
-        if !used.contains(&name) {
-            used.push(name.clone());
-        }
+        self.record(&name);
         name
     }
 

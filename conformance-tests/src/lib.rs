@@ -1,8 +1,8 @@
 //! # dlock-conformance: the suite every dlock backend passes
 //!
 //! One table of cases ([`cases()`]), each a plain `pub async fn` in the [`cases`](mod@cases) modules, checks
-//! the lock contract (`shared/design/CONTRACT.md`): mutual exclusion under real concurrency (the
-//! seeds' coupon and purchase scenarios), ownership, expiry, fencing, renewal, the lost signal,
+//! the lock contract (`CONTRACT.md` at the repository root): mutual exclusion under real concurrency (the
+//! coupon and purchase scenarios), ownership, expiry, fencing, renewal, the lost signal,
 //! cancel safety, names and input validation. A backend supplies a [`Harness`], a way to make
 //! fresh independent clients of one deployment, and gets the whole suite in a few lines:
 //!
@@ -39,6 +39,7 @@
 mod case;
 pub mod cases;
 mod harness;
+pub mod inputs;
 mod memory;
 mod runner;
 

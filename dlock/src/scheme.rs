@@ -5,6 +5,28 @@ use std::fmt;
 use dlock_api::{LockError, Result};
 use url::Url;
 
+// A compiled-in backend's schemes are its own `SCHEMES`, so the facade cannot drift from it; the
+// copies below only serve the error that names the feature a left-out backend needs.
+#[cfg(feature = "redis")]
+const REDIS: &[&str] = dlock_redis::SCHEMES;
+#[cfg(not(feature = "redis"))]
+const REDIS: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
+];
+#[cfg(feature = "mysql")]
+const MYSQL: &[&str] = dlock_mysql::SCHEMES;
+#[cfg(not(feature = "mysql"))]
+const MYSQL: &[&str] = &["mysql", "mariadb"];
+#[cfg(feature = "postgres")]
+const POSTGRES: &[&str] = dlock_postgres::SCHEMES;
+#[cfg(not(feature = "postgres"))]
+const POSTGRES: &[&str] = &["postgres", "postgresql"];
+
 /// The backends dlock knows, named by URL scheme.
 ///
 /// A closed list with a `cfg`'d match (object_store's `ObjectStoreScheme`): no global registry,
@@ -32,20 +54,10 @@ impl BackendScheme {
     /// Every scheme, with its URL schemes and cargo feature.
     pub const ALL: &[(BackendScheme, &[&str], &str)] = &[
         (Self::Memory, &["memory"], "(always)"),
-        (
-            Self::Redis,
-            &[
-                "redis",
-                "rediss",
-                "redis+sentinel",
-                "redis+cluster",
-                "rediss+cluster",
-            ],
-            "redis",
-        ),
+        (Self::Redis, REDIS, "redis"),
         (Self::Redlock, &["redlock"], "redlock"),
-        (Self::MySql, &["mysql", "mariadb"], "mysql"),
-        (Self::Postgres, &["postgres", "postgresql"], "postgres"),
+        (Self::MySql, MYSQL, "mysql"),
+        (Self::Postgres, POSTGRES, "postgres"),
         (Self::Etcd, &["etcd", "etcds"], "etcd"),
         (Self::ZooKeeper, &["zk", "zookeeper"], "zookeeper"),
     ];

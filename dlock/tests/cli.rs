@@ -106,3 +106,45 @@ fn bench_prints_json_with_the_documented_fields() {
         assert!(text.contains(field), "missing {field}: {text}");
     }
 }
+
+#[test]
+fn extreme_duration_flags_never_panic() {
+    // A wait too long to reach means "no limit": the free lock is taken at once.
+    let out = dlock(&[
+        "run",
+        "--wait",
+        "999999999999s",
+        "cli-extreme",
+        "--",
+        "true",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = dlock(&[
+        "run",
+        "--kill-after",
+        "18446744073709551615s",
+        "cli-extreme",
+        "--",
+        "true",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Too short a lease, or one past the limit: a clear refusal (exit 64), never a panic.
+    for ttl in ["1ns", "0s", "999999999999s"] {
+        let out = dlock(&["run", "--ttl", ttl, "cli-extreme", "--", "true"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "--ttl {ttl}: {stderr}");
+        assert!(!stderr.contains("panicked"), "--ttl {ttl}: {stderr}");
+    }
+    // humantime has no fractions: a parse error, also exit 2 or 64, never a panic.
+    let out = dlock(&["run", "--ttl", "0.0000001s", "cli-extreme", "--", "true"]);
+    assert!(matches!(out.status.code(), Some(2 | 64)), "{out:?}");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+}

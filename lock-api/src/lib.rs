@@ -53,6 +53,9 @@
 //! - [`Capabilities`]: what a backend promises beyond the contract.
 //! - [`raw`]: the implementor API (leases, the shared watchdog, cancel-safety guards).
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Bad input must never panic: arithmetic on instants, durations and counters is checked or
+// saturating here (deadlines from options go through `raw::time`).
+#![warn(clippy::arithmetic_side_effects)]
 
 mod capabilities;
 mod error;

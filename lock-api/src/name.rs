@@ -209,7 +209,10 @@ impl KeyMapper {
         let digest = data_encoding::BASE32_NOPAD
             .encode(&digest[..20])
             .to_ascii_lowercase();
-        let room = self.max_bytes - Self::DIGEST_CHARS - Self::DIGEST_MARKER.len_utf8();
+        let room = self
+            .max_bytes
+            .saturating_sub(Self::DIGEST_CHARS)
+            .saturating_sub(Self::DIGEST_MARKER.len_utf8());
         let mut key = String::with_capacity(self.max_bytes);
         for c in name.chars() {
             let c = if self.case_insensitive {
@@ -223,7 +226,7 @@ impl KeyMapper {
             if !keep {
                 continue;
             }
-            if key.len() + c.len_utf8() > room {
+            if key.len().saturating_add(c.len_utf8()) > room {
                 break;
             }
             key.push(c);

@@ -48,6 +48,9 @@ impl LockOptions {
     pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
     /// The longest lease accepted; longer ones are surely a unit mistake.
     pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+    /// The shortest lease, renewal interval and retry delay accepted: shorter ones would make a
+    /// client spin against its server.
+    pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
     /// The defaults: 30 s lease, automatic renewal, wait without limit.
     pub fn new() -> Self {
@@ -62,7 +65,10 @@ impl LockOptions {
     }
 
     /// How long [`acquire`](crate::DistributedLock::acquire) may wait before
-    /// [`LockError::Timeout`]. Unset: wait without limit.
+    /// [`LockError::Timeout`]. Unset: wait without limit. Any duration is accepted: one too long
+    /// to be reached (`Duration::MAX`, or anything from
+    /// [`raw::time::UNREACHABLE`](crate::raw::time::UNREACHABLE), about 100 years) also means
+    /// "wait without limit", as it does for tokio's timers.
     pub fn with_wait_timeout(mut self, wait: Duration) -> Self {
         self.wait_timeout = Some(wait);
         self
@@ -83,6 +89,7 @@ impl LockOptions {
     /// The longest the lock may be held, renewal or not: after that the guard stops renewing,
     /// releases the lock and fires [`lost`](crate::LockGuard::lost) with
     /// [`LostReason::MaxHoldExceeded`](crate::LostReason::MaxHoldExceeded). Enforced by the client.
+    /// As with the wait timeout, a duration too long to be reached means no limit.
     pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold);
         self
@@ -114,7 +121,9 @@ impl LockOptions {
     pub fn renewal_interval(&self) -> Option<Duration> {
         match self.renewal {
             Renewal::Off => None,
-            Renewal::Auto { interval } => Some(interval.unwrap_or(self.ttl / 3)),
+            Renewal::Auto { interval } => {
+                Some(interval.unwrap_or_else(|| self.ttl.checked_div(3).unwrap_or_default()))
+            }
         }
     }
 
@@ -132,8 +141,10 @@ impl LockOptions {
     /// [`Capabilities::check`](crate::Capabilities::check)) before any network call.
     ///
     /// # Errors
-    /// [`LockError::InvalidArgument`] for a zero or absurd TTL, a renewal interval not shorter than
-    /// the TTL, a zero maximum hold time, or a malformed retry policy.
+    /// [`LockError::InvalidArgument`] for a TTL under 1 ms or over [`Self::MAX_TTL`], a renewal
+    /// interval under 1 ms or not shorter than the TTL, a zero maximum hold time, or a malformed
+    /// retry policy. The wait timeout and maximum hold time take any other duration (a
+    /// duration too long to be reached means no limit).
     pub fn validate(&self) -> Result<()> {
         if self.ttl.is_zero() {
             return Err(LockError::invalid("ttl", "must be greater than zero"));
@@ -148,11 +159,21 @@ impl LockOptions {
             ));
         }
         if let Some(interval) = self.renewal_interval() {
-            if interval.is_zero() || interval >= self.ttl {
+            let derived = matches!(self.renewal, Renewal::Auto { interval: None });
+            if derived && interval < Self::MIN_INTERVAL {
+                return Err(LockError::invalid(
+                    "ttl",
+                    format!(
+                        "{:?} is too short to renew (a third of it is under 1 ms): use Renewal::Off or a longer ttl",
+                        self.ttl
+                    ),
+                ));
+            }
+            if interval < Self::MIN_INTERVAL || interval >= self.ttl {
                 return Err(LockError::invalid(
                     "renewal interval",
                     format!(
-                        "{interval:?} must be above zero and below the ttl {:?}",
+                        "{interval:?} must be at least 1 ms and below the ttl {:?}",
                         self.ttl
                     ),
                 ));
@@ -241,10 +262,13 @@ impl RetryPolicy {
         self
     }
 
-    /// The delay before attempt `attempt` (counting from 0).
+    /// The delay before attempt `attempt` (counting from 0). Never panics, whatever the policy:
+    /// a product too large for a `Duration` is `max`.
     pub fn delay(&self, attempt: u32) -> Duration {
-        let factor = self.multiplier.powi(attempt.min(64) as i32);
-        let bound = self.initial.mul_f64(factor.min(1e6)).min(self.max);
+        let factor = self.multiplier.powi(attempt.min(64) as i32).min(1e6);
+        let bound = Duration::try_from_secs_f64(self.initial.as_secs_f64() * factor)
+            .unwrap_or(self.max)
+            .min(self.max);
         if self.jitter {
             bound.mul_f64(rand::rng().random_range(0.0..=1.0))
         } else {
@@ -253,10 +277,10 @@ impl RetryPolicy {
     }
 
     fn validate(&self) -> Result<()> {
-        if self.initial.is_zero() || self.max < self.initial {
+        if self.initial < LockOptions::MIN_INTERVAL || self.max < self.initial {
             return Err(LockError::invalid(
                 "retry policy",
-                "needs 0 < initial <= max",
+                "needs 1 ms <= initial <= max",
             ));
         }
         if !(self.multiplier >= 1.0 && self.multiplier.is_finite()) {
@@ -286,6 +310,11 @@ mod tests {
             LockOptions::new().with_renewal(Renewal::every(Duration::from_secs(60))),
             LockOptions::new().with_max_hold(Duration::ZERO),
             LockOptions::new().with_retry(RetryPolicy::exponential(Duration::ZERO, Duration::ZERO)),
+            LockOptions::new().with_retry(RetryPolicy::exponential(
+                Duration::from_nanos(1),
+                Duration::MAX,
+            )),
+            LockOptions::new().with_renewal(Renewal::every(Duration::from_nanos(1))),
         ];
         for opts in bad {
             assert!(
@@ -293,6 +322,19 @@ mod tests {
                 "{opts:?}"
             );
         }
+    }
+
+    #[test]
+    fn extreme_policies_never_panic() {
+        let huge = RetryPolicy::exponential(Duration::MAX, Duration::MAX).with_multiplier(1e300);
+        for attempt in [0, 1, 63, 64, u32::MAX] {
+            assert!(huge.delay(attempt) <= Duration::MAX);
+        }
+        let opts = LockOptions::new()
+            .with_wait_timeout(Duration::MAX)
+            .with_max_hold(Duration::MAX)
+            .with_retry(huge);
+        opts.validate().unwrap();
     }
 
     #[test]

@@ -110,16 +110,19 @@ impl Harness for RedisHarness {
     /// stays by design).
     async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
         let config = RedisConfig::from_url(&self.url).map_err(text)?;
-        let mut left = Vec::new();
-        for name in names {
+        // One EXISTS per name (its keys share a hash tag, so a Cluster slot), one connection.
+        let commands = names.iter().map(|name| {
             let keys = LockKeys::new(&config.prefix, name);
-            for key in [&keys.lock, &keys.queue, &keys.waiters] {
-                let mut exists = redis::cmd("EXISTS");
-                exists.arg(key);
-                let found: i64 = query_for_key(&self.url, &exists).await?;
-                if found > 0 {
-                    left.push(format!("key {key}"));
-                }
+            let mut exists = redis::cmd("EXISTS");
+            exists.arg(&keys.lock).arg(&keys.queue).arg(&keys.waiters);
+            (name, exists)
+        });
+        let mut left = Vec::new();
+        let mut conn = NodeConn::open(&self.url).await?;
+        for (name, exists) in commands {
+            let found: i64 = conn.query(&exists).await?;
+            if found > 0 {
+                left.push(format!("{found} keys of {name}"));
             }
         }
         Ok(left)
@@ -194,24 +197,48 @@ fn text(e: impl ToString) -> String {
     e.to_string()
 }
 
+/// A connection that sends a one-key command to whichever node owns the key.
+enum NodeConn {
+    Cluster(redis::cluster_async::ClusterConnection),
+    Node(redis::aio::MultiplexedConnection),
+}
+
+impl NodeConn {
+    async fn open(url: &str) -> std::result::Result<Self, String> {
+        if url.starts_with("redis+cluster://") {
+            let client = redis::cluster::ClusterClient::new(node_urls(url).await?).map_err(text)?;
+            Ok(Self::Cluster(
+                client.get_async_connection().await.map_err(text)?,
+            ))
+        } else {
+            let node = node_urls(url).await?.remove(0);
+            let client = redis::Client::open(node).map_err(text)?;
+            Ok(Self::Node(
+                client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(text)?,
+            ))
+        }
+    }
+
+    async fn query<T: redis::FromRedisValue>(
+        &mut self,
+        cmd: &redis::Cmd,
+    ) -> std::result::Result<T, String> {
+        match self {
+            Self::Cluster(conn) => cmd.query_async(conn).await.map_err(text),
+            Self::Node(conn) => cmd.query_async(conn).await.map_err(text),
+        }
+    }
+}
+
 /// Runs a one-key command on whichever node owns the key.
 async fn query_for_key<T: redis::FromRedisValue>(
     url: &str,
     cmd: &redis::Cmd,
 ) -> std::result::Result<T, String> {
-    if url.starts_with("redis+cluster://") {
-        let client = redis::cluster::ClusterClient::new(node_urls(url).await?).map_err(text)?;
-        let mut conn = client.get_async_connection().await.map_err(text)?;
-        cmd.query_async(&mut conn).await.map_err(text)
-    } else {
-        let node = node_urls(url).await?.remove(0);
-        let client = redis::Client::open(node).map_err(text)?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(text)?;
-        cmd.query_async(&mut conn).await.map_err(text)
-    }
+    NodeConn::open(url).await?.query(cmd).await
 }
 
 /// `DEL key` on whichever node owns it.

@@ -1,4 +1,4 @@
-//! Mutual exclusion under real concurrency: the seeds' coupon and purchase scenarios.
+//! Mutual exclusion under real concurrency: the coupon and purchase scenarios.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};

@@ -21,7 +21,7 @@ pub async fn tokens_strictly_increase(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
-/// The seeds' GC-pause scenario: A's lease ends while it is paused, B acquires and writes; A's
+/// The GC-pause scenario: A's lease ends while it is paused, B acquires and writes; A's
 /// late write carries an older token and the gate refuses it.
 pub async fn stale_write_rejected_by_gate(ctx: Ctx) -> CaseResult {
     let (a, b) = (ctx.client().await?, ctx.client().await?);

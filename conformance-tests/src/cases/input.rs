@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use dlock_api::{DistributedLockExt, LockError, LockName, LockOptions, Renewal};
 
-use crate::{CaseResult, Ctx, ensure};
+use crate::inputs::{name_suffixes, options, sample};
+use crate::{CaseResult, Ctx, Failure, ensure};
 
 fn invalid<T: std::fmt::Debug>(result: &Result<T, LockError>) -> bool {
     matches!(result, Err(LockError::InvalidArgument { .. }))
@@ -48,5 +49,99 @@ pub async fn bad_options_rejected(ctx: Ctx) -> CaseResult {
     // Nothing was taken by the refused calls.
     let guard = client.try_acquire(&name, &LockOptions::new()).await?;
     ensure!(guard.is_some(), "a refused call left the lock held");
+    Ok(())
+}
+
+/// How many random inputs one run of an `input::any_*` case draws.
+const SAMPLES: usize = 32;
+
+/// Any [`LockOptions`] (durations from zero to `Duration::MAX`, any renewal and retry policy) is
+/// either refused before any network call with the error the capabilities predict, or accepted
+/// and then behaves: a free name is taken and released, and an acquire on a held name waits
+/// (or times out) and can be cancelled. Nothing panics.
+pub async fn any_options_behave(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let caps = a.capabilities();
+    let bound = ctx.timing().bound;
+    for (i, opts) in sample(options(), SAMPLES).into_iter().enumerate() {
+        let name = ctx.name(&format!("o{i}"));
+        let got = a.try_acquire(&name, &opts).await;
+        match caps.check("expected", &opts) {
+            Err(expected) => {
+                let matches = matches!(
+                    (&expected, &got),
+                    (
+                        LockError::InvalidArgument { .. },
+                        Err(LockError::InvalidArgument { .. })
+                    ) | (
+                        LockError::Unsupported { .. },
+                        Err(LockError::Unsupported { .. })
+                    )
+                );
+                ensure!(
+                    matches,
+                    "{opts:?}: expected {expected}, try_acquire returned {got:?}"
+                );
+                let waited = a.acquire(&name, &opts).await;
+                ensure!(
+                    waited.is_err(),
+                    "{opts:?}: refused by try_acquire, accepted by acquire"
+                );
+            }
+            Ok(()) => {
+                // Free: taken (a lease this short may already be over by the release).
+                let guard = got.map_err(|e| Failure(format!("{opts:?}: try_acquire: {e}")))?;
+                let guard =
+                    guard.ok_or_else(|| Failure(format!("{opts:?}: a free name was busy")))?;
+                released_or_lost(guard.release().await, &opts)?;
+                let guard = ctx
+                    .within("acquire on a free name", a.acquire(&name, &opts))
+                    .await?
+                    .map_err(|e| Failure(format!("{opts:?}: acquire on a free name: {e}")))?;
+                released_or_lost(guard.release().await, &opts)?;
+                // Held: waits, times out or is cancelled; never gets a guard.
+                let holder = b
+                    .acquire(&name, &LockOptions::new().with_wait_timeout(bound))
+                    .await?;
+                let waiting =
+                    tokio::time::timeout(Duration::from_millis(30), a.acquire(&name, &opts)).await;
+                ensure!(
+                    matches!(waiting, Err(_) | Ok(Err(LockError::Timeout { .. }))),
+                    "{opts:?}: acquire on a held name returned {waiting:?}"
+                );
+                holder.release().await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn released_or_lost(result: Result<(), LockError>, opts: &LockOptions) -> CaseResult {
+    match result {
+        Ok(()) | Err(LockError::Lost { .. } | LockError::NotHeld { .. }) => Ok(()),
+        Err(e) => Err(Failure(format!("{opts:?}: release: {e}"))),
+    }
+}
+
+/// Any string as a name suffix (empty, NUL, 2,000 bytes, any Unicode, characters backends treat
+/// specially) is either refused with `InvalidArgument` or taken and released.
+pub async fn any_names_behave(ctx: Ctx) -> CaseResult {
+    let client = ctx.client().await?;
+    let base = ctx.name("n");
+    for suffix in sample(name_suffixes(), SAMPLES) {
+        let full = format!("{base}/{suffix}");
+        match LockName::new(&full) {
+            Err(e) => ensure!(
+                matches!(e, LockError::InvalidArgument { .. }),
+                "LockName::new refused with {e:?}"
+            ),
+            Ok(name) => {
+                ctx.record(&name);
+                let guard = client.try_acquire(&name, &LockOptions::new()).await?;
+                let guard = guard.ok_or_else(|| Failure(format!("{name:?} was busy")))?;
+                guard.release().await?;
+            }
+        }
+    }
     Ok(())
 }

@@ -99,6 +99,8 @@ static CASES: &[Case] = &[
     case!(names::longest_name_works, NONE),
     case!(input::bad_names_rejected, NONE),
     case!(input::bad_options_rejected, NONE),
+    case!(input::any_options_behave, NONE),
+    case!(input::any_names_behave, NONE),
 ];
 
 /// Every conformance case, in report order.

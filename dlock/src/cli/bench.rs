@@ -1,6 +1,6 @@
 //! `dlock bench`: uncontended acquire+release latency and throughput, and contended hand-off.
 //!
-//! Definitions follow `shared/design/PERF-ANCHORS.md`: a *pair* is acquire + release on one name
+//! Definitions: a *pair* is acquire + release on one name
 //! by one client, back to back; *hand-off* is the time from the holder issuing its release to the
 //! next holder's acquire returning, with `--waiters` clients on one name each holding `--hold`.
 

@@ -34,7 +34,7 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// The seeds' coupon scenario: N workers take one coupon each from a shared stock, once
+    /// The coupon scenario: N workers take one coupon each from a shared stock, once
     /// without a lock (lost updates) and once with dlock (exactly 0 left).
     Demo(DemoArgs),
     /// Run a command while holding a lock (like flock(1), across machines).

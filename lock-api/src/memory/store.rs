@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::guard::LostReason;
 use crate::name::LockName;
 use crate::raw::LeaseState;
+use crate::raw::time::after;
 
 /// One store of locks; every [`MemoryLock`](super::MemoryLock) client of it sees the same locks.
 #[derive(Debug, Default)]
@@ -82,7 +83,7 @@ impl Store {
     }
 
     fn next_id(inner: &mut Inner) -> u64 {
-        inner.last_id += 1;
+        inner.last_id = inner.last_id.saturating_add(1);
         inner.last_id
     }
 
@@ -106,12 +107,13 @@ impl Store {
         if waiter.is_some() {
             entry.waiters.pop_front();
         }
-        inner.last_id += 1;
-        inner.last_token += 1;
+        // u64 counters: saturating is only for form; they never come near the top.
+        inner.last_id = inner.last_id.saturating_add(1);
+        inner.last_token = inner.last_token.saturating_add(1);
         let id = inner.last_id;
         entry.holder = Some(Holder {
             id,
-            expires_at: now + ttl,
+            expires_at: after(now, ttl),
             state: Weak::new(),
         });
         Attempt::Granted {
@@ -188,7 +190,7 @@ impl Store {
         entry.expire(now);
         match entry.holder.as_mut() {
             Some(holder) if holder.id == id => {
-                holder.expires_at = now + ttl;
+                holder.expires_at = after(now, ttl);
                 true
             }
             _ => false,

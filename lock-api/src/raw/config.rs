@@ -13,7 +13,12 @@ pub fn config_error(backend: &'static str, reason: impl Into<String>) -> LockErr
     }
 }
 
-/// Parses a duration option such as `500ms`, `2s` or `1m` (humantime syntax); zero is refused.
+/// The longest duration a configuration option takes (a year): longer is surely a unit mistake,
+/// and it keeps sums of configured durations far from overflow.
+pub const MAX_OPTION_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parses a duration option such as `500ms`, `2s` or `1m` (humantime syntax); zero and durations
+/// over [`MAX_OPTION_DURATION`] are refused.
 ///
 /// # Errors
 /// [`LockError::Config`] naming the option.
@@ -24,6 +29,12 @@ pub fn duration_option(backend: &'static str, key: &str, value: &str) -> Result<
         return Err(config_error(
             backend,
             format!("option `{key}` must be greater than zero"),
+        ));
+    }
+    if duration > MAX_OPTION_DURATION {
+        return Err(config_error(
+            backend,
+            format!("option `{key}` is {value}; the limit is a year"),
         ));
     }
     Ok(duration)
@@ -63,6 +74,8 @@ mod tests {
         );
         assert!(duration_option("x", "t", "0s").is_err());
         assert!(duration_option("x", "t", "soon").is_err());
+        assert!(duration_option("x", "t", "999999999999s").is_err());
+        assert!(duration_option("x", "t", "18446744073709551615ms").is_err());
         assert!(bool_option("x", "b", "ON").unwrap());
         assert!(!bool_option("x", "b", "0").unwrap());
         assert!(bool_option("x", "b", "maybe").is_err());
