@@ -102,7 +102,7 @@ impl RawLease for MySqlLease {
         self.release_once().await
     }
 
-    async fn extend(&self, _ttl: Duration) -> Result<()> {
+    async fn extend(&self, _ttl: Duration) -> Result<tokio::time::Instant> {
         Err(LockError::Unsupported {
             backend: BACKEND,
             operation: "extend (the lease is the connection)",

@@ -6,11 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_api::raw::{Detach, LeaseState, PendingAcquire, WaitRecovery};
-use dlock_api::{
-    Capabilities, DistributedLock, Fencing, FencingToken, LeaseKind, LockError, LockGuard,
-    LockName, LockOptions, Result,
-};
+use dlock_api::raw::time::after;
+use dlock_api::raw::{Detach, Grant, LeaseState, PendingAcquire, RawLock, RenewedBy, WaitRecovery};
+use dlock_api::{Capabilities, Fencing, FencingToken, LeaseKind, LockName, LockOptions, Result};
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout, timeout_at};
 
@@ -45,8 +43,8 @@ impl MySqlLock {
     /// Creates a client for the server `config` describes and checks that it answers.
     ///
     /// # Errors
-    /// [`LockError::Config`] for inconsistent options; [`LockError::Unavailable`] if the server
-    /// does not answer within the connect timeout; [`LockError::Backend`] if it refuses the login.
+    /// [`LockError::Config`](dlock_api::LockError::Config) for inconsistent options; [`LockError::Unavailable`](dlock_api::LockError::Unavailable) if the server
+    /// does not answer within the connect timeout; [`LockError::Backend`](dlock_api::LockError::Backend) if it refuses the login.
     ///
     /// # Cancel safety
     /// Cancel safe: dropping it leaves nothing behind.
@@ -63,7 +61,7 @@ impl MySqlLock {
     /// Parses `url` ([`MySqlConfig::from_url`]) and connects.
     ///
     /// # Errors
-    /// [`LockError::Config`] for a bad URL (before any network call), else as
+    /// [`LockError::Config`](dlock_api::LockError::Config) for a bad URL (before any network call), else as
     /// [`connect`](Self::connect).
     ///
     /// # Cancel safety
@@ -100,8 +98,8 @@ impl MySqlLock {
     /// `create_table` is on).
     ///
     /// # Errors
-    /// [`LockError::Backend`] if the server refuses (no `CREATE` privilege);
-    /// [`LockError::Unavailable`] if it cannot be reached.
+    /// [`LockError::Backend`](dlock_api::LockError::Backend) if the server refuses (no `CREATE` privilege);
+    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) if it cannot be reached.
     ///
     /// # Cancel safety
     /// Cancel safe: the statement runs to completion in the background.
@@ -110,7 +108,7 @@ impl MySqlLock {
     }
 
     /// One non-blocking attempt: `Ok(None)` when busy.
-    async fn try_once(&self, name: &LockName, options: &LockOptions) -> Result<Option<LockGuard>> {
+    async fn try_once(&self, name: &LockName) -> Result<Option<Grant>> {
         let key = self.inner.key(name);
         // A connection reused from the idle set may have died unnoticed (server restart): a
         // connection error there is retried once on another connection. Retrying is safe because
@@ -125,7 +123,6 @@ impl MySqlLock {
                 session.clone(),
                 name.clone(),
                 key.clone(),
-                options.clone(),
             ))
             .await;
             match result {
@@ -146,8 +143,7 @@ async fn try_on_session(
     session: Arc<Session>,
     name: LockName,
     key: Arc<str>,
-    options: LockOptions,
-) -> Result<Option<LockGuard>> {
+) -> Result<Option<Grant>> {
     let cmd = Cmd::Acquire {
         key: key.clone(),
         wait: Duration::ZERO,
@@ -163,9 +159,7 @@ async fn try_on_session(
             if !inner.finish_try(&session, &key, Some(state.clone())) {
                 return Err(unavailable("the connection closed right after the grant"));
             }
-            Ok(Some(guard(
-                &inner, session, name, key, state, token, &options,
-            )))
+            Ok(Some(guard(&inner, session, name, key, state, token)))
         }
         Ok(_) => {
             drop(conn);
@@ -190,8 +184,7 @@ fn guard(
     key: Arc<str>,
     state: Arc<LeaseState>,
     token: u64,
-    options: &LockOptions,
-) -> LockGuard {
+) -> Grant {
     let lease = Arc::new(MySqlLease::new(
         inner.clone(),
         session,
@@ -199,7 +192,14 @@ fn guard(
         key,
         state.clone(),
     ));
-    LockGuard::new(name, FencingToken::new(token), lease, state, options)
+    // The connection is the lease: it lives while the session does, nothing to renew.
+    Grant::new(
+        name,
+        FencingToken::new(token),
+        lease,
+        state,
+        RenewedBy::Session,
+    )
 }
 
 /// The cancel protocol of one blocking `GET_LOCK`.
@@ -301,10 +301,9 @@ async fn wait_on_session(
     session: Arc<Session>,
     name: LockName,
     key: Arc<str>,
-    options: LockOptions,
     wait: Duration,
     attempt: Arc<Attempt>,
-) -> Result<Option<LockGuard>> {
+) -> Result<Option<Grant>> {
     let command_timeout = inner.config.command_timeout;
     let mut conn = session.conn.lock().await;
     if !attempt.start() {
@@ -318,10 +317,19 @@ async fn wait_on_session(
         create_table: inner.config.create_table,
     };
     let reply = inner
-        .exec_locked(&session, &mut conn, &cmd, wait + command_timeout)
+        .exec_locked(
+            &session,
+            &mut conn,
+            &cmd,
+            wait.saturating_add(command_timeout),
+        )
         .await;
     let (cancelled, killing) = attempt.finish();
-    if killing && !attempt.wait_kill_finished(command_timeout * 3).await {
+    if killing
+        && !attempt
+            .wait_kill_finished(command_timeout.saturating_mul(3))
+            .await
+    {
         // A `KILL QUERY` may still arrive: this connection cannot be trusted with another
         // statement. Closing it frees whatever it holds.
         *conn = None;
@@ -334,9 +342,7 @@ async fn wait_on_session(
             if !inner.finish_dedicated(&session, Some((key.clone(), state.clone()))) {
                 return Err(unavailable("the connection closed right after the grant"));
             }
-            Ok(Some(guard(
-                &inner, session, name, key, state, token, &options,
-            )))
+            Ok(Some(guard(&inner, session, name, key, state, token)))
         }
         Ok(Reply::Acquired(Some(_))) => {
             // Granted, but nobody wants it any more.
@@ -380,8 +386,14 @@ async fn undo(
     }
 }
 
+dlock_api::impl_distributed_lock!(MySqlLock);
+
 #[async_trait]
-impl DistributedLock for MySqlLock {
+impl RawLock for MySqlLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: if self.inner.config.fencing {
@@ -401,26 +413,19 @@ impl DistributedLock for MySqlLock {
         }
     }
 
-    async fn try_acquire(
+    async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {
+        self.try_once(name).await
+    }
+
+    async fn wait_grant(
         &self,
         name: &LockName,
         options: &LockOptions,
-    ) -> Result<Option<LockGuard>> {
-        self.capabilities().check(BACKEND, options)?;
-        self.try_once(name, options).await
-    }
-
-    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
-        self.capabilities().check(BACKEND, options)?;
-        let started = Instant::now();
-        let deadline = options.wait_timeout().map(|wait| started + wait);
-        let timed_out = || LockError::Timeout {
-            name: name.to_string(),
-            waited: started.elapsed(),
-        };
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
         // Uncontended: one statement on a shared session.
-        if let Some(guard) = self.try_once(name, options).await? {
-            return Ok(guard);
+        if let Some(grant) = self.try_once(name).await? {
+            return Ok(Some(grant));
         }
         let key = self.inner.key(name);
         // A wait whose connection is killed waits again on a new one (only a server that stays
@@ -429,10 +434,11 @@ impl DistributedLock for MySqlLock {
         loop {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
-                return Err(timed_out());
+                return Ok(None);
             }
-            let session = match self.inner.checkout_dedicated(name, started, deadline).await {
-                Ok(session) => session,
+            let session = match self.inner.checkout_dedicated(deadline).await {
+                Ok(Some(session)) => session,
+                Ok(None) => return Ok(None),
                 Err(error) => match recovery.on_failure(&error, options.retry()) {
                     Some(delay) => {
                         sleep_before_retry(delay, deadline).await;
@@ -456,30 +462,29 @@ impl DistributedLock for MySqlLock {
                 session,
                 name.clone(),
                 key.clone(),
-                options.clone(),
                 wait,
                 attempt.clone(),
             ));
             let result = match deadline {
                 // MariaDB ends the wait on time; other servers may round to seconds. Either way
                 // the client gives up shortly after the deadline and interrupts the server's wait.
-                Some(deadline) => match timeout_at(deadline + WAIT_SLACK, task).await {
+                Some(deadline) => match timeout_at(after(deadline, WAIT_SLACK), task).await {
                     Ok(result) => result,
                     Err(_) => {
                         drop(pending);
-                        return Err(timed_out());
+                        return Ok(None);
                     }
                 },
                 None => task.await,
             };
             match result {
-                Ok(Some(guard)) => {
+                Ok(Some(grant)) => {
                     pending.disarm();
-                    return Ok(guard);
+                    return Ok(Some(grant));
                 }
                 Ok(None) if attempt.cancelled() => {
                     pending.disarm();
-                    return Err(timed_out());
+                    return Ok(None);
                 }
                 Ok(None) => {
                     pending.disarm();
@@ -499,7 +504,7 @@ impl DistributedLock for MySqlLock {
 
 /// Sleeps `delay`, but not past the wait's deadline.
 async fn sleep_before_retry(delay: Duration, deadline: Option<Instant>) {
-    let wake = Instant::now() + delay;
+    let wake = after(Instant::now(), delay);
     tokio::time::sleep_until(deadline.map_or(wake, |d| d.min(wake))).await;
 }
 

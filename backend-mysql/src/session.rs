@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use dlock_api::raw::time::after;
 use dlock_api::raw::{Detach, LeaseState};
-use dlock_api::{KeyMapper, LockError, LockName, LostReason, Result};
+use dlock_api::{KeyMapper, LockName, LostReason, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlSslMode};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
 use tokio::time::{Instant, timeout, timeout_at};
@@ -246,16 +247,24 @@ impl Inner {
 
     /// Picks the connection a non-blocking acquire of `key` runs on, and reserves `key` there.
     pub(crate) async fn checkout_for_try(&self, key: &Arc<str>) -> Result<TryCheckout> {
-        let limit = Instant::now() + self.config.command_timeout;
+        let limit = after(Instant::now(), self.config.command_timeout);
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
+            let settling;
             let open_new = {
                 let mut reg = self.registry();
-                if reg.entries.iter().any(|e| e.keys.contains_key(key)) {
+                if reg
+                    .entries
+                    .iter()
+                    .any(|e| matches!(e.keys.get(key), Some(Some(_))))
+                {
                     return Ok(TryCheckout::HeldHere);
                 }
+                // Our own attempt or release of the key is in flight: its answer comes within a
+                // round trip, so wait for it rather than call a free name busy.
+                settling = reg.entries.iter().any(|e| e.keys.contains_key(key));
                 let at_limit = reg.total() >= self.config.max_connections;
                 let best = reg
                     .entries
@@ -263,6 +272,7 @@ impl Inner {
                     .filter(|e| !e.blocking && !e.session.is_dead())
                     .min_by_key(|e| (e.inflight, e.keys.is_empty()));
                 match best {
+                    _ if settling => false,
                     Some(entry) if entry.inflight == 0 || at_limit => {
                         entry.keys.insert(key.clone(), None);
                         entry.inflight += 1;
@@ -286,6 +296,9 @@ impl Inner {
                 });
             }
             if timeout_at(limit, changed).await.is_err() {
+                if settling {
+                    return Ok(TryCheckout::HeldHere);
+                }
                 return Err(unavailable(format!(
                     "all {} connections are waiting on locks (raise `max_connections`)",
                     self.config.max_connections
@@ -328,10 +341,8 @@ impl Inner {
     /// acquires and releases always have a connection.
     pub(crate) async fn checkout_dedicated(
         &self,
-        name: &LockName,
-        started: Instant,
         deadline: Option<Instant>,
-    ) -> Result<Arc<Session>> {
+    ) -> Result<Option<Arc<Session>>> {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
@@ -347,7 +358,7 @@ impl Inner {
                     Some(entry) if may_block => {
                         entry.blocking = true;
                         entry.inflight += 1;
-                        return Ok(entry.session.clone());
+                        return Ok(Some(entry.session.clone()));
                     }
                     _ if may_block && may_open => {
                         reg.opening += 1;
@@ -358,15 +369,12 @@ impl Inner {
                 }
             };
             if open_new {
-                return self.open_registered(None).await;
+                return self.open_registered(None).await.map(Some);
             }
             match deadline {
                 Some(deadline) => {
                     if timeout_at(deadline, changed).await.is_err() {
-                        return Err(LockError::Timeout {
-                            name: name.to_string(),
-                            waited: started.elapsed(),
-                        });
+                        return Ok(None);
                     }
                 }
                 None => changed.await,

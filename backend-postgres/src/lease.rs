@@ -83,7 +83,7 @@ impl RawLease for PgLease {
         }
     }
 
-    async fn extend(&self, _ttl: Duration) -> Result<()> {
+    async fn extend(&self, _ttl: Duration) -> Result<tokio::time::Instant> {
         Err(LockError::Unsupported {
             backend: BACKEND,
             operation: "extend (a session lock has no lease to extend)",

@@ -4,10 +4,13 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dlock_api::raw::{LeaseState, WaitRecovery};
+use dlock_api::raw::time::after;
+use dlock_api::raw::{
+    Grant, LeaseState, RawLock, RenewedBy, WaitRecovery, acquire_by, try_acquire_by,
+};
 use dlock_api::{
-    Capabilities, DistributedLock, Fencing, FencingToken, LeaseKind, LockError, LockGuard,
-    LockName, LockOptions, Result,
+    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockGuard, LockName, LockOptions,
+    Result,
 };
 use sqlx::Row;
 use sqlx::postgres::PgConnection;
@@ -40,8 +43,8 @@ impl PostgresLock {
     /// The connection it opens stays as the client's first session.
     ///
     /// # Errors
-    /// - [`LockError::Unavailable`] if the server does not answer within the connect timeout;
-    /// - [`LockError::Config`] if the server refuses the credentials or database, or the fence
+    /// - [`LockError::Unavailable`](dlock_api::LockError::Unavailable) if the server does not answer within the connect timeout;
+    /// - [`LockError::Config`](dlock_api::LockError::Config) if the server refuses the credentials or database, or the fence
     ///   sequence is missing (with `create_fence=false`), cannot be created, or has a cache.
     ///
     /// # Cancel safety
@@ -64,7 +67,7 @@ impl PostgresLock {
     /// Parses `url` ([`PostgresConfig::from_url`]) and connects.
     ///
     /// # Errors
-    /// [`LockError::Config`] for a bad URL (before any network call), else as
+    /// [`LockError::Config`](dlock_api::LockError::Config) for a bad URL (before any network call), else as
     /// [`connect`](Self::connect).
     ///
     /// # Cancel safety
@@ -87,8 +90,8 @@ impl PostgresLock {
     /// for deployments that run with `create_fence=false` and migrate with a privileged user.
     ///
     /// # Errors
-    /// [`LockError::Config`] if the sequence cannot be created or exists with a cache;
-    /// [`LockError::Unavailable`] if the server cannot be reached.
+    /// [`LockError::Config`](dlock_api::LockError::Config) if the sequence cannot be created or exists with a cache;
+    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) if the server cannot be reached.
     ///
     /// # Cancel safety
     /// Cancel safe: the DDL is one statement; it either ran or not.
@@ -98,12 +101,12 @@ impl PostgresLock {
         ensure_fence(&mut conn, config, &config.quoted_sequence()?, true).await
     }
 
-    /// [`try_acquire`](DistributedLock::try_acquire) with an [`AdvisoryKey`]: an integer key
+    /// [`try_acquire`](dlock_api::DistributedLock::try_acquire) with an [`AdvisoryKey`]: an integer key
     /// (or pair) you already have, used as is. The guard's name is
     /// [`AdvisoryKey::lock_name`].
     ///
     /// # Errors
-    /// As [`try_acquire`](DistributedLock::try_acquire).
+    /// As [`try_acquire`](dlock_api::DistributedLock::try_acquire).
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call queues an owner-checked unlock on the session it used.
@@ -112,46 +115,55 @@ impl PostgresLock {
         key: &AdvisoryKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
-        self.capabilities().check(BACKEND, options)?;
-        self.attempt(key, options, true).await
+        let attempt = self.attempt(key, true);
+        try_acquire_by(RawLock::capabilities(self), BACKEND, options, attempt).await
     }
 
-    /// [`acquire`](DistributedLock::acquire) with an [`AdvisoryKey`].
+    /// [`acquire`](dlock_api::DistributedLock::acquire) with an [`AdvisoryKey`].
     ///
     /// # Errors
-    /// As [`acquire`](DistributedLock::acquire).
+    /// As [`acquire`](dlock_api::DistributedLock::acquire).
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call cancels its server-side wait (`pg_cancel_backend`) and
     /// releases the lock if the server granted it meanwhile.
     pub async fn acquire_key(&self, key: &AdvisoryKey, options: &LockOptions) -> Result<LockGuard> {
-        self.capabilities().check(BACKEND, options)?;
-        let started = Instant::now();
-        let deadline = options.wait_timeout().map(|wait| started + wait);
+        let name = key.lock_name();
+        let caps = RawLock::capabilities(self);
+        acquire_by(caps, BACKEND, &name, options, |deadline| {
+            self.wait_key(key, options, deadline)
+        })
+        .await
+    }
+
+    /// Waits for `key` until `deadline`: one attempt on a shared session, then server-side
+    /// waits on a connection of its own, polling only when every connection is busy.
+    async fn wait_key(
+        &self,
+        key: &AdvisoryKey,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
         let raw = key.raw();
-        let timed_out_now = || LockError::Timeout {
-            name: key.lock_name().to_string(),
-            waited: started.elapsed(),
-        };
         if !self.inner.holds_locally(raw) {
-            if let Some(guard) = self.attempt(key, options, false).await? {
-                return Ok(guard);
+            if let Some(grant) = self.attempt(key, false).await? {
+                return Ok(Some(grant));
             }
         }
         let mut polls = 0u32;
-        let mut next_poll = Instant::now() + options.retry().delay(0);
+        let mut next_poll = after(Instant::now(), options.retry().delay(0));
         // A wait whose connection is killed waits again on a new one (only a server that stays
         // unreachable for the connect timeout ends it).
         let mut recovery = WaitRecovery::new(self.inner.config.connect_timeout);
         let mut retry_after = |error: LockError| match recovery.on_failure(&error, options.retry())
         {
-            Some(delay) => Ok(Instant::now() + delay),
+            Some(delay) => Ok(after(Instant::now(), delay)),
             None => Err(error),
         };
         loop {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
-                return Err(timed_out_now());
+                return Ok(None);
             }
             let wake_at = deadline.map_or(next_poll, |d| d.min(next_poll));
             let exclusive = match self.inner.take_exclusive(Some(wake_at)).await {
@@ -169,12 +181,12 @@ impl PostgresLock {
                     // back-off on a shared session until one frees up.
                     if Instant::now() >= next_poll {
                         if !self.inner.holds_locally(raw) {
-                            if let Some(guard) = self.attempt(key, options, false).await? {
-                                return Ok(guard);
+                            if let Some(grant) = self.attempt(key, false).await? {
+                                return Ok(Some(grant));
                             }
                         }
                         polls = polls.saturating_add(1);
-                        next_poll = Instant::now() + options.retry().delay(polls);
+                        next_poll = after(Instant::now(), options.retry().delay(polls));
                     }
                     continue;
                 }
@@ -186,7 +198,7 @@ impl PostgresLock {
             .min(self.inner.config.wait_slice);
             if slice < Duration::from_millis(1) {
                 self.inner.end_exclusive(session.id);
-                return Err(timed_out_now());
+                return Ok(None);
             }
             let outcome = self.inner.spawn_wait(session, raw, slice).await;
             match outcome {
@@ -197,7 +209,7 @@ impl PostgresLock {
                         // Closed right after the grant: the lock went with it. Try again.
                         continue;
                     }
-                    return Ok(self.guard(key, raw, session, token, state, options));
+                    return Ok(Some(self.grant(key, raw, session, token, state)));
                 }
                 Ok(Ok(WaitOutcome::NotGranted)) => continue,
                 Ok(Err(error)) => {
@@ -209,33 +221,34 @@ impl PostgresLock {
         }
     }
 
-    async fn attempt(
-        &self,
-        key: &AdvisoryKey,
-        options: &LockOptions,
-        patient: bool,
-    ) -> Result<Option<LockGuard>> {
+    async fn attempt(&self, key: &AdvisoryKey, patient: bool) -> Result<Option<Grant>> {
         let state = Arc::new(LeaseState::new(None));
         let raw = key.raw();
         Ok(self
             .inner
             .try_lock(raw, &state, patient)
             .await?
-            .map(|(session, token)| self.guard(key, raw, session, token, state, options)))
+            .map(|(session, token)| self.grant(key, raw, session, token, state)))
     }
 
-    fn guard(
+    fn grant(
         &self,
         key: &AdvisoryKey,
         raw: RawKey,
         session: Arc<Session>,
         token: i64,
         state: Arc<LeaseState>,
-        options: &LockOptions,
-    ) -> LockGuard {
+    ) -> Grant {
         let name = key.lock_name();
         let lease = Arc::new(PgLease::new(self.inner.clone(), session, raw, name.clone()));
-        LockGuard::new(name, FencingToken::new(token as u64), lease, state, options)
+        // The connection is the lease: it lives while the session does, nothing to renew.
+        Grant::new(
+            name,
+            FencingToken::new(token as u64),
+            lease,
+            state,
+            RenewedBy::Session,
+        )
     }
 }
 
@@ -297,8 +310,14 @@ async fn ensure_fence(
     }
 }
 
+dlock_api::impl_distributed_lock!(PostgresLock);
+
 #[async_trait]
-impl DistributedLock for PostgresLock {
+impl RawLock for PostgresLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: if self.inner.config.fencing {
@@ -318,17 +337,17 @@ impl DistributedLock for PostgresLock {
         }
     }
 
-    async fn try_acquire(
+    async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {
+        self.attempt(&AdvisoryKey::Name(name.clone()), true).await
+    }
+
+    async fn wait_grant(
         &self,
         name: &LockName,
         options: &LockOptions,
-    ) -> Result<Option<LockGuard>> {
-        self.try_acquire_key(&AdvisoryKey::Name(name.clone()), options)
-            .await
-    }
-
-    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
-        self.acquire_key(&AdvisoryKey::Name(name.clone()), options)
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        self.wait_key(&AdvisoryKey::Name(name.clone()), options, deadline)
             .await
     }
 }

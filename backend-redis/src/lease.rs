@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::RawLease;
+use dlock_api::raw::time::after;
 use dlock_api::{LockError, LockName, Result};
+use tokio::time::Instant;
 
 use crate::keys::LockKeys;
 use crate::lock::Inner;
@@ -85,8 +87,9 @@ impl RawLease for RedisLease {
         }
     }
 
-    async fn extend(&self, ttl: Duration) -> Result<()> {
+    async fn extend(&self, ttl: Duration) -> Result<Instant> {
         let inner = &self.inner;
+        let sent = Instant::now();
         let ttl_ms = ttl.as_millis().max(1).to_string();
         let extended: i64 = inner
             .conn
@@ -98,7 +101,7 @@ impl RawLease for RedisLease {
             )
             .await?;
         if extended == 1 {
-            Ok(())
+            Ok(after(sent, ttl))
         } else {
             Err(LockError::NotHeld {
                 name: self.name.to_string(),

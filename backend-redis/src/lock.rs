@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_api::raw::{LeaseState, PendingAcquire};
+use dlock_api::raw::time::after;
+use dlock_api::raw::{Grant, LeaseState, PendingAcquire, RawLock, RenewedBy};
 use dlock_api::{
-    Capabilities, DistributedLock, Fencing, FencingToken, LeaseKind, LockError, LockGuard,
-    LockName, LockOptions, Result,
+    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockName, LockOptions, Result,
 };
 use tokio::time::{Instant, sleep_until};
 
@@ -39,7 +39,7 @@ pub(crate) struct Inner {
 }
 
 enum Attempt {
-    Granted(LockGuard),
+    Granted(Grant),
     /// Not ours. `pttl`: the holder's remaining lease in ms; -2 free but a live waiter is first;
     /// -1 a key without TTL (not dlock's).
     Busy {
@@ -51,8 +51,8 @@ impl RedisLock {
     /// Connects to the deployment `config` describes.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`] if no server answers within the connect timeout;
-    /// [`LockError::Config`] if the Sentinels do not know the master.
+    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) if no server answers within the connect timeout;
+    /// [`LockError::Config`](dlock_api::LockError::Config) if the Sentinels do not know the master.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let hub = Arc::new(Wakeups::default());
         let conn = Conn::connect(&config, Wakeups::handler(&hub)).await?;
@@ -69,7 +69,7 @@ impl RedisLock {
     /// Parses `url` ([`RedisConfig::from_url`]) and connects.
     ///
     /// # Errors
-    /// [`LockError::Config`] for a bad URL (before any network call), else as [`connect`](Self::connect).
+    /// [`LockError::Config`](dlock_api::LockError::Config) for a bad URL (before any network call), else as [`connect`](Self::connect).
     pub async fn connect_url(url: &str) -> Result<Self> {
         Self::connect(RedisConfig::from_url(url)?).await
     }
@@ -87,7 +87,11 @@ impl RedisLock {
     /// How long a waiter stays in the queue without refreshing: a waiter that vanished is skipped
     /// by releases after this long. Waiters refresh every third of it.
     fn presence(&self) -> Duration {
-        (self.inner.config.command_timeout * 2).max(Duration::from_secs(2))
+        self.inner
+            .config
+            .command_timeout
+            .saturating_mul(2)
+            .max(Duration::from_secs(2))
     }
 
     fn guard(
@@ -97,8 +101,7 @@ impl RedisLock {
         owner: &str,
         token: i64,
         valid_until: Instant,
-        options: &LockOptions,
-    ) -> LockGuard {
+    ) -> Grant {
         let state = Arc::new(LeaseState::new(Some(valid_until)));
         let lease = Arc::new(RedisLease::new(
             self.inner.clone(),
@@ -106,12 +109,12 @@ impl RedisLock {
             keys.clone(),
             owner.to_owned(),
         ));
-        LockGuard::new(
+        Grant::new(
             name.clone(),
             FencingToken::new(token as u64),
             lease,
             state,
-            options,
+            RenewedBy::Guard,
         )
     }
 
@@ -161,8 +164,7 @@ impl RedisLock {
                     keys,
                     owner,
                     token,
-                    started + lease,
-                    options,
+                    after(started, lease),
                 )))
             }
             [0, pttl] => {
@@ -187,7 +189,12 @@ impl RedisLock {
         let acked: usize = self
             .inner
             .conn
-            .query(config.command_timeout + config.wait_replicas_timeout, &wait)
+            .query(
+                config
+                    .command_timeout
+                    .saturating_add(config.wait_replicas_timeout),
+                &wait,
+            )
             .await?;
         if acked < config.wait_replicas {
             return Err(LockError::unavailable(
@@ -213,8 +220,14 @@ fn grant_margin(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
+dlock_api::impl_distributed_lock!(RedisLock);
+
 #[async_trait]
-impl DistributedLock for RedisLock {
+impl RawLock for RedisLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: Fencing::BestEffort,
@@ -230,30 +243,27 @@ impl DistributedLock for RedisLock {
         }
     }
 
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>> {
-        self.capabilities().check(BACKEND, options)?;
+    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
         let keys = self.keys(name);
         match self
             .attempt(name, &keys, &owner_token(), options, false)
             .await?
         {
-            Attempt::Granted(guard) => Ok(Some(guard)),
+            Attempt::Granted(grant) => Ok(Some(grant)),
             Attempt::Busy { .. } => Ok(None),
         }
     }
 
-    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
-        self.capabilities().check(BACKEND, options)?;
-        let started = Instant::now();
-        let deadline = options.wait_timeout().map(|wait| started + wait);
+    async fn wait_grant(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
         let keys = self.keys(name);
         let owner = owner_token();
-        if let Attempt::Granted(guard) = self.attempt(name, &keys, &owner, options, false).await? {
-            return Ok(guard);
+        if let Attempt::Granted(grant) = self.attempt(name, &keys, &owner, options, false).await? {
+            return Ok(Some(grant));
         }
         let timeout = self.inner.config.command_timeout;
         let waiting = self
@@ -274,15 +284,23 @@ impl DistributedLock for RedisLock {
             notified.as_mut().enable();
             if let Some((token, arrived)) = waiting.granted() {
                 pending.disarm();
-                let valid_until =
-                    arrived + options.ttl().saturating_sub(grant_margin(options.ttl()));
-                return Ok(self.guard(name, &keys, &owner, token as i64, valid_until, options));
+                let valid_until = after(
+                    arrived,
+                    options.ttl().saturating_sub(grant_margin(options.ttl())),
+                );
+                return Ok(Some(self.guard(
+                    name,
+                    &keys,
+                    &owner,
+                    token as i64,
+                    valid_until,
+                )));
             }
             waiting.ensure_subscribed().await?;
             let pttl = match self.attempt(name, &keys, &owner, options, true).await? {
-                Attempt::Granted(guard) => {
+                Attempt::Granted(grant) => {
                     pending.disarm();
-                    return Ok(guard);
+                    return Ok(Some(grant));
                 }
                 Attempt::Busy { pttl } => pttl,
             };
@@ -291,20 +309,17 @@ impl DistributedLock for RedisLock {
                 // Leave the queue (or pass on a grant that raced in) before reporting the timeout.
                 RedisLease::cancel(&self.inner, &keys, &owner).await?;
                 pending.disarm();
-                return Err(LockError::Timeout {
-                    name: name.to_string(),
-                    waited: started.elapsed(),
-                });
+                return Ok(None);
             }
             // Re-check at the latest when our presence needs refreshing, when the holder's lease
             // ends (a lost announcement must not strand us), or, if the lock is free with a live
             // waiter first, after a short back-off.
-            let mut wake_at = now + refresh;
+            let mut wake_at = after(now, refresh);
             if pttl >= 0 {
-                wake_at = wake_at.min(now + Duration::from_millis(pttl as u64));
+                wake_at = wake_at.min(after(now, Duration::from_millis(pttl as u64)));
             } else if pttl == -2 {
-                wake_at = wake_at.min(now + options.retry().delay(backoff));
-                backoff += 1;
+                wake_at = wake_at.min(after(now, options.retry().delay(backoff)));
+                backoff = backoff.saturating_add(1);
             }
             if let Some(deadline) = deadline {
                 wake_at = wake_at.min(deadline);

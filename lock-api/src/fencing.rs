@@ -43,7 +43,7 @@ impl From<FencingToken> for u64 {
 /// The protected resource's side of fencing: remembers the highest token seen per name and
 /// refuses older ones.
 ///
-/// This is the check the seeds' GC-pause scenario needs: holder A pauses past its TTL, B acquires
+/// This is the check the GC-pause scenario needs: holder A pauses past its TTL, B acquires
 /// (a higher token) and writes; when A wakes and writes with its old token, the gate refuses it.
 /// Real storage does the same with a conditional write (`UPDATE … WHERE fence < $token`); this
 /// in-memory gate is a model of it for tests and single-process resources.

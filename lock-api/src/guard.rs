@@ -14,7 +14,7 @@ use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
 use crate::name::LockName;
 use crate::options::LockOptions;
-use crate::raw::{LeaseState, RawLease, spawn_release, start_watchdog};
+use crate::raw::{LeaseState, RawLease, RenewedBy, spawn_release, start_watchdog};
 
 /// Why a held lock was lost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,7 +54,7 @@ impl fmt::Display for LostReason {
 ///
 /// ### Note: dropping releases in the background, not at once
 /// Async drop does not exist, so `Drop` spawns the release and logs a warning. Code that must know
-/// the lock is free before it goes on (the seeds' commit-then-unlock rule) calls
+/// the lock is free before it goes on (the commit-then-unlock rule) calls
 /// `release().await` after its commit.
 #[must_use = "if unused the lock is released immediately"]
 #[clippy::has_significant_drop]
@@ -66,19 +66,19 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    /// Assembles a guard. **For backend implementors**: call it once the server granted the lock,
-    /// with the lease and the state created for it. Starts the watchdog if `options` ask for
-    /// renewal or a maximum hold time.
-    pub fn new(
+    /// Assembles a guard from what the server granted (see [`raw::Grant`](crate::raw::Grant)):
+    /// starts the watchdog if `options` ask for renewal (and the guard renews its own lease) or a
+    /// maximum hold time.
+    pub(crate) fn assemble(
         name: LockName,
         token: FencingToken,
         lease: Arc<dyn RawLease>,
         state: Arc<LeaseState>,
+        renewed_by: RenewedBy,
         options: &LockOptions,
     ) -> Self {
-        let lease_is_ttl = state.valid_until().is_some();
         start_watchdog(
-            crate::raw::watchdog_settings(&name, options, lease_is_ttl),
+            crate::raw::watchdog_settings(&name, options, renewed_by == RenewedBy::Guard),
             lease.clone(),
             state.clone(),
         );
@@ -179,11 +179,10 @@ impl LockGuard {
             .validate()?;
         self.check_held()?;
         let lease = self.lease.as_ref().expect("lease present until release");
-        let started = Instant::now();
         match lease.extend(ttl).await {
-            Ok(()) => {
+            Ok(valid_until) => {
                 if self.state.valid_until().is_some() {
-                    self.state.set_valid_until(Some(started + ttl));
+                    self.state.set_valid_until(Some(valid_until));
                 }
                 Ok(())
             }

@@ -172,7 +172,7 @@ pub trait DistributedLockExt: DistributedLock {
 
     /// Runs `work` while holding `name`: acquires (waiting as the options say), runs the work,
     /// and releases **after** the work has finished, so a database commit inside it is durable
-    /// before the next holder reads (the seeds' commit-before-unlock rule).
+    /// before the next holder reads (the commit-before-unlock rule).
     ///
     /// If the lock is lost while the work runs, the work's future is dropped at its next await
     /// point and the call returns [`LockError::Lost`]: the work must be written so that stopping

@@ -5,6 +5,7 @@ mod store;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep_until};
@@ -13,11 +14,10 @@ use self::store::{Attempt, Store};
 use crate::capabilities::{Capabilities, Fencing, LeaseKind};
 use crate::error::{LockError, Result};
 use crate::fencing::FencingToken;
-use crate::guard::LockGuard;
-use crate::lock::DistributedLock;
 use crate::name::LockName;
 use crate::options::LockOptions;
-use crate::raw::{LeaseState, PendingAcquire, RawLease};
+use crate::raw::time::after;
+use crate::raw::{Grant, LeaseState, PendingAcquire, RawLease, RawLock, RenewedBy};
 
 const BACKEND: &str = "memory";
 
@@ -105,21 +105,21 @@ impl MemoryLock {
         id: u64,
         token: u64,
         started: Instant,
-        options: &LockOptions,
-    ) -> LockGuard {
-        let state = Arc::new(LeaseState::new(Some(started + options.ttl())));
+        ttl: Duration,
+    ) -> Grant {
+        let state = Arc::new(LeaseState::new(Some(after(started, ttl))));
         self.store.attach(name, id, &state);
         let lease = Arc::new(MemoryLease {
             store: self.store.clone(),
             name: name.clone(),
             id,
         });
-        LockGuard::new(
+        Grant::new(
             name.clone(),
             FencingToken::new(token),
             lease,
             state,
-            options,
+            RenewedBy::Guard,
         )
     }
 }
@@ -144,8 +144,14 @@ impl fmt::Display for MemoryLock {
     }
 }
 
+crate::impl_distributed_lock!(MemoryLock);
+
 #[async_trait]
-impl DistributedLock for MemoryLock {
+impl RawLock for MemoryLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: Fencing::Strict,
@@ -161,26 +167,26 @@ impl DistributedLock for MemoryLock {
         }
     }
 
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>> {
-        self.capabilities().check(BACKEND, options)?;
+    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
         let started = Instant::now();
         Ok(match self.store.try_take(name, options.ttl(), None) {
-            Attempt::Granted { id, token } => Some(self.grant(name, id, token, started, options)),
+            Attempt::Granted { id, token } => {
+                Some(self.grant(name, id, token, started, options.ttl()))
+            }
             Attempt::Busy { .. } => None,
         })
     }
 
-    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
-        self.capabilities().check(BACKEND, options)?;
-        let started = Instant::now();
-        if let Attempt::Granted { id, token } = self.store.try_take(name, options.ttl(), None) {
-            return Ok(self.grant(name, id, token, started, options));
+    async fn wait_grant(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let ttl = options.ttl();
+        if let Some(grant) = self.try_grant(name, options).await? {
+            return Ok(Some(grant));
         }
-        let deadline = options.wait_timeout().map(|wait| started + wait);
         let (waiter, wake) = self.store.enqueue(name);
         let pending = {
             let (store, name) = (self.store.clone(), name.clone());
@@ -191,10 +197,10 @@ impl DistributedLock for MemoryLock {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let attempt_started = Instant::now();
-            let until = match self.store.try_take(name, options.ttl(), Some(waiter)) {
+            let until = match self.store.try_take(name, ttl, Some(waiter)) {
                 Attempt::Granted { id, token } => {
                     pending.disarm();
-                    return Ok(self.grant(name, id, token, attempt_started, options));
+                    return Ok(Some(self.grant(name, id, token, attempt_started, ttl)));
                 }
                 Attempt::Busy { until } => until,
             };
@@ -211,17 +217,13 @@ impl DistributedLock for MemoryLock {
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 // One last try, so a lock freed exactly at the deadline is not missed.
-                if let Attempt::Granted { id, token } =
-                    self.store.try_take(name, options.ttl(), Some(waiter))
+                if let Attempt::Granted { id, token } = self.store.try_take(name, ttl, Some(waiter))
                 {
                     pending.disarm();
-                    return Ok(self.grant(name, id, token, Instant::now(), options));
+                    return Ok(Some(self.grant(name, id, token, Instant::now(), ttl)));
                 }
                 drop(pending);
-                return Err(LockError::Timeout {
-                    name: name.to_string(),
-                    waited: started.elapsed(),
-                });
+                return Ok(None);
             }
         }
     }
@@ -246,9 +248,10 @@ impl RawLease for MemoryLease {
         }
     }
 
-    async fn extend(&self, ttl: std::time::Duration) -> Result<()> {
+    async fn extend(&self, ttl: Duration) -> Result<Instant> {
+        let started = Instant::now();
         if self.store.extend(&self.name, self.id, ttl) {
-            Ok(())
+            Ok(after(started, ttl))
         } else {
             Err(LockError::NotHeld {
                 name: self.name.to_string(),

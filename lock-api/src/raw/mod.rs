@@ -1,28 +1,51 @@
-//! The implementor-facing API: what a backend builds a [`LockGuard`](crate::LockGuard) from.
+//! The implementor API: how a backend plugs into dlock. Read `ARCHITECTURE.md` at the repository
+//! root for the picture; this is the guide.
 //!
-//! A backend's acquire, on success, creates
-//! - a [`RawLease`]: its own release and extend (compare-and-delete, compare-and-pexpire, …);
-//! - a [`LeaseState`]: the shared record of validity and loss, which the backend may also hand to
-//!   its connection task so that a closed session fires [`mark_lost`](LeaseState::mark_lost);
+//! ## What a backend supplies
+//! - [`RawLock`]: `try_grant` (one attempt that does not wait) and `wait_grant` (wait on the
+//!   server until granted or a deadline), plus its [`Capabilities`](crate::Capabilities). Both
+//!   answer with a [`Grant`]: the fencing token, a [`RawLease`], the [`LeaseState`] holding the
+//!   validity the server gave, and who renews it ([`RenewedBy`]).
+//! - [`RawLease`]: release (owner-checked) and extend, which returns the validity it obtained.
+//! - `dlock_api::impl_distributed_lock!(MyLock);` then implements
+//!   [`DistributedLock`](crate::DistributedLock) through the engine ([`try_acquire`],
+//!   [`acquire`]): options are checked against the capabilities once, before any network call;
+//!   the one wait deadline comes from [`time::deadline`] (a wait too long to reach has none); a
+//!   wait that ends without a grant becomes [`LockError::Timeout`](crate::LockError::Timeout);
+//!   the guard is assembled here and the shared watchdog started when the guard renews its own
+//!   lease. Backend entry points with their own key types (Postgres integer keys) use
+//!   [`try_acquire_by`] and [`acquire_by`].
 //!
-//! and passes both to [`LockGuard::new`](crate::LockGuard::new), which starts the shared
-//! [watchdog](crate::Renewal) when the options ask for renewal or a maximum hold time. Between
-//! sending the request that could grant the lock and returning the guard, the backend keeps a
-//! [`PendingAcquire`] armed, so a dropped acquire future cleans up after itself.
+//! ## The three lease models
+//! - **TTL per lock** (Redis, memory): the state carries a deadline measured from before the
+//!   request; [`RenewedBy::Guard`] makes the watchdog call [`RawLease::extend`] every renewal
+//!   interval and move the deadline to the validity it returns.
+//! - **Session** (MySQL, Postgres): the state has no deadline; the connection is the lease
+//!   ([`RenewedBy::Session`]), kept alive by the backend's keepalive, which marks every guard on
+//!   a dead connection lost ([`LeaseState::mark_lost`]).
+//! - **Consensus lease** (etcd, planned): one lease for many keys, kept alive by the client's
+//!   stream ([`RenewedBy::Session`]), its deadline shared by every guard on it.
 //!
-//! Two more pieces keep cancellation from cutting work in half: [`Detach`] runs a step to
-//! completion even if its caller is dropped (every release runs in one, so a task aborted inside
-//! `release().await` still releases and still updates the client's records), and
-//! [`WaitRecovery`] lets a blocking wait survive its connection being killed.
+//! ## Cancellation, once for every backend
+//! - [`PendingAcquire`]: armed before a request that could grant the lock, it undoes the request
+//!   if the acquire is dropped before the [`Grant`] exists. A dropped `Grant` releases its lease.
+//! - [`Detach`]: runs a step to completion even if its caller is dropped (every release runs in
+//!   one, so a task aborted inside `release().await` still releases and still updates the
+//!   client's records).
+//! - [`WaitRecovery`]: lets a blocking wait survive its connection being killed.
+//! - [`config`]: option values and URL parts parsed, and refused, the same way in every backend.
 
 pub mod config;
 mod detach;
+mod engine;
 mod pending;
 mod recovery;
 mod state;
+pub mod time;
 mod watchdog;
 
 pub use detach::Detach;
+pub use engine::{Grant, RawLock, RenewedBy, acquire, acquire_by, try_acquire, try_acquire_by};
 pub use pending::PendingAcquire;
 pub use recovery::WaitRecovery;
 pub use state::LeaseState;
@@ -32,7 +55,8 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
+pub use async_trait::async_trait;
+use tokio::time::Instant;
 
 use crate::error::Result;
 
@@ -50,12 +74,15 @@ pub trait RawLease: Debug + Send + Sync + 'static {
     /// caller of `release()` is dropped: keep the client's own bookkeeping of the release in it.
     async fn release(&self) -> Result<()>;
 
-    /// Resets the lease to `ttl` from now if this lease still owns the lock.
+    /// Resets the lease to `ttl` if this lease still owns the lock, and returns the validity it
+    /// obtained: the instant the lease ends by this client's clock, measured from *before* the
+    /// request was sent (`raw::time::after(sent, ttl)`), or less where the backend must allow for
+    /// drift (Redlock) or was granted a different TTL (etcd).
     ///
     /// Returns [`LockError::NotHeld`](crate::LockError::NotHeld) if the lock is gone or owned by
     /// someone else, [`LockError::Unsupported`](crate::LockError::Unsupported) on backends without
     /// leases to extend.
-    async fn extend(&self, ttl: Duration) -> Result<()>;
+    async fn extend(&self, ttl: Duration) -> Result<Instant>;
 }
 
 /// Releases `lease` in the background: what dropping an unreleased guard does.
@@ -83,16 +110,16 @@ pub fn spawn_release(name: &str, lease: Arc<dyn RawLease>) {
 pub(crate) fn watchdog_settings(
     name: &crate::LockName,
     options: &crate::LockOptions,
-    lease_is_ttl: bool,
+    renewed_by_guard: bool,
 ) -> watchdog::Watch {
     watchdog::Watch {
         name: name.to_string(),
         ttl: options.ttl(),
-        renew_every: if lease_is_ttl {
+        renew_every: if renewed_by_guard {
             options.renewal_interval()
         } else {
             None
         },
-        max_hold_until: options.max_hold().map(|d| tokio::time::Instant::now() + d),
+        max_hold_until: time::deadline(tokio::time::Instant::now(), options.max_hold()),
     }
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until, timeout_at};
 
+use super::time::after;
 use super::{LeaseState, RawLease, spawn_release};
 use crate::error::LockError;
 use crate::guard::LostReason;
@@ -41,9 +42,9 @@ pub(crate) fn start_watchdog(watch: Watch, lease: Arc<dyn RawLease>, state: Arc<
 }
 
 async fn run(watch: &Watch, lease: &Arc<dyn RawLease>, state: &LeaseState) {
-    let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+    let far = after(Instant::now(), Duration::from_secs(365 * 24 * 3600));
     let max_hold_until = watch.max_hold_until.unwrap_or(far);
-    let mut next_renewal = watch.renew_every.map(|every| Instant::now() + every);
+    let mut next_renewal = watch.renew_every.map(|every| after(Instant::now(), every));
     loop {
         let wake = next_renewal.unwrap_or(far).min(max_hold_until);
         sleep_until(wake).await;
@@ -59,21 +60,26 @@ async fn run(watch: &Watch, lease: &Arc<dyn RawLease>, state: &LeaseState) {
         };
         let started = Instant::now();
         // A renewal that cannot finish before the lease ends is pointless: bound it by the deadline.
-        let deadline = state.valid_until().unwrap_or(started + watch.ttl);
+        let deadline = state.valid_until().unwrap_or(after(started, watch.ttl));
         // Until it succeeds, a renewal in flight counts as failing: a deadline passing meanwhile is
         // a renewal failure, not a plain expiry.
         state.set_renewal_failing(true);
         match timeout_at(deadline, lease.extend(watch.ttl)).await {
-            Ok(Ok(())) => {
+            Ok(Ok(valid_until)) => {
                 state.set_renewal_failing(false);
-                state.set_valid_until(Some(started + watch.ttl));
-                next_renewal = Some(started + every);
+                state.set_valid_until(Some(valid_until));
+                next_renewal = Some(after(started, every));
             }
             Ok(Err(error)) if error.is_retryable() && Instant::now() < deadline => {
                 tracing::debug!(lock = %watch.name, %error, "renewal failed; retrying");
                 let remaining = deadline.saturating_duration_since(Instant::now());
-                next_renewal =
-                    Some(Instant::now() + (remaining / 4).clamp(Duration::from_millis(5), every));
+                next_renewal = Some(after(
+                    Instant::now(),
+                    remaining
+                        .checked_div(4)
+                        .unwrap_or_default()
+                        .clamp(Duration::from_millis(5), every),
+                ));
             }
             Ok(Err(error)) => {
                 let reason = match &error {

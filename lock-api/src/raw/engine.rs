@@ -1,0 +1,247 @@
+//! The generic half of every backend: options checked once, the wait deadline, the `Timeout`
+//! error, the guard assembled and its renewal started. A backend supplies [`RawLock`] (what the
+//! server grants) and gets [`DistributedLock`](crate::DistributedLock) from
+//! [`impl_distributed_lock!`](crate::impl_distributed_lock).
+
+use std::fmt::{Debug, Display};
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::time::deadline;
+use super::{LeaseState, RawLease, spawn_release};
+use crate::capabilities::Capabilities;
+use crate::error::{LockError, Result};
+use crate::fencing::FencingToken;
+use crate::guard::LockGuard;
+use crate::name::LockName;
+use crate::options::LockOptions;
+
+/// Who keeps a granted lease alive while the guard is held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RenewedBy {
+    /// The shared watchdog, one per guard, calling [`RawLease::extend`] (a TTL per lock: Redis,
+    /// memory).
+    Guard,
+    /// The backend's session, for all its guards at once (a SQL connection, an etcd keep-alive
+    /// stream, a ZooKeeper heartbeat): no per-guard watchdog.
+    Session,
+    /// Nobody: the lease ends at its deadline unless extended by hand.
+    Nobody,
+}
+
+/// What the server granted for one acquire: the backend's answer, before it is a guard.
+///
+/// A grant that is dropped instead of being turned into a guard (the acquire was cancelled after
+/// the server said yes) releases its lease in the background, so a backend can build one the
+/// moment the reply arrives and never leak a lock in between.
+#[derive(Debug)]
+#[must_use = "a dropped grant releases its lock"]
+pub struct Grant {
+    token: FencingToken,
+    lease: Option<Arc<dyn RawLease>>,
+    state: Arc<LeaseState>,
+    renewed_by: RenewedBy,
+    name: LockName,
+}
+
+impl Grant {
+    /// A grant of `name` with its fencing `token`, the `lease` that releases and extends it, the
+    /// `state` holding its validity (its deadline, or `None` for a session lease) and loss, and
+    /// who renews it.
+    pub fn new(
+        name: LockName,
+        token: FencingToken,
+        lease: Arc<dyn RawLease>,
+        state: Arc<LeaseState>,
+        renewed_by: RenewedBy,
+    ) -> Self {
+        Self {
+            token,
+            lease: Some(lease),
+            state,
+            renewed_by,
+            name,
+        }
+    }
+
+    /// The guard for this grant, with renewal and the maximum hold time as `options` ask.
+    pub(crate) fn into_guard(mut self, options: &LockOptions) -> LockGuard {
+        let lease = self.lease.take().expect("a grant's lease is taken once");
+        LockGuard::assemble(
+            self.name.clone(),
+            self.token,
+            lease,
+            self.state.clone(),
+            self.renewed_by,
+            options,
+        )
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            spawn_release(self.name.as_str(), lease);
+        }
+    }
+}
+
+/// What a backend implements: one attempt, and a wait. Everything else (checking options against
+/// the capabilities, the deadline, the `Timeout` error, assembling the guard, renewal) is done
+/// once, here, for every backend.
+#[async_trait]
+pub trait RawLock: Debug + Display + Send + Sync + 'static {
+    /// The backend's tag in errors, e.g. `"redis"`.
+    fn backend(&self) -> &'static str;
+
+    /// What the backend promises; the options of every call are checked against it first.
+    fn capabilities(&self) -> Capabilities;
+
+    /// One attempt that does not wait: `Ok(None)` when someone holds the lock. Called with
+    /// options already checked.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: a dropped call leaves no lock held (arm a
+    /// [`PendingAcquire`](super::PendingAcquire), or build the [`Grant`] as soon as the reply is
+    /// in).
+    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>>;
+
+    /// Waits until the server grants `name` or `deadline` passes (`Ok(None)`); `None` waits
+    /// without limit. Called with options already checked. It is woken by the server, not by
+    /// polling, and rides out a lost connection within the deadline
+    /// ([`WaitRecovery`](super::WaitRecovery)).
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: a dropped wait leaves no lock held and no waiter registered.
+    async fn wait_grant(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>>;
+}
+
+/// [`DistributedLock::try_acquire`](crate::DistributedLock::try_acquire) for a [`RawLock`].
+///
+/// # Errors
+/// As the trait method.
+///
+/// # Cancel safety
+/// As the backend's [`RawLock::try_grant`].
+pub async fn try_acquire<B: RawLock + ?Sized>(
+    backend: &B,
+    name: &LockName,
+    options: &LockOptions,
+) -> Result<Option<LockGuard>> {
+    try_acquire_by(backend.capabilities(), backend.backend(), options, async {
+        backend.try_grant(name, options).await
+    })
+    .await
+}
+
+/// [`DistributedLock::acquire`](crate::DistributedLock::acquire) for a [`RawLock`].
+///
+/// # Errors
+/// As the trait method.
+///
+/// # Cancel safety
+/// As the backend's [`RawLock::wait_grant`].
+pub async fn acquire<B: RawLock + ?Sized>(
+    backend: &B,
+    name: &LockName,
+    options: &LockOptions,
+) -> Result<LockGuard> {
+    acquire_by(
+        backend.capabilities(),
+        backend.backend(),
+        name,
+        options,
+        |deadline| backend.wait_grant(name, options, deadline),
+    )
+    .await
+}
+
+/// The engine's non-blocking acquire for a backend's own entry points (an acquire by integer
+/// key, say): checks `options` against `capabilities` before `attempt` runs, and turns the grant
+/// into a guard.
+///
+/// # Errors
+/// [`LockError::InvalidArgument`] / [`LockError::Unsupported`] for options refused before any
+/// network call, else what `attempt` returns.
+///
+/// # Cancel safety
+/// As `attempt`.
+pub async fn try_acquire_by(
+    capabilities: Capabilities,
+    backend: &'static str,
+    options: &LockOptions,
+    attempt: impl Future<Output = Result<Option<Grant>>>,
+) -> Result<Option<LockGuard>> {
+    capabilities.check(backend, options)?;
+    Ok(attempt.await?.map(|grant| grant.into_guard(options)))
+}
+
+/// The engine's blocking acquire for a backend's own entry points: checks `options`, computes
+/// the one deadline (a wait too long to reach has none), runs `wait` under it, and turns its
+/// grant into a guard or its `None` into [`LockError::Timeout`].
+///
+/// # Errors
+/// As [`try_acquire_by`], plus [`LockError::Timeout`].
+///
+/// # Cancel safety
+/// As `wait`.
+pub async fn acquire_by<F, Fut>(
+    capabilities: Capabilities,
+    backend: &'static str,
+    name: &LockName,
+    options: &LockOptions,
+    wait: F,
+) -> Result<LockGuard>
+where
+    F: FnOnce(Option<Instant>) -> Fut,
+    Fut: Future<Output = Result<Option<Grant>>>,
+{
+    capabilities.check(backend, options)?;
+    let started = Instant::now();
+    match wait(deadline(started, options.wait_timeout())).await? {
+        Some(grant) => Ok(grant.into_guard(options)),
+        None => Err(LockError::Timeout {
+            name: name.to_string(),
+            waited: started.elapsed(),
+        }),
+    }
+}
+
+/// Implements [`DistributedLock`](crate::DistributedLock) for a type that implements
+/// [`RawLock`] (`dlock_api::impl_distributed_lock!(MyLock);`), through the shared engine.
+#[macro_export]
+macro_rules! impl_distributed_lock {
+    ($backend:ty) => {
+        #[$crate::raw::async_trait]
+        impl $crate::DistributedLock for $backend {
+            fn capabilities(&self) -> $crate::Capabilities {
+                $crate::raw::RawLock::capabilities(self)
+            }
+
+            async fn try_acquire(
+                &self,
+                name: &$crate::LockName,
+                options: &$crate::LockOptions,
+            ) -> $crate::Result<::core::option::Option<$crate::LockGuard>> {
+                $crate::raw::try_acquire(self, name, options).await
+            }
+
+            async fn acquire(
+                &self,
+                name: &$crate::LockName,
+                options: &$crate::LockOptions,
+            ) -> $crate::Result<$crate::LockGuard> {
+                $crate::raw::acquire(self, name, options).await
+            }
+        }
+    };
+}
