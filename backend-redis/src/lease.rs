@@ -10,8 +10,8 @@ use dlock_api::raw::time::after;
 use dlock_api::{LockError, LockName, Result};
 use tokio::time::Instant;
 
+use crate::client::Inner;
 use crate::keys::LockKeys;
-use crate::lock::Inner;
 
 pub(crate) struct RedisLease {
     inner: Arc<Inner>,

@@ -63,6 +63,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod bench;
+mod client;
 mod config;
 mod conn;
 mod error;

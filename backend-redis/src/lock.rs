@@ -13,6 +13,7 @@ use dlock_api::{
 use tokio::time::{Instant, sleep_until};
 
 use crate::BACKEND;
+use crate::client::Inner;
 use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::LockKeys;
@@ -29,13 +30,6 @@ use crate::wake::Wakeups;
 #[derive(Clone)]
 pub struct RedisLock {
     inner: Arc<Inner>,
-}
-
-pub(crate) struct Inner {
-    pub(crate) config: RedisConfig,
-    pub(crate) conn: Conn,
-    pub(crate) scripts: Scripts,
-    hub: Arc<Wakeups>,
 }
 
 enum Attempt {

@@ -39,6 +39,8 @@ pub type CaseResult = Result<(), Failure>;
 pub struct Needs {
     /// Extendable leases (renewal, `extend`).
     pub extend: bool,
+    /// A backend *without* extendable leases (cases that check the refusal).
+    pub no_extend: bool,
     /// A TTL lease (cases about expiry).
     pub ttl_lease: bool,
     /// Fencing tokens (strict, or best effort: the cases check normal operation, not the failures a
@@ -59,6 +61,9 @@ impl Needs {
         if self.extend && !caps.extend {
             return Some("backend cannot extend leases");
         }
+        if self.no_extend && caps.extend {
+            return Some("backend can extend leases; the refusal does not apply");
+        }
         if self.ttl_lease && caps.lease != LeaseKind::Ttl {
             return Some("backend's lease is a session, not a TTL");
         }
@@ -72,6 +77,7 @@ impl Needs {
                     return Some(match fault {
                         Fault::KillHolder => "harness cannot kill a holder",
                         Fault::KillWaiters => "harness cannot kill waiting connections",
+                        Fault::SuspendSession => "harness cannot suspend a client's session",
                     });
                 }
                 Some(_) => {}

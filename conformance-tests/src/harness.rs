@@ -70,6 +70,20 @@ pub enum Fault {
     KillHolder,
     /// [`Faults::kill_waiters`].
     KillWaiters,
+    /// [`Faults::session_client`].
+    SuspendSession,
+}
+
+/// A client's session, under a case's control: lose the connection, get it back, or lose the
+/// session.
+#[async_trait]
+pub trait SessionControl: Send + Sync {
+    /// The connection is lost; the session expires if it is not resumed within `timeout`.
+    async fn suspend(&self, timeout: Duration) -> std::result::Result<(), String>;
+    /// The connection is back.
+    async fn resume(&self) -> std::result::Result<(), String>;
+    /// The server expires the session now.
+    async fn expire(&self) -> std::result::Result<(), String>;
 }
 
 /// Server-side faults a harness can inject.
@@ -91,6 +105,13 @@ pub trait Faults: Send + Sync {
     async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
         let _ = name;
         Err("this harness cannot kill waiters".into())
+    }
+
+    /// A fresh client, and control over its session.
+    async fn session_client(
+        &self,
+    ) -> std::result::Result<(Arc<dyn DistributedLock>, Box<dyn SessionControl>), String> {
+        Err("this harness cannot control sessions".into())
     }
 }
 

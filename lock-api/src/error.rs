@@ -3,8 +3,8 @@
 use std::error::Error as StdError;
 use std::time::Duration;
 
-use crate::fencing::FencingToken;
-use crate::guard::LostReason;
+use crate::status::LostReason;
+use crate::token::FencingToken;
 
 /// A boxed error from a driver (`redis`, `sqlx`, …), kept out of public signatures.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;

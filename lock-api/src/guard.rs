@@ -1,4 +1,4 @@
-//! The held lock: [`LockGuard`], its [`Lost`] signal and [`LostReason`].
+//! The held lock: [`LockGuard`] and its [`Lost`] signal.
 
 use std::fmt;
 use std::future::Future;
@@ -11,38 +11,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{LockError, Result};
-use crate::fencing::FencingToken;
 use crate::name::LockName;
 use crate::options::LockOptions;
-use crate::raw::{LeaseState, RawLease, RenewedBy, spawn_release, start_watchdog};
-
-/// Why a held lock was lost.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// The lease's TTL ran out without renewal.
-    Expired,
-    /// Renewal kept failing (server unreachable) until the lease's validity ran out.
-    RenewalFailed,
-    /// The server says someone else holds the lock, or nobody does.
-    TakenOver,
-    /// The session or connection that held the lock closed (killed, dropped, server restarted).
-    SessionClosed,
-    /// The maximum hold time from [`LockOptions::with_max_hold`] was reached.
-    MaxHoldExceeded,
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Expired => "the lease expired",
-            Self::RenewalFailed => "renewal failed until the lease expired",
-            Self::TakenOver => "the server no longer has this holder",
-            Self::SessionClosed => "the session holding the lock closed",
-            Self::MaxHoldExceeded => "the maximum hold time was reached",
-        })
-    }
-}
+use crate::raw::detach::Detach;
+use crate::raw::lease::{RawLease, RenewedBy, spawn_release};
+use crate::raw::state::LeaseState;
+use crate::raw::watchdog::{start_watchdog, watchdog_settings};
+use crate::status::{LockStatus, LostReason};
+use crate::token::FencingToken;
 
 /// A held lock. Created by [`acquire`](crate::DistributedLock::acquire) and
 /// [`try_acquire`](crate::DistributedLock::try_acquire); released by [`release`](Self::release),
@@ -78,7 +54,7 @@ impl LockGuard {
         options: &LockOptions,
     ) -> Self {
         start_watchdog(
-            crate::raw::watchdog_settings(&name, options, renewed_by == RenewedBy::Guard),
+            watchdog_settings(&name, options, renewed_by == RenewedBy::Guard),
             lease.clone(),
             state.clone(),
         );
@@ -111,6 +87,14 @@ impl LockGuard {
     /// Whether the lock is still held as far as this client knows (not lost, deadline not passed).
     pub fn is_held(&self) -> bool {
         self.state.is_held()
+    }
+
+    /// Where the lock stands: [`Held`](LockStatus::Held) until an instant (or for the session),
+    /// [`Suspended`](LockStatus::Suspended) until an instant (its session lost its connection
+    /// and may come back: stop writing until it is held again), or [`Lost`](LockStatus::Lost)
+    /// with the reason.
+    pub fn status(&self) -> LockStatus {
+        self.state.status()
     }
 
     /// Why the lock was lost, if it was.
@@ -214,7 +198,7 @@ impl LockGuard {
         let lost_before = (!self.state.is_held())
             .then(|| self.state.lost_reason())
             .flatten();
-        let released = crate::raw::Detach::new(async move { lease.release().await }).await;
+        let released = Detach::new(async move { lease.release().await }).await;
         match (lost_before, released) {
             (Some(reason), _) => Err(LockError::Lost {
                 name: self.name.to_string(),

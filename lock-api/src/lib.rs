@@ -66,15 +66,19 @@ mod memory;
 mod name;
 mod options;
 pub mod raw;
+mod status;
+mod token;
 
 pub use capabilities::{Capabilities, Fencing, LeaseKind};
 pub use error::{BoxError, LockError, Result};
-pub use fencing::{FencingGate, FencingToken};
-pub use guard::{LockGuard, Lost, LostReason};
+pub use fencing::FencingGate;
+pub use guard::{LockGuard, Lost};
 pub use lock::{DistributedLock, DistributedLockExt, DynDistributedLock, LockContext};
 pub use memory::MemoryLock;
 pub use name::{KeyMapper, LockName};
 pub use options::{LockOptions, Renewal, RetryPolicy};
+pub use status::{LockStatus, LostReason};
+pub use token::FencingToken;
 
 /// Compile-time proof that the public types and futures can cross threads.
 #[allow(dead_code)]

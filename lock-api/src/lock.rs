@@ -9,10 +9,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
-use crate::fencing::FencingToken;
 use crate::guard::LockGuard;
 use crate::name::LockName;
 use crate::options::LockOptions;
+use crate::token::FencingToken;
 
 /// A lock service: one backend (Redis, Postgres, …) or the in-process [`MemoryLock`](crate::MemoryLock).
 ///

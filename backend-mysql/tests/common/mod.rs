@@ -144,8 +144,8 @@ impl Faults for MySqlHarness {
         .map_err(|e| e.to_string())?
     }
 
-    fn supports(&self, _fault: Fault) -> bool {
-        true
+    fn supports(&self, fault: Fault) -> bool {
+        matches!(fault, Fault::KillHolder | Fault::KillWaiters)
     }
 
     /// `KILL`s the connections whose statement waits in `GET_LOCK` on the name's key (state

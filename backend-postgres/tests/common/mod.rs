@@ -139,8 +139,8 @@ impl Faults for PgHarness {
         Ok(())
     }
 
-    fn supports(&self, _fault: Fault) -> bool {
-        true
+    fn supports(&self, fault: Fault) -> bool {
+        matches!(fault, Fault::KillHolder | Fault::KillWaiters)
     }
 
     /// `pg_terminate_backend` on the sessions waiting for the name's advisory lock, once there

@@ -139,8 +139,8 @@ impl Faults for RedisHarness {
         delete_key(&self.url, &keys.lock).await
     }
 
-    fn supports(&self, _fault: Fault) -> bool {
-        true
+    fn supports(&self, fault: Fault) -> bool {
+        matches!(fault, Fault::KillHolder | Fault::KillWaiters)
     }
 
     /// Once a waiter is queued for `name`, `CLIENT KILL`s every client connection (normal and

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_api::{DistributedLockExt, LockError, LockOptions, LostReason, Renewal};
+use dlock_api::{DistributedLockExt, LockError, LockOptions, LockStatus, LostReason, Renewal};
 
 use crate::{CaseResult, Ctx, Failure, ensure};
 
@@ -121,5 +121,115 @@ pub async fn with_lock_releases_after_work(ctx: Ctx) -> CaseResult {
         "token did not rise after with_lock"
     );
     after.release().await?;
+    Ok(())
+}
+
+/// A client whose session loses its connection reports its guards `Suspended` (not held, not
+/// lost, the lock still its own on the server) and `Held` again once the session is back.
+pub async fn suspended_guard_reports_it_and_resumes(ctx: Ctx) -> CaseResult {
+    let faults = ctx
+        .faults()
+        .ok_or_else(|| Failure("no fault hooks".into()))?;
+    let (client, session) = faults.session_client().await.map_err(Failure)?;
+    let other = ctx.client().await?;
+    let name = ctx.name("lock");
+    let guard = client.acquire(&name, &LockOptions::new()).await?;
+    session.suspend(ctx.timing().bound).await.map_err(Failure)?;
+    ensure!(
+        matches!(guard.status(), LockStatus::Suspended { .. }),
+        "status while suspended: {:?}",
+        guard.status()
+    );
+    ensure!(!guard.is_held(), "is_held() while suspended");
+    ensure!(
+        guard.lost_reason().is_none(),
+        "lost while only suspended: {:?}",
+        guard.lost_reason()
+    );
+    let busy = other.try_acquire(&name, &LockOptions::new()).await?;
+    ensure!(
+        busy.is_none(),
+        "another client took a suspended session's lock"
+    );
+    session.resume().await.map_err(Failure)?;
+    ensure!(
+        matches!(guard.status(), LockStatus::Held { .. }),
+        "status after resume: {:?}",
+        guard.status()
+    );
+    guard.release().await?;
+    Ok(())
+}
+
+/// A suspension that outlasts its deadline expires the session: every guard on it is lost with
+/// `SessionExpired`, and their locks go to others.
+pub async fn suspension_past_its_deadline_loses_every_guard(ctx: Ctx) -> CaseResult {
+    let faults = ctx
+        .faults()
+        .ok_or_else(|| Failure("no fault hooks".into()))?;
+    let (client, session) = faults.session_client().await.map_err(Failure)?;
+    let other = ctx.client().await?;
+    let names = [ctx.name("a"), ctx.name("b")];
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(client.acquire(name, &LockOptions::new()).await?);
+    }
+    session
+        .suspend(ctx.timing().short_ttl)
+        .await
+        .map_err(Failure)?;
+    for guard in &guards {
+        let reason = ctx
+            .within("lost after the suspension's deadline", guard.lost())
+            .await?;
+        ensure!(
+            reason == LostReason::SessionExpired,
+            "lost for {reason:?}, expected SessionExpired"
+        );
+    }
+    let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    for name in &names {
+        other.acquire(name, &wait).await?.release().await?;
+    }
+    for guard in guards {
+        let released = guard.release().await;
+        ensure!(
+            matches!(released, Err(LockError::Lost { .. })),
+            "release after expiry returned {released:?}"
+        );
+    }
+    Ok(())
+}
+
+/// A session the server expires loses every guard on it at once, with `SessionExpired`, and
+/// the client takes locks again on a new session.
+pub async fn expired_session_loses_every_guard(ctx: Ctx) -> CaseResult {
+    let faults = ctx
+        .faults()
+        .ok_or_else(|| Failure("no fault hooks".into()))?;
+    let (client, session) = faults.session_client().await.map_err(Failure)?;
+    let names = [ctx.name("a"), ctx.name("b")];
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(client.acquire(name, &LockOptions::new()).await?);
+    }
+    session.expire().await.map_err(Failure)?;
+    for guard in &guards {
+        let reason = ctx.within("lost after expiry", guard.lost()).await?;
+        ensure!(
+            reason == LostReason::SessionExpired,
+            "lost for {reason:?}, expected SessionExpired"
+        );
+        ensure!(
+            guard.status() == LockStatus::Lost(LostReason::SessionExpired),
+            "status after expiry: {:?}",
+            guard.status()
+        );
+    }
+    drop(guards);
+    let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let again = client.acquire(&names[0], &wait).await?;
+    ensure!(again.is_held(), "a new session's guard is not held");
+    again.release().await?;
     Ok(())
 }

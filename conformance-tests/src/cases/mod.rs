@@ -17,6 +17,7 @@ use crate::harness::Fault;
 
 const NONE: Needs = Needs {
     extend: false,
+    no_extend: false,
     ttl_lease: false,
     fencing: false,
     fault: None,
@@ -29,6 +30,10 @@ const TTL: Needs = Needs {
 const EXTEND: Needs = Needs {
     extend: true,
     ttl_lease: true,
+    ..NONE
+};
+const NO_EXTEND: Needs = Needs {
+    no_extend: true,
     ..NONE
 };
 const FENCED: Needs = Needs {
@@ -46,6 +51,10 @@ const CHILD: Needs = Needs {
 };
 const KILL_HOLDER: Needs = Needs {
     fault: Some(Fault::KillHolder),
+    ..NONE
+};
+const SESSION: Needs = Needs {
+    fault: Some(Fault::SuspendSession),
     ..NONE
 };
 const KILL_WAITERS: Needs = Needs {
@@ -82,11 +91,18 @@ static CASES: &[Case] = &[
     case!(fencing::stale_write_rejected_by_gate, FENCED_TTL),
     case!(renewal::keeps_lock_past_ttl_and_stops_at_release, EXTEND),
     case!(renewal::extend_moves_the_deadline, EXTEND),
+    case!(renewal::extend_refused_where_unsupported, NO_EXTEND),
     case!(renewal::max_hold_time_releases, NONE),
     case!(lost::fires_when_lease_ends_without_renewal, TTL),
     case!(lost::fires_when_holder_killed, KILL_HOLDER),
     case!(lost::with_lock_stops_work_when_lost, TTL),
     case!(lost::with_lock_releases_after_work, NONE),
+    case!(lost::suspended_guard_reports_it_and_resumes, SESSION),
+    case!(
+        lost::suspension_past_its_deadline_loses_every_guard,
+        SESSION
+    ),
+    case!(lost::expired_session_loses_every_guard, SESSION),
     case!(crash::crashed_holder_process_frees_the_lock, CHILD),
     case!(cancel::dropped_acquire_leaves_nothing, NONE),
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),

@@ -1,6 +1,6 @@
 //! The watchdog keeps a live holder's lock past its TTL and stops at release.
 
-use dlock_api::{LockOptions, LostReason, Renewal};
+use dlock_api::{LockError, LockOptions, LostReason, Renewal};
 use tokio::time::sleep;
 
 use crate::{CaseResult, Ctx, Failure, ensure};
@@ -86,5 +86,31 @@ pub async fn max_hold_time_releases(ctx: Ctx) -> CaseResult {
         .await??;
     next.release().await?;
     let _ = guard.release().await;
+    Ok(())
+}
+
+/// On a backend without extendable leases, `extend` is refused with `Unsupported` at once, and
+/// the lock stays held: what the backend cannot do is asserted, not skipped.
+pub async fn extend_refused_where_unsupported(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let guard = a.acquire(&name, &LockOptions::new()).await?;
+    let refused = ctx
+        .within(
+            "extend on a lease that cannot extend",
+            guard.extend(ctx.timing().short_ttl),
+        )
+        .await?;
+    ensure!(
+        matches!(refused, Err(LockError::Unsupported { .. })),
+        "extend returned {refused:?}, expected Unsupported"
+    );
+    ensure!(guard.is_held(), "the refused extend lost the lock");
+    let busy = b.try_acquire(&name, &LockOptions::new()).await?;
+    ensure!(
+        busy.is_none(),
+        "another client acquired the lock after a refused extend"
+    );
+    guard.release().await?;
     Ok(())
 }

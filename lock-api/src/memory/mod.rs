@@ -13,11 +13,11 @@ use tokio::time::{Instant, sleep_until};
 use self::store::{Attempt, Store};
 use crate::capabilities::{Capabilities, Fencing, LeaseKind};
 use crate::error::{LockError, Result};
-use crate::fencing::FencingToken;
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::raw::time::after;
-use crate::raw::{Grant, LeaseState, PendingAcquire, RawLease, RawLock, RenewedBy};
+use crate::raw::{Grant, LeaseState, PendingAcquire, RawLease, RawLock, RenewedBy, Session};
+use crate::token::FencingToken;
 
 const BACKEND: &str = "memory";
 
@@ -46,6 +46,8 @@ const BACKEND: &str = "memory";
 pub struct MemoryLock {
     store: Arc<Store>,
     label: Arc<str>,
+    /// This client's session (shared by its clones; replaced when it expires).
+    session: Arc<Mutex<Arc<Session>>>,
 }
 
 impl MemoryLock {
@@ -54,6 +56,7 @@ impl MemoryLock {
         Self {
             store: Arc::default(),
             label: "private".into(),
+            session: Arc::default(),
         }
     }
 
@@ -74,12 +77,65 @@ impl MemoryLock {
         Self {
             store,
             label: name.into(),
+            session: Arc::default(),
         }
     }
 
-    /// Another client of the same store (as a second process would be).
+    /// Another client of the same store, with a session of its own (as a second process would
+    /// be). A clone is the same client.
     pub fn client(&self) -> Self {
-        self.clone()
+        Self {
+            store: self.store.clone(),
+            label: self.label.clone(),
+            session: Arc::default(),
+        }
+    }
+
+    fn current_session(&self) -> Arc<Session> {
+        self.session
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Suspends this client's session, as a dropped connection suspends a ZooKeeper session: its
+    /// guards report [`LockStatus::Suspended`](crate::LockStatus::Suspended) (the store keeps
+    /// their locks) until [`resume_session`](Self::resume_session), or, if `timeout` passes
+    /// first, the session expires as with [`expire_session`](Self::expire_session). For testing
+    /// how code handles both.
+    pub fn suspend_session(&self, timeout: Duration) {
+        let session = self.current_session();
+        let until = after(Instant::now(), timeout);
+        session.suspend(until);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let client = self.clone();
+            runtime.spawn(async move {
+                let reason = session.ended().await;
+                client.end_session(&session, reason);
+            });
+        }
+    }
+
+    /// The suspended session is back: its guards are held again.
+    pub fn resume_session(&self) {
+        self.current_session().resume();
+    }
+
+    /// Ends this client's session at once, as the server does when a session expires: every
+    /// guard on it is lost with [`LostReason::SessionExpired`](crate::LostReason::SessionExpired)
+    /// and its locks go to the next waiters. Later acquires use a new session.
+    pub fn expire_session(&self) {
+        let session = self.current_session();
+        session.end(crate::LostReason::SessionExpired);
+        self.end_session(&session, crate::LostReason::SessionExpired);
+    }
+
+    fn end_session(&self, session: &Arc<Session>, reason: crate::LostReason) {
+        self.store.evict_session(session, reason);
+        let mut current = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        if Arc::ptr_eq(&current, session) {
+            *current = Arc::default();
+        }
     }
 
     /// Ends the current holder's lease of `name` at once, firing its `lost` signal with
@@ -107,7 +163,10 @@ impl MemoryLock {
         started: Instant,
         ttl: Duration,
     ) -> Grant {
-        let state = Arc::new(LeaseState::new(Some(after(started, ttl))));
+        let state = Arc::new(LeaseState::on_session(
+            Some(after(started, ttl)),
+            self.current_session(),
+        ));
         self.store.attach(name, id, &state);
         let lease = Arc::new(MemoryLease {
             store: self.store.clone(),

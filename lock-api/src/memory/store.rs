@@ -8,10 +8,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::guard::LostReason;
 use crate::name::LockName;
-use crate::raw::LeaseState;
 use crate::raw::time::after;
+use crate::raw::{LeaseState, Session};
+use crate::status::LostReason;
 
 /// One store of locks; every [`MemoryLock`](super::MemoryLock) client of it sees the same locks.
 #[derive(Debug, Default)]
@@ -211,6 +211,25 @@ impl Store {
         }
         entry.wake_front();
         true
+    }
+
+    /// Ends every hold whose guard is on `session` (an expired client session), telling the
+    /// guards and waking the next waiters.
+    pub(super) fn evict_session(&self, session: &Arc<Session>, reason: LostReason) {
+        let mut inner = self.lock();
+        for entry in inner.locks.values_mut() {
+            let on_session = entry
+                .holder
+                .as_ref()
+                .and_then(|h| h.state.upgrade())
+                .is_some_and(|state| state.session().is_some_and(|s| Arc::ptr_eq(s, session)));
+            if on_session {
+                if let Some(state) = entry.holder.take().and_then(|h| h.state.upgrade()) {
+                    state.mark_lost(reason);
+                }
+                entry.wake_front();
+            }
+        }
     }
 
     /// Names currently held or waited for (for tests: an empty store means nothing leaked).

@@ -10,28 +10,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
+use super::lease::{RawLease, RenewedBy, spawn_release};
+use super::state::LeaseState;
 use super::time::deadline;
-use super::{LeaseState, RawLease, spawn_release};
 use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
-use crate::fencing::FencingToken;
 use crate::guard::LockGuard;
 use crate::name::LockName;
 use crate::options::LockOptions;
-
-/// Who keeps a granted lease alive while the guard is held.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RenewedBy {
-    /// The shared watchdog, one per guard, calling [`RawLease::extend`] (a TTL per lock: Redis,
-    /// memory).
-    Guard,
-    /// The backend's session, for all its guards at once (a SQL connection, an etcd keep-alive
-    /// stream, a ZooKeeper heartbeat): no per-guard watchdog.
-    Session,
-    /// Nobody: the lease ends at its deadline unless extended by hand.
-    Nobody,
-}
+use crate::token::FencingToken;
 
 /// What the server granted for one acquire: the backend's answer, before it is a guard.
 ///

@@ -36,90 +36,23 @@
 //! - [`config`]: option values and URL parts parsed, and refused, the same way in every backend.
 
 pub mod config;
-mod detach;
+pub(crate) mod detach;
 mod engine;
+pub(crate) mod lease;
 mod pending;
 mod recovery;
-mod state;
+mod session;
+pub(crate) mod state;
 pub mod time;
-mod watchdog;
+pub(crate) mod watchdog;
 
 pub use detach::Detach;
-pub use engine::{Grant, RawLock, RenewedBy, acquire, acquire_by, try_acquire, try_acquire_by};
+pub use engine::{Grant, RawLock, acquire, acquire_by, try_acquire, try_acquire_by};
+pub use lease::{RawLease, RenewedBy, spawn_release};
 pub use pending::PendingAcquire;
 pub use recovery::WaitRecovery;
+pub use session::{Session, SessionStatus};
 pub use state::LeaseState;
-pub(crate) use watchdog::start_watchdog;
 
-use std::fmt::Debug;
-use std::sync::Arc;
-use std::time::Duration;
-
+#[doc(hidden)]
 pub use async_trait::async_trait;
-use tokio::time::Instant;
-
-use crate::error::Result;
-
-/// A backend's hold on one lock: the operations a [`LockGuard`](crate::LockGuard) delegates to.
-///
-/// Both methods may be called from the watchdog task while the guard is elsewhere, hence `&self`.
-#[async_trait]
-pub trait RawLease: Debug + Send + Sync + 'static {
-    /// Releases the lock if this lease still owns it.
-    ///
-    /// Returns [`LockError::NotHeld`](crate::LockError::NotHeld) if someone else holds it now or
-    /// nobody does; it must never touch another holder's lock.
-    ///
-    /// The guard runs it inside a [`Detach`], so it always runs to completion even when the
-    /// caller of `release()` is dropped: keep the client's own bookkeeping of the release in it.
-    async fn release(&self) -> Result<()>;
-
-    /// Resets the lease to `ttl` if this lease still owns the lock, and returns the validity it
-    /// obtained: the instant the lease ends by this client's clock, measured from *before* the
-    /// request was sent (`raw::time::after(sent, ttl)`), or less where the backend must allow for
-    /// drift (Redlock) or was granted a different TTL (etcd).
-    ///
-    /// Returns [`LockError::NotHeld`](crate::LockError::NotHeld) if the lock is gone or owned by
-    /// someone else, [`LockError::Unsupported`](crate::LockError::Unsupported) on backends without
-    /// leases to extend.
-    async fn extend(&self, ttl: Duration) -> Result<Instant>;
-}
-
-/// Releases `lease` in the background: what dropping an unreleased guard does.
-///
-/// It never blocks (async drop does not exist, and `block_on` in `Drop` can deadlock a
-/// runtime): with a tokio runtime it spawns the release; without one it drops the lease, so a
-/// session backend closes its connection and a TTL backend's lock ends at its TTL. Both paths log.
-pub fn spawn_release(name: &str, lease: Arc<dyn RawLease>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => {
-            let name = name.to_owned();
-            handle.spawn(async move {
-                if let Err(error) = lease.release().await {
-                    tracing::warn!(lock = %name, %error, "background release of a dropped guard failed; the lease will end on its own");
-                }
-            });
-        }
-        Err(_) => {
-            tracing::warn!(lock = %name, "guard dropped outside a tokio runtime; the lock ends when its lease or session does");
-        }
-    }
-}
-
-/// The watchdog settings a guard derives from its options.
-pub(crate) fn watchdog_settings(
-    name: &crate::LockName,
-    options: &crate::LockOptions,
-    renewed_by_guard: bool,
-) -> watchdog::Watch {
-    watchdog::Watch {
-        name: name.to_string(),
-        ttl: options.ttl(),
-        renew_every: if renewed_by_guard {
-            options.renewal_interval()
-        } else {
-            None
-        },
-        max_hold_until: time::deadline(tokio::time::Instant::now(), options.max_hold()),
-    }
-}

@@ -1,11 +1,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::guard::LostReason;
+use super::session::{Session, SessionStatus};
+use crate::status::{LockStatus, LostReason};
 
 /// The shared record of one held lock's validity and loss.
 ///
@@ -21,6 +22,8 @@ pub struct LeaseState {
     closed: CancellationToken,
     deadline_watched: AtomicBool,
     renewal_failing: AtomicBool,
+    /// The session carrying the lock, if the backend has one: its suspension and end apply here.
+    session: Option<Arc<Session>>,
 }
 
 impl LeaseState {
@@ -34,6 +37,66 @@ impl LeaseState {
             closed: CancellationToken::new(),
             deadline_watched: AtomicBool::new(false),
             renewal_failing: AtomicBool::new(false),
+            session: None,
+        }
+    }
+
+    /// A held lock carried by `session`: the session's suspension makes it
+    /// [`Suspended`](crate::LockStatus::Suspended), its end makes it lost.
+    pub fn on_session(valid_until: Option<Instant>, session: Arc<Session>) -> Self {
+        Self {
+            session: Some(session),
+            ..Self::new(valid_until)
+        }
+    }
+
+    /// The session carrying the lock, if any.
+    pub fn session(&self) -> Option<&Arc<Session>> {
+        self.session.as_ref()
+    }
+
+    /// Where the lock stands: held (until when), suspended (until when), or lost (why).
+    /// Passing the deadline, or the session's end, marks it lost.
+    pub fn status(&self) -> LockStatus {
+        if let Some(reason) = self.reason.get() {
+            return LockStatus::Lost(*reason);
+        }
+        if let Some(session) = &self.session {
+            match session.status() {
+                SessionStatus::Ended(reason) => {
+                    self.mark_lost(reason);
+                    return LockStatus::Lost(self.lost_reason().unwrap_or(reason));
+                }
+                SessionStatus::Suspended { until } => {
+                    if self.deadline_passed() {
+                        return self.status();
+                    }
+                    return LockStatus::Suspended { until };
+                }
+                SessionStatus::Active => {}
+            }
+        }
+        if self.deadline_passed() {
+            return self.status();
+        }
+        LockStatus::Held {
+            valid_until: self.valid_until(),
+        }
+    }
+
+    /// Marks the lock lost if its deadline has passed; true if it did.
+    fn deadline_passed(&self) -> bool {
+        match self.valid_until() {
+            Some(deadline) if Instant::now() >= deadline => {
+                let reason = if self.renewal_failing.load(Ordering::SeqCst) {
+                    LostReason::RenewalFailed
+                } else {
+                    LostReason::Expired
+                };
+                self.mark_lost(reason);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -75,24 +138,10 @@ impl LeaseState {
         self.renewal_failing.store(failing, Ordering::SeqCst);
     }
 
-    /// Whether the lock is still held as far as this client knows: not marked lost and, for TTL
-    /// leases, before the deadline. Passing the deadline marks the lock lost.
+    /// Whether the lock is held as far as this client knows: not lost, not suspended, and, for
+    /// TTL leases, before the deadline. Passing the deadline marks the lock lost.
     pub fn is_held(&self) -> bool {
-        if self.reason.get().is_some() {
-            return false;
-        }
-        match self.valid_until() {
-            Some(deadline) if Instant::now() >= deadline => {
-                let reason = if self.renewal_failing.load(Ordering::SeqCst) {
-                    LostReason::RenewalFailed
-                } else {
-                    LostReason::Expired
-                };
-                self.mark_lost(reason);
-                false
-            }
-            _ => true,
-        }
+        matches!(self.status(), LockStatus::Held { .. })
     }
 
     /// A token cancelled when the lock is marked lost.
@@ -106,27 +155,43 @@ impl LeaseState {
     /// Cancel safe: it only observes.
     pub async fn lost(&self) -> LostReason {
         loop {
-            if let Some(reason) = self.reason.get() {
-                return *reason;
-            }
             let changed = self.valid_until_changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            match self.valid_until() {
-                Some(deadline) => {
-                    tokio::select! {
-                        _ = self.lost.cancelled() => {}
-                        _ = changed => {}
-                        _ = tokio::time::sleep_until(deadline) => { self.is_held(); }
-                    }
-                }
-                None => {
-                    tokio::select! {
-                        _ = self.lost.cancelled() => {}
-                        _ = changed => {}
-                    }
-                }
+            if let LockStatus::Lost(reason) = self.status() {
+                return reason;
             }
+            // Whatever can end the lock: a mark, the deadline, the session's end or suspension
+            // deadline, or a change to any of them.
+            let deadline = self.valid_until();
+            let session_ended = async {
+                match &self.session {
+                    Some(session) => {
+                        session.ended().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.lost.cancelled() => {}
+                _ = changed => {}
+                _ = session_ended => {}
+                _ = async {
+                    match deadline {
+                        Some(deadline) => tokio::time::sleep_until(deadline).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
+        }
+    }
+
+    /// Resolves at the next change of the session's state (suspend, resume, end); never without
+    /// a session. For watchers of [`status`](Self::status).
+    pub async fn session_changed(&self) {
+        match &self.session {
+            Some(session) => session.changed().await,
+            None => std::future::pending().await,
         }
     }
 

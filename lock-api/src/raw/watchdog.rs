@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep_until, timeout_at};
 
-use super::time::after;
-use super::{LeaseState, RawLease, spawn_release};
+use super::lease::{RawLease, spawn_release};
+use super::state::LeaseState;
+use super::time::{after, deadline};
 use crate::error::LockError;
-use crate::guard::LostReason;
+use crate::status::LostReason;
 
 /// The watchdog's settings for one guard.
 pub(crate) struct Watch {
@@ -97,5 +98,23 @@ async fn run(watch: &Watch, lease: &Arc<dyn RawLease>, state: &LeaseState) {
                 return;
             }
         }
+    }
+}
+
+/// The watchdog settings a guard derives from its options.
+pub(crate) fn watchdog_settings(
+    name: &crate::LockName,
+    options: &crate::LockOptions,
+    renewed_by_guard: bool,
+) -> Watch {
+    Watch {
+        name: name.to_string(),
+        ttl: options.ttl(),
+        renew_every: if renewed_by_guard {
+            options.renewal_interval()
+        } else {
+            None
+        },
+        max_hold_until: deadline(tokio::time::Instant::now(), options.max_hold()),
     }
 }

@@ -1,0 +1,134 @@
+//! [`Session`]: one client session carrying many guards.
+
+use std::sync::{Mutex, OnceLock};
+
+use tokio::sync::Notify;
+use tokio::time::{Instant, sleep_until};
+use tokio_util::sync::CancellationToken;
+
+use crate::status::LostReason;
+
+/// One client session that carries many guards: a SQL connection, an etcd lease kept alive by
+/// one stream, a ZooKeeper session. It has one deadline and one fate for all of them:
+/// - [`suspend`](Self::suspend) when the connection is lost but the session may come back
+///   (every guard on it reports [`LockStatus::Suspended`](crate::LockStatus::Suspended));
+/// - [`resume`](Self::resume) when it does, within the deadline (the guards are held again);
+/// - [`end`](Self::end) when it is gone for good (every guard is lost with the reason), which
+///   also happens by itself when a suspension outlives its deadline
+///   ([`LostReason::SessionExpired`]).
+///
+/// A backend creates one per session and passes it to [`LeaseState::on_session`](super::LeaseState::on_session)
+/// for every guard it grants there, instead of walking its own registry to mark guards lost.
+#[derive(Debug, Default)]
+pub struct Session {
+    ended: CancellationToken,
+    reason: OnceLock<LostReason>,
+    suspended_until: Mutex<Option<Instant>>,
+    changed: Notify,
+}
+
+/// Where a [`Session`] stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionStatus {
+    /// Connected.
+    Active,
+    /// Connection lost; it may come back until `until`.
+    Suspended {
+        /// The last instant the session can come back.
+        until: Instant,
+    },
+    /// Gone, for this reason.
+    Ended(LostReason),
+}
+
+impl Session {
+    /// A new, active session.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn suspension(&self) -> Option<Instant> {
+        *self
+            .suspended_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The connection is lost; the session (and the server's hold on its locks) may come back
+    /// until `until`. A later suspension keeps the earlier deadline: the session timeout runs from
+    /// the last heartbeat, not from the latest failure.
+    pub fn suspend(&self, until: Instant) {
+        {
+            let mut suspended = self
+                .suspended_until
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if suspended.is_none() {
+                *suspended = Some(until);
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// The connection is back within the deadline: guards on the session are held again.
+    pub fn resume(&self) {
+        *self
+            .suspended_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        self.changed.notify_waiters();
+    }
+
+    /// The session is gone: every guard on it is lost with `reason`. Returns false if it had
+    /// ended already (the first reason stays).
+    pub fn end(&self, reason: LostReason) -> bool {
+        let first = self.reason.set(reason).is_ok();
+        if first {
+            self.ended.cancel();
+            self.changed.notify_waiters();
+        }
+        first
+    }
+
+    /// Where the session stands now. A suspension past its deadline ends the session here
+    /// ([`LostReason::SessionExpired`]).
+    pub fn status(&self) -> SessionStatus {
+        if let Some(reason) = self.reason.get() {
+            return SessionStatus::Ended(*reason);
+        }
+        match self.suspension() {
+            Some(until) if Instant::now() >= until => {
+                self.end(LostReason::SessionExpired);
+                SessionStatus::Ended(*self.reason.get().unwrap_or(&LostReason::SessionExpired))
+            }
+            Some(until) => SessionStatus::Suspended { until },
+            None => SessionStatus::Active,
+        }
+    }
+
+    /// Resolves when the session ends, with the reason (a suspension that reaches its deadline
+    /// ends it).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn ended(&self) -> LostReason {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.status() {
+                SessionStatus::Ended(reason) => return reason,
+                SessionStatus::Suspended { until } => tokio::select! {
+                    _ = changed => {}
+                    _ = sleep_until(until) => {}
+                },
+                SessionStatus::Active => changed.await,
+            }
+        }
+    }
+
+    /// Resolves at the next suspend, resume or end.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await
+    }
+}
