@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_api::raw::config::{bool_option, duration_option, percent_decode};
+use dlock_api::raw::config::{Secret, UrlParts, bool_option, duration_option};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
@@ -26,7 +26,7 @@ use crate::BACKEND;
 /// | `prefix` | *(empty)* | prepended to every `GET_LOCK` key, to keep dlock's names apart from other users of named locks on the server |
 ///
 /// `Debug` and `Display` never show the password.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MySqlConfig {
     /// Host name or address.
@@ -36,7 +36,7 @@ pub struct MySqlConfig {
     /// User name.
     pub username: String,
     /// Password (never printed).
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Database: where the fencing table lives unless `table` names one.
     pub database: Option<String>,
     /// Connect timeout.
@@ -104,62 +104,17 @@ impl MySqlConfig {
     /// # Errors
     /// [`LockError::Config`] saying what is wrong; no network call is made.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| config_error("expected mysql://user@host:port/database"))?;
-        match scheme.to_ascii_lowercase().as_str() {
-            "mysql" | "mariadb" => {}
-            other => return Err(config_error(format!("unknown scheme `{other}://`"))),
-        }
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, host) = match authority.rsplit_once('@') {
-            Some((user, host)) => (Some(user), host),
-            None => (None, authority),
-        };
+        let parts = UrlParts::parse(BACKEND, url, crate::SCHEMES)?;
         let mut config = Self::default();
-        if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-            if !user.is_empty() {
-                config.username = percent_decode(user);
-            }
-            config.password = (!password.is_empty()).then(|| percent_decode(password));
+        if let Some(user) = parts.user.clone() {
+            config.username = user;
         }
-        if host.is_empty() {
-            return Err(config_error("the URL names no host"));
-        }
-        if host.contains(',') {
-            return Err(config_error("mysql:// takes one host"));
-        }
-        let (name, port) = if let Some(v6) = host.strip_prefix('[') {
-            let (addr, after) = v6
-                .split_once(']')
-                .ok_or_else(|| config_error(format!("bad host `{host}`")))?;
-            (addr.to_owned(), after.strip_prefix(':'))
-        } else {
-            match host.rsplit_once(':') {
-                Some((h, p)) => (h.to_owned(), Some(p)),
-                None => (host.to_owned(), None),
-            }
-        };
-        if name.is_empty() {
-            return Err(config_error("the URL names no host"));
-        }
-        config.host = name;
-        if let Some(port) = port {
-            config.port = port
-                .parse()
-                .map_err(|_| config_error(format!("port `{port}` is not a number")))?;
-        }
-        let mut segments = path.split('/').filter(|s| !s.is_empty());
-        if let Some(db) = segments.next() {
-            config.database = Some(percent_decode(db));
-        }
-        if let Some(extra) = segments.next() {
-            return Err(config_error(format!("unexpected path segment `{extra}`")));
-        }
-        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            config.set_option(&key, &value)?;
+        config.password = parts.password.clone();
+        (config.host, config.port) = parts.one_host(BACKEND, config.port)?;
+        parts.at_most_segments(BACKEND, 1)?;
+        config.database = parts.path.first().cloned();
+        for (key, value) in &parts.options {
+            config.set_option(key, value)?;
         }
         config.check()?;
         Ok(config)
@@ -293,27 +248,6 @@ impl fmt::Display for MySqlConfig {
     }
 }
 
-impl fmt::Debug for MySqlConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MySqlConfig")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("database", &self.database)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
-            .field("max_connections", &self.max_connections)
-            .field("keepalive", &self.keepalive)
-            .field("session_timeout", &self.session_timeout)
-            .field("table", &self.table)
-            .field("fencing", &self.fencing)
-            .field("create_table", &self.create_table)
-            .field("prefix", &self.prefix)
-            .finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,7 +261,7 @@ mod tests {
         assert_eq!(c.host, "db.example");
         assert_eq!(c.port, 3307);
         assert_eq!(c.username, "app");
-        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.password.as_ref().map(|p| p.expose()), Some("p@ss"));
         assert_eq!(c.database.as_deref(), Some("shop"));
         assert_eq!(c.command_timeout, Duration::from_millis(500));
         assert_eq!(c.max_connections, 4);

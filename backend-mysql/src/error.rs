@@ -66,20 +66,10 @@ pub(crate) fn map_err(error: sqlx::Error) -> LockError {
     }
 }
 
-/// A command that did not answer within the configured command timeout.
-#[derive(Debug, thiserror::Error)]
-#[error("no reply within {0:?}")]
-pub(crate) struct CommandTimeout(pub(crate) Duration);
-
 pub(crate) fn timed_out(after: Duration) -> LockError {
-    LockError::unavailable(BACKEND, CommandTimeout(after))
+    LockError::command_timeout(BACKEND, after)
 }
 
-/// Something the backend did not expect from the server or itself.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct Unexpected(pub(crate) String);
-
 pub(crate) fn unavailable(reason: impl Into<String>) -> LockError {
-    LockError::unavailable(BACKEND, Unexpected(reason.into()))
+    LockError::unavailable_because(BACKEND, reason)
 }

@@ -35,7 +35,7 @@ pub async fn raw_floor(url: &str, duration: Duration) -> Result<Vec<Duration>> {
         .ssl_mode(MySqlSslMode::Disabled)
         .disable_statement_logging();
     if let Some(password) = &config.password {
-        options = options.password(password);
+        options = options.password(password.expose());
     }
     if let Some(database) = &config.database {
         options = options.database(database);

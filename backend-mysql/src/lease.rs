@@ -77,9 +77,9 @@ impl MySqlLease {
                     name: self.name.to_string(),
                 })
             }
-            Ok(other) => Err(LockError::backend(
+            Ok(other) => Err(LockError::unexpected(
                 BACKEND,
-                crate::error::Unexpected(format!("RELEASE_LOCK returned {other:?}")),
+                format!("RELEASE_LOCK returned {other:?}"),
             )),
             Err(_) if self.session.is_dead() => {
                 // The connection broke: the server frees its locks when it notices.

@@ -147,7 +147,7 @@ impl Inner {
             .statement_cache_capacity(16)
             .disable_statement_logging();
         if let Some(password) = &config.password {
-            connect = connect.password(password);
+            connect = connect.password(password.expose());
         }
         if let Some(database) = &config.database {
             connect = connect.database(database);

@@ -206,7 +206,7 @@ pub(crate) fn connect_options(config: &PostgresConfig) -> PgConnectOptions {
         ])
         .disable_statement_logging();
     if let Some(password) = &config.password {
-        options = options.password(password);
+        options = options.password(password.expose());
     }
     options
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_api::raw::config::{bool_option, duration_option, percent_decode};
+use dlock_api::raw::config::{Secret, UrlParts, bool_option, duration_option};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
@@ -31,7 +31,7 @@ use crate::BACKEND;
 /// | `sslmode` | `disable` | only `disable`, `allow` and `prefer` (plain TCP): this build has no TLS |
 ///
 /// `Debug` and `Display` never show the password.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PostgresConfig {
     /// Server host name or address.
@@ -41,7 +41,7 @@ pub struct PostgresConfig {
     /// User name.
     pub user: String,
     /// Password (never printed).
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Database name.
     pub database: String,
     /// Connect timeout.
@@ -137,75 +137,23 @@ impl PostgresConfig {
     /// # Errors
     /// [`LockError::Config`] saying what is wrong; no network call is made.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| config_error("expected postgres://user@host:port/database"))?;
-        if !matches!(
-            scheme.to_ascii_lowercase().as_str(),
-            "postgres" | "postgresql"
-        ) {
-            return Err(config_error(format!(
-                "unknown scheme `{scheme}://` (expected postgres:// or postgresql://)"
-            )));
-        }
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, hostport) = match authority.rsplit_once('@') {
-            Some((user, host)) => (Some(user), host),
-            None => (None, authority),
-        };
-        let mut config = Self::default();
-        let mut database_given = false;
-        if let Some(userinfo) = userinfo {
-            let (user, password) = match userinfo.split_once(':') {
-                Some((u, p)) => (u, Some(p)),
-                None => (userinfo, None),
-            };
-            if !user.is_empty() {
-                config.user = percent_decode(user);
-            }
-            config.password = password.filter(|p| !p.is_empty()).map(percent_decode);
-        }
-        if hostport.contains(',') {
+        let parts = UrlParts::parse(BACKEND, url, crate::SCHEMES)?;
+        if parts.hosts.len() > 1 {
             return Err(config_error(
                 "postgres:// takes one host (multi-host failover URLs are not supported)",
             ));
         }
-        let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
-            let (host, after) = v6
-                .split_once(']')
-                .ok_or_else(|| config_error("unclosed `[` in the host"))?;
-            (host, after.strip_prefix(':'))
-        } else {
-            match hostport.rsplit_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (hostport, None),
-            }
-        };
-        if host.is_empty() {
-            return Err(config_error("the URL names no host"));
+        let mut config = Self::default();
+        if let Some(user) = parts.user.clone() {
+            config.user = user;
         }
-        config.host = percent_decode(host);
-        if let Some(port) = port {
-            config.port = port
-                .parse()
-                .map_err(|_| config_error(format!("port `{port}` is not a number")))?;
-        }
-        let path = path.trim_end_matches('/');
-        if path.contains('/') {
-            return Err(config_error(format!(
-                "unexpected path `/{path}`: expected /database"
-            )));
-        }
-        if !path.is_empty() {
-            config.database = percent_decode(path);
-            database_given = true;
-        }
-        if !database_given {
-            config.database = config.user.clone();
-        }
-        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            config.set_option(&key, &value)?;
+        config.password = parts.password.clone();
+        (config.host, config.port) = parts.one_host(BACKEND, config.port)?;
+        parts.at_most_segments(BACKEND, 1)?;
+        // Like libpq: the database defaults to the user's name.
+        config.database = parts.path.first().unwrap_or(&config.user).clone();
+        for (key, value) in &parts.options {
+            config.set_option(key, value)?;
         }
         Ok(config)
     }
@@ -284,30 +232,6 @@ impl fmt::Display for PostgresConfig {
     }
 }
 
-impl fmt::Debug for PostgresConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresConfig")
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("database", &self.database)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
-            .field("max_connections", &self.max_connections)
-            .field("keepalive", &self.keepalive)
-            .field("wait_slice", &self.wait_slice)
-            .field("fencing", &self.fencing)
-            .field("fence_sequence", &self.fence_sequence)
-            .field("create_fence", &self.create_fence)
-            .field("tcp_keepalives_idle", &self.tcp_keepalives_idle)
-            .field("tcp_keepalives_interval", &self.tcp_keepalives_interval)
-            .field("tcp_keepalives_count", &self.tcp_keepalives_count)
-            .field("application_name", &self.application_name)
-            .finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,7 +245,7 @@ mod tests {
         assert_eq!(c.host, "db.local");
         assert_eq!(c.port, 6543);
         assert_eq!(c.user, "app");
-        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.password.as_ref().map(|p| p.expose()), Some("p@ss"));
         assert_eq!(c.database, "orders");
         assert_eq!(c.command_timeout, Duration::from_millis(500));
         assert_eq!(c.max_connections, 4);

@@ -46,19 +46,10 @@ pub(crate) fn map_err(error: sqlx::Error) -> LockError {
 }
 
 /// A statement that did not answer within the configured command timeout.
-#[derive(Debug, thiserror::Error)]
-#[error("no reply within {0:?}")]
-pub(crate) struct CommandTimeout(pub(crate) std::time::Duration);
-
 pub(crate) fn timed_out(after: std::time::Duration) -> LockError {
-    LockError::unavailable(BACKEND, CommandTimeout(after))
+    LockError::command_timeout(BACKEND, after)
 }
 
-/// A client-side condition with a message (closed session, no free connection).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct Message(pub(crate) String);
-
 pub(crate) fn unavailable(message: impl Into<String>) -> LockError {
-    LockError::unavailable(BACKEND, Message(message.into()))
+    LockError::unavailable_because(BACKEND, message)
 }

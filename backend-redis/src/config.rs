@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_api::raw::config::{duration_option, percent_decode};
+use dlock_api::raw::config::{Secret, UrlParts, duration_option};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
@@ -47,7 +47,7 @@ pub enum Topology {
 /// | `ca_cert` | (system roots) | with `rediss://`: a PEM file of the CA to trust instead (a private CA) |
 ///
 /// `Debug` and `Display` never show the password.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisConfig {
     /// Where the servers are.
@@ -57,7 +57,7 @@ pub struct RedisConfig {
     /// ACL user name.
     pub username: Option<String>,
     /// Password (never printed).
-    pub password: Option<String>,
+    pub password: Option<Secret>,
     /// Database number (single node and Sentinel only; Cluster has one database).
     pub database: i64,
     /// Key prefix.
@@ -109,23 +109,13 @@ impl RedisConfig {
     /// # Errors
     /// [`LockError::Config`] saying what is wrong; no network call is made.
     pub fn from_url(url: &str) -> Result<Self> {
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| config_error("expected redis://host:port"))?;
-        let (tls, kind) = match scheme.to_ascii_lowercase().as_str() {
+        let parts = UrlParts::parse(BACKEND, url, crate::SCHEMES)?;
+        let (tls, kind) = match parts.scheme.as_str() {
             "redis" => (false, "single"),
             "rediss" => (true, "single"),
             "redis+sentinel" => (false, "sentinel"),
             "rediss+sentinel" => (true, "sentinel"),
-            "redis+cluster" => (false, "cluster"),
-            "rediss+cluster" => (true, "cluster"),
-            other => return Err(config_error(format!("unknown scheme `{other}://`"))),
-        };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, hosts) = match authority.rsplit_once('@') {
-            Some((user, hosts)) => (Some(user), hosts),
-            None => (None, authority),
+            _ => (parts.scheme.starts_with("rediss"), "cluster"),
         };
         if tls && !cfg!(feature = "tls-rustls") {
             return Err(config_error(
@@ -134,28 +124,16 @@ impl RedisConfig {
         }
         let mut config = Self {
             tls,
+            username: parts.user.clone(),
+            password: parts.password.clone(),
             ..Self::default()
         };
-        if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-            config.username = (!user.is_empty()).then(|| percent_decode(user));
-            config.password = (!password.is_empty()).then(|| percent_decode(password));
-        }
-        let hosts: Vec<String> = hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| {
-                if h.contains(':') && !h.ends_with(']') {
-                    h.to_owned()
-                } else {
-                    format!("{h}:6379")
-                }
-            })
+        let hosts: Vec<String> = parts
+            .hosts
+            .iter()
+            .map(|h| h.with_default_port(6379))
             .collect();
-        if hosts.is_empty() {
-            return Err(config_error("the URL names no host"));
-        }
-        let mut segments = path.split('/').filter(|s| !s.is_empty());
+        let mut segments = parts.path.iter();
         config.topology = match kind {
             "single" => {
                 if hosts.len() > 1 {
@@ -189,8 +167,8 @@ impl RedisConfig {
         if let Some(extra) = segments.next() {
             return Err(config_error(format!("unexpected path segment `{extra}`")));
         }
-        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            config.set_option(&key, &value)?;
+        for (key, value) in &parts.options {
+            config.set_option(key, value)?;
         }
         Ok(config)
     }
@@ -235,7 +213,7 @@ impl RedisConfig {
             (user, password) => format!(
                 "{}:{}@",
                 encode(user.as_deref().unwrap_or("")),
-                encode(password.as_deref().unwrap_or(""))
+                encode(password.as_ref().map_or("", Secret::expose))
             ),
         };
         let db = if with_db {
@@ -265,24 +243,6 @@ impl fmt::Display for RedisConfig {
     }
 }
 
-impl fmt::Debug for RedisConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisConfig")
-            .field("topology", &self.topology)
-            .field("tls", &self.tls)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("database", &self.database)
-            .field("prefix", &self.prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
-            .field("wait_replicas", &self.wait_replicas)
-            .field("wait_replicas_timeout", &self.wait_replicas_timeout)
-            .field("ca_cert", &self.ca_cert)
-            .finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,7 +259,7 @@ mod tests {
                 node: "127.0.0.1:7000".into()
             }
         );
-        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.password.as_ref().map(|p| p.expose()), Some("p@ss"));
         assert_eq!(c.database, 2);
         assert_eq!(c.prefix, "app");
         assert_eq!(c.command_timeout, Duration::from_millis(500));

@@ -22,11 +22,6 @@ pub(crate) fn map_err(error: RedisError) -> LockError {
     }
 }
 
-/// A command that did not answer within the configured command timeout.
-#[derive(Debug, thiserror::Error)]
-#[error("no reply within {0:?}")]
-pub(crate) struct CommandTimeout(pub(crate) std::time::Duration);
-
 pub(crate) fn timed_out(after: std::time::Duration) -> LockError {
-    LockError::unavailable(BACKEND, CommandTimeout(after))
+    LockError::command_timeout(BACKEND, after)
 }

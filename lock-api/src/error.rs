@@ -99,7 +99,39 @@ pub enum LockError {
     },
 }
 
+/// The source of an [`LockError::Unavailable`] for a command the server did not answer within
+/// its timeout: downcast to it to tell a slow server from an unreachable one.
+#[derive(Debug, thiserror::Error)]
+#[error("no reply within {after:?}")]
+#[non_exhaustive]
+pub struct CommandTimeout {
+    /// The timeout that passed.
+    pub after: Duration,
+}
+
+/// A plain message as an error source, for failures a backend describes in words.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Message(String);
+
 impl LockError {
+    /// An [`Unavailable`](LockError::Unavailable) error for a command that got no reply within
+    /// `after`; its source is a [`CommandTimeout`].
+    pub fn command_timeout(backend: &'static str, after: Duration) -> Self {
+        Self::unavailable(backend, CommandTimeout { after })
+    }
+
+    /// An [`Unavailable`](LockError::Unavailable) error described in words.
+    pub fn unavailable_because(backend: &'static str, reason: impl Into<String>) -> Self {
+        Self::unavailable(backend, Message(reason.into()))
+    }
+
+    /// A [`Backend`](LockError::Backend) error for an answer the backend did not expect,
+    /// described in words.
+    pub fn unexpected(backend: &'static str, what: impl Into<String>) -> Self {
+        Self::backend(backend, Message(what.into()))
+    }
+
     /// Builds an [`InvalidArgument`](LockError::InvalidArgument) error.
     pub fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
         Self::InvalidArgument {

@@ -147,6 +147,7 @@ pub struct KeyMapper {
     max_bytes: usize,
     allowed: fn(char) -> bool,
     case_insensitive: bool,
+    reserved: &'static [&'static str],
 }
 
 /// Characters of the digest (base32 lower case) plus the marker; every backend must accept them.
@@ -173,6 +174,7 @@ impl KeyMapper {
             max_bytes,
             allowed: |_| true,
             case_insensitive: false,
+            reserved: &[],
         }
     }
 
@@ -184,6 +186,13 @@ impl KeyMapper {
         self
     }
 
+    /// Whole names the backend cannot use as keys as they are (ZooKeeper's path segments `.`
+    /// and `..`, say): they are mapped to the digest form like any name that does not fit.
+    pub fn with_reserved(mut self, reserved: &'static [&'static str]) -> Self {
+        self.reserved = reserved;
+        self
+    }
+
     /// The server compares keys case-insensitively (MySQL `GET_LOCK` names).
     pub fn case_insensitive(mut self) -> Self {
         self.case_insensitive = true;
@@ -192,6 +201,7 @@ impl KeyMapper {
 
     fn fits(&self, name: &str) -> bool {
         name.len() <= self.max_bytes
+            && !self.reserved.contains(&name)
             && !name.contains(Self::DIGEST_MARKER)
             && name.chars().all(|c| {
                 let folds = self.case_insensitive && (!c.is_ascii() || c.is_ascii_uppercase());
@@ -314,6 +324,18 @@ mod tests {
         let n = name(&"쿠".repeat(30));
         let k = m.map(&n);
         assert!(k.len() <= 40);
+    }
+
+    #[test]
+    fn reserved_names_are_mapped() {
+        let mapper = KeyMapper::new(64).with_reserved(&[".", ".."]);
+        for reserved in [".", ".."] {
+            let key = mapper.map(&name(reserved)).into_owned();
+            assert_ne!(key, reserved);
+            assert!(key.contains(KeyMapper::DIGEST_MARKER), "{key}");
+        }
+        assert_ne!(mapper.map(&name(".")), mapper.map(&name("..")));
+        assert_eq!(mapper.map(&name("...")), "...");
     }
 
     #[test]

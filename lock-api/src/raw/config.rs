@@ -1,6 +1,7 @@
 //! Helpers for backend configurations: option values and URL parts, parsed the same way and
 //! refused with the same messages in every backend.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::error::{LockError, Result};
@@ -62,6 +63,220 @@ pub fn percent_decode(text: &str) -> String {
         .into_owned()
 }
 
+/// A secret (a password) that never shows in logs: `Debug` and `Display` print `***`.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps `secret`.
+    pub fn new(secret: impl Into<String>) -> Self {
+        Self(secret.into())
+    }
+
+    /// The secret itself, for the driver that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(secret: &str) -> Self {
+        Self::new(secret)
+    }
+}
+
+impl From<String> for Secret {
+    fn from(secret: String) -> Self {
+        Self(secret)
+    }
+}
+
+/// One `host[:port]` of a URL; an IPv6 address is kept without its brackets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPort {
+    /// The host name or address, percent-decoded.
+    pub host: String,
+    /// The port, if the URL gave one.
+    pub port: Option<u16>,
+}
+
+impl HostPort {
+    /// `host:port`, with brackets around an IPv6 address, and `default_port` if none was given.
+    pub fn with_default_port(&self, default_port: u16) -> String {
+        let port = self.port.unwrap_or(default_port);
+        if self.host.contains(':') {
+            format!("[{}]:{port}", self.host)
+        } else {
+            format!("{}:{port}", self.host)
+        }
+    }
+}
+
+/// A backend URL split into its parts, the same way for every backend:
+/// `scheme://[user[:password]@]host[:port][,host[:port]…][/segment…][?key=value&…]`.
+///
+/// Several hosts are allowed (Sentinel, Cluster, Redlock, etcd and ZooKeeper URLs list several,
+/// which a generic URL parser refuses); a backend that takes one calls
+/// [`one_host`](Self::one_host). User, password, hosts and path segments are percent-decoded.
+#[derive(Clone, Debug)]
+pub struct UrlParts {
+    /// The scheme, lower-cased.
+    pub scheme: String,
+    /// The user name, if one was given and not empty.
+    pub user: Option<String>,
+    /// The password, if one was given and not empty.
+    pub password: Option<Secret>,
+    /// The hosts, in order (at least one).
+    pub hosts: Vec<HostPort>,
+    /// The non-empty path segments.
+    pub path: Vec<String>,
+    /// The query's `key=value` pairs, decoded, in order.
+    pub options: Vec<(String, String)>,
+}
+
+impl UrlParts {
+    /// Splits `url`, whose scheme must be one of `schemes`.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for `backend`: no `scheme://`, a scheme not in `schemes`, no host,
+    /// an empty host in a list, an unclosed `[`, a port that is not a number.
+    pub fn parse(backend: &'static str, url: &str, schemes: &[&str]) -> Result<Self> {
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            config_error(
+                backend,
+                format!("expected {}://…", schemes.first().unwrap_or(&backend)),
+            )
+        })?;
+        let scheme = scheme.to_ascii_lowercase();
+        if !schemes.contains(&scheme.as_str()) {
+            return Err(config_error(
+                backend,
+                format!(
+                    "unknown scheme `{scheme}://` (expected {})",
+                    schemes
+                        .iter()
+                        .map(|s| format!("{s}://"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let (user, password) = match userinfo {
+            Some(userinfo) => {
+                let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+                (
+                    (!user.is_empty()).then(|| percent_decode(user)),
+                    (!password.is_empty()).then(|| Secret::new(percent_decode(password))),
+                )
+            }
+            None => (None, None),
+        };
+        if hosts.is_empty() {
+            return Err(config_error(backend, "the URL names no host"));
+        }
+        let hosts = hosts
+            .split(',')
+            .map(|host| host_port(backend, host))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            scheme,
+            user,
+            password,
+            hosts,
+            path: path
+                .split('/')
+                .filter(|s| !s.is_empty())
+                .map(percent_decode)
+                .collect(),
+            options: url::form_urlencoded::parse(query.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        })
+    }
+
+    /// The one host of a URL that takes one, with `default_port` if none was given.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] if the URL lists several hosts.
+    pub fn one_host(&self, backend: &'static str, default_port: u16) -> Result<(String, u16)> {
+        match self.hosts.as_slice() {
+            [one] => Ok((one.host.clone(), one.port.unwrap_or(default_port))),
+            _ => Err(config_error(
+                backend,
+                format!("{}:// takes one host", self.scheme),
+            )),
+        }
+    }
+
+    /// The path segments after the first `max`, if any: for a refusal naming the first.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] naming the first unexpected segment.
+    pub fn at_most_segments(&self, backend: &'static str, max: usize) -> Result<()> {
+        match self.path.get(max) {
+            Some(extra) => Err(config_error(
+                backend,
+                format!("unexpected path segment `{extra}`"),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+fn host_port(backend: &'static str, text: &str) -> Result<HostPort> {
+    let (host, port) = if let Some(v6) = text.strip_prefix('[') {
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or_else(|| config_error(backend, format!("unclosed `[` in host `{text}`")))?;
+        match after {
+            "" => (host, None),
+            _ => match after.strip_prefix(':') {
+                Some(port) => (host, Some(port)),
+                None => return Err(config_error(backend, format!("bad host `{text}`"))),
+            },
+        }
+    } else {
+        match text.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (text, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(config_error(
+            backend,
+            format!("empty host in `{text}`; the URL names no host there"),
+        ));
+    }
+    let port = port
+        .map(|port| {
+            port.parse::<u16>()
+                .map_err(|_| config_error(backend, format!("port `{port}` is not a number")))
+        })
+        .transpose()?;
+    Ok(HostPort {
+        host: percent_decode(host),
+        port,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,5 +295,27 @@ mod tests {
         assert!(!bool_option("x", "b", "0").unwrap());
         assert!(bool_option("x", "b", "maybe").is_err());
         assert_eq!(percent_decode("p%40ss+word"), "p@ss+word");
+    }
+
+    #[test]
+    fn splits_urls_with_several_hosts() {
+        let parts = UrlParts::parse(
+            "x",
+            "X://us%40er:p%40ss@h1:1,[::1]:2,h3/a/b%2Fc?k=v&t=1s",
+            &["x"],
+        )
+        .unwrap();
+        assert_eq!(parts.scheme, "x");
+        assert_eq!(parts.user.as_deref(), Some("us@er"));
+        assert_eq!(parts.password.as_ref().map(Secret::expose), Some("p@ss"));
+        assert_eq!(format!("{:?}", parts.password), "Some(***)");
+        assert_eq!(parts.hosts.len(), 3);
+        assert_eq!(parts.hosts[1].with_default_port(9), "[::1]:2");
+        assert_eq!(parts.hosts[2].with_default_port(9), "h3:9");
+        assert_eq!(parts.path, ["a", "b/c"]);
+        assert_eq!(parts.options[1], ("t".to_owned(), "1s".to_owned()));
+        for bad in ["x://", "x://h:port", "x://[::1", "x://a,,b", "y://h", "h"] {
+            assert!(UrlParts::parse("x", bad, &["x"]).is_err(), "{bad}");
+        }
     }
 }
