@@ -427,6 +427,11 @@ impl RawLock for MySqlLock {
         if let Some(grant) = self.try_once(name).await? {
             return Ok(Some(grant));
         }
+        // Contended: this client's waiters for the name queue here, and one at a time waits on
+        // the server (each server-side wait takes a connection).
+        let Some(_turn) = self.inner.waiters.turn(name, deadline).await else {
+            return Ok(None);
+        };
         let key = self.inner.key(name);
         // A wait whose connection is killed waits again on a new one (only a server that stays
         // unreachable for the connect timeout ends it).

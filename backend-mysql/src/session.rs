@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{Detach, LeaseState};
+use dlock_api::raw::{Detach, LeaseState, LocalQueue};
 use dlock_api::{KeyMapper, LockName, LostReason, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlSslMode};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
@@ -115,6 +115,8 @@ pub(crate) struct Inner {
     connect: MySqlConnectOptions,
     init: String,
     registry: Mutex<Registry>,
+    /// This client's waiters per name: one at a time waits at the server.
+    pub(crate) waiters: LocalQueue,
     /// Something in the registry changed: a connection freed up, a key was released.
     changed: tokio::sync::Notify,
     next_local: AtomicU64,
@@ -161,6 +163,7 @@ impl Inner {
             keys,
             connect,
             registry: Mutex::new(Registry::default()),
+            waiters: LocalQueue::new(),
             changed: tokio::sync::Notify::new(),
             next_local: AtomicU64::new(0),
             config,

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{LeaseState, PendingAcquire};
+use dlock_api::raw::{LeaseState, LocalQueue, PendingAcquire};
 use dlock_api::{LockError, LostReason, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
 use sqlx::{ConnectOptions, Connection, Row};
@@ -158,6 +158,8 @@ pub(crate) struct Client {
     pub(crate) sql: Sql,
     connect: PgConnectOptions,
     state: Mutex<State>,
+    /// This client's waiters per name: one at a time waits at the server.
+    pub(crate) waiters: LocalQueue,
     /// Signalled when a connection may have become free (idle, closed).
     capacity: Notify,
     next_id: AtomicU64,
@@ -260,6 +262,7 @@ impl Client {
             config,
             sql,
             state: Mutex::new(State::default()),
+            waiters: LocalQueue::new(),
             capacity: Notify::new(),
             next_id: AtomicU64::new(1),
         }

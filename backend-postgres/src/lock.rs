@@ -150,6 +150,11 @@ impl PostgresLock {
                 return Ok(Some(grant));
             }
         }
+        // Contended: this client's waiters for the key queue here, and one at a time waits on
+        // the server (each server-side wait takes a connection).
+        let Some(_turn) = self.inner.waiters.turn(&key.lock_name(), deadline).await else {
+            return Ok(None);
+        };
         let mut polls = 0u32;
         let mut next_poll = after(Instant::now(), options.retry().delay(0));
         // A wait whose connection is killed waits again on a new one (only a server that stays

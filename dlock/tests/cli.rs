@@ -134,3 +134,32 @@ fn extreme_duration_flags_never_panic() {
     assert!(matches!(out.status.code(), Some(2 | 64)), "{out:?}");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
+
+#[test]
+fn bench_flood_reports_acquired_and_timed_out() {
+    let out = dlock(&[
+        "bench",
+        "--backend",
+        "memory://flood-test",
+        "--flood",
+        "300",
+        "--waiters",
+        "3",
+        "--names",
+        "4",
+        "--flood-wait",
+        "20s",
+        "--hold",
+        "1ms",
+    ]);
+    let text = stdout(&out);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("acquired 300, timed out 0, failed 0"),
+        "{text}"
+    );
+}

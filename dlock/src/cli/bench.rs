@@ -36,6 +36,17 @@ pub struct BenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Instead of the phases above: start this many tasks at once on `--waiters` clients over
+    /// `--names` names, each acquiring once with `--flood-wait`, holding `--hold`; report how
+    /// many acquired and how many timed out.
+    #[arg(long)]
+    flood: Option<usize>,
+    /// Names in the flood.
+    #[arg(long, default_value_t = 32)]
+    names: usize,
+    /// Each flood acquire's wait timeout.
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    flood_wait: Duration,
 }
 
 /// How many alternating slices the uncontended phase and its floor are measured in.
@@ -88,6 +99,49 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
     let client = args.backend.connect().await?;
     let label = client.to_string();
     let run = format!("dlock-bench/{}", std::process::id());
+    if let Some(tasks) = args.flood {
+        let mut clients = Vec::with_capacity(args.waiters);
+        for _ in 0..args.waiters {
+            clients.push(args.backend.connect().await?);
+        }
+        let flood =
+            super::flood::flood(clients, &run, args.names, tasks, args.flood_wait, args.hold)
+                .await?;
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "backend": label,
+                    "flood": {
+                        "tasks": tasks, "clients": args.waiters, "names": args.names,
+                        "wait_ms": args.flood_wait.as_millis() as u64,
+                        "hold_us": args.hold.as_micros() as u64,
+                        "acquired": flood.acquired, "timed_out": flood.timed_out,
+                        "failed": flood.failed,
+                        "p50_us": flood.percentile(50.0).round(),
+                        "p99_us": flood.percentile(99.0).round(),
+                        "elapsed_ms": flood.elapsed.as_millis() as u64,
+                    }
+                })
+            );
+        } else {
+            println!(
+                "dlock bench --flood against {label}: {tasks} tasks, {} clients, {} names, wait {:?}, hold {:?}\n\
+                 acquired {}, timed out {}, failed {}; acquire p50 {:.0} µs, p99 {:.0} µs; {:?} in all",
+                args.waiters,
+                args.names,
+                args.flood_wait,
+                args.hold,
+                flood.acquired,
+                flood.timed_out,
+                flood.failed,
+                flood.percentile(50.0),
+                flood.percentile(99.0),
+                flood.elapsed
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     // dlock and the raw floor run in alternating slices, so drift in the machine's speed over the
     // run (common on shared VMs) affects both alike and the ratio stays fair.
     let url = args.backend.url()?;

@@ -8,6 +8,7 @@
 mod bench;
 mod conformance;
 mod demo;
+mod flood;
 mod run;
 
 use std::process::ExitCode;

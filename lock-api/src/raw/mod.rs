@@ -33,12 +33,15 @@
 //!   one, so a task aborted inside `release().await` still releases and still updates the
 //!   client's records).
 //! - [`WaitRecovery`]: lets a blocking wait survive its connection being killed.
+//! - [`LocalQueue`]: a client's own FIFO per name, so only its first waiter holds a server-side
+//!   wait (and a connection) at a time; the others step up in turn.
 //! - [`config`]: option values and URL parts parsed, and refused, the same way in every backend.
 
 pub mod config;
 pub(crate) mod detach;
 mod engine;
 pub(crate) mod lease;
+mod local_queue;
 mod pending;
 mod recovery;
 mod session;
@@ -49,6 +52,7 @@ pub(crate) mod watchdog;
 pub use detach::Detach;
 pub use engine::{Grant, RawLock, acquire, acquire_by, try_acquire, try_acquire_by};
 pub use lease::{RawLease, RenewedBy, spawn_release};
+pub use local_queue::{LocalQueue, Turn};
 pub use pending::PendingAcquire;
 pub use recovery::WaitRecovery;
 pub use session::{Session, SessionStatus};
