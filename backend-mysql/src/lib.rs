@@ -32,7 +32,10 @@
 //!   `try_acquire` waits 0 s.
 //! - **Waiting** is the server's: a contended `acquire` sends `GET_LOCK(key, wait)` on a
 //!   connection that holds nothing and the server wakes it on release (no polling). Waits longer
-//!   than 30 s are issued again in 30 s pieces, so a dead connection is noticed. A waiter whose
+//!   than 30 s are issued again in 30 s pieces, so a dead connection is noticed. Only a client's
+//!   first waiter for a name waits at the server; its other tasks waiting for the same name
+//!   queue in the client (FIFO) and step up in turn, so a flood of waiters does not take a
+//!   connection each (`dlock bench --flood`). A waiter whose
 //!   connection is killed opens another and keeps waiting within its wait timeout; a dropped
 //!   wait is interrupted with `KILL QUERY`, and a grant that raced the cancel is released.
 //! - **Cancel safety**: every statement runs to completion even if its caller is dropped, and a

@@ -155,7 +155,7 @@ async fn try_on_session(
     match reply {
         Ok(Reply::Acquired(Some(token))) => {
             drop(conn);
-            let state = Arc::new(LeaseState::new(None));
+            let state = Arc::new(LeaseState::on_session(None, session.guards.clone()));
             if !inner.finish_try(&session, &key, Some(state.clone())) {
                 return Err(unavailable("the connection closed right after the grant"));
             }
@@ -338,7 +338,7 @@ async fn wait_on_session(
     match reply {
         Ok(Reply::Acquired(Some(token))) if !cancelled && !session.is_dead() => {
             drop(conn);
-            let state = Arc::new(LeaseState::new(None));
+            let state = Arc::new(LeaseState::on_session(None, session.guards.clone()));
             if !inner.finish_dedicated(&session, Some((key.clone(), state.clone()))) {
                 return Err(unavailable("the connection closed right after the grant"));
             }

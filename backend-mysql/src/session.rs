@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{Detach, LeaseState, LocalQueue};
+use dlock_api::raw::{Detach, LeaseState, LocalQueue, Session as GuardSession};
 use dlock_api::{KeyMapper, LockName, LostReason, Result};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlSslMode};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
@@ -41,6 +41,8 @@ pub(crate) struct Session {
     /// `None` once closed.
     pub(crate) conn: tokio::sync::Mutex<Option<MySqlConnection>>,
     dead: AtomicBool,
+    /// The fate every guard on this connection shares: ended (lost) when the connection dies.
+    pub(crate) guards: Arc<GuardSession>,
 }
 
 impl Session {
@@ -201,6 +203,7 @@ impl Inner {
             server_id,
             conn: tokio::sync::Mutex::new(Some(conn)),
             dead: AtomicBool::new(false),
+            guards: Arc::default(),
         }))
     }
 
@@ -427,20 +430,17 @@ impl Inner {
         let position = reg.entries.iter().position(|e| e.session.id == session.id);
         let entry = position.map(|i| reg.entries.swap_remove(i));
         drop(reg);
-        if let Some(entry) = entry {
-            let held: Vec<_> = entry.keys.into_values().flatten().collect();
-            if !held.is_empty() {
-                tracing::warn!(
-                    connection = session.server_id,
-                    locks = held.len(),
-                    why,
-                    "mysql: a session connection closed; its locks are lost"
-                );
-            }
-            for state in held {
-                state.mark_lost(LostReason::SessionClosed);
-            }
+        let held = entry.map_or(0, |e| e.keys.values().flatten().count());
+        if held > 0 {
+            tracing::warn!(
+                connection = session.server_id,
+                locks = held,
+                why,
+                "mysql: a session connection closed; its locks are lost"
+            );
         }
+        // One end for every guard on the connection.
+        session.guards.end(LostReason::SessionClosed);
         self.changed.notify_waiters();
     }
 

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{LeaseState, LocalQueue, PendingAcquire};
+use dlock_api::raw::{LeaseState, LocalQueue, PendingAcquire, Session as GuardSession};
 use dlock_api::{LockError, LostReason, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
 use sqlx::{ConnectOptions, Connection, Row};
@@ -44,6 +44,8 @@ pub(crate) struct Session {
     /// Unlocks queued from places that cannot await (drop, cancelled acquires); the session's
     /// task runs them in order.
     unlocks: mpsc::UnboundedSender<RawKey>,
+    /// The fate every guard on this session shares: ended (lost) when the session closes.
+    pub(crate) guards: Arc<GuardSession>,
 }
 
 impl Session {
@@ -72,7 +74,8 @@ enum Slot {
     /// An attempt (or a queued cleanup) is in flight: nobody else may lock the key here.
     Pending,
     /// A guard holds the key on this session.
-    Held(Arc<LeaseState>),
+    /// (Its guard learns of a closed session through the session's `guards`.)
+    Held,
 }
 
 struct Entry {
@@ -324,6 +327,7 @@ impl Client {
             conn: tokio::sync::Mutex::new(Some(conn)),
             dead: AtomicBool::new(false),
             unlocks: tx,
+            guards: Arc::default(),
         });
         tokio::spawn(session_task(
             Arc::downgrade(self),
@@ -374,14 +378,14 @@ impl Client {
                 st.total -= 1;
                 for (key, slot) in entry.slots {
                     st.drop_local(key);
-                    if let Slot::Held(state) = slot {
-                        if state.mark_lost(LostReason::SessionClosed) {
-                            lost += 1;
-                        }
+                    if matches!(slot, Slot::Held) {
+                        lost += 1;
                     }
                 }
             }
         }
+        // One end for every guard on the session.
+        session.guards.end(LostReason::SessionClosed);
         self.capacity.notify_waiters();
         if lost > 0 || closed.is_some() {
             tracing::warn!(
@@ -421,7 +425,7 @@ impl Client {
                     let held = st
                         .sessions
                         .values()
-                        .any(|e| matches!(e.slots.get(&key), Some(Slot::Held(_))));
+                        .any(|e| matches!(e.slots.get(&key), Some(Slot::Held)));
                     if held { Next::Busy } else { Next::Settling }
                 } else {
                     // Least busy first; among equals, a session that already holds locks (so
@@ -513,8 +517,8 @@ impl Client {
         }
     }
 
-    /// The attempt on `session` was granted: the slot now belongs to a guard with `state`.
-    fn set_held(&self, session: u64, key: RawKey, state: Arc<LeaseState>, attempt: bool) -> bool {
+    /// The attempt on `session` was granted: the slot now belongs to a guard.
+    fn set_held(&self, session: u64, key: RawKey, attempt: bool) -> bool {
         let mut st = self.lock_state();
         let Some(entry) = st.sessions.get_mut(&session) else {
             return false;
@@ -522,12 +526,12 @@ impl Client {
         if attempt {
             entry.inflight = entry.inflight.saturating_sub(1);
         }
-        entry.slots.insert(key, Slot::Held(state));
+        entry.slots.insert(key, Slot::Held);
         true
     }
 
     /// One non-blocking attempt: `pg_try_advisory_lock` and the token in one statement, on a
-    /// shared session. On success the slot is registered with `state` and the session and token
+    /// shared session. On success the slot is registered and the session, token and the guard's state
     /// are returned.
     ///
     /// With `patient` false (the polling fallback of a blocking acquire), an attempt that finds
@@ -535,9 +539,8 @@ impl Client {
     pub(crate) async fn try_lock(
         self: &Arc<Self>,
         key: RawKey,
-        state: &Arc<LeaseState>,
         patient: bool,
-    ) -> Result<Option<(Arc<Session>, i64)>> {
+    ) -> Result<Option<(Arc<Session>, i64, Arc<LeaseState>)>> {
         let within = self.config.command_timeout;
         let mut retried = false;
         loop {
@@ -599,13 +602,14 @@ impl Client {
             };
             return match token {
                 Some(token) => {
-                    if !self.set_held(session.id, key, state.clone(), true) {
+                    let state = Arc::new(LeaseState::on_session(None, session.guards.clone()));
+                    if !self.set_held(session.id, key, true) {
                         // Killed between the reply and here: the lock went with the session.
                         pending.disarm();
                         return Err(unavailable("the session closed"));
                     }
                     pending.disarm();
-                    Ok(Some((session, token)))
+                    Ok(Some((session, token, state)))
                 }
                 None => {
                     self.remove_slot(session.id, key, true);
@@ -696,8 +700,8 @@ impl Client {
     }
 
     /// Turns a [`Grant`]'s reservation into a guard's slot.
-    pub(crate) fn hold_granted(&self, session: u64, key: RawKey, state: Arc<LeaseState>) -> bool {
-        self.set_held(session, key, state, false)
+    pub(crate) fn hold_granted(&self, session: u64, key: RawKey) -> bool {
+        self.set_held(session, key, false)
     }
 
     /// Runs one server-side wait (`pg_advisory_lock` under `lock_timeout = slice`) on the
@@ -857,7 +861,7 @@ impl Client {
             let st = self.lock_state();
             st.sessions
                 .get(&session.id)
-                .is_some_and(|e| e.slots.values().any(|s| matches!(s, Slot::Held(_))))
+                .is_some_and(|e| e.slots.values().any(|s| matches!(s, Slot::Held)))
         };
         if !holding {
             return;

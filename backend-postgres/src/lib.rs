@@ -42,7 +42,10 @@
 //! - **acquire** tries that first; when the lock is busy it borrows a connection that holds
 //!   nothing and waits **on the server** with `pg_advisory_lock` under `lock_timeout` (the
 //!   remaining wait, at most `wait_slice`), token in the same statement. The server's lock queue
-//!   wakes it the moment the holder unlocks: hand-off is one round trip, no polling. After the
+//!   wakes it the moment the holder unlocks: hand-off is one round trip, no polling. Only a
+//!   client's first waiter for a key waits at the server; its other tasks waiting for the same
+//!   key queue in the client (FIFO) and step up in turn, so a flood of waiters does not take a
+//!   connection each (the server still decides every grant and token). After the
 //!   grant, that connection is a session like the others.
 //! - **Sessions**: one client keeps a few connections (at most `max_connections`), each
 //!   holding many locks, so a client can hold thousands of locks on a handful of connections. A

@@ -208,9 +208,9 @@ impl PostgresLock {
             let outcome = self.inner.spawn_wait(session, raw, slice).await;
             match outcome {
                 Ok(Ok(WaitOutcome::Granted(grant))) => {
-                    let state = Arc::new(LeaseState::new(None));
                     let (session, token) = grant.disarm();
-                    if !self.inner.hold_granted(session.id, raw, state.clone()) {
+                    let state = Arc::new(LeaseState::on_session(None, session.guards.clone()));
+                    if !self.inner.hold_granted(session.id, raw) {
                         // Closed right after the grant: the lock went with it. Try again.
                         continue;
                     }
@@ -227,13 +227,12 @@ impl PostgresLock {
     }
 
     async fn attempt(&self, key: &AdvisoryKey, patient: bool) -> Result<Option<Grant>> {
-        let state = Arc::new(LeaseState::new(None));
         let raw = key.raw();
         Ok(self
             .inner
-            .try_lock(raw, &state, patient)
+            .try_lock(raw, patient)
             .await?
-            .map(|(session, token)| self.grant(key, raw, session, token, state)))
+            .map(|(session, token, state)| self.grant(key, raw, session, token, state)))
     }
 
     fn grant(
