@@ -43,6 +43,11 @@
 //! without TTL so tokens never repeat: one small key per name ever locked), `PREFIX:{NAME}:queue`
 //! and `PREFIX:{NAME}:waiters` (the waiters, expiring with them), channel `PREFIX:{NAME}:released`. Braces in names are escaped so the hash tag is always the whole name.
 //!
+//! ## Per-node primitives
+//! [`node::Node`] exposes one node's lock primitives without the grant queue (`SET NX PX` with
+//! a fencing token, owner-checked unlock and extend, raising the fence counter), each bounded by
+//! a timeout of the caller's choosing: the building blocks of Redlock on N independent nodes.
+//!
 //! ## Performance
 //! Measured with `dlock bench --backend redis://…` (release build) against a local redis-server
 //! on a 2-core VM. The bench measures dlock and the raw floor in alternating slices of the same
@@ -70,6 +75,7 @@ mod error;
 mod keys;
 mod lease;
 mod lock;
+pub mod node;
 mod scripts;
 mod wake;
 

@@ -144,11 +144,43 @@ return 1
 
 /// Extend. KEYS: lock. ARGV: owner, ttl_ms. Resets the lease only if the caller owns the lock.
 /// Returns 1 or 0.
-const EXTEND: &str = r"
+pub(crate) const EXTEND: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
+";
+
+/// Node acquire, for multi-node algorithms (no queue). KEYS: lock, fence. ARGV: owner, ttl_ms.
+/// `SET NX PX` and, when set, the next fencing token; 0 when someone holds the lock.
+pub(crate) const NODE_ACQUIRE: &str = concat!(
+    lua_helpers!(),
+    r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return raise_fence(KEYS[2], now_us())
+end
+return 0
+"
+);
+
+/// Node release. KEYS: lock. ARGV: owner. Deletes the lock only if the caller owns it; 1 or 0.
+pub(crate) const NODE_RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Raises a fence counter to at least a value (Redlock writes its quorum's highest token back).
+/// KEYS: fence. ARGV: token. Returns the counter after.
+pub(crate) const NODE_RAISE_FENCE: &str = r"
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+local wanted = tonumber(ARGV[1])
+if current < wanted then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return wanted
+end
+return current
 ";
 
 /// The scripts, hashed once per client.
