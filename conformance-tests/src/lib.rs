@@ -27,6 +27,19 @@
 //! The same table drives `dlock conformance --backend URL` through [`run_all`]; cases that need
 //! fault hooks do not run there.
 //!
+//! ## What a harness can offer beyond clients
+//! - [`Harness::residue`]: what is left on the server of a case's names (locks held, waiters
+//!   queued). The runner reads it after every passing case and fails the case if anything stays
+//!   past the bound. The default asks a fresh client to take each name; a harness that can read
+//!   the server (keys, `pg_locks`, `IS_USED_LOCK`) sees waiters too.
+//! - [`Faults`]: server-side faults, each declared with [`Faults::supports`]: kill a holder, kill
+//!   the connections of waiters, or hand out a client whose session a case can suspend, resume
+//!   and expire ([`SessionControl`]). A case needing a fault the harness lacks shows as ignored.
+//! - [`Harness::child_env`]: lets a case re-run the test binary as a holder process and SIGKILL it.
+//!
+//! [`inputs`] holds property-test strategies over every option and name, shared by the
+//! `input::any_*` cases and by property tests with shrinking.
+//!
 //! ## Writing cases
 //! - Names come from [`Ctx::name`] (`dlock-test/<run>/<case>/…`): isolation by name, never by
 //!   flushing a server.
