@@ -258,19 +258,11 @@ impl Inner {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let settling;
             let open_new = {
                 let mut reg = self.registry();
-                if reg
-                    .entries
-                    .iter()
-                    .any(|e| matches!(e.keys.get(key), Some(Some(_))))
-                {
+                if reg.entries.iter().any(|e| e.keys.contains_key(key)) {
                     return Ok(TryCheckout::HeldHere);
                 }
-                // Our own attempt or release of the key is in flight: its answer comes within a
-                // round trip, so wait for it rather than call a free name busy.
-                settling = reg.entries.iter().any(|e| e.keys.contains_key(key));
                 let at_limit = reg.total() >= self.config.max_connections;
                 let best = reg
                     .entries
@@ -278,7 +270,6 @@ impl Inner {
                     .filter(|e| !e.blocking && !e.session.is_dead())
                     .min_by_key(|e| (e.inflight, e.keys.is_empty()));
                 match best {
-                    _ if settling => false,
                     Some(entry) if entry.inflight == 0 || at_limit => {
                         entry.keys.insert(key.clone(), None);
                         entry.inflight += 1;
@@ -302,9 +293,6 @@ impl Inner {
                 });
             }
             if timeout_at(limit, changed).await.is_err() {
-                if settling {
-                    return Ok(TryCheckout::HeldHere);
-                }
                 return Err(unavailable(format!(
                     "all {} connections are waiting on locks (raise `max_connections`)",
                     self.config.max_connections

@@ -46,6 +46,8 @@ pub(crate) struct Session {
     unlocks: mpsc::UnboundedSender<RawKey>,
     /// The fate every guard on this session shares: ended (lost) when the session closes.
     pub(crate) guards: Arc<GuardSession>,
+    /// The client, for the bookkeeping of queued unlocks.
+    client: Weak<Client>,
 }
 
 impl Session {
@@ -56,6 +58,11 @@ impl Session {
     /// Queues an owner-checked unlock of `key` on this session (works without a runtime at the
     /// call site; the session's task runs it).
     pub(crate) fn queue_unlock(&self, key: RawKey) {
+        // Recorded first, so a try on the key waits for this unlock instead of calling the name
+        // busy while the client's own record lags the server.
+        if let Some(client) = self.client.upgrade() {
+            client.mark_releasing(self.id, key);
+        }
         let _ = self.unlocks.send(key);
     }
 }
@@ -71,8 +78,12 @@ impl fmt::Debug for Session {
 }
 
 enum Slot {
-    /// An attempt (or a queued cleanup) is in flight: nobody else may lock the key here.
+    /// An attempt is in flight, or a granted wait awaits its acquire: nobody else may lock the
+    /// key here.
     Pending,
+    /// An unlock of the key is queued on this session (a dropped guard, a cancelled attempt);
+    /// `attempt`: the slot was an attempt's, counted in `inflight`.
+    Releasing { attempt: bool },
     /// A guard holds the key on this session.
     /// (Its guard learns of a closed session through the session's `guards`.)
     Held,
@@ -328,6 +339,7 @@ impl Client {
             dead: AtomicBool::new(false),
             unlocks: tx,
             guards: Arc::default(),
+            client: Arc::downgrade(self),
         });
         tokio::spawn(session_task(
             Arc::downgrade(self),
@@ -422,11 +434,15 @@ impl Client {
             let next = {
                 let mut st = self.lock_state();
                 if st.local.contains_key(&key) {
-                    let held = st
+                    let releasing = st
                         .sessions
                         .values()
-                        .any(|e| matches!(e.slots.get(&key), Some(Slot::Held)));
-                    if held { Next::Busy } else { Next::Settling }
+                        .any(|e| matches!(e.slots.get(&key), Some(Slot::Releasing { .. })));
+                    if releasing {
+                        Next::Settling
+                    } else {
+                        Next::Busy
+                    }
                 } else {
                     // Least busy first; among equals, a session that already holds locks (so
                     // locks gather on few sessions and idle connections stay free for waits).
@@ -491,6 +507,19 @@ impl Client {
             }
             self.insert(session.clone(), Some(key), false);
             return Ok(Some(session));
+        }
+    }
+
+    /// An unlock of `key` is queued on `session`: record it (see [`Slot::Releasing`]).
+    fn mark_releasing(&self, session: u64, key: RawKey) {
+        let mut st = self.lock_state();
+        if let Some(slot) = st
+            .sessions
+            .get_mut(&session)
+            .and_then(|entry| entry.slots.get_mut(&key))
+        {
+            let attempt = matches!(slot, Slot::Pending);
+            *slot = Slot::Releasing { attempt };
         }
     }
 
@@ -850,7 +879,9 @@ impl Client {
             st.sessions
                 .get(&session.id)
                 .and_then(|e| e.slots.get(&key))
-                .is_some_and(|slot| matches!(slot, Slot::Pending))
+                .is_some_and(|slot| {
+                    matches!(slot, Slot::Pending | Slot::Releasing { attempt: true })
+                })
         };
         self.remove_slot(session.id, key, attempt);
     }

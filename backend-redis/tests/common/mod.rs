@@ -143,9 +143,10 @@ impl Faults for RedisHarness {
         matches!(fault, Fault::KillHolder | Fault::KillWaiters)
     }
 
-    /// Once a waiter is queued for `name`, `CLIENT KILL`s every client connection (normal and
-    /// pub/sub) on every node, as a proxy or network reset would. The holder's lease is a TTL and
-    /// survives its connection.
+    /// Once a waiter is queued for `name`, `CLIENT KILL`s the connections of waiting clients, as
+    /// a proxy or network reset would: those with a channel subscription (a dlock client
+    /// subscribes only while one of its tasks waits). Clients that only hold locks keep their
+    /// connections, so cases running beside this one are not disturbed.
     async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
         let config = RedisConfig::from_url(&self.url).map_err(text)?;
         let keys = LockKeys::new(&config.prefix, name);
@@ -165,17 +166,28 @@ impl Faults for RedisHarness {
                 .get_multiplexed_async_connection()
                 .await
                 .map_err(text)?;
-            for kind in ["normal", "pubsub"] {
-                let n: i64 = redis::cmd("CLIENT")
-                    .arg("KILL")
-                    .arg("TYPE")
-                    .arg(kind)
-                    .arg("SKIPME")
-                    .arg("yes")
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(text)?;
-                killed += n as usize;
+            let list: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(&mut conn)
+                .await
+                .map_err(text)?;
+            for line in list.lines() {
+                let field = |key: &str| {
+                    line.split(' ')
+                        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+                };
+                if field("sub").is_some_and(|n| n != "0") {
+                    if let Some(id) = field("id") {
+                        let n: i64 = redis::cmd("CLIENT")
+                            .arg("KILL")
+                            .arg("ID")
+                            .arg(id)
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(text)?;
+                        killed += n as usize;
+                    }
+                }
             }
         }
         Ok(killed)
