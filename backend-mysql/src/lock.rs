@@ -444,13 +444,12 @@ impl RawLock for MySqlLock {
             let session = match self.inner.checkout_dedicated(deadline).await {
                 Ok(Some(session)) => session,
                 Ok(None) => return Ok(None),
-                Err(error) => match recovery.on_failure(&error, options.retry()) {
-                    Some(delay) => {
-                        sleep_before_retry(delay, deadline).await;
-                        continue;
-                    }
-                    None => return Err(error),
-                },
+                Err(error) => {
+                    recovery
+                        .pause_or_give_up(error, options.retry(), deadline)
+                        .await?;
+                    continue;
+                }
             };
             let wait = deadline
                 .map(|d| d.saturating_duration_since(Instant::now()))
@@ -497,20 +496,13 @@ impl RawLock for MySqlLock {
                 }
                 Err(error) => {
                     pending.disarm();
-                    match recovery.on_failure(&error, options.retry()) {
-                        Some(delay) => sleep_before_retry(delay, deadline).await,
-                        None => return Err(error),
-                    }
+                    recovery
+                        .pause_or_give_up(error, options.retry(), deadline)
+                        .await?;
                 }
             }
         }
     }
-}
-
-/// Sleeps `delay`, but not past the wait's deadline.
-async fn sleep_before_retry(delay: Duration, deadline: Option<Instant>) {
-    let wake = after(Instant::now(), delay);
-    tokio::time::sleep_until(deadline.map_or(wake, |d| d.min(wake))).await;
 }
 
 impl fmt::Debug for MySqlLock {

@@ -9,12 +9,11 @@ use dlock_api::raw::{
     Grant, LeaseState, RawLock, RenewedBy, WaitRecovery, acquire_by, try_acquire_by,
 };
 use dlock_api::{
-    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockGuard, LockName, LockOptions,
-    Result,
+    Capabilities, Fencing, FencingToken, LeaseKind, LockGuard, LockName, LockOptions, Result,
 };
 use sqlx::Row;
 use sqlx::postgres::PgConnection;
-use tokio::time::{Duration, Instant, sleep_until, timeout};
+use tokio::time::{Duration, Instant, timeout};
 
 use crate::BACKEND;
 use crate::client::{Client, Exclusive, Session, WaitOutcome, open_connection};
@@ -160,11 +159,6 @@ impl PostgresLock {
         // A wait whose connection is killed waits again on a new one (only a server that stays
         // unreachable for the connect timeout ends it).
         let mut recovery = WaitRecovery::new(self.inner.config.connect_timeout);
-        let mut retry_after = |error: LockError| match recovery.on_failure(&error, options.retry())
-        {
-            Some(delay) => Ok(after(Instant::now(), delay)),
-            None => Err(error),
-        };
         loop {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
@@ -174,8 +168,9 @@ impl PostgresLock {
             let exclusive = match self.inner.take_exclusive(Some(wake_at)).await {
                 Ok(exclusive) => exclusive,
                 Err(error) => {
-                    let again = retry_after(error)?;
-                    sleep_until(deadline.map_or(again, |d| d.min(again))).await;
+                    recovery
+                        .pause_or_give_up(error, options.retry(), deadline)
+                        .await?;
                     continue;
                 }
             };
@@ -216,10 +211,11 @@ impl PostgresLock {
                     }
                     return Ok(Some(self.grant(key, raw, session, token, state)));
                 }
-                Ok(Ok(WaitOutcome::NotGranted)) => continue,
+                Ok(Ok(WaitOutcome::NotGranted)) => recovery.reached_server(),
                 Ok(Err(error)) => {
-                    let again = retry_after(error)?;
-                    sleep_until(deadline.map_or(again, |d| d.min(again))).await;
+                    recovery
+                        .pause_or_give_up(error, options.retry(), deadline)
+                        .await?;
                 }
                 Err(_) => return Err(unavailable("the lock wait task ended unexpectedly")),
             }

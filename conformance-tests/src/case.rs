@@ -172,6 +172,13 @@ impl Ctx {
         self.harness.faults()
     }
 
+    /// The harness's fault hooks, for a case whose [`Needs`] ask for one (the runner does not
+    /// run it otherwise).
+    pub fn require_faults(&self) -> Result<&dyn Faults, Failure> {
+        self.faults()
+            .ok_or_else(|| Failure("no fault hooks".into()))
+    }
+
     /// The environment a child process needs to reach the same deployment, if it can.
     pub fn child_env(&self) -> Option<Vec<(String, String)>> {
         self.harness.child_env()

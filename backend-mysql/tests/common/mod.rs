@@ -110,7 +110,7 @@ impl Harness for MySqlHarness {
                     left.push(format!("{key} held by connection {id}"));
                 }
                 // A server without performance_schema shows only holders.
-                if let Ok(waiting) = lock_waiters(&url, &key).await {
+                if let Ok(waiting) = lock_waiters(&mut conn, &key).await {
                     if !waiting.is_empty() {
                         left.push(format!("{key} waited for by connections {waiting:?}"));
                     }
@@ -157,9 +157,12 @@ impl Faults for MySqlHarness {
                 .await
                 .map_err(|e| e.to_string())?
                 .key(&name);
+            let mut conn = MySqlConnection::connect(&url)
+                .await
+                .map_err(|e| e.to_string())?;
             let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
             let waiting = loop {
-                let waiting = lock_waiters(&url, &key).await?;
+                let waiting = lock_waiters(&mut conn, &key).await?;
                 if !waiting.is_empty() {
                     break waiting;
                 }
@@ -180,10 +183,10 @@ impl Faults for MySqlHarness {
 
 /// The connections waiting in `GET_LOCK` for `key`, from performance_schema's metadata locks
 /// (the test servers run with it on; PROCESSLIST shows placeholders, not the key).
-pub async fn lock_waiters(url: &str, key: &str) -> std::result::Result<Vec<u64>, String> {
-    let mut conn = MySqlConnection::connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
+pub async fn lock_waiters(
+    conn: &mut MySqlConnection,
+    key: &str,
+) -> std::result::Result<Vec<u64>, String> {
     let rows = sqlx::query(
         "SELECT CAST(t.PROCESSLIST_ID AS SIGNED) FROM performance_schema.metadata_locks m \
          JOIN performance_schema.threads t ON t.THREAD_ID = m.OWNER_THREAD_ID \
@@ -191,7 +194,7 @@ pub async fn lock_waiters(url: &str, key: &str) -> std::result::Result<Vec<u64>,
          AND m.OBJECT_NAME = ?",
     )
     .bind(key)
-    .fetch_all(&mut conn)
+    .fetch_all(conn)
     .await
     .map_err(|e| e.to_string())?;
     rows.iter()

@@ -43,9 +43,7 @@ pub async fn fires_when_holder_killed(ctx: Ctx) -> CaseResult {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let name = ctx.name("lock");
     let guard = a.acquire(&name, &LockOptions::new()).await?;
-    let faults = ctx
-        .faults()
-        .ok_or_else(|| Failure("no fault hooks".into()))?;
+    let faults = ctx.require_faults()?;
     faults.kill_holder(&name).await.map_err(Failure)?;
     let reason = ctx
         .within("lost after the holder was killed", guard.lost())
@@ -127,9 +125,7 @@ pub async fn with_lock_releases_after_work(ctx: Ctx) -> CaseResult {
 /// A client whose session loses its connection reports its guards `Suspended` (not held, not
 /// lost, the lock still its own on the server) and `Held` again once the session is back.
 pub async fn suspended_guard_reports_it_and_resumes(ctx: Ctx) -> CaseResult {
-    let faults = ctx
-        .faults()
-        .ok_or_else(|| Failure("no fault hooks".into()))?;
+    let faults = ctx.require_faults()?;
     let (client, session) = faults.session_client().await.map_err(Failure)?;
     let other = ctx.client().await?;
     let name = ctx.name("lock");
@@ -164,9 +160,7 @@ pub async fn suspended_guard_reports_it_and_resumes(ctx: Ctx) -> CaseResult {
 /// A suspension that outlasts its deadline expires the session: every guard on it is lost with
 /// `SessionExpired`, and their locks go to others.
 pub async fn suspension_past_its_deadline_loses_every_guard(ctx: Ctx) -> CaseResult {
-    let faults = ctx
-        .faults()
-        .ok_or_else(|| Failure("no fault hooks".into()))?;
+    let faults = ctx.require_faults()?;
     let (client, session) = faults.session_client().await.map_err(Failure)?;
     let other = ctx.client().await?;
     let names = [ctx.name("a"), ctx.name("b")];
@@ -204,9 +198,7 @@ pub async fn suspension_past_its_deadline_loses_every_guard(ctx: Ctx) -> CaseRes
 /// A session the server expires loses every guard on it at once, with `SessionExpired`, and
 /// the client takes locks again on a new session.
 pub async fn expired_session_loses_every_guard(ctx: Ctx) -> CaseResult {
-    let faults = ctx
-        .faults()
-        .ok_or_else(|| Failure("no fault hooks".into()))?;
+    let faults = ctx.require_faults()?;
     let (client, session) = faults.session_client().await.map_err(Failure)?;
     let names = [ctx.name("a"), ctx.name("b")];
     let mut guards = Vec::new();

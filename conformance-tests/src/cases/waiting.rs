@@ -122,9 +122,7 @@ pub async fn waiter_survives_killed_connection(ctx: Ctx) -> CaseResult {
             guard.release().await
         })
     };
-    let faults = ctx
-        .faults()
-        .ok_or_else(|| Failure("no fault hooks".into()))?;
+    let faults = ctx.require_faults()?;
     let killed = faults.kill_waiters(&name).await.map_err(Failure)?;
     ensure!(killed > 0, "the harness killed no waiting connection");
     ensure!(

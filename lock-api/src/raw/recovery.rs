@@ -2,6 +2,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::time::after;
 use crate::error::LockError;
 use crate::options::RetryPolicy;
 
@@ -33,6 +34,28 @@ impl WaitRecovery {
     pub fn reached_server(&mut self) {
         self.failing_since = None;
         self.attempts = 0;
+    }
+
+    /// A step of the wait failed with `error`: sleeps the back-off (never past `deadline`) and
+    /// returns `Ok` to try again, or returns the error to give up with.
+    ///
+    /// # Errors
+    /// `error` itself, when it is not worth another try.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only sleeps.
+    pub async fn pause_or_give_up(
+        &mut self,
+        error: LockError,
+        retry: &RetryPolicy,
+        deadline: Option<Instant>,
+    ) -> Result<(), LockError> {
+        let Some(delay) = self.on_failure(&error, retry) else {
+            return Err(error);
+        };
+        let wake = after(Instant::now(), delay);
+        tokio::time::sleep_until(deadline.map_or(wake, |d| d.min(wake))).await;
+        Ok(())
     }
 
     /// A step of the wait failed with `error`: `Some(delay)` to sleep before trying again, or

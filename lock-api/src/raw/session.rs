@@ -126,9 +126,4 @@ impl Session {
             }
         }
     }
-
-    /// Resolves at the next suspend, resume or end.
-    pub(crate) async fn changed(&self) {
-        self.changed.notified().await
-    }
 }

@@ -58,45 +58,28 @@ impl LeaseState {
     /// Where the lock stands: held (until when), suspended (until when), or lost (why).
     /// Passing the deadline, or the session's end, marks it lost.
     pub fn status(&self) -> LockStatus {
-        if let Some(reason) = self.reason.get() {
-            return LockStatus::Lost(*reason);
+        // What ends the lock, in order of precedence (the first reason marked stays): an earlier
+        // mark, the session's end, the deadline.
+        let session = self.session.as_ref().map(|s| s.status());
+        if let Some(SessionStatus::Ended(reason)) = session {
+            self.mark_lost(reason);
         }
-        if let Some(session) = &self.session {
-            match session.status() {
-                SessionStatus::Ended(reason) => {
-                    self.mark_lost(reason);
-                    return LockStatus::Lost(self.lost_reason().unwrap_or(reason));
-                }
-                SessionStatus::Suspended { until } => {
-                    if self.deadline_passed() {
-                        return self.status();
-                    }
-                    return LockStatus::Suspended { until };
-                }
-                SessionStatus::Active => {}
-            }
+        if self
+            .valid_until()
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            self.mark_lost(if self.renewal_failing.load(Ordering::SeqCst) {
+                LostReason::RenewalFailed
+            } else {
+                LostReason::Expired
+            });
         }
-        if self.deadline_passed() {
-            return self.status();
-        }
-        LockStatus::Held {
-            valid_until: self.valid_until(),
-        }
-    }
-
-    /// Marks the lock lost if its deadline has passed; true if it did.
-    fn deadline_passed(&self) -> bool {
-        match self.valid_until() {
-            Some(deadline) if Instant::now() >= deadline => {
-                let reason = if self.renewal_failing.load(Ordering::SeqCst) {
-                    LostReason::RenewalFailed
-                } else {
-                    LostReason::Expired
-                };
-                self.mark_lost(reason);
-                true
-            }
-            _ => false,
+        match (self.reason.get(), session) {
+            (Some(reason), _) => LockStatus::Lost(*reason),
+            (None, Some(SessionStatus::Suspended { until })) => LockStatus::Suspended { until },
+            (None, _) => LockStatus::Held {
+                valid_until: self.valid_until(),
+            },
         }
     }
 
@@ -183,15 +166,6 @@ impl LeaseState {
                     }
                 } => {}
             }
-        }
-    }
-
-    /// Resolves at the next change of the session's state (suspend, resume, end); never without
-    /// a session. For watchers of [`status`](Self::status).
-    pub async fn session_changed(&self) {
-        match &self.session {
-            Some(session) => session.changed().await,
-            None => std::future::pending().await,
         }
     }
 
