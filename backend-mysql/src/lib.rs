@@ -93,11 +93,10 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+mod driver;
 mod error;
 mod floor;
-mod lease;
 mod lock;
-mod session;
 mod sql;
 
 pub use config::MySqlConfig;

@@ -6,8 +6,8 @@ use dlock_api::Result;
 use sqlx::Connection;
 use tokio::time::{Instant, timeout};
 
-use crate::client::open_connection;
 use crate::config::PostgresConfig;
+use crate::driver::open_connection;
 use crate::error::{map_err, timed_out};
 
 /// **Benchmark helper.** Measures the raw floor this backend is compared with: on **one held

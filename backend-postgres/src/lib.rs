@@ -98,12 +98,11 @@
 //! flush on every acquire.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod client;
 mod config;
+mod driver;
 mod error;
 mod floor;
 mod key;
-mod lease;
 mod lock;
 mod sql;
 mod xact;

@@ -1,26 +1,19 @@
 //! `PostgresLock`: session advisory locks behind the `DistributedLock` trait.
 
 use std::fmt;
-use std::sync::Arc;
 
 use async_trait::async_trait;
-use dlock_api::raw::time::after;
-use dlock_api::raw::{
-    Grant, LeaseState, RawLock, RenewedBy, WaitRecovery, acquire_by, try_acquire_by,
-};
-use dlock_api::{
-    Capabilities, Fencing, FencingToken, LeaseKind, LockGuard, LockName, LockOptions, Result,
-};
+use dlock_api::raw::{Grant, RawLock, SessionPool, acquire_by, try_acquire_by};
+use dlock_api::{Capabilities, Fencing, LeaseKind, LockGuard, LockName, LockOptions, Result};
 use sqlx::Row;
 use sqlx::postgres::PgConnection;
 use tokio::time::{Duration, Instant, timeout};
 
 use crate::BACKEND;
-use crate::client::{Client, Exclusive, Session, WaitOutcome, open_connection};
 use crate::config::{PostgresConfig, config_error};
-use crate::error::{map_err, sqlstate, timed_out, unavailable};
-use crate::key::{AdvisoryKey, RawKey};
-use crate::lease::PgLease;
+use crate::driver::{PgDriver, open_connection};
+use crate::error::{map_err, sqlstate, timed_out};
+use crate::key::AdvisoryKey;
 use crate::sql::{Sql, create_sequence};
 
 /// Distributed locks on Postgres session advisory locks.
@@ -33,7 +26,7 @@ use crate::sql::{Sql, create_sequence};
 #[doc = include_str!("docs.md")]
 #[derive(Clone)]
 pub struct PostgresLock {
-    inner: Arc<Client>,
+    pool: SessionPool<PgDriver>,
 }
 
 impl PostgresLock {
@@ -58,9 +51,12 @@ impl PostgresLock {
         if let Some(sequence) = &sequence {
             ensure_fence(&mut conn, &config, sequence, config.create_fence).await?;
         }
-        let inner = Arc::new(Client::new(config, Sql::new(sequence.as_deref())));
-        inner.adopt_idle(conn).await?;
-        Ok(Self { inner })
+        let driver = PgDriver::new(config, Sql::new(sequence.as_deref()));
+        let pid = driver.prepare(&mut conn).await?;
+        let pool_config = driver.pool_config();
+        let pool = SessionPool::new(driver, pool_config);
+        pool.adopt_idle(conn, pid);
+        Ok(Self { pool })
     }
 
     /// Parses `url` ([`PostgresConfig::from_url`]) and connects.
@@ -77,12 +73,12 @@ impl PostgresLock {
 
     /// The configuration this client runs with.
     pub fn config(&self) -> &PostgresConfig {
-        &self.inner.config
+        &self.pool.driver().config
     }
 
     /// How many connections this client has open right now (sessions and waits).
     pub fn connections(&self) -> usize {
-        self.inner.connections()
+        self.pool.connections()
     }
 
     /// Creates the fence sequence (`CREATE SEQUENCE IF NOT EXISTS … CACHE 1`) if it is missing:
@@ -95,7 +91,7 @@ impl PostgresLock {
     /// # Cancel safety
     /// Cancel safe: the DDL is one statement; it either ran or not.
     pub async fn migrate(&self) -> Result<()> {
-        let config = &self.inner.config;
+        let config = self.config();
         let mut conn = open_connection(config).await?;
         ensure_fence(&mut conn, config, &config.quoted_sequence()?, true).await
     }
@@ -114,7 +110,9 @@ impl PostgresLock {
         key: &AdvisoryKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>> {
-        let attempt = self.attempt(key, true);
+        let name = key.lock_name();
+        let raw = key.raw();
+        let attempt = self.pool.try_grant(&name, &raw);
         try_acquire_by(RawLock::capabilities(self), BACKEND, options, attempt).await
     }
 
@@ -129,126 +127,11 @@ impl PostgresLock {
     pub async fn acquire_key(&self, key: &AdvisoryKey, options: &LockOptions) -> Result<LockGuard> {
         let name = key.lock_name();
         let caps = RawLock::capabilities(self);
+        let raw = key.raw();
         acquire_by(caps, BACKEND, &name, options, |deadline| {
-            self.wait_key(key, options, deadline)
+            self.pool.wait_grant(&name, &raw, options, deadline)
         })
         .await
-    }
-
-    /// Waits for `key` until `deadline`: one attempt on a shared session, then server-side
-    /// waits on a connection of its own, polling only when every connection is busy.
-    async fn wait_key(
-        &self,
-        key: &AdvisoryKey,
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        let raw = key.raw();
-        if !self.inner.holds_locally(raw) {
-            if let Some(grant) = self.attempt(key, false).await? {
-                return Ok(Some(grant));
-            }
-        }
-        // Contended: this client's waiters for the key queue here, and one at a time waits on
-        // the server (each server-side wait takes a connection).
-        let Some(_turn) = self.inner.waiters.turn(&key.lock_name(), deadline).await else {
-            return Ok(None);
-        };
-        let mut polls = 0u32;
-        let mut next_poll = after(Instant::now(), options.retry().delay(0));
-        // A wait whose connection is killed waits again on a new one (only a server that stays
-        // unreachable for the connect timeout ends it).
-        let mut recovery = WaitRecovery::new(self.inner.config.connect_timeout);
-        loop {
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(None);
-            }
-            let wake_at = deadline.map_or(next_poll, |d| d.min(next_poll));
-            let exclusive = match self.inner.take_exclusive(Some(wake_at)).await {
-                Ok(exclusive) => exclusive,
-                Err(error) => {
-                    recovery
-                        .pause_or_give_up(error, options.retry(), deadline)
-                        .await?;
-                    continue;
-                }
-            };
-            let session = match exclusive {
-                Exclusive::Session(session) => session,
-                Exclusive::Woke => {
-                    // Every connection holds other locks or waits: fall back to polling with
-                    // back-off on a shared session until one frees up.
-                    if Instant::now() >= next_poll {
-                        if !self.inner.holds_locally(raw) {
-                            if let Some(grant) = self.attempt(key, false).await? {
-                                return Ok(Some(grant));
-                            }
-                        }
-                        polls = polls.saturating_add(1);
-                        next_poll = after(Instant::now(), options.retry().delay(polls));
-                    }
-                    continue;
-                }
-            };
-            let slice = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()),
-                None => self.inner.config.wait_slice,
-            }
-            .min(self.inner.config.wait_slice);
-            if slice < Duration::from_millis(1) {
-                self.inner.end_exclusive(session.id);
-                return Ok(None);
-            }
-            let outcome = self.inner.spawn_wait(session, raw, slice).await;
-            match outcome {
-                Ok(Ok(WaitOutcome::Granted(grant))) => {
-                    let (session, token) = grant.disarm();
-                    let state = Arc::new(LeaseState::on_session(None, session.guards.clone()));
-                    if !self.inner.hold_granted(session.id, raw) {
-                        // Closed right after the grant: the lock went with it. Try again.
-                        continue;
-                    }
-                    return Ok(Some(self.grant(key, raw, session, token, state)));
-                }
-                Ok(Ok(WaitOutcome::NotGranted)) => recovery.reached_server(),
-                Ok(Err(error)) => {
-                    recovery
-                        .pause_or_give_up(error, options.retry(), deadline)
-                        .await?;
-                }
-                Err(_) => return Err(unavailable("the lock wait task ended unexpectedly")),
-            }
-        }
-    }
-
-    async fn attempt(&self, key: &AdvisoryKey, patient: bool) -> Result<Option<Grant>> {
-        let raw = key.raw();
-        Ok(self
-            .inner
-            .try_lock(raw, patient)
-            .await?
-            .map(|(session, token, state)| self.grant(key, raw, session, token, state)))
-    }
-
-    fn grant(
-        &self,
-        key: &AdvisoryKey,
-        raw: RawKey,
-        session: Arc<Session>,
-        token: i64,
-        state: Arc<LeaseState>,
-    ) -> Grant {
-        let name = key.lock_name();
-        let lease = Arc::new(PgLease::new(self.inner.clone(), session, raw, name.clone()));
-        // The connection is the lease: it lives while the session does, nothing to renew.
-        Grant::new(
-            name,
-            FencingToken::new(token as u64),
-            lease,
-            state,
-            RenewedBy::Session,
-        )
     }
 }
 
@@ -320,7 +203,7 @@ impl RawLock for PostgresLock {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            fencing: if self.inner.config.fencing {
+            fencing: if self.config().fencing {
                 Fencing::Strict
             } else {
                 Fencing::None
@@ -338,7 +221,8 @@ impl RawLock for PostgresLock {
     }
 
     async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {
-        self.attempt(&AdvisoryKey::Name(name.clone()), true).await
+        let key = AdvisoryKey::Name(name.clone());
+        self.pool.try_grant(name, &key.raw()).await
     }
 
     async fn wait_grant(
@@ -347,7 +231,9 @@ impl RawLock for PostgresLock {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        self.wait_key(&AdvisoryKey::Name(name.clone()), options, deadline)
+        let key = AdvisoryKey::Name(name.clone());
+        self.pool
+            .wait_grant(name, &key.raw(), options, deadline)
             .await
     }
 }
@@ -355,13 +241,13 @@ impl RawLock for PostgresLock {
 impl fmt::Debug for PostgresLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresLock")
-            .field("client", &self.inner)
+            .field("pool", &self.pool)
             .finish()
     }
 }
 
 impl fmt::Display for PostgresLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "postgres({})", self.inner.config)
+        write!(f, "postgres({})", self.config())
     }
 }

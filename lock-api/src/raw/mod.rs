@@ -21,8 +21,12 @@
 //!   request; [`RenewedBy::Guard`] makes the watchdog call [`RawLease::extend`] every renewal
 //!   interval and move the deadline to the validity it returns.
 //! - **Session** (MySQL, Postgres): the state has no deadline; the connection is the lease
-//!   ([`RenewedBy::Session`]), kept alive by the backend's keepalive, which marks every guard on
-//!   a dead connection lost ([`LeaseState::mark_lost`]).
+//!   ([`RenewedBy::Session`]). Every guard on one connection shares its [`Session`]
+//!   ([`LeaseState::on_session`]); the connection's keepalive ends that session when the
+//!   connection dies, which marks every guard on it lost at once. A backend whose locks live on
+//!   a SQL connection writes none of this: it implements [`SessionDriver`] (open, try-lock,
+//!   wait-lock, unlock, ping, interrupt) and hands it to a [`SessionPool`], which owns the
+//!   connections, the waits, cancellation, keepalive and the lost fan-out (see [`pool`]).
 //! - **Consensus lease** (etcd, planned): one lease for many keys, kept alive by the client's
 //!   stream ([`RenewedBy::Session`]), its deadline shared by every guard on it.
 //!
@@ -43,6 +47,7 @@ mod engine;
 pub(crate) mod lease;
 mod local_queue;
 mod pending;
+pub mod pool;
 mod recovery;
 mod session;
 pub(crate) mod state;
@@ -54,6 +59,7 @@ pub use engine::{Grant, RawLock, acquire, acquire_by, try_acquire, try_acquire_b
 pub use lease::{RawLease, RenewedBy, spawn_release};
 pub use local_queue::{LocalQueue, Turn};
 pub use pending::PendingAcquire;
+pub use pool::{DriverError, PoolConfig, SessionDriver, SessionPool, Waited};
 pub use recovery::WaitRecovery;
 pub use session::{Session, SessionStatus};
 pub use state::LeaseState;

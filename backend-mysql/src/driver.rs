@@ -1,0 +1,180 @@
+//! [`MySqlDriver`]: the statements the shared session pool runs on MySQL / MariaDB connections.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_api::LockError;
+use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, Waited};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlSslMode};
+use sqlx::{ConnectOptions, Connection, Executor, Row};
+
+use crate::BACKEND;
+use crate::config::MySqlConfig;
+use crate::error::{is_connection_error, map_err};
+use crate::sql::{Cmd, Reply, Sql, exec};
+
+/// `GET_LOCK` named locks for a [`SessionPool`](dlock_api::raw::SessionPool). Keys are mapped
+/// names (with the prefix); tokens come from the fencing table in the same statement.
+pub(crate) struct MySqlDriver {
+    pub(crate) config: MySqlConfig,
+    sql: Sql,
+    connect: MySqlConnectOptions,
+    init: String,
+}
+
+impl MySqlDriver {
+    pub(crate) fn new(config: MySqlConfig) -> Self {
+        let mut connect = MySqlConnectOptions::new()
+            .host(&config.host)
+            .port(config.port)
+            .username(&config.username)
+            .ssl_mode(MySqlSslMode::Disabled)
+            .statement_cache_capacity(16)
+            .disable_statement_logging();
+        if let Some(password) = &config.password {
+            connect = connect.password(password.expose());
+        }
+        if let Some(database) = &config.database {
+            connect = connect.database(database);
+        }
+        Self {
+            sql: Sql::new(&config),
+            init: Sql::init(&config),
+            connect,
+            config,
+        }
+    }
+
+    /// The pool limits this client's options ask for.
+    pub(crate) fn pool_config(&self) -> PoolConfig {
+        // Waits go to the server in 30 s pieces (so a silently dead connection is noticed), and
+        // a wait the server has not ended 250 ms past its deadline is interrupted with
+        // `KILL QUERY`: the pool's defaults.
+        let c = &self.config;
+        PoolConfig::new(
+            c.max_connections,
+            c.connect_timeout,
+            c.command_timeout,
+            c.keepalive,
+        )
+    }
+
+    /// Runs `cmd`, telling a dead connection from a failed statement.
+    async fn run(&self, conn: &mut MySqlConnection, cmd: &Cmd) -> Result<Reply, DriverError> {
+        exec(conn, &self.sql, cmd).await.map_err(failure)
+    }
+
+    fn acquire(&self, key: &Arc<str>, wait: Duration) -> Cmd {
+        Cmd::Acquire {
+            key: key.clone(),
+            wait,
+            create_table: self.config.create_table,
+        }
+    }
+
+    /// Runs a one-off command on a connection of its own (migrations).
+    pub(crate) async fn one_off(&self, cmd: Cmd) -> dlock_api::Result<Reply> {
+        let (mut conn, _) = self.open().await?;
+        let reply = tokio::time::timeout(self.config.command_timeout, self.run(&mut conn, &cmd))
+            .await
+            .map_err(|_| LockError::command_timeout(BACKEND, self.config.command_timeout))?
+            .map_err(|f| f.error);
+        let _ = tokio::time::timeout(self.config.command_timeout, conn.close()).await;
+        reply
+    }
+}
+
+fn failure(error: sqlx::Error) -> DriverError {
+    if is_connection_error(&error) {
+        DriverError::broken(map_err(error))
+    } else {
+        DriverError::statement(map_err(error))
+    }
+}
+
+fn unexpected(reply: Reply) -> DriverError {
+    DriverError::statement(LockError::unexpected(
+        BACKEND,
+        format!("unexpected reply {reply:?}"),
+    ))
+}
+
+#[async_trait]
+impl SessionDriver for MySqlDriver {
+    type Conn = MySqlConnection;
+    type Key = Arc<str>;
+
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn open(&self) -> dlock_api::Result<(MySqlConnection, u64)> {
+        let mut conn = MySqlConnection::connect_with(&self.connect)
+            .await
+            .map_err(map_err)?;
+        conn.execute(sqlx::raw_sql(&self.init))
+            .await
+            .map_err(map_err)?;
+        let row = sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+            .fetch_one(&mut conn)
+            .await
+            .map_err(map_err)?;
+        let server_id = row.try_get::<i64, _>(0).map_err(map_err)?;
+        Ok((conn, server_id.unsigned_abs()))
+    }
+
+    async fn try_lock(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Arc<str>,
+    ) -> Result<Option<u64>, DriverError> {
+        match self.run(conn, &self.acquire(key, Duration::ZERO)).await? {
+            Reply::Acquired(token) => Ok(token),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn wait_lock(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Arc<str>,
+        wait: Duration,
+    ) -> Result<Waited, DriverError> {
+        match self.run(conn, &self.acquire(key, wait)).await? {
+            Reply::Acquired(Some(token)) => Ok(Waited::Granted(token)),
+            // 0: timed out; NULL: interrupted (`KILL QUERY`). Either way not granted.
+            Reply::Acquired(None) => Ok(Waited::NotGranted),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn unlock(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Arc<str>,
+    ) -> Result<bool, DriverError> {
+        match self.run(conn, &Cmd::Release { key: key.clone() }).await? {
+            // 0: another connection holds it; NULL: nobody does. Either way not ours.
+            Reply::Released(released) => Ok(released == Some(1)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn ping(&self, conn: &mut MySqlConnection) -> Result<(), DriverError> {
+        self.run(conn, &Cmd::Ping).await.map(|_| ())
+    }
+
+    async fn interrupt(&self, conn: &mut MySqlConnection, target: u64) -> Result<(), DriverError> {
+        self.run(conn, &Cmd::KillQuery(target)).await.map(|_| ())
+    }
+}
+
+impl fmt::Debug for MySqlDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlDriver")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,234 @@
+//! [`PgDriver`]: the statements the shared session pool runs on Postgres connections.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, Waited};
+use dlock_api::{LockError, Result};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
+use sqlx::{ConnectOptions, Connection, Row};
+use tokio::time::timeout;
+
+use crate::config::PostgresConfig;
+use crate::error::{
+    LOCK_NOT_AVAILABLE, QUERY_CANCELED, is_connection_error, map_err, sqlstate, timed_out,
+};
+use crate::key::RawKey;
+use crate::sql::{self, Sql};
+
+/// Session advisory locks for a [`SessionPool`](dlock_api::raw::SessionPool); tokens come
+/// from the fence sequence in the same statement.
+pub(crate) struct PgDriver {
+    pub(crate) config: PostgresConfig,
+    sql: Sql,
+    connect: PgConnectOptions,
+}
+
+/// The connect options every dlock connection uses.
+pub(crate) fn connect_options(config: &PostgresConfig) -> PgConnectOptions {
+    let mut options = PgConnectOptions::new_without_pgpass()
+        .host(&config.host)
+        .port(config.port)
+        .username(&config.user)
+        .database(&config.database)
+        .ssl_mode(PgSslMode::Disable)
+        .application_name(&config.application_name)
+        .options([
+            // Fence tokens must survive a crash even where the server runs asynchronously.
+            ("synchronous_commit", "on".to_owned()),
+            // A blocking wait is bounded by lock_timeout, not by a server-wide statement limit.
+            ("statement_timeout", "0".to_owned()),
+            ("idle_in_transaction_session_timeout", "0".to_owned()),
+            // pg_advisory_unlock of a key not held warns; we handle the `false` ourselves.
+            ("client_min_messages", "error".to_owned()),
+            (
+                "tcp_keepalives_idle",
+                config.tcp_keepalives_idle.as_secs().max(1).to_string(),
+            ),
+            (
+                "tcp_keepalives_interval",
+                config.tcp_keepalives_interval.as_secs().max(1).to_string(),
+            ),
+            (
+                "tcp_keepalives_count",
+                config.tcp_keepalives_count.to_string(),
+            ),
+        ])
+        .disable_statement_logging();
+    if let Some(password) = &config.password {
+        options = options.password(password.expose());
+    }
+    options
+}
+
+/// Opens one connection within the connect timeout.
+pub(crate) async fn open_connection(config: &PostgresConfig) -> Result<PgConnection> {
+    open_with(&connect_options(config), config.connect_timeout).await
+}
+
+async fn open_with(options: &PgConnectOptions, within: Duration) -> Result<PgConnection> {
+    match timeout(within, PgConnection::connect_with(options)).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(e)) if matches!(e, sqlx::Error::Database(_)) && !is_connection_error(&e) => {
+            // Authentication, unknown database, …: a configuration problem, not an outage.
+            Err(crate::config::config_error(format!(
+                "the server refused the connection: {}",
+                e.as_database_error().map(|d| d.message()).unwrap_or("")
+            )))
+        }
+        Ok(Err(e)) => Err(LockError::unavailable(crate::BACKEND, e)),
+        Err(_) => Err(timed_out(within)),
+    }
+}
+
+fn failure(error: sqlx::Error) -> DriverError {
+    if is_connection_error(&error) {
+        DriverError::broken(map_err(error))
+    } else {
+        DriverError::statement(map_err(error))
+    }
+}
+
+impl PgDriver {
+    pub(crate) fn new(config: PostgresConfig, sql: Sql) -> Self {
+        Self {
+            connect: connect_options(&config),
+            config,
+            sql,
+        }
+    }
+
+    /// The pool limits this client's options ask for.
+    pub(crate) fn pool_config(&self) -> PoolConfig {
+        let c = &self.config;
+        PoolConfig::new(
+            c.max_connections,
+            c.connect_timeout,
+            c.command_timeout,
+            c.keepalive,
+        )
+        .with_wait_chunk(c.wait_slice)
+    }
+
+    /// Makes an open connection one of the pool's: its backend pid, and no
+    /// `idle_session_timeout` (PG 14+) on a session that holds locks.
+    pub(crate) async fn prepare(&self, conn: &mut PgConnection) -> Result<u64> {
+        let within = self.config.command_timeout;
+        let row = timeout(
+            within,
+            sqlx::query(
+                "SELECT pg_backend_pid(), (SELECT set_config('idle_session_timeout', '0', false) \
+                 WHERE current_setting('server_version_num')::int >= 140000)",
+            )
+            .fetch_one(&mut *conn),
+        )
+        .await
+        .map_err(|_| timed_out(within))?
+        .map_err(map_err)?;
+        let pid: i32 = row.try_get(0).map_err(map_err)?;
+        Ok(u64::from(pid.unsigned_abs()))
+    }
+}
+
+#[async_trait]
+impl SessionDriver for PgDriver {
+    type Conn = PgConnection;
+    type Key = RawKey;
+
+    fn backend(&self) -> &'static str {
+        crate::BACKEND
+    }
+
+    async fn open(&self) -> Result<(PgConnection, u64)> {
+        let mut conn = open_with(&self.connect, self.config.connect_timeout).await?;
+        let pid = self.prepare(&mut conn).await?;
+        Ok((conn, pid))
+    }
+
+    async fn try_lock(
+        &self,
+        conn: &mut PgConnection,
+        key: &RawKey,
+    ) -> std::result::Result<Option<u64>, DriverError> {
+        let row = self
+            .sql
+            .try_lock(*key)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(failure)?;
+        let token: Option<i64> = row.try_get(0).map_err(failure)?;
+        Ok(token.map(i64::unsigned_abs))
+    }
+
+    async fn wait_lock(
+        &self,
+        conn: &mut PgConnection,
+        key: &RawKey,
+        wait: Duration,
+    ) -> std::result::Result<Waited, DriverError> {
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+        match self.sql.wait_lock(*key, ms).fetch_one(&mut *conn).await {
+            Ok(row) => {
+                let token: i64 = row.try_get(0).map_err(failure)?;
+                Ok(Waited::Granted(token.unsigned_abs()))
+            }
+            // Seen under load: `lock_timeout` fires as the lock is granted, and the error is
+            // raised with the lock already in the session's lock table (a session lock outlives
+            // the failed statement).
+            Err(e) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                Ok(Waited::NotGrantedUnsure)
+            }
+            Err(e) => Err(failure(e)),
+        }
+    }
+
+    async fn unlock(
+        &self,
+        conn: &mut PgConnection,
+        key: &RawKey,
+    ) -> std::result::Result<bool, DriverError> {
+        // A cancel request is a signal the server may act on late: one that lands on this
+        // statement (ours, for a wait that just ended) is retried.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match sql::unlock(*key).fetch_one(&mut *conn).await {
+                Ok(row) => return row.try_get::<bool, _>(0).map_err(failure),
+                Err(e) if attempts < 3 && sqlstate(&e).as_deref() == Some(QUERY_CANCELED) => {}
+                Err(e) => return Err(failure(e)),
+            }
+        }
+    }
+
+    async fn ping(&self, conn: &mut PgConnection) -> std::result::Result<(), DriverError> {
+        conn.ping().await.map_err(failure)
+    }
+
+    async fn interrupt(
+        &self,
+        conn: &mut PgConnection,
+        target: u64,
+    ) -> std::result::Result<(), DriverError> {
+        let pid = i32::try_from(target).map_err(|_| {
+            DriverError::statement(LockError::unexpected(
+                crate::BACKEND,
+                format!("backend pid {target} out of range"),
+            ))
+        })?;
+        sqlx::query("SELECT pg_cancel_backend($1)")
+            .bind(pid)
+            .execute(&mut *conn)
+            .await
+            .map(|_| ())
+            .map_err(failure)
+    }
+}
+
+impl fmt::Debug for PgDriver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgDriver")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}

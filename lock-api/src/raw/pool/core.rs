@@ -1,0 +1,369 @@
+//! [`PoolCore`]: the connections of one client, their registry and their upkeep (queued
+//! unlocks, keepalive, closing a connection and losing its guards).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc};
+use tokio::time::{Instant, error::Elapsed, timeout, timeout_at};
+
+use super::connection::Connection;
+use super::driver::{DriverError, PoolConfig, SessionDriver};
+use super::registry::{Registry, SharedPick, WaitPick};
+use crate::error::{LockError, Result};
+use crate::raw::local_queue::LocalQueue;
+use crate::raw::time::after;
+use crate::status::LostReason;
+
+pub(super) type Conn<D> = Arc<Connection<D>>;
+
+/// The shared state of one client's pool.
+pub(super) struct PoolCore<D: SessionDriver> {
+    pub(super) driver: D,
+    pub(super) config: PoolConfig,
+    registry: Mutex<Registry<D::Key, Conn<D>>>,
+    /// Something in the registry changed: a connection freed up or closed, a key settled.
+    changed: Notify,
+    /// This client's waiters per name: one at a time waits at the server.
+    pub(super) waiters: LocalQueue,
+    next_id: AtomicU64,
+}
+
+impl<D: SessionDriver> PoolCore<D> {
+    pub(super) fn new(driver: D, config: PoolConfig) -> Self {
+        Self {
+            driver,
+            config,
+            registry: Mutex::new(Registry::default()),
+            changed: Notify::new(),
+            waiters: LocalQueue::new(),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    pub(super) fn registry(&self) -> MutexGuard<'_, Registry<D::Key, Conn<D>>> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn notify(&self) {
+        self.changed.notify_waiters();
+    }
+
+    pub(super) fn unavailable(&self, why: impl Into<String>) -> LockError {
+        LockError::unavailable_because(self.driver.backend(), why)
+    }
+
+    fn closed(&self) -> DriverError {
+        DriverError::broken(self.unavailable("the connection is closed"))
+    }
+
+    /// Opens a connection outside the registry, within the connect timeout.
+    pub(super) async fn open_raw(&self) -> Result<(D::Conn, u64)> {
+        let within = self.config.connect_timeout;
+        match timeout(within, self.driver.open()).await {
+            Ok(opened) => opened,
+            Err(_) => Err(LockError::command_timeout(self.driver.backend(), within)),
+        }
+    }
+
+    /// Wraps an open connection and starts its task (queued unlocks, keepalive).
+    pub(super) fn adopt(self: &Arc<Self>, conn: D::Conn, server_id: u64) -> Conn<D> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (connection, unlocks) = Connection::new(id, server_id, conn);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(connection_task(
+                    Arc::downgrade(self),
+                    Arc::downgrade(&connection),
+                    unlocks,
+                    self.config.keepalive,
+                ));
+            }
+            Err(_) => tracing::warn!(
+                backend = self.driver.backend(),
+                "dlock: a connection opened outside a tokio runtime is not kept alive"
+            ),
+        }
+        connection
+    }
+
+    /// Opens a connection counted already by a pick; gives the count back if it fails.
+    async fn open_counted(self: &Arc<Self>, waiting: bool) -> Result<Conn<D>> {
+        /// Gives the count back if the open fails or is cancelled.
+        struct Counted<'a, D: SessionDriver>(&'a PoolCore<D>, bool, bool);
+        impl<D: SessionDriver> Drop for Counted<'_, D> {
+            fn drop(&mut self) {
+                if self.1 {
+                    self.0.registry().open_failed(self.2);
+                    self.0.notify();
+                }
+            }
+        }
+        let mut counted = Counted(self, true, waiting);
+        let (conn, server_id) = self.open_raw().await?;
+        counted.1 = false;
+        Ok(self.adopt(conn, server_id))
+    }
+
+    /// Picks the connection for a non-blocking attempt on `key`, reserving the key there.
+    /// `Ok(None)`: this client holds or acquires the key, so the answer is "busy"; also when
+    /// every connection waits and `patient` is false. A patient pick waits for a connection
+    /// until the command timeout. The bool says whether the connection is new.
+    pub(super) async fn pick_shared(
+        self: &Arc<Self>,
+        key: &D::Key,
+        patient: bool,
+    ) -> Result<Option<(Conn<D>, bool)>> {
+        let give_up = after(Instant::now(), self.config.command_timeout);
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let pick = self
+                .registry()
+                .pick_shared(key, self.config.max_connections);
+            match pick {
+                SharedPick::Busy => return Ok(None),
+                SharedPick::Use(conn) => return Ok(Some((conn, false))),
+                SharedPick::Settling => {
+                    if timeout_at(give_up, changed).await.is_err() {
+                        return Ok(None);
+                    }
+                }
+                SharedPick::Full if !patient => return Ok(None),
+                SharedPick::Full => {
+                    if timeout_at(give_up, changed).await.is_err() {
+                        return Err(self.unavailable(format!(
+                            "all {} connections are waiting on locks (raise `max_connections`)",
+                            self.config.max_connections
+                        )));
+                    }
+                }
+                SharedPick::Open => {
+                    let conn = self.open_counted(false).await?;
+                    let reserved = self
+                        .registry()
+                        .opened(conn.id, conn.clone(), Some(key), false);
+                    self.notify();
+                    // Someone of ours started on the key while this one opened.
+                    return Ok(reserved.then_some((conn, true)));
+                }
+            }
+        }
+    }
+
+    /// A connection that holds nothing, lent to one server-side wait; `Ok(None)` if none is
+    /// free by `wake_at`.
+    pub(super) async fn take_waiting(
+        self: &Arc<Self>,
+        wake_at: Instant,
+    ) -> Result<Option<Conn<D>>> {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let pick = self.registry().pick_waiting(self.config.max_connections);
+            match pick {
+                WaitPick::Use(conn) => return Ok(Some(conn)),
+                WaitPick::Open => {
+                    let conn = self.open_counted(true).await?;
+                    self.registry().opened(conn.id, conn.clone(), None, true);
+                    return Ok(Some(conn));
+                }
+                WaitPick::Full => {
+                    if timeout_at(wake_at, changed).await.is_err() {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The attempt on `conn` ended; see [`Registry::attempt_done`].
+    pub(super) fn attempt_done(&self, conn: &Connection<D>, key: &D::Key, granted: bool) -> bool {
+        let alive = self.registry().attempt_done(conn.id, key, granted);
+        self.notify();
+        alive && !conn.is_dead()
+    }
+
+    /// The wait on `conn` ended; see [`Registry::wait_done`].
+    pub(super) fn wait_done(&self, conn: &Connection<D>, granted: Option<&D::Key>) -> bool {
+        let alive = self.registry().wait_done(conn.id, granted);
+        self.notify();
+        alive && !conn.is_dead()
+    }
+
+    /// `key` was released (or found gone) on `conn`.
+    pub(super) fn forget(&self, conn: &Connection<D>, key: &D::Key) {
+        if self.registry().forget(conn.id, key) {
+            self.notify();
+        }
+    }
+
+    /// Queues an owner-checked unlock of `key` on `conn` (no runtime needed here). Recorded
+    /// first, so an attempt on the key waits for it instead of calling the name busy while the
+    /// client's record lags the server.
+    pub(super) fn queue_unlock(&self, conn: &Connection<D>, key: D::Key) {
+        self.registry().mark_releasing(conn.id, &key);
+        conn.send_unlock(key);
+    }
+
+    /// Closes `conn` (its driver connection is in `guard`): every guard it held is lost.
+    pub(super) fn close(&self, conn: &Connection<D>, guard: &mut Option<D::Conn>, why: &str) {
+        let closed = guard.take();
+        if !conn.mark_dead() {
+            return;
+        }
+        let held = self.registry().remove(conn.id).unwrap_or(0);
+        // One end for every guard on the connection.
+        conn.guards.end(LostReason::SessionClosed);
+        self.notify();
+        if held > 0 || closed.is_some() {
+            tracing::warn!(
+                backend = self.driver.backend(),
+                connection = conn.server_id,
+                locks_lost = held,
+                why,
+                "dlock: a lock connection closed"
+            );
+        }
+        drop(closed);
+    }
+
+    /// The driver connection of a locked `guard`.
+    pub(super) fn conn_mut<'g>(
+        &self,
+        guard: &'g mut Option<D::Conn>,
+    ) -> std::result::Result<&'g mut D::Conn, DriverError> {
+        guard.as_mut().ok_or_else(|| self.closed())
+    }
+
+    /// The result of a driver call made under `limit`: a broken connection or a timeout closes
+    /// `conn` (cut off mid-command, its state is unknown).
+    pub(super) fn settle<T>(
+        &self,
+        conn: &Connection<D>,
+        guard: &mut Option<D::Conn>,
+        limit: Duration,
+        outcome: std::result::Result<std::result::Result<T, DriverError>, Elapsed>,
+    ) -> std::result::Result<T, DriverError> {
+        match outcome {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(failure)) => {
+                if failure.broken {
+                    self.close(conn, guard, "connection error");
+                }
+                Err(failure)
+            }
+            Err(_) => {
+                self.close(conn, guard, "a command timed out");
+                Err(DriverError::broken(LockError::command_timeout(
+                    self.driver.backend(),
+                    limit,
+                )))
+            }
+        }
+    }
+
+    /// Unlocks `key` on `conn` after a statement that may have taken it without anyone wanting
+    /// it (safe: the connection did not hold the key before); if that fails, closes the
+    /// connection, which frees the lock for sure.
+    pub(super) async fn undo(
+        &self,
+        conn: &Connection<D>,
+        guard: &mut Option<D::Conn>,
+        key: &D::Key,
+    ) {
+        let Some(c) = guard.as_mut() else { return };
+        let limit = self.config.command_timeout;
+        let outcome = timeout(limit, self.driver.unlock(c, key)).await;
+        if self.settle(conn, guard, limit, outcome).is_err() {
+            self.close(conn, guard, "could not undo an unwanted grant");
+        }
+    }
+
+    /// From another connection, interrupts the statement running on the connection the server
+    /// knows as `target`.
+    pub(super) async fn interrupt(&self, target: u64) -> Result<()> {
+        let limit = self.config.command_timeout;
+        let shared = self.registry().least_busy_shared();
+        match shared {
+            Some(conn) => {
+                let mut guard = conn.conn.lock().await;
+                let c = self.conn_mut(&mut guard).map_err(|f| f.error)?;
+                let outcome = timeout(limit, self.driver.interrupt(c, target)).await;
+                self.settle(&conn, &mut guard, limit, outcome)
+                    .map_err(|f| f.error)
+            }
+            None => {
+                // A short-lived extra connection, outside the registry.
+                let (mut c, _) = self.open_raw().await?;
+                match timeout(limit, self.driver.interrupt(&mut c, target)).await {
+                    Ok(done) => done.map_err(|f| f.error),
+                    Err(_) => Err(LockError::command_timeout(self.driver.backend(), limit)),
+                }
+            }
+        }
+    }
+
+    /// A queued unlock: unlock (owner-checked), then clear the slot.
+    async fn run_queued_unlock(&self, conn: &Connection<D>, key: D::Key) {
+        let mut guard = conn.conn.lock().await;
+        if let Some(c) = guard.as_mut() {
+            let limit = self.config.command_timeout;
+            let outcome = timeout(limit, self.driver.unlock(c, &key)).await;
+            if let Err(failure) = self.settle(conn, &mut guard, limit, outcome) {
+                tracing::warn!(error = %failure.error, "dlock: a background unlock failed; closing its connection");
+                self.close(conn, &mut guard, "a background unlock failed");
+            }
+        }
+        drop(guard);
+        self.forget(conn, &key);
+    }
+
+    /// Pings `conn` unless it is lent to a wait or busy (a connection in use is checked by that
+    /// use). A failure closes it and loses its guards.
+    async fn keep_alive(&self, conn: &Connection<D>) {
+        if !self.registry().is_shared(conn.id) {
+            return;
+        }
+        let Ok(mut guard) = conn.conn.try_lock() else {
+            return;
+        };
+        let Some(c) = guard.as_mut() else { return };
+        let limit = self.config.command_timeout;
+        let outcome = timeout(limit, self.driver.ping(c)).await;
+        let _ = self.settle(conn, &mut guard, limit, outcome);
+    }
+}
+
+/// Per connection: runs queued unlocks in order and keeps the connection alive. Ends when the
+/// connection closes or the pool is gone.
+async fn connection_task<D: SessionDriver>(
+    core: Weak<PoolCore<D>>,
+    conn: Weak<Connection<D>>,
+    mut unlocks: mpsc::UnboundedReceiver<D::Key>,
+    keepalive: Duration,
+) {
+    // A config built in code may carry a zero keepalive, which `interval` refuses.
+    let mut tick = tokio::time::interval(keepalive.max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            key = unlocks.recv() => {
+                let Some(key) = key else { return };
+                let (Some(core), Some(conn)) = (core.upgrade(), conn.upgrade()) else { return };
+                core.run_queued_unlock(&conn, key).await;
+            }
+            _ = tick.tick() => {
+                let (Some(core), Some(conn)) = (core.upgrade(), conn.upgrade()) else { return };
+                if conn.is_dead() {
+                    return;
+                }
+                core.keep_alive(&conn).await;
+            }
+        }
+    }
+}

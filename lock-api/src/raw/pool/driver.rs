@@ -1,0 +1,154 @@
+//! What a backend supplies to a [`SessionPool`](super::SessionPool): how to open a connection
+//! and the few statements that lock, wait, unlock, ping and interrupt on it.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::LockError;
+
+/// How a driver call failed, and whether the connection survived it.
+#[derive(Debug)]
+pub struct DriverError {
+    /// The error the caller sees.
+    pub error: LockError,
+    /// The connection is unusable (I/O error, server gone, connection killed): the pool closes
+    /// it, and every guard on it is lost. When false the statement failed on a live connection,
+    /// and the pool undoes a lock the statement may have taken before it failed.
+    pub broken: bool,
+}
+
+impl DriverError {
+    /// The connection is gone or in an unknown state.
+    pub fn broken(error: LockError) -> Self {
+        Self {
+            error,
+            broken: true,
+        }
+    }
+
+    /// The statement failed; the connection is fine.
+    pub fn statement(error: LockError) -> Self {
+        Self {
+            error,
+            broken: false,
+        }
+    }
+}
+
+/// How one server-side wait ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// Granted, with this fencing token.
+    Granted(u64),
+    /// The wait ran out without the lock.
+    NotGranted,
+    /// The wait ran out with an error that can race a grant (Postgres raises `lock_timeout` with
+    /// the lock already in the session's table): not granted, but the pool unlocks (owner-checked)
+    /// before the connection is used again.
+    NotGrantedUnsure,
+}
+
+/// The lock statements of one SQL server, for a [`SessionPool`](super::SessionPool).
+///
+/// Every method runs one exchange on a connection the pool lent it. The pool bounds each call
+/// with its timeouts and closes a connection whose call timed out, so a driver needs no timeouts
+/// of its own; it only tells a broken connection from a failed statement ([`DriverError`]).
+/// Locks are per connection on the server (MySQL `GET_LOCK`, Postgres session advisory locks);
+/// the pool makes sure a key is never locked twice on one connection (both servers would stack
+/// it) and that a lock is released on the connection that took it.
+#[async_trait]
+pub trait SessionDriver: Debug + Send + Sync + 'static {
+    /// One server connection.
+    type Conn: Send + 'static;
+    /// The server-side lock key (a mapped name, an advisory key).
+    type Key: Clone + Eq + Hash + Debug + Send + Sync + 'static;
+
+    /// The backend tag for errors (`"mysql"`).
+    fn backend(&self) -> &'static str;
+
+    /// Opens and sets up a connection; returns it with the server's id for it (what
+    /// [`interrupt`](Self::interrupt) targets).
+    ///
+    /// # Errors
+    /// Whatever keeps the connection from opening; the pool bounds it by its connect timeout.
+    async fn open(&self) -> Result<(Self::Conn, u64), LockError>;
+
+    /// Takes `key` without waiting: `Some(token)` if granted, `None` if someone holds it.
+    async fn try_lock(
+        &self,
+        conn: &mut Self::Conn,
+        key: &Self::Key,
+    ) -> Result<Option<u64>, DriverError>;
+
+    /// Waits on the server for `key`, for at most `wait`.
+    async fn wait_lock(
+        &self,
+        conn: &mut Self::Conn,
+        key: &Self::Key,
+        wait: Duration,
+    ) -> Result<Waited, DriverError>;
+
+    /// Releases `key` if this connection holds it: true if it did.
+    async fn unlock(&self, conn: &mut Self::Conn, key: &Self::Key) -> Result<bool, DriverError>;
+
+    /// A round trip that proves the connection (and so its locks) alive.
+    async fn ping(&self, conn: &mut Self::Conn) -> Result<(), DriverError>;
+
+    /// From `conn`, interrupts the statement running on the connection the server knows as
+    /// `target` (`KILL QUERY`, `pg_cancel_backend`). A late interrupt must not harm the target's
+    /// next statement; the pool repeats it until the wait it cancels is over, and sends nothing
+    /// else on the target meanwhile.
+    async fn interrupt(&self, conn: &mut Self::Conn, target: u64) -> Result<(), DriverError>;
+}
+
+/// The limits and cadences of a [`SessionPool`](super::SessionPool).
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Connections the client opens at most: shared ones holding locks, ones borrowed for one
+    /// server-side wait, idle ones. At most all but one wait at the server at once, so tries and
+    /// releases always find a connection.
+    pub max_connections: usize,
+    /// Bound on opening a connection.
+    pub connect_timeout: Duration,
+    /// Bound on each statement's reply (a wait gets its wait on top).
+    pub command_timeout: Duration,
+    /// How often each shared connection is pinged: the bound on noticing a killed connection,
+    /// whose guards are then lost.
+    pub keepalive: Duration,
+    /// The longest single server-side wait; longer waits are issued again, so a silently dead
+    /// connection is noticed within this plus the command timeout.
+    pub wait_chunk: Duration,
+    /// How long past its deadline a wait still waits for the server's own answer before it gives
+    /// up on the client side and interrupts the server's wait.
+    pub wait_slack: Duration,
+}
+
+impl PoolConfig {
+    /// A pool of at most `max_connections`, with the given timeouts and keepalive cadence; waits
+    /// go to the server in pieces of at most 30 s, and the client gives up on a server's wait
+    /// 250 ms past its deadline.
+    pub fn new(
+        max_connections: usize,
+        connect_timeout: Duration,
+        command_timeout: Duration,
+        keepalive: Duration,
+    ) -> Self {
+        Self {
+            max_connections,
+            connect_timeout,
+            command_timeout,
+            keepalive,
+            wait_chunk: Duration::from_secs(30),
+            wait_slack: Duration::from_millis(250),
+        }
+    }
+
+    /// Sets the longest single server-side wait.
+    pub fn with_wait_chunk(mut self, wait_chunk: Duration) -> Self {
+        self.wait_chunk = wait_chunk;
+        self
+    }
+}

@@ -1,0 +1,129 @@
+//! [`PoolLease`]: one lock held on one pool connection, released on that connection.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::{Instant, timeout};
+
+use super::connection::Connection;
+use super::core::PoolCore;
+use super::driver::SessionDriver;
+use crate::error::{LockError, Result};
+use crate::name::LockName;
+use crate::raw::lease::RawLease;
+use crate::raw::state::LeaseState;
+use crate::status::LostReason;
+
+pub(super) struct PoolLease<D: SessionDriver> {
+    core: Arc<PoolCore<D>>,
+    conn: Arc<Connection<D>>,
+    key: D::Key,
+    name: LockName,
+    state: Arc<LeaseState>,
+    /// Set once the lock is released (or known gone); until then, dropping queues an unlock.
+    done: AtomicBool,
+}
+
+impl<D: SessionDriver> PoolLease<D> {
+    pub(super) fn new(
+        core: Arc<PoolCore<D>>,
+        conn: Arc<Connection<D>>,
+        key: D::Key,
+        name: LockName,
+        state: Arc<LeaseState>,
+    ) -> Self {
+        Self {
+            core,
+            conn,
+            key,
+            name,
+            state,
+            done: AtomicBool::new(false),
+        }
+    }
+
+    fn lost(&self) -> LockError {
+        self.state.mark_lost(LostReason::SessionClosed);
+        LockError::Lost {
+            name: self.name.to_string(),
+            reason: self
+                .state
+                .lost_reason()
+                .unwrap_or(LostReason::SessionClosed),
+        }
+    }
+}
+
+#[async_trait]
+impl<D: SessionDriver> RawLease for PoolLease<D> {
+    /// The unlock on the lease's own connection. The guard runs it to completion (in a
+    /// `Detach`), so the registry update after the reply is never skipped.
+    async fn release(&self) -> Result<()> {
+        if self.done.swap(true, Ordering::AcqRel) {
+            return Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            });
+        }
+        if self.conn.is_dead() {
+            return Err(self.lost());
+        }
+        let mut guard = self.conn.conn.lock().await;
+        let Some(c) = guard.as_mut() else {
+            return Err(self.lost());
+        };
+        let limit = self.core.config.command_timeout;
+        let outcome = timeout(limit, self.core.driver.unlock(c, &self.key)).await;
+        match self.core.settle(&self.conn, &mut guard, limit, outcome) {
+            Ok(held) => {
+                drop(guard);
+                self.core.forget(&self.conn, &self.key);
+                if held {
+                    Ok(())
+                } else {
+                    self.state.mark_lost(LostReason::TakenOver);
+                    Err(LockError::NotHeld {
+                        name: self.name.to_string(),
+                    })
+                }
+            }
+            // The connection broke: the server frees its locks when it notices.
+            Err(failure) if failure.broken => Err(self.lost()),
+            Err(failure) => {
+                // Unknown outcome: closing the connection frees the lock for sure (and ends the
+                // connection's other locks, whose guards learn it).
+                self.core.close(&self.conn, &mut guard, "a release failed");
+                Err(failure.error)
+            }
+        }
+    }
+
+    async fn extend(&self, _ttl: Duration) -> Result<Instant> {
+        Err(LockError::Unsupported {
+            backend: self.core.driver.backend(),
+            operation: "extend (the lease is the connection)",
+        })
+    }
+}
+
+impl<D: SessionDriver> Drop for PoolLease<D> {
+    /// A lease dropped without release (`forget()`, a guard dropped outside a runtime): the
+    /// connection's task unlocks it (owner-checked: it is this connection's own lock).
+    fn drop(&mut self) {
+        if !self.done.load(Ordering::Acquire) && !self.conn.is_dead() {
+            self.core.queue_unlock(&self.conn, self.key.clone());
+        }
+    }
+}
+
+impl<D: SessionDriver> fmt::Debug for PoolLease<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolLease")
+            .field("name", &self.name)
+            .field("key", &self.key)
+            .field("connection", &self.conn.server_id)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,159 @@
+//! [`SessionPool`]: the connection machinery of every backend whose locks live on a server
+//! connection (MySQL `GET_LOCK`, Postgres session advisory locks), written once.
+//!
+//! A backend supplies a [`SessionDriver`]: how to open a connection, and one statement each to
+//! try a lock, wait for one, unlock, ping and interrupt another connection's wait. The pool owns
+//! everything else, the way OpenDAL's `MultipartWrite` trait is driven by one generic writer:
+//!
+//! - **Shared connections carry many locks.** An attempt runs on the least busy connection
+//!   that does not hold the key (both servers stack a lock taken twice on one connection, which
+//!   would let a second guard in); a lock is released on the connection that took it; a
+//!   connection is never reset or handed elsewhere while it holds anything.
+//! - **A server-side wait gets a connection of its own** that holds nothing, so it never stalls
+//!   other guards' releases; after the grant that connection is shared like any. At most all
+//!   but one connection wait at once. This client's waiters for one name queue in the client
+//!   ([`LocalQueue`](crate::raw::LocalQueue)) and one at a time waits at the server.
+//! - **Cancellation**: every statement runs to completion in a [`Detach`](crate::raw::Detach),
+//!   so a dropped caller never leaves a connection mid-protocol; a dropped wait is interrupted
+//!   from another connection, repeatedly until it is over, and a grant that raced the cancel is
+//!   undone before the connection is used again.
+//! - **Loss**: each connection is a [`Session`](crate::raw::Session) for its guards. A
+//!   connection error, a statement past its timeout, or a failed keepalive ping closes it and
+//!   ends that session once, which marks every guard on it lost.
+//! - **Dropped guards** queue an owner-checked unlock on their connection, which its own task
+//!   runs; no runtime is needed at the drop site.
+
+mod acquire;
+mod attempt;
+mod connection;
+mod core;
+mod driver;
+mod lease;
+mod registry;
+
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+pub use driver::{DriverError, PoolConfig, SessionDriver, Waited};
+
+use crate::error::Result;
+use crate::name::LockName;
+use crate::options::LockOptions;
+use crate::raw::engine::Grant;
+
+/// The connections of one client of a session-lock server; see the [module docs](self).
+///
+/// Cheap to clone: clones share the connections. Dropping the last clone and every guard closes
+/// the connections, which frees their locks on the server.
+pub struct SessionPool<D: SessionDriver> {
+    core: Arc<core::PoolCore<D>>,
+}
+
+impl<D: SessionDriver> Clone for SessionPool<D> {
+    fn clone(&self) -> Self {
+        Self {
+            core: self.core.clone(),
+        }
+    }
+}
+
+impl<D: SessionDriver> SessionPool<D> {
+    /// A pool of `driver`'s connections; it opens none yet.
+    pub fn new(driver: D, config: PoolConfig) -> Self {
+        Self {
+            core: Arc::new(core::PoolCore::new(driver, config)),
+        }
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &D {
+        &self.core.driver
+    }
+
+    /// The limits the pool runs with.
+    pub fn config(&self) -> &PoolConfig {
+        &self.core.config
+    }
+
+    /// Opens one idle connection now (at connect time, so a wrong address or password fails
+    /// there rather than at the first acquire).
+    ///
+    /// # Errors
+    /// What the driver's `open` returns, or a timeout past the connect timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection half opened is dropped, and nothing is registered.
+    pub async fn open_idle(&self) -> Result<()> {
+        let (conn, server_id) = self.core.open_raw().await?;
+        self.adopt_idle(conn, server_id);
+        Ok(())
+    }
+
+    /// Keeps a connection the backend opened itself with [`SessionDriver::open`] (say, to check
+    /// its schema at connect time) as an idle connection of the pool.
+    pub fn adopt_idle(&self, conn: D::Conn, server_id: u64) {
+        let conn = self.core.adopt(conn, server_id);
+        self.core.registry().adopt_idle(conn.id, conn);
+    }
+
+    /// One attempt to take `key` (for `name`) that does not wait at the server: `Ok(None)` if
+    /// it is taken (by anyone, this client included). Waits up to the command timeout for a
+    /// connection when every one is lent to a wait.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`](crate::LockError::Unavailable) when no connection can be had
+    /// or the server does not answer; the driver's errors otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the statement runs to completion in the background, and a lock it took is
+    /// released there.
+    pub async fn try_grant(&self, name: &LockName, key: &D::Key) -> Result<Option<Grant>> {
+        acquire::try_grant(&self.core, name, key, true).await
+    }
+
+    /// Waits for `key` (for `name`) until `deadline` (`None`: no limit): `Ok(None)` if the
+    /// deadline passed. A wait whose connection is killed waits again on a new one.
+    ///
+    /// # Errors
+    /// As [`try_grant`](Self::try_grant), after the retries `options` allow.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call interrupts its server-side wait and releases the lock if the
+    /// server granted it meanwhile.
+    pub async fn wait_grant(
+        &self,
+        name: &LockName,
+        key: &D::Key,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        acquire::wait_grant(&self.core, name, key, options, deadline).await
+    }
+
+    /// Whether this client holds `key`, or has an attempt on it in flight.
+    pub fn holds(&self, key: &D::Key) -> bool {
+        self.core.registry().holds(key)
+    }
+
+    /// The server's id of the connection holding `key` for one of this client's guards: for
+    /// operators and fault tests (`KILL <id>`, `pg_terminate_backend(<pid>)`).
+    pub fn holder(&self, key: &D::Key) -> Option<u64> {
+        self.core.registry().holder(key).map(|c| c.server_id)
+    }
+
+    /// How many connections are open or being opened.
+    pub fn connections(&self) -> usize {
+        self.core.registry().total()
+    }
+}
+
+impl<D: SessionDriver> fmt::Debug for SessionPool<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionPool")
+            .field("driver", &self.core.driver)
+            .field("connections", &self.connections())
+            .finish_non_exhaustive()
+    }
+}

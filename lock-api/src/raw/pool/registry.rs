@@ -1,0 +1,361 @@
+//! Which connection holds, acquires or is releasing which key: the bookkeeping behind the pool's
+//! rules, with no I/O.
+//!
+//! A key is never reserved on a second connection of the client (the server would answer
+//! "busy" anyway, and the client knows it sooner), never twice on one connection (the server
+//! would stack it), and a connection waits at the server only while it holds nothing.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+/// What one connection is doing with one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Slot {
+    /// A non-blocking attempt is in flight.
+    Attempt,
+    /// A guard holds the key here.
+    Held,
+    /// An unlock is queued here (a dropped guard); `attempt`: the slot was an attempt's, still
+    /// counted in `inflight`.
+    Releasing { attempt: bool },
+}
+
+pub(super) struct Entry<K, C> {
+    pub(super) conn: C,
+    slots: HashMap<K, Slot>,
+    /// Lent to one server-side wait: no shared use.
+    waiting: bool,
+    /// Non-blocking attempts queued or running here (to spread concurrent attempts).
+    inflight: u32,
+}
+
+impl<K, C> Entry<K, C> {
+    fn is_idle(&self) -> bool {
+        self.slots.is_empty() && !self.waiting && self.inflight == 0
+    }
+}
+
+/// Where a non-blocking attempt runs.
+pub(super) enum SharedPick<C> {
+    /// This client holds or is acquiring the key: the answer is "busy".
+    Busy,
+    /// An unlock of the key by this client is queued: its answer comes within a round trip.
+    Settling,
+    /// Run on this connection (the key is reserved there).
+    Use(C),
+    /// Open a new connection (already counted).
+    Open,
+    /// Every connection is lent to a wait and none may be opened.
+    Full,
+}
+
+/// Which connection a server-side wait gets.
+pub(super) enum WaitPick<C> {
+    Use(C),
+    /// Open a new connection (already counted, as waiting).
+    Open,
+    Full,
+}
+
+pub(super) struct Registry<K, C> {
+    /// Open connections plus connections being opened.
+    total: usize,
+    /// Of those, lent to a wait (or being opened for one).
+    waiting: usize,
+    entries: HashMap<u64, Entry<K, C>>,
+    /// Keys with a slot on some connection, with the number of slots.
+    local: HashMap<K, u32>,
+}
+
+impl<K, C> Default for Registry<K, C> {
+    fn default() -> Self {
+        Self {
+            total: 0,
+            waiting: 0,
+            entries: HashMap::new(),
+            local: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
+    pub(super) fn total(&self) -> usize {
+        self.total
+    }
+
+    pub(super) fn holds(&self, key: &K) -> bool {
+        self.local.contains_key(key)
+    }
+
+    fn add_local(&mut self, key: &K) {
+        let n = self.local.entry(key.clone()).or_default();
+        *n = n.saturating_add(1);
+    }
+
+    fn drop_local(&mut self, key: &K) {
+        if let Some(n) = self.local.get_mut(key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.local.remove(key);
+            }
+        }
+    }
+
+    /// Picks the connection for a non-blocking attempt on `key` and reserves it there: the
+    /// least busy, and among equals one that already holds locks (locks gather on few
+    /// connections, idle ones stay free for waits); a new one while the busiest has attempts in
+    /// flight and the limit allows.
+    pub(super) fn pick_shared(&mut self, key: &K, max: usize) -> SharedPick<C> {
+        if self.holds(key) {
+            let releasing = self
+                .entries
+                .values()
+                .any(|e| matches!(e.slots.get(key), Some(Slot::Releasing { .. })));
+            return if releasing {
+                SharedPick::Settling
+            } else {
+                SharedPick::Busy
+            };
+        }
+        let best = self
+            .entries
+            .iter()
+            .filter(|(_, e)| !e.waiting)
+            .min_by_key(|(_, e)| (e.inflight, e.slots.is_empty()))
+            .map(|(id, e)| (*id, e.inflight));
+        let may_open = self.total < max;
+        let id = match best {
+            Some((id, 0)) => id,
+            _ if may_open => {
+                self.total = self.total.saturating_add(1);
+                return SharedPick::Open;
+            }
+            Some((id, _)) => id,
+            None => return SharedPick::Full,
+        };
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return SharedPick::Full;
+        };
+        entry.slots.insert(key.clone(), Slot::Attempt);
+        entry.inflight = entry.inflight.saturating_add(1);
+        let conn = entry.conn.clone();
+        self.add_local(key);
+        SharedPick::Use(conn)
+    }
+
+    /// Picks a connection that holds nothing for one server-side wait, or counts a new one. At
+    /// most `max - 1` connections wait at once (at least one), so attempts and releases always
+    /// have a connection.
+    pub(super) fn pick_waiting(&mut self, max: usize) -> WaitPick<C> {
+        if self.waiting >= max.saturating_sub(1).max(1) {
+            return WaitPick::Full;
+        }
+        if let Some(entry) = self.entries.values_mut().find(|e| e.is_idle()) {
+            entry.waiting = true;
+            self.waiting = self.waiting.saturating_add(1);
+            return WaitPick::Use(entry.conn.clone());
+        }
+        if self.total < max {
+            self.total = self.total.saturating_add(1);
+            self.waiting = self.waiting.saturating_add(1);
+            return WaitPick::Open;
+        }
+        WaitPick::Full
+    }
+
+    /// A connection counted by [`pick_shared`](Self::pick_shared) or
+    /// [`pick_waiting`](Self::pick_waiting) did not open.
+    pub(super) fn open_failed(&mut self, waiting: bool) {
+        self.total = self.total.saturating_sub(1);
+        if waiting {
+            self.waiting = self.waiting.saturating_sub(1);
+        }
+    }
+
+    /// A counted connection opened: registered idle, lent to a wait, or with `key` reserved for
+    /// an attempt. Returns false (and registers it idle) if `key` got a slot meanwhile.
+    pub(super) fn opened(&mut self, id: u64, conn: C, key: Option<&K>, waiting: bool) -> bool {
+        let reserve = key.filter(|k| !self.holds(k));
+        let mut entry = Entry {
+            conn,
+            slots: HashMap::new(),
+            waiting,
+            inflight: 0,
+        };
+        if let Some(key) = reserve {
+            entry.slots.insert(key.clone(), Slot::Attempt);
+            entry.inflight = 1;
+            self.add_local(key);
+        }
+        self.entries.insert(id, entry);
+        key.is_none() || reserve.is_some()
+    }
+
+    /// A connection opened outside the picks (the first, at connect time): idle.
+    pub(super) fn adopt_idle(&mut self, id: u64, conn: C) {
+        self.total = self.total.saturating_add(1);
+        self.opened(id, conn, None, false);
+    }
+
+    /// The attempt on `id` ended: `key` is held there now, or its reservation goes. False if the
+    /// connection closed meanwhile (its locks went with it).
+    pub(super) fn attempt_done(&mut self, id: u64, key: &K, granted: bool) -> bool {
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return false;
+        };
+        entry.inflight = entry.inflight.saturating_sub(1);
+        if granted {
+            entry.slots.insert(key.clone(), Slot::Held);
+        } else if entry.slots.remove(key).is_some() {
+            self.drop_local(key);
+        }
+        true
+    }
+
+    /// The wait on `id` ended, granted `key` or not: the connection is shared again. False if it
+    /// closed meanwhile.
+    pub(super) fn wait_done(&mut self, id: u64, granted: Option<&K>) -> bool {
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return false;
+        };
+        if entry.waiting {
+            entry.waiting = false;
+            self.waiting = self.waiting.saturating_sub(1);
+        }
+        if let Some(key) = granted {
+            entry.slots.insert(key.clone(), Slot::Held);
+            self.add_local(key);
+        }
+        true
+    }
+
+    /// An unlock of `key` is queued on `id`.
+    pub(super) fn mark_releasing(&mut self, id: u64, key: &K) {
+        if let Some(slot) = self.entries.get_mut(&id).and_then(|e| e.slots.get_mut(key)) {
+            let attempt = matches!(slot, Slot::Attempt | Slot::Releasing { attempt: true });
+            *slot = Slot::Releasing { attempt };
+        }
+    }
+
+    /// `key` is released (or known gone) on `id`. Returns whether a connection may have freed up.
+    pub(super) fn forget(&mut self, id: u64, key: &K) -> bool {
+        let Some(entry) = self.entries.get_mut(&id) else {
+            return false;
+        };
+        let slot = entry.slots.remove(key);
+        if matches!(
+            slot,
+            Some(Slot::Attempt | Slot::Releasing { attempt: true })
+        ) {
+            entry.inflight = entry.inflight.saturating_sub(1);
+        }
+        if slot.is_some() {
+            self.drop_local(key);
+        }
+        true
+    }
+
+    /// The connection `id` closed: forget it. Returns how many guards it held.
+    pub(super) fn remove(&mut self, id: u64) -> Option<usize> {
+        let entry = self.entries.remove(&id)?;
+        self.total = self.total.saturating_sub(1);
+        if entry.waiting {
+            self.waiting = self.waiting.saturating_sub(1);
+        }
+        let mut held = 0usize;
+        for (key, slot) in &entry.slots {
+            self.drop_local(key);
+            if *slot == Slot::Held {
+                held = held.saturating_add(1);
+            }
+        }
+        Some(held)
+    }
+
+    /// The connection holding `key` for a guard.
+    pub(super) fn holder(&self, key: &K) -> Option<&C> {
+        self.entries
+            .values()
+            .find(|e| e.slots.get(key) == Some(&Slot::Held))
+            .map(|e| &e.conn)
+    }
+
+    /// The least busy connection not lent to a wait.
+    pub(super) fn least_busy_shared(&self) -> Option<C> {
+        self.entries
+            .values()
+            .filter(|e| !e.waiting)
+            .min_by_key(|e| e.inflight)
+            .map(|e| e.conn.clone())
+    }
+
+    /// Whether connection `id` is open and not lent to a wait.
+    pub(super) fn is_shared(&self, id: u64) -> bool {
+        self.entries.get(&id).is_some_and(|e| !e.waiting)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Registry<&'static str, u64> {
+        Registry::default()
+    }
+
+    #[test]
+    fn a_key_is_reserved_once_per_client() {
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(reg.pick_shared(&"a", 4), SharedPick::Use(1)));
+        assert!(matches!(reg.pick_shared(&"a", 4), SharedPick::Busy));
+        assert!(reg.attempt_done(1, &"a", true));
+        assert!(matches!(reg.pick_shared(&"a", 4), SharedPick::Busy));
+        reg.mark_releasing(1, &"a");
+        assert!(matches!(reg.pick_shared(&"a", 4), SharedPick::Settling));
+        reg.forget(1, &"a");
+        assert!(matches!(reg.pick_shared(&"a", 4), SharedPick::Use(1)));
+    }
+
+    #[test]
+    fn busy_connections_spread_attempts_up_to_the_limit() {
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(reg.pick_shared(&"a", 2), SharedPick::Use(1)));
+        assert!(matches!(reg.pick_shared(&"b", 2), SharedPick::Open));
+        assert!(reg.opened(2, 2, Some(&"b"), false));
+        // At the limit: share the least busy one.
+        assert!(matches!(reg.pick_shared(&"c", 2), SharedPick::Use(_)));
+        assert_eq!(reg.total(), 2);
+    }
+
+    #[test]
+    fn waits_take_only_idle_connections_and_leave_one_over() {
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(reg.pick_shared(&"a", 3), SharedPick::Use(1)));
+        reg.attempt_done(1, &"a", true);
+        // Connection 1 holds a lock: a wait opens its own.
+        assert!(matches!(reg.pick_waiting(3), WaitPick::Open));
+        reg.opened(2, 2, None, true);
+        assert!(matches!(reg.pick_waiting(3), WaitPick::Open));
+        reg.opened(3, 3, None, true);
+        // Two of three wait: the third may not.
+        assert!(matches!(reg.pick_waiting(3), WaitPick::Full));
+        assert!(reg.wait_done(2, Some(&"b")));
+        assert!(reg.holds(&"b"));
+        assert_eq!(reg.holder(&"b"), Some(&2));
+    }
+
+    #[test]
+    fn a_closed_connection_takes_its_slots_along() {
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(reg.pick_shared(&"a", 2), SharedPick::Use(1)));
+        reg.attempt_done(1, &"a", true);
+        assert_eq!(reg.remove(1), Some(1));
+        assert!(!reg.holds(&"a"));
+        assert_eq!(reg.total(), 0);
+        assert!(!reg.attempt_done(1, &"a", false));
+    }
+}
