@@ -16,11 +16,18 @@
 //!   (`acquire`, `release`, `extend`, the lost signal, register reads and writes) to its own
 //!   JSON-lines file, flushed per line, so a killed worker loses at most a torn last line, which
 //!   the reader skips. The harness logs injected faults as [`NemesisRecord`]s.
+//! - [`register`]: the protected resource, a set per lock name. The **fenced** register refuses
+//!   writes whose fencing token is older than one it already took; the **shadow** register
+//!   takes everything and shows what fencing saved. [`register_service`] serves one over TCP
+//!   (so a fault proxy can sit in front of it); workers update it read–think–write
+//!   ([`RegisterClient::rmw`]).
 //!
 //! The checker that judges a run from these records comes with the next pieces.
 
 pub mod clock;
 pub mod event;
+pub mod register;
+pub mod register_service;
 
 #[cfg(test)]
 mod testutil;
@@ -30,3 +37,5 @@ pub use event::{
     Edge, Event, HistoryWriter, HoldId, Loaded, NEMESIS_FILE, NemesisRecord, Op, Phase,
     read_history_dir, read_jsonl, worker_file,
 };
+pub use register::{Register, RegisterKind, RegisterSnapshot, RegisterValue, WriteRecord};
+pub use register_service::{RegisterClient, RegisterServer, Rmw};
