@@ -40,6 +40,9 @@
 //! [`inputs`] holds property-test strategies over every option and name, shared by the
 //! `input::any_*` cases and by property tests with shrinking.
 //!
+//! [`history`] holds the foundations of the fault suite: worker histories on one host clock,
+//! the fenced register a lock protects, and the checker that judges a run from its records.
+//!
 //! ## Writing cases
 //! - Names come from [`Ctx::name`] (`dlock-test/<run>/<case>/…`): isolation by name, never by
 //!   flushing a server.
@@ -52,6 +55,7 @@
 mod case;
 pub mod cases;
 mod harness;
+pub mod history;
 pub mod inputs;
 mod memory;
 mod runner;
