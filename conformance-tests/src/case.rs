@@ -137,6 +137,30 @@ impl Ctx {
         }
     }
 
+    /// What the server still holds of `names` once it settled: read again until it is clean
+    /// or the bound passes (background releases of dropped guards need a moment).
+    ///
+    /// # Errors
+    /// When the server cannot be read until the bound.
+    pub async fn settled_residue(&self, names: &[LockName]) -> Result<Vec<String>, Failure> {
+        let give_up = tokio::time::Instant::now() + self.timing().bound;
+        loop {
+            // A failed read (the server busy after a heavy case) is tried again until the bound.
+            let left = self.harness.residue(names).await;
+            if matches!(&left, Ok(left) if left.is_empty())
+                || tokio::time::Instant::now() >= give_up
+            {
+                return left.map_err(|e| Failure(format!("residue check failed: {e}")));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The case's id (`area::property`).
+    pub fn case(&self) -> &'static str {
+        self.case
+    }
+
     /// Records `name` (made without [`name`](Self::name)) for the residue check after the case.
     pub fn record(&self, name: &LockName) {
         let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());

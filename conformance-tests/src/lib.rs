@@ -40,8 +40,18 @@
 //! [`inputs`] holds property-test strategies over every option and name, shared by the
 //! `input::any_*` cases and by property tests with shrinking.
 //!
-//! [`history`] holds the foundations of the fault suite: worker histories on one host clock,
-//! the fenced register a lock protects, and the checker that judges a run from its records.
+//! ## The fault suite
+//! The `faults::` cases check the lock the way Jepsen checks a database: separate **worker
+//! processes** (the test binary re-executed, see [`nemesis`]) take locks and update a **fenced
+//! register** and its unfenced shadow, while the harness pauses (`SIGSTOP`) and kills them; every
+//! operation is recorded on the host's monotonic clock, and afterwards the **history checker**
+//! ([`history`]) decides from the records alone: overlapping holds, stale writes refused and
+//! accepted, lost updates, token order, what is left on the server. Each case asserts an
+//! expectation profile ([`history::Expect`]); negative controls (the same history judged as if
+//! the lock had never told a paused holder its lease ended, or as if the resource were
+//! unfenced) prove the checker sees a violation. A failing case dumps the run (histories,
+//! register logs, nemesis log, seed) to a directory and names it. A backend joins by offering
+//! [`Harness::child_env`] and fencing tokens; nothing else.
 //!
 //! ## Writing cases
 //! - Names come from [`Ctx::name`] (`dlock-test/<run>/<case>/…`): isolation by name, never by
@@ -58,6 +68,7 @@ mod harness;
 pub mod history;
 pub mod inputs;
 mod memory;
+pub mod nemesis;
 mod runner;
 
 pub use case::{Case, CaseResult, Ctx, Failure, Needs};

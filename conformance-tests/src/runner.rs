@@ -38,24 +38,15 @@ async fn check_residue(ctx: &Ctx) -> Result<(), Failure> {
     if names.is_empty() {
         return Ok(());
     }
-    let bound = ctx.timing().bound;
-    let give_up = tokio::time::Instant::now() + bound;
-    loop {
-        // A failed read (the server busy after a heavy case) is tried again until the bound.
-        let left = ctx.harness().residue(&names).await;
-        if matches!(&left, Ok(left) if left.is_empty()) {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= give_up {
-            return Err(Failure(match left {
-                Ok(left) => format!(
-                    "left on the server {bound:?} after the case: {}",
-                    left.join("; ")
-                ),
-                Err(e) => format!("residue check failed: {e}"),
-            }));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let left = ctx.settled_residue(&names).await?;
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure(format!(
+            "left on the server {:?} after the case: {}",
+            ctx.timing().bound,
+            left.join("; ")
+        )))
     }
 }
 
@@ -84,6 +75,20 @@ where
             crate::cases::crash::hold_until_killed(Arc::new(setup().await), &name).await
         });
         return ExitCode::FAILURE;
+    }
+    if let Ok(spec) = std::env::var(crate::nemesis::worker::WORKER_SPEC) {
+        // Re-executed by a fault case as one of its workers.
+        let spec = serde_json::from_str(&spec).expect("a worker spec from the fault suite");
+        let outcome = runtime.block_on(async move {
+            crate::nemesis::worker::run_worker(Arc::new(setup().await), spec).await
+        });
+        return match outcome {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("worker failed: {error}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let args = Arguments::from_args();
     let harness: Arc<dyn Harness> = Arc::new(runtime.block_on(setup()));

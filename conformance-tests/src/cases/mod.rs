@@ -4,6 +4,7 @@ pub mod cancel;
 pub mod crash;
 pub mod exclusion;
 pub mod expiry;
+pub mod faults;
 pub mod fencing;
 pub mod input;
 pub mod lost;
@@ -47,6 +48,11 @@ const FENCED_TTL: Needs = Needs {
 };
 const CHILD: Needs = Needs {
     child_process: true,
+    ..NONE
+};
+const FENCED_CHILDREN: Needs = Needs {
+    child_process: true,
+    fencing: true,
     ..NONE
 };
 const KILL_HOLDER: Needs = Needs {
@@ -104,6 +110,12 @@ static CASES: &[Case] = &[
     ),
     case!(lost::expired_session_loses_every_guard, SESSION),
     case!(crash::crashed_holder_process_frees_the_lock, CHILD),
+    case!(faults::exclusion_is_history_checked, FENCED_CHILDREN),
+    case!(faults::paused_holder_is_fenced_off, FENCED_CHILDREN),
+    case!(
+        faults::killed_holder_process_frees_the_lock,
+        FENCED_CHILDREN
+    ),
     case!(cancel::dropped_acquire_leaves_nothing, NONE),
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),
     case!(cancel::storm_leaves_every_name_free, NONE),

@@ -1,0 +1,173 @@
+//! The worker's side: the test binary re-executed as a lock user that logs everything it does.
+//!
+//! A worker takes locks of the run's names one round at a time: acquire, read the fenced
+//! register and its shadow, think, write both back with the guard's token, release. Every step
+//! goes to its history file before and after the call, stamped with the host's monotonic clock,
+//! so the checker can decide afterwards from the records alone what happened, whatever the
+//! harness did to the process meanwhile (pause it, kill it).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use crate::Harness;
+use crate::history::{Event, HistoryWriter, HoldId, Op, Phase, RegisterClient, tokio_deadline_ns};
+
+/// Set in a worker's environment to its [`WorkerSpec`] as JSON.
+pub const WORKER_SPEC: &str = "DLOCK_CONFORMANCE_WORKER";
+
+/// What one worker process does.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkerSpec {
+    /// The run it belongs to.
+    pub run: String,
+    /// Its id in the run.
+    pub worker: u32,
+    /// The lock names it picks from, at random each round.
+    pub names: Vec<String>,
+    /// Its history file.
+    pub history: PathBuf,
+    /// The fenced register.
+    pub register: SocketAddr,
+    /// The unfenced shadow register.
+    pub shadow: SocketAddr,
+    /// Rounds to run: acquire, read, think, write, release.
+    pub rounds: u32,
+    /// The lease TTL it asks for.
+    pub ttl: Duration,
+    /// Each acquire's wait timeout.
+    pub wait: Duration,
+    /// The think time between read and write, drawn from zero up to this.
+    pub think: Duration,
+    /// Prints `holding <handle> <token>` on stdout once it holds a lock and has read the
+    /// registers, then thinks exactly `think`: the point where the harness pauses or kills it.
+    pub announce: bool,
+    /// The seed of its random choices.
+    pub seed: u64,
+}
+
+/// The element a hold adds to the register: unique per worker and round.
+fn element(hold: HoldId) -> u64 {
+    (u64::from(hold.worker) << 32) | (hold.handle & 0xffff_ffff)
+}
+
+/// Runs `spec` against a client of `harness`. Errors are of the harness (a register that does
+/// not answer, a history that cannot be written), not of the lock: those are recorded.
+pub async fn run_worker(harness: Arc<dyn Harness>, spec: WorkerSpec) -> Result<(), String> {
+    let history = HistoryWriter::open(&spec.history).map_err(|e| e.to_string())?;
+    let log = |event: Event| history.append(&event).map_err(|e| e.to_string());
+    let client = harness.client().await.map_err(|e| e.to_string())?;
+    let mut fenced = RegisterClient::connect(spec.register)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut shadow = RegisterClient::connect(spec.shadow)
+        .await
+        .map_err(|e| e.to_string())?;
+    let options = LockOptions::new()
+        .with_ttl(spec.ttl)
+        .with_wait_timeout(spec.wait);
+    let mut rng = StdRng::seed_from_u64(spec.seed ^ u64::from(spec.worker));
+    for round in 0..spec.rounds {
+        let hold = HoldId {
+            worker: spec.worker,
+            handle: u64::from(round),
+        };
+        let name = &spec.names[rng.random_range(..spec.names.len())];
+        let at = |op, phase| Event::now(&spec.run, hold, name, op, phase);
+        log(at(Op::Acquire, Phase::Invoke))?;
+        let guard = match acquire(&*client, name, &options).await {
+            Ok(guard) => guard,
+            Err(error) => {
+                // An unreachable server may have granted it anyway: outcome unknown.
+                let phase = if error.is_retryable() && !matches!(error, LockError::Timeout { .. }) {
+                    Phase::Info
+                } else {
+                    Phase::Fail
+                };
+                log(at(Op::Acquire, phase).err(error.to_string()))?;
+                continue;
+            }
+        };
+        let token = guard.fencing_token().get();
+        let mut granted = at(Op::Acquire, Phase::Ok).token(token);
+        if let Some(deadline) = guard.valid_until() {
+            granted = granted.valid_until(tokio_deadline_ns(deadline));
+        }
+        log(granted)?;
+        let think = if spec.announce {
+            spec.think
+        } else {
+            rng.random_range(Duration::ZERO..=spec.think)
+        };
+        // The lost signal is recorded as soon as it fires, while the worker thinks.
+        let update = async {
+            log(at(Op::FrRead, Phase::Invoke))?;
+            let fenced_base = fenced.read(name).await.map_err(|e| e.to_string())?;
+            let shadow_base = shadow.read(name).await.map_err(|e| e.to_string())?;
+            log(at(Op::FrRead, Phase::Ok))?;
+            if spec.announce {
+                // Read, not yet written: where a pause or a kill bites.
+                announce(hold, token)?;
+            }
+            tokio::time::sleep(think).await;
+            log(at(Op::FrWrite, Phase::Invoke).token(token))?;
+            let accepted = fenced
+                .write(name, token, hold, &fenced_base.set, element(hold))
+                .await
+                .map_err(|e| e.to_string())?;
+            shadow
+                .write(name, token, hold, &shadow_base.set, element(hold))
+                .await
+                .map_err(|e| e.to_string())?;
+            let written = at(Op::FrWrite, if accepted { Phase::Ok } else { Phase::Fail });
+            log(if accepted {
+                written
+            } else {
+                written.err("refused: stale token")
+            })
+        };
+        let mut lost_logged = false;
+        tokio::pin!(update);
+        tokio::select! {
+            done = &mut update => done?,
+            _ = guard.lost() => {
+                log(at(Op::Lost, Phase::Ok))?;
+                lost_logged = true;
+                // Like a process that does not check: it goes on and writes.
+                update.await?;
+            }
+        }
+        if !lost_logged && !guard.is_held() {
+            log(at(Op::Lost, Phase::Ok))?;
+        }
+        log(at(Op::Release, Phase::Invoke))?;
+        match guard.release().await {
+            Ok(()) => log(at(Op::Release, Phase::Ok))?,
+            Err(error) => log(at(Op::Release, Phase::Fail).err(error.to_string()))?,
+        }
+    }
+    Ok(())
+}
+
+async fn acquire(
+    client: &dyn DistributedLock,
+    name: &str,
+    options: &LockOptions,
+) -> dlock_api::Result<LockGuard> {
+    client.acquire(&LockName::new(name)?, options).await
+}
+
+/// Tells the harness this worker holds `hold` with `token`, has read the registers and is about
+/// to think.
+fn announce(hold: HoldId, token: u64) -> Result<(), String> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "holding {} {token}", hold.handle).map_err(|e| e.to_string())?;
+    stdout.flush().map_err(|e| e.to_string())
+}
