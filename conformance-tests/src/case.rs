@@ -78,6 +78,7 @@ impl Needs {
                         Fault::KillHolder => "harness cannot kill a holder",
                         Fault::KillWaiters => "harness cannot kill waiting connections",
                         Fault::SuspendSession => "harness cannot suspend a client's session",
+                        Fault::OwnServer => "harness cannot start a server of a case's own",
                     });
                 }
                 Some(_) => {}
@@ -143,10 +144,22 @@ impl Ctx {
     /// # Errors
     /// When the server cannot be read until the bound.
     pub async fn settled_residue(&self, names: &[LockName]) -> Result<Vec<String>, Failure> {
+        self.settled_residue_on(&*self.harness, names).await
+    }
+
+    /// [`settled_residue`](Self::settled_residue) on another deployment (a case's own server).
+    ///
+    /// # Errors
+    /// When the server cannot be read until the bound.
+    pub async fn settled_residue_on(
+        &self,
+        harness: &dyn Harness,
+        names: &[LockName],
+    ) -> Result<Vec<String>, Failure> {
         let give_up = tokio::time::Instant::now() + self.timing().bound;
         loop {
             // A failed read (the server busy after a heavy case) is tried again until the bound.
-            let left = self.harness.residue(names).await;
+            let left = harness.residue(names).await;
             if matches!(&left, Ok(left) if left.is_empty())
                 || tokio::time::Instant::now() >= give_up
             {

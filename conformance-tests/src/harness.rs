@@ -72,6 +72,62 @@ pub enum Fault {
     KillWaiters,
     /// [`Faults::session_client`].
     SuspendSession,
+    /// [`Faults::own_server`].
+    OwnServer,
+}
+
+/// A server of one case's own, which the case may crash, restart and pause, and reach through a
+/// fault proxy; the cases that do this to a server cannot share one with other cases.
+pub struct OwnServer {
+    /// The server process.
+    pub process: Box<dyn dlock_test_servers::ServerProcess>,
+    /// Clients of this server (and child processes that reach it).
+    pub harness: Arc<dyn Harness>,
+    /// A harness of the same backend and options that reaches this server at another address:
+    /// a fault proxy in front of it.
+    pub reach_at: Box<dyn Fn(std::net::SocketAddr) -> Arc<dyn Harness> + Send + Sync>,
+}
+
+impl OwnServer {
+    /// Starts a server with `start` (off the runtime's threads: starting waits for it to
+    /// answer) and makes it an [`OwnServer`] with [`new`](Self::new).
+    ///
+    /// # Errors
+    /// When the server does not start (its message says how to install it, if it is missing).
+    pub async fn start<P: dlock_test_servers::ServerProcess + 'static>(
+        start: impl FnOnce() -> dlock_test_servers::Result<P> + Send + 'static,
+        harness_for: impl Fn(String) -> Arc<dyn Harness> + Send + Sync + 'static,
+    ) -> std::result::Result<Self, String> {
+        let process = tokio::task::spawn_blocking(start)
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(Self::new(process, harness_for))
+    }
+
+    /// The usual shape: `process` serves at its URL, and `harness_for(url)` makes a harness of
+    /// the backend for a URL (the process's own, or the same with a proxy's address).
+    pub fn new(
+        process: impl dlock_test_servers::ServerProcess + 'static,
+        harness_for: impl Fn(String) -> Arc<dyn Harness> + Send + Sync + 'static,
+    ) -> Self {
+        let (url, addr) = (process.url(), process.addr().to_string());
+        let harness = harness_for(url.clone());
+        Self {
+            process: Box::new(process),
+            harness,
+            reach_at: Box::new(move |at| harness_for(url.replace(&addr, &at.to_string()))),
+        }
+    }
+}
+
+impl std::fmt::Debug for OwnServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnServer")
+            .field("url", &self.process.url())
+            .field("harness", &self.harness.label())
+            .finish_non_exhaustive()
+    }
 }
 
 /// A client's session, under a case's control: lose the connection, get it back, or lose the
@@ -112,6 +168,11 @@ pub trait Faults: Send + Sync {
         &self,
     ) -> std::result::Result<(Arc<dyn DistributedLock>, Box<dyn SessionControl>), String> {
         Err("this harness cannot control sessions".into())
+    }
+
+    /// Starts a server of the case's own (see [`OwnServer`]).
+    async fn own_server(&self) -> std::result::Result<OwnServer, String> {
+        Err("this harness cannot start a server of its own".into())
     }
 }
 

@@ -73,6 +73,6 @@ mod runner;
 
 pub use case::{Case, CaseResult, Ctx, Failure, Needs};
 pub use cases::cases;
-pub use harness::{Fault, Faults, Harness, SessionControl, Timing};
+pub use harness::{Fault, Faults, Harness, OwnServer, SessionControl, Timing};
 pub use memory::MemoryHarness;
 pub use runner::{CaseReport, Outcome, Report, main, main_paused, run_all};

@@ -1,8 +1,49 @@
-//! The control methods every single-process server handle offers, generated for each handle type.
+//! The control methods every single-process server handle offers, generated for each handle type, and
+//! [`ServerProcess`], the same methods behind one object-safe trait for code that handles any server.
+
+/// One server process the harness started, whatever it serves: what a fault test does to it.
+pub trait ServerProcess: Send + Sync {
+    /// Where it listens.
+    fn addr(&self) -> std::net::SocketAddr;
+    /// A client URL for it.
+    fn url(&self) -> String;
+    /// Kills it with SIGKILL (a crash); its directory and port stay for [`restart`](Self::restart).
+    fn kill(&self);
+    /// Stops it if it runs and starts it again on the same port and directory, waiting until it answers.
+    ///
+    /// # Errors
+    /// When it does not come back.
+    fn restart(&self) -> crate::Result<()>;
+    /// Freezes it (SIGSTOP): connections stay open, nothing is answered.
+    fn pause(&self);
+    /// Thaws it (SIGCONT).
+    fn resume(&self);
+}
 
 /// Implements `pid`, `kill`, `stop`, `restart`, `pause`, `resume`, … on a handle type with a `proc: Proc` field.
 macro_rules! process_control {
     ($ty:ident) => {
+        impl $crate::ServerProcess for $ty {
+            fn addr(&self) -> std::net::SocketAddr {
+                $ty::addr(self)
+            }
+            fn url(&self) -> String {
+                $ty::url(self)
+            }
+            fn kill(&self) {
+                $ty::kill(self)
+            }
+            fn restart(&self) -> $crate::Result<()> {
+                $ty::restart(self)
+            }
+            fn pause(&self) {
+                $ty::pause(self)
+            }
+            fn resume(&self) {
+                $ty::resume(self)
+            }
+        }
+
         impl $ty {
             /// The server's process id, or `None` while it is not running (after [`kill`](Self::kill) or
             /// [`stop`](Self::stop)).

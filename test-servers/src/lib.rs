@@ -109,6 +109,7 @@ mod resp;
 mod shared;
 mod zookeeper;
 
+pub use control::ServerProcess;
 pub use error::{INSTALL_HINT, Result, ServerError};
 pub use etcd::{Etcd, EtcdCluster};
 pub use mariadb::MariaDb;

@@ -187,6 +187,11 @@ impl ZooKeeper {
         })
     }
 
+    /// A `zk://` client URL for this server.
+    pub fn url(&self) -> String {
+        format!("zk://{}", self.addr())
+    }
+
     /// The connect string, `127.0.0.1:PORT`.
     pub fn connect_string(&self) -> String {
         self.addr().to_string()

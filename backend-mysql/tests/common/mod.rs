@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Fault, Faults, Harness};
+use dlock_conformance::{Fault, Faults, Harness, OwnServer};
 use dlock_mysql::MySqlLock;
 use dlock_test_servers::{MariaDb, shared_mariadb};
 use sqlx::mysql::MySqlConnection;
@@ -145,7 +145,17 @@ impl Faults for MySqlHarness {
     }
 
     fn supports(&self, fault: Fault) -> bool {
-        matches!(fault, Fault::KillHolder | Fault::KillWaiters)
+        matches!(
+            fault,
+            Fault::KillHolder | Fault::KillWaiters | Fault::OwnServer
+        )
+    }
+
+    async fn own_server(&self) -> std::result::Result<OwnServer, String> {
+        OwnServer::start(MariaDb::start, |url| {
+            Arc::new(MySqlHarness { url, owned: false })
+        })
+        .await
     }
 
     /// `KILL`s the connections whose statement waits in `GET_LOCK` on the name's key (state

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Fault, Faults, Harness};
+use dlock_conformance::{Fault, Faults, Harness, OwnServer};
 use dlock_postgres::{AdvisoryKey, PostgresLock};
 use dlock_test_servers::Postgres;
 use sqlx::{Connection, PgConnection, Row};
@@ -140,7 +140,17 @@ impl Faults for PgHarness {
     }
 
     fn supports(&self, fault: Fault) -> bool {
-        matches!(fault, Fault::KillHolder | Fault::KillWaiters)
+        matches!(
+            fault,
+            Fault::KillHolder | Fault::KillWaiters | Fault::OwnServer
+        )
+    }
+
+    async fn own_server(&self) -> std::result::Result<OwnServer, String> {
+        OwnServer::start(Postgres::start, |url| {
+            Arc::new(PgHarness { url, _server: None })
+        })
+        .await
     }
 
     /// `pg_terminate_backend` on the sessions waiting for the name's advisory lock, once there

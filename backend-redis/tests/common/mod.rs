@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Fault, Faults, Harness};
+use dlock_conformance::{Fault, Faults, Harness, OwnServer};
 use dlock_redis::{LockKeys, RedisConfig, RedisLock};
 use dlock_test_servers::{RedisCluster, RedisSentinel, RedisServer};
 
@@ -140,7 +140,25 @@ impl Faults for RedisHarness {
     }
 
     fn supports(&self, fault: Fault) -> bool {
-        matches!(fault, Fault::KillHolder | Fault::KillWaiters)
+        match fault {
+            Fault::KillHolder | Fault::KillWaiters => true,
+            // A single node only: the other topologies have their own failover tests.
+            Fault::OwnServer => self.url_var == "DLOCK_TEST_REDIS_URL",
+            _ => false,
+        }
+    }
+
+    /// A private redis-server (persistence off, as in the tests' shared one).
+    async fn own_server(&self) -> std::result::Result<OwnServer, String> {
+        OwnServer::start(RedisServer::start, |url| {
+            Arc::new(RedisHarness {
+                label: "redis",
+                url,
+                url_var: "DLOCK_TEST_REDIS_URL",
+                _servers: Box::new(()),
+            })
+        })
+        .await
     }
 
     /// Once a waiter is queued for `name`, `CLIENT KILL`s the connections of waiting clients, as

@@ -166,3 +166,108 @@ pub async fn killed_holder_process_frees_the_lock(ctx: Ctx) -> CaseResult {
     run.discard();
     Ok(())
 }
+
+/// A case's own server, or the reason the harness cannot give one.
+async fn own_server(ctx: &Ctx) -> Result<crate::OwnServer, Failure> {
+    ctx.require_faults()?.own_server().await.map_err(Failure)
+}
+
+/// Acquires `name` on `harness`'s deployment, riding out the moments a restarted server is not
+/// answering yet.
+async fn acquire_after_restart(
+    ctx: &Ctx,
+    harness: &dyn crate::Harness,
+    name: &LockName,
+) -> Result<dlock_api::LockGuard, Failure> {
+    let wait = dlock_api::LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    ctx.within("the lock after the server restarted", async {
+        loop {
+            match harness.client().await {
+                Ok(client) => match client.acquire(name, &wait).await {
+                    Ok(guard) => return Ok(guard),
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => return Err(Failure::from(e)),
+                },
+                Err(e) if e.is_retryable() => {}
+                Err(e) => return Err(Failure::from(e)),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await?
+}
+
+/// **Tokens across restarts**: a server restarted cleanly, then one that crashed (`SIGKILL`)
+/// and came back, each time hands out a token above every token before it. A protected
+/// resource that remembers the highest token it saw would otherwise refuse every later holder,
+/// or take a stale one.
+pub async fn tokens_rise_across_server_restarts(ctx: Ctx) -> CaseResult {
+    let own = own_server(&ctx).await?;
+    let name = ctx.name("lock");
+    let mut last = 0;
+    for crash in [false, true, false] {
+        let guard = acquire_after_restart(&ctx, &*own.harness, &name).await?;
+        let token = guard.fencing_token().get();
+        ensure!(
+            token > last,
+            "token {token} after {last} (the restart before was a {})",
+            if crash { "clean one" } else { "crash" }
+        );
+        last = token;
+        guard.release().await?;
+        if crash {
+            own.process.kill();
+        }
+        let process = &own.process;
+        tokio::task::block_in_place(|| process.restart())
+            .map_err(|e| Failure(format!("the server did not come back: {e}")))?;
+    }
+    Ok(())
+}
+
+/// **A partitioned holder** (C1): a worker reaching the server through a fault proxy takes the
+/// lock, reads the register, and is cut off (the proxy drops nothing, answers nothing) while it
+/// thinks for two TTLs; another worker, connected directly, wants the lock; then the link heals.
+///
+/// - TTL leases: the lease expires, the other worker takes the lock with a higher token and
+///   writes; the cut-off worker's late write must be refused, and no two holds overlap.
+/// - Session leases: the server cannot tell a silent link from a slow one (the proxy's kernel
+///   still acknowledges), so the lock stays the cut-off worker's until the link heals and its
+///   connection closes; the other worker waits. No overlap, nothing stale accepted.
+pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
+    let own = own_server(&ctx).await?;
+    let proxy = dlock_test_servers::FaultProxy::start(own.process.addr())
+        .map_err(|e| Failure(format!("cannot start a fault proxy: {e}")))?;
+    let linked = (own.reach_at)(proxy.addr());
+    let client = own.harness.client().await?;
+    let ttl_lease = client.capabilities().lease == LeaseKind::Ttl;
+    let run = Run::start(&ctx).await?;
+    let names = [ctx.name("lock")];
+    let timing = ctx.timing();
+    let ttl = timing.short_ttl;
+    let mut cut_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl * 2);
+    cut_spec.announce = true;
+    let mut cut = run.spawn_via(&cut_spec, &*linked)?;
+    holding(&ctx, &mut cut).await?;
+    proxy.set_mode(dlock_test_servers::ProxyMode::Blackhole);
+    run.log(crate::history::Edge::Start, "blackhole worker 1's link");
+    let other_spec = run.spec(2, &names, 2, ttl, ttl * 4 + timing.bound, THINK);
+    let other = run.spawn_via(&other_spec, &*own.harness)?;
+    ctx.within("the cut-off worker to give up", cut.finish())
+        .await??;
+    proxy.heal();
+    run.log(crate::history::Edge::Stop, "heal worker 1's link");
+    ctx.within("the other worker", other.finish()).await??;
+    let residue = ctx.settled_residue_on(&*own.harness, &names).await?;
+    let expect = Expect {
+        stale_attempts: if ttl_lease {
+            Count::AtLeast(1)
+        } else {
+            Count::Any
+        },
+        ..Expect::FENCED_FAULT
+    };
+    verify(&run, &expect, &run.input(residue)?)?;
+    run.discard();
+    Ok(())
+}

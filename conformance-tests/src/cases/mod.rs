@@ -55,6 +55,15 @@ const FENCED_CHILDREN: Needs = Needs {
     fencing: true,
     ..NONE
 };
+const OWN_SERVER: Needs = Needs {
+    fencing: true,
+    fault: Some(Fault::OwnServer),
+    ..NONE
+};
+const OWN_SERVER_CHILDREN: Needs = Needs {
+    child_process: true,
+    ..OWN_SERVER
+};
 const KILL_HOLDER: Needs = Needs {
     fault: Some(Fault::KillHolder),
     ..NONE
@@ -115,6 +124,11 @@ static CASES: &[Case] = &[
     case!(
         faults::killed_holder_process_frees_the_lock,
         FENCED_CHILDREN
+    ),
+    case!(faults::tokens_rise_across_server_restarts, OWN_SERVER),
+    case!(
+        faults::partitioned_holder_is_fenced_off,
+        OWN_SERVER_CHILDREN
     ),
     case!(cancel::dropped_acquire_leaves_nothing, NONE),
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),

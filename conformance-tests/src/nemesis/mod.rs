@@ -104,17 +104,41 @@ impl Run {
         }
     }
 
-    /// Starts a worker process running `spec`.
+    /// Starts a worker process running `spec` against the case's deployment.
     ///
     /// # Errors
     /// When the test binary cannot be re-executed.
     pub fn spawn(&self, spec: &WorkerSpec) -> Result<WorkerProcess, Failure> {
+        self.spawn_on(spec, &self.env)
+    }
+
+    /// Starts a worker process running `spec` against the deployment `harness` reaches (a
+    /// case's own server, or the same through a fault proxy).
+    ///
+    /// # Errors
+    /// When the harness runs no child processes, or the test binary cannot be re-executed.
+    pub fn spawn_via(
+        &self,
+        spec: &WorkerSpec,
+        harness: &dyn crate::Harness,
+    ) -> Result<WorkerProcess, Failure> {
+        let env = harness
+            .child_env()
+            .ok_or_else(|| Failure("the harness runs no child processes".into()))?;
+        self.spawn_on(spec, &env)
+    }
+
+    fn spawn_on(
+        &self,
+        spec: &WorkerSpec,
+        env: &[(String, String)],
+    ) -> Result<WorkerProcess, Failure> {
         let exe = std::env::current_exe().map_err(failure("cannot find the test binary"))?;
         let json = serde_json::to_string(spec).map_err(|e| Failure(e.to_string()))?;
         let stderr = std::fs::File::create(self.dir.join(format!("worker-{}.stderr", spec.worker)))
             .map_err(failure("cannot create a worker's stderr file"))?;
         let mut child = tokio::process::Command::new(exe)
-            .envs(self.env.iter().cloned())
+            .envs(env.iter().cloned())
             .env(WORKER_SPEC, json)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -6,7 +6,6 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     dlock::cli::init_logging();
-    let cli = dlock::cli::Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -17,5 +16,10 @@ fn main() -> ExitCode {
             return ExitCode::from(70);
         }
     };
+    // Re-executed as a worker of `dlock conformance --faults`: no arguments to parse.
+    if let Some(code) = dlock::cli::run_worker_if_asked(&runtime) {
+        return code;
+    }
+    let cli = dlock::cli::Cli::parse();
     runtime.block_on(dlock::cli::run(cli))
 }

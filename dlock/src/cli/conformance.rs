@@ -17,6 +17,12 @@ pub struct ConformanceArgs {
     /// Run only the cases whose id contains this text (e.g. `fencing::`).
     #[arg(long)]
     filter: Option<String>,
+    /// Also run the fault cases that need only client-side powers: worker processes (this
+    /// program, re-executed) that take locks and write to a fenced register while they are
+    /// paused and killed, judged by the history checker. Not for `memory://`, whose locks live
+    /// in one process.
+    #[arg(long)]
+    faults: bool,
 }
 
 /// Each client is a fresh connection to the deployed backend.
@@ -24,6 +30,8 @@ pub struct ConformanceArgs {
 struct DeployedHarness {
     backend: BackendArgs,
     label: String,
+    /// Whether child processes (the fault cases' workers) may connect too.
+    workers: bool,
 }
 
 #[async_trait]
@@ -35,6 +43,48 @@ impl Harness for DeployedHarness {
     async fn client(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
         self.backend.connect().await
     }
+
+    /// A worker reaches the same deployment through the variables `--backend` and `--config`
+    /// read.
+    fn child_env(&self) -> Option<Vec<(String, String)>> {
+        if !self.workers {
+            return None;
+        }
+        let mut env = vec![("DLOCK_URL".to_owned(), self.backend.backend.clone())];
+        if let Some(config) = &self.backend.config {
+            env.push(("DLOCK_CONFIG".to_owned(), config.display().to_string()));
+        }
+        Some(env)
+    }
+}
+
+/// When this process was started as a fault case's worker, runs it and returns its exit code.
+///
+/// The worker connects with `DLOCK_URL` / `DLOCK_CONFIG`, as the parent's harness set them.
+pub fn run_worker_if_asked(runtime: &tokio::runtime::Runtime) -> Option<ExitCode> {
+    let spec = std::env::var(dlock_conformance::nemesis::worker::WORKER_SPEC).ok()?;
+    let backend = BackendArgs {
+        backend: std::env::var("DLOCK_URL").unwrap_or_else(|_| "memory://".to_owned()),
+        config: std::env::var_os("DLOCK_CONFIG").map(Into::into),
+    };
+    let harness = Arc::new(DeployedHarness {
+        label: backend.backend.clone(),
+        backend,
+        workers: false,
+    });
+    let outcome = match serde_json::from_str(&spec) {
+        Ok(spec) => runtime.block_on(dlock_conformance::nemesis::worker::run_worker(
+            harness, spec,
+        )),
+        Err(e) => Err(format!("bad worker spec: {e}")),
+    };
+    Some(match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("dlock worker: {error}");
+            ExitCode::FAILURE
+        }
+    })
 }
 
 pub(super) async fn conformance(args: ConformanceArgs) -> Result<ExitCode, LockError> {
@@ -42,9 +92,19 @@ pub(super) async fn conformance(args: ConformanceArgs) -> Result<ExitCode, LockE
     let label = first.to_string();
     drop(first);
     println!("dlock conformance against {label}\n");
+    let in_process = args.backend.url()?.starts_with("memory:");
+    if args.faults && in_process {
+        return Err(LockError::Config {
+            backend: "dlock",
+            reason:
+                "--faults needs a backend other processes can reach; memory:// lives in one process"
+                    .into(),
+        });
+    }
     let harness = Arc::new(DeployedHarness {
         backend: args.backend,
         label,
+        workers: args.faults,
     });
     let report = dlock_conformance::run_all(harness, args.filter.as_deref())
         .await

@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
 use dlock_api::{DistributedLock, LockError};
 
 pub use bench::BenchArgs;
-pub use conformance::ConformanceArgs;
+pub use conformance::{ConformanceArgs, run_worker_if_asked};
 pub use demo::DemoArgs;
 pub use run::RunArgs;
 
@@ -53,7 +53,7 @@ pub struct BackendArgs {
     #[arg(long, env = "DLOCK_URL", default_value = "memory://")]
     pub backend: String,
     /// A TOML config file (`url`, `[options]`, `[lock]`); overrides --backend.
-    #[arg(long)]
+    #[arg(long, env = "DLOCK_CONFIG")]
     pub config: Option<std::path::PathBuf>,
 }
 
