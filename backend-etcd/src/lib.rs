@@ -91,6 +91,7 @@
 
 mod config;
 mod error;
+mod floor;
 mod keys;
 mod lease;
 mod lock;
@@ -98,6 +99,7 @@ mod session;
 mod watch;
 
 pub use config::{DEFAULT_PORT, EtcdConfig};
+pub use floor::raw_floor;
 pub use lock::EtcdLock;
 
 dlock_api::impl_distributed_lock!(EtcdLock);
