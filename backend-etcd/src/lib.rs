@@ -1,2 +1,110 @@
-//! The `etcd` backend for dlock. Not written yet: its issue fills this crate.
-//! Until then `dlock::connect` answers a `etcd` URL with a `Config` error saying so.
+//! # dlock-etcd: distributed locks on etcd
+//!
+//! The etcd backend for [dlock](https://docs.rs/dlock): an [`EtcdLock`] implements
+//! [`dlock_api::DistributedLock`] on an etcd cluster (v3 API; one member or many).
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_api::Result<()> {
+//! use dlock_api::{DistributedLockExt, LockOptions};
+//! use dlock_etcd::EtcdLock;
+//!
+//! let locks = EtcdLock::connect_url("etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/myapp").await?;
+//! let guard = locks.acquire_str("invoice:42", &LockOptions::new()).await?;
+//! // … work, passing guard.fencing_token() with every write to the storage …
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## What it promises
+//! - [x] **Strict fencing**: the token is the key's *create revision*, a cluster-wide counter
+//!   that only grows, across restarts and leader changes.
+//! - [x] **FIFO, woken on release**: waiters queue by create revision; each watches only the key
+//!   just before its own, so a release wakes exactly one waiter, about one round trip later.
+//! - [x] **Extend** and automatic renewal, through leases this client keeps alive.
+//! - [x] **Lost signal and suspension**: a guard reports `Suspended` while its lease's keep-alives
+//!   fail, and `Lost` when the lease ends or its key goes.
+//! - [x] **Survives failover**: a lock lives in the raft log; a leader change keeps it.
+//! - Minimum TTL: etcd counts leases in whole seconds and raises short ones to its own minimum
+//!   (`ceil(1.5 × election timeout)`: 2 s on default timing). A TTL is rounded up to whole
+//!   seconds.
+//!
+//! ## How it works
+//! - **Session leases.** A client keeps one etcd lease per TTL (in whole seconds) alive and
+//!   shares it among every guard with that TTL: a hundred locks cost one keep-alive stream, not
+//!   a hundred renewals. The keep-alive loop sends one request at a time and dates the lease's
+//!   validity from the acknowledged *send* (`sent + granted TTL − margin`), never from the
+//!   answer's arrival. A keep-alive that fails suspends every guard on the lease and reopens
+//!   the stream with back-off; the deadline passing, or an answer with TTL 0, loses them with
+//!   `SessionExpired`. An acquire with `Renewal::Off` gets a lease of its own that nobody keeps
+//!   alive: it ends at its TTL unless extended.
+//! - **Keys.** `PREFIX/NAME/LEASE-NONCE`: the name percent-encoded (so `/` in a name can never
+//!   make one name's range cover another's), the lease in hex, and a nonce fresh for every
+//!   acquire (two tasks of one client never share a key).
+//! - **Acquire** is one transaction: *if our key does not exist, put it on the lease, and read
+//!   the two newest keys of the name*. A read inside a write transaction sees its own put, so the
+//!   answer is `[ours, the one before]`; alone, we hold, and our create revision is the
+//!   transaction's revision. `try_acquire` instead puts only if the name has no key at all (no
+//!   write when busy).
+//! - **Waiting** watches the key before ours from the read's revision + 1 (a start above the
+//!   current revision is served at once by the server's synced watchers; an older one waits for
+//!   its 100 ms catch-up loop, and none at all can miss the release). When it goes, a
+//!   linearizable re-read (never a serializable one: a lagging member can hide a live
+//!   predecessor) confirms our key still exists and that no key created before it remains. A
+//!   compacted watch re-reads; a slow fallback re-read every few seconds catches any event the
+//!   server lost. One watch stream per client carries every waiter's and holder's watch.
+//! - **Holding**: each holder watches its own key; its deletion (the lease revoked or expired,
+//!   or someone deleting it) marks the guard lost.
+//! - **Release** deletes the key in a transaction guarded by its create revision, so a stale
+//!   release can never remove a newer key. A dropped acquire deletes its key (also when the
+//!   create's reply was lost), a dropped guard is released in the background, and a forgotten
+//!   guard's key moves onto a lease nobody renews, so it ends within its TTL.
+//! - **Extend**: on a kept-alive lease, one keep-alive (the validity is the lease's TTL); on a
+//!   lease of its own, the key moves onto a new lease of the asked TTL in a transaction guarded
+//!   by the create revision (`put` with `ignore_value`), which keeps the create revision: the
+//!   fence and the queue place do not change.
+//!
+//! ## Connecting
+//! `etcd://[user:password@]host[:port][,host[:port]…][/prefix][?option=value…]`, or `etcds://`
+//! for TLS (feature `tls`; options `ca_cert`, `cert`, `key`). See [`EtcdConfig`] for the
+//! options. The client sets HTTP/2 keep-alive (also while idle), connect and request timeouts,
+//! and `require_leader`, so a member cut off from its leader fails requests instead of hanging;
+//! since the client library's connect touches no server, `connect` reads once to prove the
+//! cluster answers. Idempotent requests are retried on failure (the balancer may pick another
+//! member); streams are reopened. With `user:password`, `etcd://` sends the password in clear.
+//!
+//! ## Fault model and versions
+//! A lock is as safe as etcd's linearizability and the lease deadline: a holder that stops (GC
+//! pause, partition) past its lease may find its lock taken, and only the fencing token protects
+//! the resource then. Crash liveness is the TTL + up to 0.5 s (the leader checks expiry every
+//! 500 ms) + raft, plus up to a TTL per leader change (a new leader restarts every lease at its
+//! full TTL).
+//!
+//! etcd 3.4.x before 3.4.31/3.4.38 has lease and watch bugs (leases revoked by an old leader,
+//! keep-alives answering success for a revoked lease, watch events lost after compaction). This
+//! backend defends against them (own-key watches, a re-read before holding, fallback re-reads,
+//! a compacted watch re-reads), and is tested against 3.4.23; in production use **etcd 3.5.23+
+//! or 3.6**.
+//!
+//! Building needs `protoc` and the protobuf well-known includes (`protobuf-compiler` and
+//! `libprotobuf-dev` on Debian): the client library compiles etcd's API at build time.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod config;
+mod error;
+mod floor;
+mod keys;
+mod lease;
+mod lock;
+mod session;
+mod watch;
+
+pub use config::{DEFAULT_PORT, EtcdConfig};
+pub use floor::raw_floor;
+pub use lock::EtcdLock;
+
+dlock_api::impl_distributed_lock!(EtcdLock);
+
+/// The URL schemes this backend serves: `etcd://` and `etcds://` (TLS).
+pub const SCHEMES: &[&str] = &["etcd", "etcds"];
+
+pub(crate) const BACKEND: &str = "etcd";

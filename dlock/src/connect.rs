@@ -16,7 +16,7 @@ use crate::scheme::{BackendScheme, redact};
 /// | `redlock://host1:port,host2:port,…` | Redlock over independent Redis nodes (feature `redlock`) |
 /// | `mysql://user:pass@host/db`, `mariadb://…` | MySQL / MariaDB `GET_LOCK` (feature `mysql`) |
 /// | `postgres://user:pass@host/db` | Postgres advisory locks (feature `postgres`) |
-/// | `etcd://host:port[,host:port]` | etcd (feature `etcd`) |
+/// | `etcd://host:port[,host:port][/prefix]`, `etcds://…` | etcd (feature `etcd`; `etcds://` also `etcd-tls`) |
 /// | `zk://host:port[,host:port]` | ZooKeeper (feature `zookeeper`) |
 ///
 /// # Errors
@@ -81,6 +81,14 @@ where
                 dlock_postgres::PostgresLock::connect(config).await?,
             ))
         }
+        #[cfg(feature = "etcd")]
+        BackendScheme::Etcd => {
+            let mut config = dlock_etcd::EtcdConfig::from_url(url)?;
+            for (key, value) in &options {
+                config.set_option(key, value)?;
+            }
+            Ok(Arc::new(dlock_etcd::EtcdLock::connect(config).await?))
+        }
         other => not_available(other),
     }
 }
@@ -139,6 +147,7 @@ fn implemented(scheme: BackendScheme) -> bool {
             | BackendScheme::Redis
             | BackendScheme::MySql
             | BackendScheme::Postgres
+            | BackendScheme::Etcd
     )
 }
 

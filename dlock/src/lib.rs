@@ -65,6 +65,11 @@ pub use dlock_mysql::{MySqlConfig, MySqlLock};
 #[doc(inline)]
 pub use dlock_postgres::{AdvisoryKey, PostgresConfig, PostgresLock, RowLock};
 
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+#[doc(inline)]
+pub use dlock_etcd::{EtcdConfig, EtcdLock};
+
 #[doc(inline)]
 pub use dlock_api::{
     BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,

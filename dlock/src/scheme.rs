@@ -22,6 +22,10 @@ const REDIS: &[&str] = &[
 const MYSQL: &[&str] = dlock_mysql::SCHEMES;
 #[cfg(not(feature = "mysql"))]
 const MYSQL: &[&str] = &["mysql", "mariadb"];
+#[cfg(feature = "etcd")]
+const ETCD: &[&str] = dlock_etcd::SCHEMES;
+#[cfg(not(feature = "etcd"))]
+const ETCD: &[&str] = &["etcd", "etcds"];
 #[cfg(feature = "postgres")]
 const POSTGRES: &[&str] = dlock_postgres::SCHEMES;
 #[cfg(not(feature = "postgres"))]
@@ -58,7 +62,7 @@ impl BackendScheme {
         (Self::Redlock, &["redlock"], "redlock"),
         (Self::MySql, MYSQL, "mysql"),
         (Self::Postgres, POSTGRES, "postgres"),
-        (Self::Etcd, &["etcd", "etcds"], "etcd"),
+        (Self::Etcd, ETCD, "etcd"),
         (Self::ZooKeeper, &["zk", "zookeeper"], "zookeeper"),
     ];
 

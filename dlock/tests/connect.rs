@@ -50,6 +50,31 @@ async fn postgres_by_url() {
     round_trip(&url.replacen("postgres://", "postgresql://", 1)).await;
 }
 
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn etcd_by_url() {
+    let url = dlock_test_servers::shared_etcd().url();
+    round_trip(&url.replacen("http://", "etcd://", 1)).await;
+    round_trip(&format!(
+        "{}/facade-prefix",
+        url.replacen("http://", "etcd://", 1)
+    ))
+    .await;
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn etcd_with_no_server_is_unavailable_within_the_connect_timeout() {
+    let port = dlock_test_servers::free_port().unwrap();
+    let started = std::time::Instant::now();
+    let result = dlock::connect(&format!("etcd://127.0.0.1:{port}?connect_timeout=500ms")).await;
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
 #[tokio::test]
 async fn unknown_options_and_bad_urls_are_config_errors() {
     for url in [
@@ -59,6 +84,7 @@ async fn unknown_options_and_bad_urls_are_config_errors() {
         "redis://h?nope=1",
         "mysql://h/db?nope=1",
         "postgres://h/db?nope=1",
+        "etcd://h?nope=1",
     ] {
         let result = dlock::connect(url).await;
         assert!(

@@ -309,7 +309,12 @@ async fn raw_handoff_floor(
 
 /// The backend's raw protocol floor, measured in the same run (none for the memory backend).
 #[cfg_attr(
-    not(any(feature = "redis", feature = "mysql", feature = "postgres")),
+    not(any(
+        feature = "redis",
+        feature = "mysql",
+        feature = "postgres",
+        feature = "etcd"
+    )),
     allow(unused_variables)
 )]
 async fn raw_floor(
@@ -331,6 +336,11 @@ async fn raw_floor(
         BackendScheme::Postgres => Some((
             "pg_try_advisory_lock + pg_advisory_unlock, prepared",
             dlock_postgres::raw_floor(url, duration).await?,
+        )),
+        #[cfg(feature = "etcd")]
+        BackendScheme::Etcd => Some((
+            "txn create (create_revision = 0, put on a lease) + txn delete guarded by create revision",
+            dlock_etcd::raw_floor(url, duration).await?,
         )),
         _ => None,
     };

@@ -1,0 +1,387 @@
+//! `EtcdLease`: one held key. Release deletes it guarded by its create revision; a holder
+//! watches its own key, whose deletion means the lock is lost.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_api::raw::{LeaseState, RawLease, RenewedBy, SessionStatus};
+use dlock_api::{LockError, LockName, LostReason, Result};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use tokio::time::Instant;
+
+use crate::lock::Inner;
+use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class, validity};
+use crate::watch::WatchEvent;
+
+/// The lease a key rides on.
+#[derive(Debug)]
+pub(crate) enum LeaseKind {
+    /// The client's kept-alive lease of the TTL class.
+    Session(Arc<SessionLease>),
+    /// A lease of the acquire's own, which nobody keeps alive (`Renewal::Off`).
+    Own {
+        id: Mutex<i64>,
+        ttl: i64,
+        valid_until: Mutex<Instant>,
+    },
+}
+
+impl LeaseKind {
+    pub(crate) fn own(id: i64, ttl: i64, valid_until: Instant) -> Self {
+        Self::Own {
+            id: Mutex::new(id),
+            ttl,
+            valid_until: Mutex::new(valid_until),
+        }
+    }
+
+    pub(crate) fn id(&self) -> i64 {
+        match self {
+            Self::Session(lease) => lease.id,
+            Self::Own { id, .. } => *id.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    pub(crate) fn own_id(&self) -> Option<i64> {
+        matches!(self, Self::Own { .. }).then(|| self.id())
+    }
+
+    pub(crate) fn session(&self) -> Option<&Arc<SessionLease>> {
+        match self {
+            Self::Session(lease) => Some(lease),
+            Self::Own { .. } => None,
+        }
+    }
+
+    /// For an own lease: when it ends, and how often a waiter renews it.
+    pub(crate) fn own_timing(&self) -> Option<(Instant, Duration)> {
+        match self {
+            Self::Own {
+                ttl, valid_until, ..
+            } => Some((
+                *valid_until.lock().unwrap_or_else(|e| e.into_inner()),
+                Duration::from_secs(ttl.unsigned_abs()) / 3,
+            )),
+            Self::Session(_) => None,
+        }
+    }
+
+    /// Renews an own lease once (a waiter keeps its key alive while it queues).
+    pub(crate) async fn renew_own(&self, inner: &Inner) -> Result<()> {
+        let Self::Own {
+            id,
+            ttl,
+            valid_until,
+        } = self
+        else {
+            return Ok(());
+        };
+        let lease = *id.lock().unwrap_or_else(|e| e.into_inner());
+        let sent = Instant::now();
+        let mut leases = inner.client.lease_client();
+        let timeout = inner.config.command_timeout;
+        match tokio::time::timeout(timeout, leases.keep_alive(lease)).await {
+            // The server renews to the granted TTL, which is at least the one asked for.
+            Ok(Ok(_)) => {
+                *valid_until.lock().unwrap_or_else(|e| e.into_inner()) = validity(sent, *ttl);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(crate::error::map_err(e)),
+            Err(_) => Err(crate::error::timed_out(timeout)),
+        }
+    }
+}
+
+/// A held key.
+#[derive(Debug)]
+pub(crate) struct EtcdLease {
+    inner: Arc<Inner>,
+    name: LockName,
+    key: String,
+    revision: i64,
+    kind: LeaseKind,
+    state: Arc<LeaseState>,
+    released: AtomicBool,
+}
+
+impl EtcdLease {
+    /// The lease, state and renewal of a key just granted; starts the watch on the key.
+    pub(crate) fn start(
+        inner: Arc<Inner>,
+        name: &LockName,
+        kind: LeaseKind,
+        key: String,
+        revision: i64,
+    ) -> (Arc<Self>, Arc<LeaseState>, RenewedBy) {
+        let (state, renewed_by) = match &kind {
+            LeaseKind::Session(lease) => (lease.new_guard_state(), RenewedBy::Session),
+            LeaseKind::Own { .. } => (
+                Arc::new(LeaseState::new(kind.own_timing().map(|(until, _)| until))),
+                RenewedBy::Nobody,
+            ),
+        };
+        let watch = inner.watcher.watch(&key, revision + 1);
+        tokio::spawn(watch_own_key(
+            inner.clone(),
+            state.clone(),
+            kind.session().cloned(),
+            key.clone(),
+            revision,
+            watch,
+        ));
+        let lease = Arc::new(Self {
+            inner,
+            name: name.clone(),
+            key,
+            revision,
+            kind,
+            state: state.clone(),
+            released: AtomicBool::new(false),
+        });
+        (lease, state, renewed_by)
+    }
+
+    fn not_held(&self) -> LockError {
+        LockError::NotHeld {
+            name: self.name.to_string(),
+        }
+    }
+
+    /// Moves the key onto lease `to` if it is still ours; the create revision (the fence and
+    /// the queue place) stays.
+    async fn move_key(&self, to: i64) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.as_str(),
+                CompareOp::Equal,
+                self.revision,
+            )])
+            .and_then([TxnOp::put(
+                self.key.as_str(),
+                "",
+                Some(PutOptions::new().with_lease(to).with_ignore_value()),
+            )]);
+        let response = self
+            .inner
+            .idempotent(|mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await?;
+        Ok(response.succeeded())
+    }
+}
+
+/// Marks the guard lost when its key goes (its lease ended, or someone deleted it); a watch
+/// that cannot go on checks the key by reading it.
+async fn watch_own_key(
+    inner: Arc<Inner>,
+    state: Arc<LeaseState>,
+    session: Option<Arc<SessionLease>>,
+    key: String,
+    revision: i64,
+    mut watch: crate::watch::WatchHandle,
+) {
+    let reason = || match session.as_ref().map(|s| s.session.status()) {
+        Some(SessionStatus::Ended(reason)) => reason,
+        Some(_) => LostReason::TakenOver,
+        None if state.valid_until().is_some_and(|u| Instant::now() >= u) => LostReason::Expired,
+        None => LostReason::TakenOver,
+    };
+    let inner = Arc::downgrade(&inner);
+    loop {
+        let event = tokio::select! {
+            biased;
+            _ = state.closed() => return,
+            _ = state.lost_token().cancelled() => return,
+            event = watch.next() => event,
+        };
+        if state.is_closed() {
+            // Released (the deletion is our own) or forgotten.
+            return;
+        }
+        match event {
+            WatchEvent::Deleted(_) => {
+                // Was it the lease that went (revoked, expired), or only this key?
+                if let (Some(session), Some(inner)) = (&session, inner.upgrade()) {
+                    let id = session.id;
+                    let alive = inner
+                        .idempotent(|client| async move {
+                            client.lease_client().time_to_live(id, None).await
+                        })
+                        .await
+                        .map(|r| r.ttl() > 0);
+                    if matches!(alive, Ok(false)) {
+                        session.end(LostReason::SessionExpired);
+                    }
+                }
+                if !state.is_closed() {
+                    state.mark_lost(reason());
+                }
+                return;
+            }
+            WatchEvent::Reread => {
+                let Some(inner) = inner.upgrade() else { return };
+                let key_now = key.clone();
+                let read = inner
+                    .idempotent(|mut client| {
+                        let key = key_now.clone();
+                        async move { client.get(key, None).await }
+                    })
+                    .await;
+                match read {
+                    Ok(response) => {
+                        let mine = response
+                            .kvs()
+                            .first()
+                            .is_some_and(|kv| kv.create_revision() == revision);
+                        if !mine {
+                            state.mark_lost(reason());
+                            return;
+                        }
+                        let seen = response.header().map_or(revision, |h| h.revision());
+                        watch = inner.watcher.watch(&key, seen + 1);
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        watch = inner.watcher.watch(&key, revision + 1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[dlock_api::raw::async_trait]
+impl RawLease for EtcdLease {
+    async fn release(&self) -> Result<()> {
+        self.released.store(true, Ordering::SeqCst);
+        self.state.close();
+        let deleted = self.inner.delete_key(&self.key, Some(self.revision)).await;
+        if let Some(id) = self.kind.own_id() {
+            revoke_in_background(&self.inner.client, id, self.inner.config.command_timeout);
+        }
+        match deleted? {
+            true => Ok(()),
+            false => Err(self.not_held()),
+        }
+    }
+
+    async fn extend(&self, ttl: Duration) -> Result<Instant> {
+        match &self.kind {
+            // A kept-alive lease: renew it now (its TTL is the class's), and check the key.
+            LeaseKind::Session(lease) => {
+                let (renewed, still) = tokio::join!(
+                    lease.keep_alive_once(&self.inner.client, self.inner.config.command_timeout),
+                    self.move_key_check()
+                );
+                if !still? {
+                    return Err(self.not_held());
+                }
+                renewed.map_err(|e| match e {
+                    LockError::Lost { reason, .. } => LockError::Lost {
+                        name: self.name.to_string(),
+                        reason,
+                    },
+                    e => e,
+                })
+            }
+            // A lease of its own: move the key onto a new lease of `ttl`, guarded by the create
+            // revision, and let the old one go.
+            LeaseKind::Own {
+                id, valid_until, ..
+            } => {
+                let (new_id, _granted, until) = grant_lease(
+                    &self.inner.client,
+                    ttl_class(ttl),
+                    self.inner.config.command_timeout,
+                )
+                .await?;
+                let timeout = self.inner.config.command_timeout;
+                if !self.move_key(new_id).await.inspect_err(|_| {
+                    revoke_in_background(&self.inner.client, new_id, timeout);
+                })? {
+                    revoke_in_background(&self.inner.client, new_id, timeout);
+                    return Err(self.not_held());
+                }
+                let old =
+                    std::mem::replace(&mut *id.lock().unwrap_or_else(|e| e.into_inner()), new_id);
+                *valid_until.lock().unwrap_or_else(|e| e.into_inner()) = until;
+                revoke_in_background(&self.inner.client, old, timeout);
+                Ok(until)
+            }
+        }
+    }
+}
+
+impl EtcdLease {
+    /// Whether the key is still ours (a guarded no-op transaction).
+    async fn move_key_check(&self) -> Result<bool> {
+        let txn = Txn::new().when([Compare::create_revision(
+            self.key.as_str(),
+            CompareOp::Equal,
+            self.revision,
+        )]);
+        let response = self
+            .inner
+            .idempotent(|mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await?;
+        Ok(response.succeeded())
+    }
+}
+
+impl Drop for EtcdLease {
+    /// A guard forgotten (`LockGuard::forget`) rather than released: the lock must still end
+    /// within its TTL, so a key on the kept-alive lease moves onto a lease of the same TTL that
+    /// nobody renews. A key on its own lease simply expires with it.
+    fn drop(&mut self) {
+        self.state.close();
+        if self.released.load(Ordering::SeqCst) {
+            return;
+        }
+        let LeaseKind::Session(session) = &self.kind else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (inner, key, revision, class) = (
+            self.inner.clone(),
+            self.key.clone(),
+            self.revision,
+            session.class,
+        );
+        handle.spawn(async move {
+            let timeout = inner.config.command_timeout;
+            let moved = async {
+                let (id, _, _) = grant_lease(&inner.client, class, timeout).await?;
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        revision,
+                    )])
+                    .and_then([TxnOp::put(
+                        key.as_str(),
+                        "",
+                        Some(PutOptions::new().with_lease(id).with_ignore_value()),
+                    )]);
+                inner
+                    .idempotent(|mut client| {
+                        let txn = txn.clone();
+                        async move { client.txn(txn).await }
+                    })
+                    .await
+            };
+            if moved.await.is_err() {
+                // Could not move it: delete it when its TTL would have ended.
+                tokio::time::sleep(Duration::from_secs(class.unsigned_abs())).await;
+                let _ = inner.delete_key(&key, Some(revision)).await;
+            }
+        });
+    }
+}

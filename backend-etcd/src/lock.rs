@@ -1,0 +1,733 @@
+//! `EtcdLock`: the client, its session leases, the acquire transaction and the wait.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_api::raw::time::after;
+use dlock_api::raw::{Detach, Grant, PendingAcquire, RawLock, WaitRecovery};
+use dlock_api::{
+    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockName, LockOptions, LostReason,
+    Renewal, Result,
+};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse,
+};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::BACKEND;
+use crate::config::EtcdConfig;
+use crate::error::{is_lease_not_found, is_unavailable, map_err, timed_out};
+use crate::keys::NameKeys;
+use crate::lease::{EtcdLease, LeaseKind as Kind};
+use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class};
+use crate::watch::{WatchEvent, Watcher};
+
+/// How often a waiter re-reads the queue even without a watch event: a fallback against an
+/// event lost by the server (etcd 3.4 before 3.4.31/3.4.36 can lose one after a compaction).
+const FALLBACK_REREAD: Duration = Duration::from_secs(3);
+
+/// A distributed lock on etcd: one key per acquire under the name's range, queued by create
+/// revision, riding a lease this client keeps alive. Cheap to clone; clones share the client,
+/// its session leases and its watch stream.
+///
+/// Created by [`connect`](Self::connect) or [`connect_url`](Self::connect_url). Dropping the last
+/// clone (and every guard) stops the keep-alives and revokes the leases, which frees any lock
+/// still held.
+#[derive(Clone)]
+pub struct EtcdLock {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: EtcdConfig,
+    pub(crate) client: Client,
+    /// Session leases by TTL class (whole seconds).
+    sessions: tokio::sync::Mutex<HashMap<i64, Arc<SessionLease>>>,
+    pub(crate) watcher: Watcher,
+    /// Fires when the client is dropped: stops the keep-alives (which revoke their leases) and
+    /// the watch stream.
+    pub(crate) shutdown: CancellationToken,
+    nonce: Mutex<u64>,
+}
+
+impl fmt::Debug for Inner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inner")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl fmt::Debug for EtcdLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdLock")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for EtcdLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "etcd({})", self.inner.config)
+    }
+}
+
+/// The outcome of the acquire transaction, or of a re-read of the queue.
+enum Queue {
+    /// No key with a lower create revision: held.
+    First,
+    /// The key just below ours, and the revision the read saw.
+    Behind { key: String, seen: i64 },
+    /// Our key is gone (its lease ended, or someone deleted it).
+    Gone,
+}
+
+impl EtcdLock {
+    /// Connects with `config`, then proves the cluster answers (a linearizable read, which needs
+    /// a leader) within the connect timeout: the client crate's own connect touches no server,
+    /// so a dead cluster would otherwise look connected.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a configuration the client refuses (a certificate file that
+    /// cannot be read); [`LockError::Unavailable`] when no member answers within the connect
+    /// timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is held before it returns.
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        let options = connect_options(&config)?;
+        let probe_by = after(Instant::now(), config.connect_timeout);
+        let client = tokio::time::timeout_at(
+            probe_by,
+            Client::connect(config.endpoint_urls(), Some(options)),
+        )
+        .await
+        .map_err(|_| timed_out(config.connect_timeout))?
+        .map_err(|e| match e {
+            etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
+                dlock_api::raw::config::config_error(BACKEND, e.to_string())
+            }
+            e => LockError::unavailable(BACKEND, e),
+        })?;
+        let shutdown = CancellationToken::new();
+        let inner = Arc::new(Inner {
+            watcher: Watcher::start(client.clone(), shutdown.clone()),
+            client,
+            config,
+            sessions: tokio::sync::Mutex::new(HashMap::new()),
+            shutdown,
+            nonce: Mutex::new(rand::random()),
+        });
+        let probe_key = format!("{}/", inner.config.prefix);
+        let mut last = None;
+        loop {
+            let mut kv = inner.client.kv_client();
+            match tokio::time::timeout_at(
+                probe_by,
+                kv.get(probe_key.clone(), Some(GetOptions::new().with_count_only())),
+            )
+            .await
+            {
+                Ok(Ok(_)) => break,
+                Ok(Err(e)) if is_unavailable(&e) => last = Some(e),
+                Ok(Err(e)) => return Err(map_err(e)),
+                Err(_) => {
+                    return Err(match last {
+                        Some(e) => LockError::unavailable(BACKEND, e),
+                        None => timed_out(inner.config.connect_timeout),
+                    });
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Self { inner })
+    }
+
+    /// Parses `url` ([`EtcdConfig::from_url`]) and connects.
+    ///
+    /// # Errors
+    /// As [`EtcdConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is held before it returns.
+    pub async fn connect_url(url: &str) -> Result<Self> {
+        Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+}
+
+fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(config.connect_timeout)
+        .with_timeout(config.command_timeout)
+        .with_keep_alive(Duration::from_secs(1), config.command_timeout)
+        .with_keep_alive_while_idle(true)
+        .with_require_leader(true);
+    if let (Some(user), Some(password)) = (&config.username, &config.password) {
+        options = options
+            .with_user(user.clone(), password.expose().to_owned())
+            .with_auto_token_refresh(true);
+    }
+    #[cfg(feature = "tls")]
+    if config.tls {
+        options = options.with_tls(tls_options(config)?);
+    }
+    Ok(options)
+}
+
+#[cfg(feature = "tls")]
+fn tls_options(config: &EtcdConfig) -> Result<etcd_client::TlsOptions> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            dlock_api::raw::config::config_error(
+                BACKEND,
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })
+    };
+    let mut tls = TlsOptions::new().with_native_roots();
+    if let Some(ca) = &config.ca_cert {
+        tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+    }
+    if let (Some(cert), Some(key)) = (&config.client_cert, &config.client_key) {
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(tls)
+}
+
+impl Inner {
+    fn command_timeout(&self) -> Duration {
+        self.config.command_timeout
+    }
+
+    fn next_nonce(&self) -> u64 {
+        let mut nonce = self.nonce.lock().unwrap_or_else(|e| e.into_inner());
+        *nonce = nonce.wrapping_add(1);
+        *nonce
+    }
+
+    /// Runs an idempotent request, retried (perhaps on another member: the client's balancer
+    /// picks again) while the failure is one a retry can fix, within three command timeouts.
+    pub(crate) async fn idempotent<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let timeout = self.command_timeout();
+        let give_up = after(Instant::now(), timeout * 3);
+        let mut attempt: u32 = 0;
+        loop {
+            let answer = tokio::time::timeout(timeout, call(self.client.clone())).await;
+            let error = match answer {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) if is_unavailable(&e) => map_err(e),
+                Ok(Err(e)) => return Err(map_err(e)),
+                Err(_) => timed_out(timeout),
+            };
+            attempt += 1;
+            let pause = Duration::from_millis(10u64 << attempt.min(5));
+            if after(Instant::now(), pause) >= give_up {
+                return Err(error);
+            }
+            tracing::debug!(%error, attempt, "etcd request failed; trying again");
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// The kept-alive lease for `ttl`'s class, granted on first use (or after the last one
+    /// ended).
+    async fn session_lease(&self, ttl: Duration) -> Result<Arc<SessionLease>> {
+        let class = ttl_class(ttl);
+        let mut sessions = self.sessions.lock().await;
+        if let Some(lease) = sessions.get(&class) {
+            if lease.is_usable() {
+                return Ok(lease.clone());
+            }
+            lease.end(LostReason::SessionExpired);
+        }
+        let lease = SessionLease::grant(
+            &self.client,
+            class,
+            self.command_timeout(),
+            self.shutdown.child_token(),
+        )
+        .await?;
+        sessions.insert(class, lease.clone());
+        Ok(lease)
+    }
+
+    /// Forgets a session lease the server no longer knows.
+    async fn drop_session(&self, lease: &SessionLease) {
+        lease.end(LostReason::SessionExpired);
+        let mut sessions = self.sessions.lock().await;
+        if sessions.get(&lease.class).is_some_and(|l| l.id == lease.id) {
+            sessions.remove(&lease.class);
+        }
+    }
+
+    /// The lease an acquire with `options` rides: the class's kept-alive one, or with renewal
+    /// off a lease of its own that nobody keeps alive.
+    async fn lease_for(&self, options: &LockOptions) -> Result<Kind> {
+        match options.renewal() {
+            Renewal::Off => {
+                let ttl = ttl_class(options.ttl());
+                let (id, _granted, valid_until) =
+                    grant_lease(&self.client, ttl, self.command_timeout()).await?;
+                Ok(Kind::own(id, ttl, valid_until))
+            }
+            _ => Ok(Kind::Session(self.session_lease(options.ttl()).await?)),
+        }
+    }
+
+    /// Deletes `key` if it is still ours (guarded by its create revision, or, when the create
+    /// revision is unknown, by the unique key itself). Returns whether it was there.
+    pub(crate) async fn delete_key(&self, key: &str, revision: Option<i64>) -> Result<bool> {
+        let txn = match revision {
+            Some(revision) => Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+                .and_then([TxnOp::delete(key, None)]),
+            None => Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Greater, 0)])
+                .and_then([TxnOp::delete(key, None)]),
+        };
+        let response = self
+            .idempotent(|mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await?;
+        Ok(response.succeeded())
+    }
+
+    /// Reads the queue as seen from our key: the highest key created at or below our revision
+    /// should be ours; the one below it, if any, is the one we wait for. Linearizable, so a
+    /// member that lags cannot hide a live predecessor.
+    async fn read_queue(&self, keys: &NameKeys, key: &str, revision: i64) -> Result<Queue> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(revision)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(2)
+            .with_keys_only();
+        let range = keys.range.clone();
+        let response = self
+            .idempotent(|mut client| {
+                let (range, options) = (range.clone(), options.clone());
+                async move { client.get(range, Some(options)).await }
+            })
+            .await?;
+        let seen = response.header().map_or(revision, |h| h.revision());
+        Ok(queue_from(response.kvs(), key, revision, seen))
+    }
+
+    /// The acquire transaction: creates our key on `lease` unless it exists (a retried create
+    /// finds its own key), and in the same transaction reads the two newest keys of the name up
+    /// to and including ours.
+    async fn create(&self, keys: &NameKeys, key: &str, lease: i64) -> Result<(i64, Queue)> {
+        let newest_two = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(2)
+            .with_keys_only();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))),
+                TxnOp::get(keys.range.clone(), Some(newest_two)),
+            ])
+            .or_else([TxnOp::get(key, None)]);
+        let response = self
+            .idempotent(|mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await?;
+        let header = response.header().map_or(0, |h| h.revision());
+        let ranges: Vec<Vec<KeyValue>> = response
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+                _ => None,
+            })
+            .collect();
+        if response.succeeded() {
+            // Our put is the transaction's revision, and a read inside a write transaction sees
+            // it: the answer is [ours, the one before].
+            let newest = ranges.first().map(Vec::as_slice).unwrap_or_default();
+            return Ok((header, queue_from(newest, key, header, header)));
+        }
+        // A retry of a create that was applied: our key exists; read the queue from it.
+        let Some(mine) = ranges.first().and_then(|kvs| kvs.first()) else {
+            return Err(LockError::unexpected(
+                BACKEND,
+                "acquire found neither a free key nor its own",
+            ));
+        };
+        let revision = mine.create_revision();
+        Ok((revision, self.read_queue(keys, key, revision).await?))
+    }
+
+    /// A try: creates our key only if the name has no key at all (one transaction, no write
+    /// when busy). `Some(revision)` when held.
+    async fn create_if_free(&self, keys: &NameKeys, key: &str, lease: i64) -> Result<Option<i64>> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(keys.range.clone(), CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put(
+                key,
+                "",
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let response = self
+            .idempotent(|mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await?;
+        if response.succeeded() {
+            return Ok(Some(response.header().map_or(0, |h| h.revision())));
+        }
+        // Busy; unless a retried attempt had already created our key while the name was free.
+        let mine = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        Ok(mine.map(|kv| kv.create_revision()))
+    }
+}
+
+fn queue_from(kvs: &[KeyValue], key: &str, revision: i64, seen: i64) -> Queue {
+    match kvs {
+        [mine, ..] if mine.key() != key.as_bytes() || mine.create_revision() != revision => {
+            Queue::Gone
+        }
+        [_] => Queue::First,
+        [_, before, ..] => Queue::Behind {
+            key: String::from_utf8_lossy(before.key()).into_owned(),
+            seen,
+        },
+        [] => Queue::Gone,
+    }
+}
+
+/// Whether a failed create says the lease is gone on the server.
+fn lease_gone(error: &LockError) -> bool {
+    use std::error::Error;
+    matches!(
+        error,
+        LockError::Backend { .. } | LockError::Unavailable { .. }
+    ) && error
+        .source()
+        .and_then(|s| s.downcast_ref::<etcd_client::Error>())
+        .is_some_and(is_lease_not_found)
+}
+
+impl EtcdLock {
+    /// The lease for an acquire, and the key on it. A session lease the server no longer knows
+    /// is replaced once.
+    async fn prepare(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+    ) -> Result<(Kind, NameKeys, String)> {
+        let inner = &self.inner;
+        let kind = inner.lease_for(options).await?;
+        let keys = NameKeys::new(&inner.config.prefix, name);
+        let key = keys.key(kind.id(), inner.next_nonce());
+        Ok((kind, keys, key))
+    }
+
+    /// Arms the cleanup of an acquire's key (and of its own lease): if the acquire is dropped
+    /// before its grant exists, the key goes, also when the create's reply was lost. The create
+    /// runs detached (it finishes even if the acquire is dropped) and reports through the
+    /// returned sender, so the cleanup's delete is never overtaken by the create it undoes.
+    fn arm(&self, kind: &Kind, key: &str) -> (PendingAcquire, oneshot::Sender<bool>) {
+        let inner = self.inner.clone();
+        let key = key.to_owned();
+        let own = kind.own_id();
+        let (created, outcome) = oneshot::channel::<bool>();
+        let pending = PendingAcquire::arm(move || {
+            let Ok(handle) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            handle.spawn(async move {
+                let known = outcome.await.unwrap_or(false);
+                let rounds = if known { 1 } else { 2 };
+                for round in 0..rounds {
+                    if round > 0 {
+                        // The create's answer was lost: it may still land; look again.
+                        tokio::time::sleep(inner.command_timeout()).await;
+                    }
+                    match own {
+                        // Revoking the lease deletes the key with it.
+                        Some(id) => {
+                            let _ = inner
+                                .idempotent(|client| async move {
+                                    client.lease_client().revoke(id).await
+                                })
+                                .await;
+                        }
+                        None => {
+                            let _ = inner.delete_key(&key, None).await;
+                        }
+                    }
+                }
+            });
+        });
+        (pending, created)
+    }
+
+    fn grant(&self, name: &LockName, kind: Kind, key: String, revision: i64) -> Grant {
+        let token = FencingToken::new(u64::try_from(revision).unwrap_or(0));
+        let (lease, state, renewed_by) =
+            EtcdLease::start(self.inner.clone(), name, kind, key, revision);
+        Grant::new(name.clone(), token, lease, state, renewed_by)
+    }
+
+    /// Runs `attempt` with a fresh lease and key; when the server says the session lease is
+    /// gone (revoked from elsewhere), drops that session and tries once more on a new one.
+    async fn with_lease<T, F, Fut>(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        mut attempt: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Kind, NameKeys, String) -> Fut,
+        Fut: Future<Output = (Result<T>, Option<Arc<SessionLease>>)>,
+    {
+        let mut tries = 0;
+        loop {
+            let (kind, keys, key) = self.prepare(name, options).await?;
+            let (result, session) = attempt(kind, keys, key).await;
+            match (result, session) {
+                (Err(e), Some(session)) if tries == 0 && lease_gone(&e) => {
+                    self.inner.drop_session(&session).await;
+                    tries += 1;
+                }
+                (result, _) => return result,
+            }
+        }
+    }
+}
+
+#[dlock_api::raw::async_trait]
+impl RawLock for EtcdLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: Fencing::Strict,
+            lease: LeaseKind::Ttl,
+            extend: true,
+            fifo: true,
+            wake_on_release: true,
+            lost_signal: true,
+            survives_failover: true,
+            reentrant: false,
+            max_name_bytes: None,
+            max_ttl: None,
+        }
+    }
+
+    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
+        self.with_lease(name, options, |kind, keys, key| async move {
+            let session = kind.session().cloned();
+            let (pending, created) = self.arm(&kind, &key);
+            let create = {
+                let (inner, key, id) = (self.inner.clone(), key.clone(), kind.id());
+                Detach::new(async move {
+                    let result = inner.create_if_free(&keys, &key, id).await;
+                    let _ = created.send(result.is_ok());
+                    result
+                })
+            };
+            let created = create.await;
+            let result = match created {
+                Ok(Some(revision)) => {
+                    let grant = self.grant(name, kind, key, revision);
+                    pending.disarm();
+                    Ok(Some(grant))
+                }
+                Ok(None) => {
+                    pending.disarm();
+                    if let Some(id) = kind.own_id() {
+                        revoke_in_background(&self.inner.client, id, self.inner.command_timeout());
+                    }
+                    Ok(None)
+                }
+                Err(e) => {
+                    // Maybe applied: the armed cleanup deletes the key if it exists.
+                    drop(pending);
+                    Err(e)
+                }
+            };
+            (result, session)
+        })
+        .await
+    }
+
+    async fn wait_grant(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        self.with_lease(name, options, |kind, keys, key| async move {
+            let session = kind.session().cloned();
+            let result = self.wait(name, kind, keys, key, options, deadline).await;
+            (result, session)
+        })
+        .await
+    }
+}
+
+impl EtcdLock {
+    async fn wait(
+        &self,
+        name: &LockName,
+        kind: Kind,
+        keys: NameKeys,
+        key: String,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let inner = &self.inner;
+        let (pending, created) = self.arm(&kind, &key);
+        let create = {
+            let (inner, keys, key, id) = (inner.clone(), keys.clone(), key.clone(), kind.id());
+            Detach::new(async move {
+                let result = inner.create(&keys, &key, id).await;
+                let _ = created.send(result.is_ok());
+                result
+            })
+        };
+        let (revision, mut queue) = create.await?;
+        let mut own = inner.watcher.watch(&key, revision + 1);
+        let mut watching: Option<(String, crate::watch::WatchHandle)> = None;
+        let session = kind.session().map(|s| s.session.clone());
+        let mut recovery = WaitRecovery::new(
+            inner
+                .config
+                .connect_timeout
+                .max(inner.config.command_timeout * 3),
+        );
+        let retry = options.retry();
+        loop {
+            match std::mem::replace(&mut queue, Queue::Gone) {
+                Queue::First => {
+                    let grant = self.grant(name, kind, key, revision);
+                    pending.disarm();
+                    return Ok(Some(grant));
+                }
+                Queue::Gone => {
+                    // Our key went while we waited: the lease ended under us.
+                    drop(pending);
+                    return Err(LockError::Lost {
+                        name: name.to_string(),
+                        reason: LostReason::SessionExpired,
+                    });
+                }
+                Queue::Behind { key: before, seen } => {
+                    if watching.as_ref().is_none_or(|(k, _)| *k != before) {
+                        // Watch from just after the read: the deletion cannot fall between.
+                        watching = Some((before.clone(), inner.watcher.watch(&before, seen + 1)));
+                    }
+                }
+            }
+            let Some((_, predecessor)) = watching.as_mut() else {
+                continue;
+            };
+            let fallback = after(Instant::now(), FALLBACK_REREAD);
+            let wake = deadline.map_or(fallback, |d| d.min(fallback));
+            let session_ended = async {
+                match &session {
+                    Some(session) => session.ended().await,
+                    None => std::future::pending().await,
+                }
+            };
+            // A waiter on a lease of its own keeps it alive while it queues.
+            let renew_at = kind
+                .own_timing()
+                .map(|(until, every)| until.checked_sub(every * 2).unwrap_or(until));
+            let renew = async {
+                match renew_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                event = predecessor.next() => {
+                    if event == WatchEvent::Reread {
+                        watching = None;
+                    }
+                }
+                event = own.next() => {
+                    if event == WatchEvent::Reread {
+                        own = inner.watcher.watch(&key, revision + 1);
+                    }
+                    // A deletion shows in the re-read below.
+                }
+                reason = session_ended => {
+                    drop(pending);
+                    return Err(LockError::Lost { name: name.to_string(), reason });
+                }
+                () = renew => {
+                    if let Err(error) = kind.renew_own(inner).await {
+                        recovery.pause_or_give_up(error, retry, deadline).await?;
+                    }
+                }
+                () = tokio::time::sleep_until(wake) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        // Out of time: take our key out of the queue before answering.
+                        match kind.own_id() {
+                            Some(id) => {
+                                let _ = inner.idempotent(|client| async move {
+                                    client.lease_client().revoke(id).await
+                                }).await;
+                            }
+                            None => {
+                                if inner.delete_key(&key, Some(revision)).await.is_err() {
+                                    drop(pending);
+                                    return Ok(None);
+                                }
+                            }
+                        }
+                        pending.disarm();
+                        return Ok(None);
+                    }
+                }
+            }
+            loop {
+                match inner.read_queue(&keys, &key, revision).await {
+                    Ok(read) => {
+                        recovery.reached_server();
+                        queue = read;
+                        break;
+                    }
+                    Err(error) => recovery.pause_or_give_up(error, retry, deadline).await?,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! Session leases: one etcd lease per (client, TTL in whole seconds), kept alive by a loop this
+//! crate owns, shared by every guard with that TTL.
+//!
+//! The client crate's keep-alive is a raw bidirectional stream with no loop, timer or reopen.
+//! The loop here sends one keep-alive at a time, so each answer pairs with the instant its
+//! request was sent, and dates the lease's validity from that **send**: `sent + granted TTL -
+//! margin`. The server renews a lease to its granted TTL when the request *arrives*, which is
+//! after the send, so the client's deadline is never later than the server's.
+//!
+//! A keep-alive that fails (no answer within the command timeout, a stream error, a member
+//! without a leader) suspends the [`Session`]: every guard on it reports `Suspended` until the
+//! deadline, while the loop reopens the stream with back-off (possibly on another member). An
+//! answer in time resumes it. The deadline passing, or an answer with TTL 0 (the lease was
+//! revoked or expired on the server), ends it with [`LostReason::SessionExpired`].
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use dlock_api::LostReason;
+use dlock_api::raw::time::after;
+use dlock_api::raw::{LeaseState, Session, SessionStatus};
+use etcd_client::Client;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{is_lease_not_found, map_err};
+
+/// The validity of a lease granted or renewed to `ttl` seconds by a request sent at `sent`:
+/// the TTL less a margin for the two clocks' rates (1 % and 5 ms).
+pub(crate) fn validity(sent: Instant, ttl_secs: i64) -> Instant {
+    let ttl = Duration::from_secs(ttl_secs.max(0).unsigned_abs());
+    let margin = ttl / 100 + Duration::from_millis(5);
+    after(sent, ttl.saturating_sub(margin))
+}
+
+/// A TTL as etcd takes it: whole seconds, rounded up, at least one.
+pub(crate) fn ttl_class(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// One kept-alive lease and the [`Session`] its guards share.
+#[derive(Debug)]
+pub(crate) struct SessionLease {
+    /// The etcd lease id.
+    pub(crate) id: i64,
+    /// The TTL class (requested seconds), the key of the client's session map.
+    pub(crate) class: i64,
+    /// The TTL the server granted (it may raise a short one to its minimum).
+    granted: Mutex<i64>,
+    pub(crate) session: Arc<Session>,
+    valid_until: Mutex<Instant>,
+    /// Guards on this lease: their validity moves with every acknowledged keep-alive.
+    guards: Mutex<Vec<Weak<LeaseState>>>,
+    /// Stops the keep-alive loop (the client is gone).
+    stop: CancellationToken,
+}
+
+impl SessionLease {
+    /// Grants a lease of `class` seconds and starts keeping it alive until `stop` fires (then it
+    /// is revoked) or the session ends.
+    pub(crate) async fn grant(
+        client: &Client,
+        class: i64,
+        command_timeout: Duration,
+        stop: CancellationToken,
+    ) -> dlock_api::Result<Arc<Self>> {
+        let (id, granted, valid_until) = grant_lease(client, class, command_timeout).await?;
+        let lease = Arc::new(Self {
+            id,
+            class,
+            granted: Mutex::new(granted),
+            session: Arc::new(Session::new()),
+            valid_until: Mutex::new(valid_until),
+            guards: Mutex::new(Vec::new()),
+            stop,
+        });
+        tokio::spawn(keep_alive_loop(
+            client.clone(),
+            lease.clone(),
+            command_timeout,
+        ));
+        Ok(lease)
+    }
+
+    /// The instant the lease ends unless renewed, by this client's clock.
+    pub(crate) fn valid_until(&self) -> Instant {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether new guards may still join this lease.
+    pub(crate) fn is_usable(&self) -> bool {
+        !self.stop.is_cancelled()
+            && !matches!(self.session.status(), SessionStatus::Ended(_))
+            && Instant::now() < self.valid_until()
+    }
+
+    /// A guard's state on this lease: its validity follows the lease's, its fate the session's.
+    pub(crate) fn new_guard_state(&self) -> Arc<LeaseState> {
+        let state = Arc::new(LeaseState::on_session(
+            Some(self.valid_until()),
+            self.session.clone(),
+        ));
+        let mut guards = self.guards.lock().unwrap_or_else(|e| e.into_inner());
+        guards.retain(|g| g.strong_count() > 0);
+        guards.push(Arc::downgrade(&state));
+        state
+    }
+
+    /// Records an acknowledged keep-alive sent at `sent` that renewed the lease to `ttl`.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: i64) -> Instant {
+        let until = validity(sent, ttl);
+        {
+            let mut valid = self.valid_until.lock().unwrap_or_else(|e| e.into_inner());
+            if until > *valid {
+                *valid = until;
+            }
+        }
+        *self.granted.lock().unwrap_or_else(|e| e.into_inner()) = ttl;
+        let until = self.valid_until();
+        let mut guards = self.guards.lock().unwrap_or_else(|e| e.into_inner());
+        guards.retain(|g| match g.upgrade() {
+            Some(state) if !state.is_closed() => {
+                state.set_renewal_failing(false);
+                state.set_valid_until(Some(until));
+                true
+            }
+            _ => false,
+        });
+        self.session.resume();
+        until
+    }
+
+    fn granted(&self) -> i64 {
+        *self.granted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn suspend(&self) {
+        if !matches!(self.session.status(), SessionStatus::Suspended { .. }) {
+            tracing::debug!(lease = self.id, "etcd keep-alive failing; guards suspended");
+        }
+        let guards = self.guards.lock().unwrap_or_else(|e| e.into_inner());
+        for state in guards.iter().filter_map(Weak::upgrade) {
+            state.set_renewal_failing(true);
+        }
+        self.session.suspend(self.valid_until());
+    }
+
+    /// Ends the session (every guard on it is lost) and stops the loop.
+    pub(crate) fn end(&self, reason: LostReason) {
+        if self.session.end(reason) {
+            tracing::debug!(lease = self.id, %reason, "etcd session lease ended");
+        }
+        self.stop.cancel();
+    }
+
+    /// One keep-alive on a stream of its own, outside the loop (for `extend`): the validity it
+    /// obtained.
+    pub(crate) async fn keep_alive_once(
+        &self,
+        client: &Client,
+        command_timeout: Duration,
+    ) -> dlock_api::Result<Instant> {
+        let sent = Instant::now();
+        let mut leases = client.lease_client();
+        match tokio::time::timeout(command_timeout, leases.keep_alive(self.id)).await {
+            Ok(Ok((_keeper, _stream))) => Ok(self.renewed(sent, self.granted())),
+            Ok(Err(e)) if e.to_string().contains("lease not found") => {
+                self.end(LostReason::SessionExpired);
+                Err(dlock_api::LockError::Lost {
+                    name: String::new(),
+                    reason: LostReason::SessionExpired,
+                })
+            }
+            Ok(Err(e)) => Err(map_err(e)),
+            Err(_) => Err(crate::error::timed_out(command_timeout)),
+        }
+    }
+}
+
+/// Grants a lease of `ttl` seconds: its id, the granted TTL, and its validity dated from the
+/// send.
+pub(crate) async fn grant_lease(
+    client: &Client,
+    ttl: i64,
+    command_timeout: Duration,
+) -> dlock_api::Result<(i64, i64, Instant)> {
+    let mut attempt = 0;
+    loop {
+        let sent = Instant::now();
+        let mut leases = client.lease_client();
+        match tokio::time::timeout(command_timeout, leases.grant(ttl, None)).await {
+            Ok(Ok(granted)) => {
+                return Ok((granted.id(), granted.ttl(), validity(sent, granted.ttl())));
+            }
+            // A grant that timed out may have created a lease nobody keeps alive: it expires.
+            Ok(Err(e)) if attempt < 2 && crate::error::is_unavailable(&e) => {}
+            Ok(Err(e)) => return Err(map_err(e)),
+            Err(_) if attempt < 2 => {}
+            Err(_) => return Err(crate::error::timed_out(command_timeout)),
+        }
+        attempt += 1;
+    }
+}
+
+/// Revokes `id` in the background, bounded by `command_timeout`.
+pub(crate) fn revoke_in_background(client: &Client, id: i64, command_timeout: Duration) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut leases = client.lease_client();
+    handle.spawn(async move {
+        let _ = tokio::time::timeout(command_timeout, leases.revoke(id)).await;
+    });
+}
+
+enum Stream {
+    Open(
+        etcd_client::LeaseKeeper,
+        Box<etcd_client::LeaseKeepAliveStream>,
+    ),
+    Closed,
+}
+
+/// Keeps `lease` alive until the client stops it (then revokes it) or the session ends.
+async fn keep_alive_loop(client: Client, lease: Arc<SessionLease>, command_timeout: Duration) {
+    let stop = lease.stop.clone();
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = lease.session.ended() => {}
+        _ = run(&client, &lease, command_timeout) => {}
+    }
+    lease.stop.cancel();
+    if !matches!(lease.session.status(), SessionStatus::Ended(_)) {
+        // The client went away: its guards end with it, and the lease goes at once.
+        lease.session.end(LostReason::SessionClosed);
+        let _ = tokio::time::timeout(command_timeout, client.lease_client().revoke(lease.id)).await;
+    }
+}
+
+enum Outcome {
+    Renewed(i64),
+    Expired,
+    Failed,
+}
+
+async fn run(client: &Client, lease: &SessionLease, command_timeout: Duration) {
+    let mut stream = Stream::Closed;
+    let mut failures: u32 = 0;
+    let mut next = Instant::now();
+    loop {
+        sleep_until(next.min(lease.valid_until())).await;
+        if Instant::now() >= lease.valid_until() {
+            lease.end(LostReason::SessionExpired);
+            return;
+        }
+        let sent = Instant::now();
+        // No answer later than the command timeout, nor after the lease has ended anyway.
+        let answer_by = after(sent, command_timeout).min(lease.valid_until());
+        let outcome = match &mut stream {
+            Stream::Open(keeper, messages) => {
+                let answer = timeout_at(answer_by, async {
+                    keeper.keep_alive().await?;
+                    messages.message().await
+                })
+                .await;
+                match answer {
+                    Ok(Ok(Some(reply))) if reply.ttl() <= 0 => Outcome::Expired,
+                    Ok(Ok(Some(reply))) => Outcome::Renewed(reply.ttl()),
+                    Ok(Ok(None)) => Outcome::Failed,
+                    Ok(Err(e)) => {
+                        tracing::debug!(lease = lease.id, error = %e, "etcd keep-alive failed");
+                        Outcome::Failed
+                    }
+                    Err(_) => Outcome::Failed,
+                }
+            }
+            Stream::Closed => {
+                let mut leases = client.lease_client();
+                match timeout_at(answer_by, leases.keep_alive(lease.id)).await {
+                    // `keep_alive` sent once and awaited the answer, refusing a TTL of 0.
+                    Ok(Ok((keeper, messages))) => {
+                        stream = Stream::Open(keeper, Box::new(messages));
+                        Outcome::Renewed(lease.granted())
+                    }
+                    Ok(Err(e))
+                        if is_lease_not_found(&e) || e.to_string().contains("lease not found") =>
+                    {
+                        Outcome::Expired
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(lease = lease.id, error = %e, "etcd keep-alive stream failed to open");
+                        Outcome::Failed
+                    }
+                    Err(_) => Outcome::Failed,
+                }
+            }
+        };
+        match outcome {
+            Outcome::Expired => {
+                lease.end(LostReason::SessionExpired);
+                return;
+            }
+            Outcome::Renewed(ttl) => {
+                failures = 0;
+                lease.renewed(sent, ttl);
+                let every = Duration::from_secs(ttl.unsigned_abs()) / 3;
+                next = after(sent, every.max(Duration::from_millis(100)));
+            }
+            Outcome::Failed => {
+                failures = failures.saturating_add(1);
+                stream = Stream::Closed;
+                lease.suspend();
+                // Reopen soon (perhaps on another member), with a growing pause.
+                next = after(
+                    Instant::now(),
+                    Duration::from_millis(25u64 << failures.min(5)),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! One watch stream per client, multiplexing every waiter's and holder's watch.
+//!
+//! A [`Watcher`] task owns the stream. Each [`WatchHandle`] watches one key from a start
+//! revision and receives [`WatchEvent`]s; dropping the handle cancels the watch. When the stream
+//! fails (a member died, lost its leader, refused an expired token), the task reopens it with
+//! back-off and re-creates every watch from the revision after the last event it delivered, so
+//! no event is skipped; a watch whose start was compacted away meanwhile is told to re-read.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, WatchOptions, WatchRequestSender, WatchResponseStream};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio_util::sync::CancellationToken;
+
+/// What a watch reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WatchEvent {
+    /// The key was deleted at this revision.
+    Deleted(i64),
+    /// The watch could not go on from where it was (compaction, a refused re-create): read the
+    /// key again and watch anew.
+    Reread,
+}
+
+enum Command {
+    Watch {
+        id: i64,
+        key: Vec<u8>,
+        start: i64,
+        events: UnboundedSender<WatchEvent>,
+    },
+    Cancel {
+        id: i64,
+    },
+}
+
+/// The client's watch multiplexer.
+#[derive(Debug)]
+pub(crate) struct Watcher {
+    commands: UnboundedSender<Command>,
+    next_id: AtomicI64,
+}
+
+/// One watch on one key; dropping it cancels the watch.
+#[derive(Debug)]
+pub(crate) struct WatchHandle {
+    id: i64,
+    commands: UnboundedSender<Command>,
+    events: UnboundedReceiver<WatchEvent>,
+}
+
+impl WatchHandle {
+    /// The next event; `Reread` if the watcher is gone.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: an event not returned stays queued.
+    pub(crate) async fn next(&mut self) -> WatchEvent {
+        self.events.recv().await.unwrap_or(WatchEvent::Reread)
+    }
+}
+
+impl Drop for WatchHandle {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Cancel { id: self.id });
+    }
+}
+
+impl Watcher {
+    /// Starts the task; it ends when `stop` fires.
+    pub(crate) fn start(client: Client, stop: CancellationToken) -> Self {
+        let (commands, receiver) = unbounded_channel();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = run(client, receiver) => {}
+            }
+        });
+        Self {
+            commands,
+            next_id: AtomicI64::new(1),
+        }
+    }
+
+    /// Watches `key` from revision `start` (use the revision after the read that showed the
+    /// key: a start above the current revision joins the server's synced watchers, which are
+    /// told of a change as it is applied).
+    pub(crate) fn watch(&self, key: &str, start: i64) -> WatchHandle {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (events, receiver) = unbounded_channel();
+        if self
+            .commands
+            .send(Command::Watch {
+                id,
+                key: key.as_bytes().to_vec(),
+                start,
+                events: events.clone(),
+            })
+            .is_err()
+        {
+            let _ = events.send(WatchEvent::Reread);
+        }
+        WatchHandle {
+            id,
+            commands: self.commands.clone(),
+            events: receiver,
+        }
+    }
+}
+
+struct Entry {
+    key: Vec<u8>,
+    /// The revision to (re)start from: one after the last event delivered.
+    next: i64,
+    events: UnboundedSender<WatchEvent>,
+    /// The server's id for this watch on the current stream, once created.
+    server_id: Option<i64>,
+}
+
+#[derive(Default)]
+struct State {
+    entries: HashMap<i64, Entry>,
+    /// Our ids of the creates sent on the current stream and not yet acknowledged, in order
+    /// (the server answers creates in the order it gets them).
+    pending: VecDeque<i64>,
+    /// Creates acknowledged for watches cancelled meanwhile: cancel them on the server.
+    by_server: HashMap<i64, i64>,
+}
+
+struct Open {
+    sender: WatchRequestSender,
+    responses: WatchResponseStream,
+}
+
+fn options(entry: &Entry) -> WatchOptions {
+    WatchOptions::new().with_start_revision(entry.next)
+}
+
+async fn open(client: &Client, state: &mut State) -> Option<Open> {
+    let mut ids: Vec<i64> = state.entries.keys().copied().collect();
+    ids.sort_unstable();
+    let first = *ids.first()?;
+    let entry = &state.entries[&first];
+    let mut watches = client.watch_client();
+    let stream = tokio::time::timeout(
+        Duration::from_secs(5),
+        watches.watch(entry.key.clone(), Some(options(entry))),
+    )
+    .await;
+    let (mut sender, responses) = match stream {
+        Ok(Ok(stream)) => stream.split(),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "etcd watch stream failed to open");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    state.pending.clear();
+    state.by_server.clear();
+    state.pending.push_back(first);
+    for id in ids.into_iter().skip(1) {
+        let entry = &state.entries[&id];
+        if sender
+            .watch(entry.key.clone(), Some(options(entry)))
+            .await
+            .is_err()
+        {
+            return None;
+        }
+        state.pending.push_back(id);
+    }
+    Some(Open { sender, responses })
+}
+
+async fn run(client: Client, mut commands: UnboundedReceiver<Command>) {
+    let mut state = State::default();
+    let mut stream: Option<Open> = None;
+    let mut failures: u32 = 0;
+    loop {
+        if stream.is_none() && !state.entries.is_empty() {
+            for entry in state.entries.values_mut() {
+                entry.server_id = None;
+            }
+            stream = open(&client, &mut state).await;
+            if stream.is_none() {
+                failures = failures.saturating_add(1);
+                let pause = Duration::from_millis(25u64 << failures.min(5));
+                // Keep taking commands while pausing, so watches come and go meanwhile.
+                let until = tokio::time::Instant::now() + pause;
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(until) => break,
+                        command = commands.recv() => match command {
+                            Some(command) => apply_offline(&mut state, command),
+                            None => return,
+                        },
+                    }
+                }
+                continue;
+            }
+        }
+        let Some(open) = stream.as_mut() else {
+            match commands.recv().await {
+                Some(command) => apply_offline(&mut state, command),
+                None => return,
+            }
+            continue;
+        };
+        tokio::select! {
+            command = commands.recv() => {
+                let Some(command) = command else { return };
+                if apply(&mut state, open, command).await.is_err() {
+                    stream = None;
+                }
+            }
+            message = open.responses.message() => match message {
+                Ok(Some(response)) => {
+                    failures = 0;
+                    if handle(&mut state, open, response).await.is_err() {
+                        stream = None;
+                    }
+                }
+                Ok(None) => stream = None,
+                Err(e) => {
+                    tracing::debug!(error = %e, "etcd watch stream failed; reopening");
+                    stream = None;
+                }
+            },
+        }
+    }
+}
+
+fn apply_offline(state: &mut State, command: Command) {
+    match command {
+        Command::Watch {
+            id,
+            key,
+            start,
+            events,
+        } => {
+            state.entries.insert(
+                id,
+                Entry {
+                    key,
+                    next: start,
+                    events,
+                    server_id: None,
+                },
+            );
+        }
+        Command::Cancel { id } => {
+            state.entries.remove(&id);
+        }
+    }
+}
+
+async fn apply(state: &mut State, open: &mut Open, command: Command) -> Result<(), ()> {
+    match command {
+        Command::Watch {
+            id,
+            key,
+            start,
+            events,
+        } => {
+            let entry = Entry {
+                key,
+                next: start,
+                events,
+                server_id: None,
+            };
+            open.sender
+                .watch(entry.key.clone(), Some(options(&entry)))
+                .await
+                .map_err(drop)?;
+            state.entries.insert(id, entry);
+            state.pending.push_back(id);
+        }
+        Command::Cancel { id } => {
+            if let Some(entry) = state.entries.remove(&id) {
+                if let Some(server_id) = entry.server_id {
+                    state.by_server.remove(&server_id);
+                    open.sender.cancel(server_id).await.map_err(drop)?;
+                }
+                // Not created yet: the create's answer finds no entry and cancels it then.
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn handle(
+    state: &mut State,
+    open: &mut Open,
+    response: etcd_client::WatchResponse,
+) -> Result<(), ()> {
+    let server_id = response.watch_id();
+    if response.created() {
+        let Some(id) = state.pending.pop_front() else {
+            return Ok(());
+        };
+        match state.entries.get_mut(&id) {
+            Some(entry) => {
+                entry.server_id = Some(server_id);
+                state.by_server.insert(server_id, id);
+            }
+            None if !response.canceled() => {
+                open.sender.cancel(server_id).await.map_err(drop)?;
+                return Ok(());
+            }
+            None => return Ok(()),
+        }
+        if response.canceled() {
+            // Refused at once (e.g. a compacted start): re-read.
+            if let Some(entry) = state.entries.remove(&id) {
+                state.by_server.remove(&server_id);
+                let _ = entry.events.send(WatchEvent::Reread);
+            }
+        }
+        return Ok(());
+    }
+    let Some(&id) = state.by_server.get(&server_id) else {
+        return Ok(());
+    };
+    if response.canceled() || response.compact_revision() > 0 {
+        if let Some(entry) = state.entries.remove(&id) {
+            state.by_server.remove(&server_id);
+            let _ = entry.events.send(WatchEvent::Reread);
+        }
+        return Ok(());
+    }
+    if let Some(entry) = state.entries.get_mut(&id) {
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            entry.next = entry.next.max(kv.mod_revision() + 1);
+            if event.event_type() == EventType::Delete {
+                let _ = entry.events.send(WatchEvent::Deleted(kv.mod_revision()));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! The etcd conformance harness: a member (or a cluster) started by dlock-test-servers, or the
+//! deployment `DLOCK_TEST_ETCD_URL` names; fresh clients; a fault hook that revokes a holder's
+//! lease; and a residue check that reads the keys under the case's names.
+#![allow(dead_code, unreachable_pub)]
+
+use std::any::Any;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use dlock_api::{DistributedLock, LockName, Result};
+use dlock_conformance::{Fault, Faults, Harness};
+use dlock_etcd::{EtcdConfig, EtcdLock};
+use dlock_test_servers::{Etcd, EtcdCluster};
+use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+
+pub struct EtcdHarness {
+    label: &'static str,
+    url: String,
+    url_var: &'static str,
+    _servers: Box<dyn Any + Send + Sync>,
+}
+
+fn started<T>(what: &str, result: dlock_test_servers::Result<T>) -> T {
+    result.unwrap_or_else(|e| panic!("cannot start {what} for the etcd tests: {e}"))
+}
+
+/// `etcd://h1:p1,h2:p2` for endpoints given as `http://h:p`.
+pub fn etcd_url(endpoints: &[String]) -> String {
+    let hosts: Vec<&str> = endpoints
+        .iter()
+        .map(|e| e.trim_start_matches("http://"))
+        .collect();
+    format!("etcd://{}", hosts.join(","))
+}
+
+impl EtcdHarness {
+    fn deployment(
+        label: &'static str,
+        url_var: &'static str,
+        start: impl FnOnce() -> (String, Box<dyn Any + Send + Sync>),
+    ) -> Self {
+        let (url, servers) = match std::env::var(url_var) {
+            Ok(url) => (url, Box::new(()) as Box<dyn Any + Send + Sync>),
+            Err(_) => start(),
+        };
+        Self {
+            label,
+            url,
+            url_var,
+            _servers: servers,
+        }
+    }
+
+    /// One member: `DLOCK_TEST_ETCD_URL` if set, else a private etcd.
+    pub fn single() -> Self {
+        Self::deployment("etcd", "DLOCK_TEST_ETCD_URL", || {
+            let server = started("etcd", Etcd::start());
+            (etcd_url(&server.endpoints()), Box::new(server))
+        })
+    }
+
+    /// Three members: `DLOCK_TEST_ETCD_CLUSTER_URL` if set, else a private cluster.
+    pub fn cluster() -> Self {
+        Self::deployment("etcd-3", "DLOCK_TEST_ETCD_CLUSTER_URL", || {
+            let cluster = started("an etcd cluster", EtcdCluster::start());
+            (etcd_url(&cluster.endpoints()), Box::new(cluster))
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A plain etcd client of the same deployment, for inspecting and faults.
+    pub async fn raw_client(&self) -> std::result::Result<Client, String> {
+        raw_client(&self.url).await
+    }
+}
+
+pub async fn raw_client(url: &str) -> std::result::Result<Client, String> {
+    let config = EtcdConfig::from_url(url).map_err(text)?;
+    let endpoints: Vec<String> = config
+        .endpoints
+        .iter()
+        .map(|e| format!("http://{e}"))
+        .collect();
+    Client::connect(endpoints, None).await.map_err(text)
+}
+
+/// The key range of `name` under the deployment's prefix, as the backend lays it out.
+pub fn name_range(url: &str, name: &LockName) -> String {
+    let config = EtcdConfig::from_url(url).expect("a valid URL");
+    let encoded: String = name
+        .as_str()
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    format!("{}/{encoded}/", config.prefix)
+}
+
+fn text(e: impl ToString) -> String {
+    e.to_string()
+}
+
+#[async_trait]
+impl Harness for EtcdHarness {
+    fn label(&self) -> &str {
+        self.label
+    }
+
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(EtcdLock::connect_url(&self.url).await?))
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+
+    fn child_env(&self) -> Option<Vec<(String, String)>> {
+        Some(vec![(self.url_var.to_owned(), self.url.clone())])
+    }
+
+    /// Every key under each name's range: a holder's or a waiter's.
+    async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
+        let mut client = self.raw_client().await?;
+        let mut left = Vec::new();
+        for name in names {
+            let range = name_range(&self.url, name);
+            let found = client
+                .get(
+                    range,
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                )
+                .await
+                .map_err(text)?;
+            for kv in found.kvs() {
+                left.push(format!(
+                    "key {} (lease {:x})",
+                    String::from_utf8_lossy(kv.key()),
+                    kv.lease()
+                ));
+            }
+        }
+        Ok(left)
+    }
+}
+
+#[async_trait]
+impl Faults for EtcdHarness {
+    fn supports(&self, fault: Fault) -> bool {
+        matches!(fault, Fault::KillHolder)
+    }
+
+    /// Revokes the lease of the holder's key (the first by create revision), as the server does
+    /// when the holder's keep-alives stop: every key on that lease goes.
+    async fn kill_holder(&self, name: &LockName) -> std::result::Result<(), String> {
+        revoke_holder(&self.url, name).await.map(drop)
+    }
+}
+
+/// Revokes the lease of `name`'s holder; returns the lease id.
+pub async fn revoke_holder(url: &str, name: &LockName) -> std::result::Result<i64, String> {
+    let mut client = raw_client(url).await?;
+    let first = client
+        .get(
+            name_range(url, name),
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1),
+            ),
+        )
+        .await
+        .map_err(text)?;
+    let holder = first
+        .kvs()
+        .first()
+        .ok_or_else(|| format!("{name} has no holder"))?;
+    let lease = holder.lease();
+    client.lease_revoke(lease).await.map_err(text)?;
+    Ok(lease)
+}

@@ -1,0 +1,207 @@
+//! etcd-specific faults: a revoked lease, two tasks of one client on one name, a partition past
+//! the lease, the leader killed while a lock is held. Each test that harms a server starts its
+//! own. Tests wait on events with generous bounds and never assert speed.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, LostReason};
+use dlock_etcd::EtcdLock;
+use dlock_test_servers::{Etcd, EtcdCluster, FaultProxy, ProxyMode};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn name(test: &str) -> LockName {
+    LockName::new(format!("dlock-faults/{}/{test}", std::process::id())).unwrap()
+}
+
+fn wait() -> LockOptions {
+    LockOptions::new().with_wait_timeout(BOUND)
+}
+
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing after {BOUND:?}"))
+}
+
+/// Waits (within the bound) until `check` holds, looking every 20 ms.
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    within(what, async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_revoked_from_another_client_loses_the_guard_and_moves_the_waiter_up() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("revoked");
+    let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.acquire(&name, &wait()).await }
+    });
+    common::revoke_holder(&url, &name).await.unwrap();
+    let reason = within("the revoked holder's lost signal", guard.lost()).await;
+    assert_eq!(reason, LostReason::SessionExpired);
+    let next = within("the waiter", waiter).await.unwrap().unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    assert!(guard.release().await.is_err());
+    // The revoked holder's client takes locks again on a new lease.
+    assert!(
+        a.try_acquire(&name, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    next.release().await.unwrap();
+    a.acquire(&name, &wait())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_of_one_client_on_one_name_are_never_both_held() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let client = Arc::new(
+        EtcdLock::connect_url(&common::etcd_url(&etcd.endpoints()))
+            .await
+            .unwrap(),
+    );
+    let name = name("two-tasks");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (client, name, inside) = (client.clone(), name.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..20 {
+                let guard = client.acquire(&name, &wait()).await.unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "both tasks held");
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        within("the two tasks", task).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_past_the_lease_suspends_then_loses_and_the_stale_release_spares_the_new_key() {
+    let etcd = Etcd::start().unwrap();
+    let proxy = FaultProxy::start(etcd.addr()).unwrap();
+    let cut_off = EtcdLock::connect_url(&format!("etcd://{}?command_timeout=500ms", proxy.addr()))
+        .await
+        .unwrap();
+    let direct = EtcdLock::connect_url(&common::etcd_url(&etcd.endpoints()))
+        .await
+        .unwrap();
+    let name = name("partition");
+    let ttl = LockOptions::new().with_ttl(Duration::from_secs(2));
+    let stale = cut_off.acquire(&name, &ttl).await.unwrap();
+    proxy.set_mode(ProxyMode::Blackhole);
+    until("the guard to report suspension", || {
+        matches!(stale.status(), LockStatus::Suspended { .. })
+    })
+    .await;
+    let reason = within("the suspended guard to be lost", stale.lost()).await;
+    assert_eq!(reason, LostReason::SessionExpired);
+    let new = within("another client's acquire", direct.acquire(&name, &wait()))
+        .await
+        .unwrap();
+    assert!(new.fencing_token() > stale.fencing_token());
+    proxy.heal();
+    let released = stale.release().await;
+    assert!(
+        matches!(
+            released,
+            Err(LockError::Lost { .. } | LockError::NotHeld { .. })
+        ),
+        "{released:?}"
+    );
+    assert!(
+        direct
+            .try_acquire(&name, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none(),
+        "the stale release freed the new holder's lock"
+    );
+    new.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_held_keeps_the_lock_and_admits_no_second_holder() {
+    let cluster = EtcdCluster::start().unwrap();
+    let url = common::etcd_url(&cluster.endpoints());
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("leader");
+    let ttl = LockOptions::new().with_ttl(Duration::from_secs(3));
+    let guard = a.acquire(&name, &ttl).await.unwrap();
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let leader_id = raw.status().await.unwrap().leader();
+    let members = raw.member_list().await.unwrap();
+    let leader_url = members
+        .members()
+        .iter()
+        .find(|m| m.id() == leader_id)
+        .and_then(|m| m.client_urls().first().cloned())
+        .unwrap();
+    let leader = cluster
+        .members()
+        .iter()
+        .find(|m| m.url() == leader_url)
+        .unwrap();
+    leader.kill();
+    // Long enough for an election and several keep-alives on the survivors.
+    let mut probe_ok = false;
+    for _ in 0..50 {
+        match b.try_acquire(&name, &LockOptions::new()).await {
+            Ok(Some(_)) => panic!("a second holder while the first one's lease is kept alive"),
+            Ok(None) => {
+                probe_ok = true;
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    assert!(probe_ok, "the survivors never answered");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        guard.is_held(),
+        "the lock did not survive: {:?}",
+        guard.status()
+    );
+    assert!(
+        b.try_acquire(&name, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+    within("the lock after release", b.acquire(&name, &wait()))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
