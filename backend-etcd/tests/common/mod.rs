@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Fault, Faults, Harness};
+use dlock_conformance::{Fault, Faults, Harness, OwnServer};
 use dlock_etcd::{EtcdConfig, EtcdLock};
 use dlock_test_servers::{Etcd, EtcdCluster};
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
@@ -154,7 +154,25 @@ impl Harness for EtcdHarness {
 #[async_trait]
 impl Faults for EtcdHarness {
     fn supports(&self, fault: Fault) -> bool {
-        matches!(fault, Fault::KillHolder)
+        match fault {
+            Fault::KillHolder => true,
+            // One member only: the cluster has its own leader-change tests.
+            Fault::OwnServer => self.url_var == "DLOCK_TEST_ETCD_URL",
+            _ => false,
+        }
+    }
+
+    /// A private single-member etcd (its data survives restarts).
+    async fn own_server(&self) -> std::result::Result<OwnServer, String> {
+        OwnServer::start(Etcd::start, |url| {
+            Arc::new(EtcdHarness {
+                label: "etcd",
+                url: etcd_url(&[url]),
+                url_var: "DLOCK_TEST_ETCD_URL",
+                _servers: Box::new(()),
+            })
+        })
+        .await
     }
 
     /// Revokes the lease of the holder's key (the first by create revision), as the server does
