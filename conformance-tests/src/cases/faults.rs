@@ -11,6 +11,9 @@ use crate::history::{Count, Expect, Input, Report};
 use crate::nemesis::{Run, WorkerProcess};
 use crate::{CaseResult, Ctx, Failure, ensure};
 
+/// How long a worker behind a fault proxy waits, once connected, before it asks for the lock.
+const READY_PAUSE: Duration = Duration::from_millis(500);
+
 /// The longest a worker thinks between reading and writing the register.
 const THINK: Duration = Duration::from_millis(20);
 
@@ -268,6 +271,155 @@ pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
         ..Expect::FENCED_FAULT
     };
     verify(&run, &expect, &run.input(residue)?)?;
+    run.discard();
+    Ok(())
+}
+
+/// Waits for the `ready` line of a worker started with a ready pause.
+async fn ready(ctx: &Ctx, worker: &mut WorkerProcess) -> Result<(), Failure> {
+    let line = ctx
+        .within("a worker to connect", worker.next_line())
+        .await??;
+    ensure!(
+        line.as_deref() == Some("ready"),
+        "the worker said {line:?} instead of ready"
+    );
+    Ok(())
+}
+
+/// A worker behind a fault proxy and a direct one; the link fault starts once the linked worker
+/// has connected and before it asks for the lock.
+struct LinkedPair {
+    own: crate::OwnServer,
+    proxy: dlock_test_servers::FaultProxy,
+    run: Run,
+    names: [LockName; 1],
+    linked: WorkerProcess,
+    direct: WorkerProcess,
+}
+
+async fn linked_pair(
+    ctx: &Ctx,
+    mode: dlock_test_servers::ProxyMode,
+    think: Duration,
+) -> Result<LinkedPair, Failure> {
+    let own = own_server(ctx).await?;
+    let proxy = dlock_test_servers::FaultProxy::start(own.process.addr())
+        .map_err(|e| Failure(format!("cannot start a fault proxy: {e}")))?;
+    let run = Run::start(ctx).await?;
+    let names = [ctx.name("lock")];
+    let timing = ctx.timing();
+    let ttl = timing.short_ttl;
+    let mut linked_spec = run.spec(1, &names, 1, ttl, timing.bound, think);
+    linked_spec.announce = true;
+    linked_spec.ready_pause = Some(READY_PAUSE);
+    let mut linked = run.spawn_via(&linked_spec, &*(own.reach_at)(proxy.addr()))?;
+    ready(ctx, &mut linked).await?;
+    proxy.set_mode(mode);
+    run.log(
+        crate::history::Edge::Start,
+        format!("{mode:?} on worker 1's link"),
+    );
+    // The other worker starts once the linked worker's request has taken the lock on the
+    // server, so that it contends for it.
+    ctx.within("the linked worker's request to take the lock", async {
+        // Read-only: what the server holds of the name.
+        while own
+            .harness
+            .residue(&names)
+            .await
+            .map_err(Failure)?
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok::<_, Failure>(())
+    })
+    .await??;
+    let direct_spec = run.spec(2, &names, 2, ttl, ttl * 4 + timing.bound, THINK);
+    let direct = run.spawn_via(&direct_spec, &*own.harness)?;
+    Ok(LinkedPair {
+        own,
+        proxy,
+        run,
+        names,
+        linked,
+        direct,
+    })
+}
+
+/// The profile of a link fault: nothing unsafe and nothing left, whatever the timing made of
+/// refusals.
+const SURVIVED: Expect = Expect {
+    stale_attempts: Count::Any,
+    ..Expect::FENCED_FAULT
+};
+
+/// **Lost replies** (C2): a worker's acquire reaches the server, which grants it, but every
+/// reply is thrown away: the worker cannot know whether it holds the lock (its acquire ends
+/// "outcome unknown"), and it must not leave the lock behind. Another worker gets the lock;
+/// no overlap, nothing stale accepted, nothing left.
+pub async fn lost_acquire_reply_leaves_nothing(ctx: Ctx) -> CaseResult {
+    let pair = linked_pair(&ctx, dlock_test_servers::ProxyMode::DropReplies, THINK).await?;
+    ctx.within("the worker whose replies are lost", pair.linked.finish())
+        .await??;
+    pair.proxy.heal();
+    pair.run
+        .log(crate::history::Edge::Stop, "heal worker 1's link");
+    ctx.within("the direct worker", pair.direct.finish())
+        .await??;
+    let residue = ctx
+        .settled_residue_on(&*pair.own.harness, &pair.names)
+        .await?;
+    let report = verify(&pair.run, &SURVIVED, &pair.run.input(residue)?)?;
+    ensure!(
+        report.liveness.indeterminate + report.liveness.failed >= 1,
+        "the worker behind the dropped replies acquired anyway: {report}"
+    );
+    pair.run.discard();
+    Ok(())
+}
+
+/// **A reply held back past most of the lease** (C3: the network delays the grant): the server
+/// grants the lock at once, but the reply reaches the worker three quarters of a TTL later, and
+/// every later reply is held again (its renewals fail). Its guard is valid only until the
+/// request's send time plus the TTL — not the reply's arrival plus the TTL — so when the lease
+/// expires on the server and the direct worker takes the lock, the two holds must not overlap
+/// in the history. A library that dates validity from the reply is caught here. Where a session
+/// keepalive shares the link (SQL connections, etcd's keep-alive stream), it notices the held
+/// replies first and closes the connection: the acquire's outcome is then unknown, and the
+/// history must be as safe.
+pub async fn delayed_grant_counts_from_the_request(ctx: Ctx) -> CaseResult {
+    let ttl = ctx.timing().short_ttl;
+    let pair = linked_pair(
+        &ctx,
+        dlock_test_servers::ProxyMode::HoldReplies,
+        ttl * 3 / 4,
+    )
+    .await?;
+    let LinkedPair {
+        own,
+        proxy,
+        run,
+        names,
+        linked,
+        direct,
+    } = pair;
+    // The fault's length is what is under test here: the grant arrives three quarters of a TTL
+    // after the request took effect.
+    tokio::time::sleep(ttl * 3 / 4).await;
+    proxy.release_held();
+    run.log(
+        crate::history::Edge::Stop,
+        "deliver worker 1's held replies",
+    );
+    ctx.within("the worker with the delayed grant", linked.finish())
+        .await??;
+    proxy.heal();
+    run.log(crate::history::Edge::Stop, "heal worker 1's link");
+    ctx.within("the direct worker", direct.finish()).await??;
+    let residue = ctx.settled_residue_on(&*own.harness, &names).await?;
+    verify(&run, &SURVIVED, &run.input(residue)?)?;
     run.discard();
     Ok(())
 }

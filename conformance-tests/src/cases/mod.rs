@@ -130,6 +130,14 @@ static CASES: &[Case] = &[
         faults::partitioned_holder_is_fenced_off,
         OWN_SERVER_CHILDREN
     ),
+    case!(
+        faults::lost_acquire_reply_leaves_nothing,
+        OWN_SERVER_CHILDREN
+    ),
+    case!(
+        faults::delayed_grant_counts_from_the_request,
+        OWN_SERVER_CHILDREN
+    ),
     case!(cancel::dropped_acquire_leaves_nothing, NONE),
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),
     case!(cancel::storm_leaves_every_name_free, NONE),

@@ -100,6 +100,7 @@ impl Run {
             wait,
             think,
             announce: false,
+            ready_pause: None,
             seed: self.seed,
         }
     }

@@ -48,6 +48,10 @@ pub struct WorkerSpec {
     /// Prints `holding <handle> <token>` on stdout once it holds a lock and has read the
     /// registers, then thinks exactly `think`: the point where the harness pauses or kills it.
     pub announce: bool,
+    /// Once connected (and warmed up by one acquire and release of the first name), prints
+    /// `ready` and waits this long before its first round: time for the harness to set a fault
+    /// on its link that must hit the lock's requests, not the connect.
+    pub ready_pause: Option<Duration>,
     /// The seed of its random choices.
     pub seed: u64,
 }
@@ -72,6 +76,19 @@ pub async fn run_worker(harness: Arc<dyn Harness>, spec: WorkerSpec) -> Result<(
     let options = LockOptions::new()
         .with_ttl(spec.ttl)
         .with_wait_timeout(spec.wait);
+    if let Some(pause) = spec.ready_pause {
+        // One round trip of each kind first, so that a fault set on the link after `ready` meets
+        // the lock's requests themselves, not a first use's set-up (a script to load, a statement
+        // to prepare). Nobody else runs yet, so this hold needs no record.
+        if let Some(name) = spec.names.first() {
+            let guard = acquire(&*client, name, &options)
+                .await
+                .map_err(|e| format!("warm-up: {e}"))?;
+            guard.release().await.map_err(|e| format!("warm-up: {e}"))?;
+        }
+        say("ready")?;
+        tokio::time::sleep(pause).await;
+    }
     let mut rng = StdRng::seed_from_u64(spec.seed ^ u64::from(spec.worker));
     for round in 0..spec.rounds {
         let hold = HoldId {
@@ -113,7 +130,7 @@ pub async fn run_worker(harness: Arc<dyn Harness>, spec: WorkerSpec) -> Result<(
             log(at(Op::FrRead, Phase::Ok))?;
             if spec.announce {
                 // Read, not yet written: where a pause or a kill bites.
-                announce(hold, token)?;
+                say(&format!("holding {} {token}", hold.handle))?;
             }
             tokio::time::sleep(think).await;
             log(at(Op::FrWrite, Phase::Invoke).token(token))?;
@@ -163,11 +180,11 @@ async fn acquire(
     client.acquire(&LockName::new(name)?, options).await
 }
 
-/// Tells the harness this worker holds `hold` with `token`, has read the registers and is about
-/// to think.
-fn announce(hold: HoldId, token: u64) -> Result<(), String> {
+/// Tells the harness where this worker is: `ready` (connected), or `holding <handle> <token>`
+/// (holds a lock, has read the registers, is about to think).
+fn say(line: &str) -> Result<(), String> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "holding {} {token}", hold.handle).map_err(|e| e.to_string())?;
+    writeln!(stdout, "{line}").map_err(|e| e.to_string())?;
     stdout.flush().map_err(|e| e.to_string())
 }
