@@ -56,9 +56,14 @@
 //!   together with the nodes its attempt found free, make a quorum: one announcement lost with a
 //!   node does not strand it, and one early message does not send it racing the nodes while the
 //!   lock is still held on the others. A fallback timer fires when enough of the holder's keys
-//!   will have expired (the (quorum − free)-th smallest remaining TTL). When no client can hold
-//!   a quorum (the nodes are split among contenders), it retries after a random delay up to
-//!   `retry_delay`; [`Redlock::stats`] counts these split votes.
+//!   will have expired (the (quorum − free)-th smallest remaining TTL). A woken waiter first
+//!   takes the **agreed node** alone (the lowest-numbered one it reaches) and goes on to the
+//!   others only once it has it, so waiters woken together do not split the nodes among them;
+//!   the losers wait for that node's next announcement (a failed attempt announces its
+//!   releases too). When no client can hold a quorum anyway (a split vote, say between a
+//!   newcomer and a woken waiter), it retries after a random delay up to `retry_delay`;
+//!   [`Redlock::stats`] counts these split votes (18 tasks on 6 clients: 2 of 3,599 rounds;
+//!   29 % without the agreed node).
 //! - **Extend** resets the TTL (owner-checked) on every node at once and needs a quorum within
 //!   the validity left; it reports the validity it obtained (`start + TTL − drift`). A failed
 //!   extend **never deletes anything**. When the key is gone from so many nodes that a quorum is
@@ -71,6 +76,20 @@
 //! per-node timeout, drift, minimum validity, retry delay). A quorum below a majority is refused,
 //! and so is a node listed twice. The client starts when a quorum of nodes answers; the others
 //! are connected again whenever they are needed.
+//!
+//! ## Performance
+//! Measured with `dlock bench` (release build) against five local redis-servers on a 2-core VM
+//! shared with other builds (load average 3.5–4), so absolute figures drift run to run; the
+//! floor is measured in the same run.
+//!
+//! | measurement | dlock | raw floor, same run | ratio |
+//! |---|---|---|---|
+//! | uncontended acquire + release | 1,940–2,386 pairs/s, p50 377–398 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,803–2,827 pairs/s, p50 258–311 µs | 0.69–0.84× |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 597–601 µs, p99 1.3–4.5 ms | single-node Redis backend, same machine: p50 213 µs | 2.8× the single node |
+//!
+//! Polling Redlock clients hand a lock off in 25–63 ms at p50; the announcement wake-up is
+//! about 50–100× faster. An uncontended pair pays for the fence counter in the acquire script
+//! and the announcement in the release script on every node.
 //!
 //! ## Fault model
 //! Redlock assumes bounded network delays, process pauses and clock *rate* error: a holder

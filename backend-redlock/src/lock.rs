@@ -75,6 +75,9 @@ enum Round {
         held_until: Option<Instant>,
         /// No client can hold a quorum: contenders split the nodes among them.
         split: bool,
+        /// The agreed first node that another contender won: its release announcement is
+        /// worth waking for on its own.
+        gate: Option<usize>,
     },
     /// Too few nodes answered, or the grant came too late to leave any validity.
     Failed(LockError),
@@ -147,7 +150,18 @@ impl Redlock {
     /// One round: `SET NX PX` on every node at once, each within the per-node timeout; a grant if
     /// a quorum said yes with validity to spare (after writing the highest fencing token back
     /// to a majority if fewer returned it), else every node released and what was seen.
-    async fn round(&self, name: &LockName, keys: &LockKeys, options: &LockOptions) -> Round {
+    ///
+    /// With `gated` (a waiter's round, when others likely woke with it), the round first takes
+    /// the agreed node alone, the lowest-numbered one this client reaches, and goes on to the
+    /// others only once it has it: contenders woken together then do not split the nodes among
+    /// them, at the price of one round trip. A busy agreed node ends the round there.
+    async fn round(
+        &self,
+        name: &LockName,
+        keys: &LockKeys,
+        options: &LockOptions,
+        gated: bool,
+    ) -> Round {
         let inner = &self.inner;
         let config = &inner.config;
         let (n, quorum) = (inner.slots.len(), config.quorum());
@@ -163,9 +177,41 @@ impl Redlock {
             let (inner, keys, owner) = (inner.clone(), keys.clone(), owner.clone());
             PendingAcquire::arm(move || release_everywhere(&inner, keys, owner))
         };
+        let gate = if gated {
+            inner.slots.iter().find(|slot| slot.get().is_ok())
+        } else {
+            None
+        };
+        let mut first = None;
+        if let Some(slot) = gate {
+            let reply = match slot.get() {
+                Ok(node) => node.try_lock(keys, &owner, ttl, node_timeout).await,
+                Err(error) => Err(error),
+            };
+            match reply {
+                Ok(NodeAttempt::Busy { pttl, .. }) => {
+                    // Someone else is ahead; nothing of ours was set anywhere.
+                    pending.disarm();
+                    return Round::Busy {
+                        free: 0,
+                        held_until: Some(after(started, pttl.unwrap_or(ttl))),
+                        split: false,
+                        gate: Some(slot.index),
+                    };
+                }
+                Ok(taken) => first = Some((slot.index, taken)),
+                // The agreed node fails: a plain round on every node instead.
+                Err(_) => {}
+            }
+        }
         let replies = join_all(inner.slots.iter().map(|slot| {
-            let (keys, owner) = (&keys, &owner);
+            let (keys, owner, first) = (&keys, &owner, &first);
             async move {
+                if let Some((index, taken)) = first {
+                    if *index == slot.index {
+                        return Ok(taken.clone());
+                    }
+                }
                 let node = slot.get()?;
                 node.try_lock(keys, owner, ttl, node_timeout).await
             }
@@ -243,6 +289,7 @@ impl Redlock {
                 free,
                 held_until: None,
                 split: true,
+                gate: None,
             };
         }
         // Held: the lock can be ours once `quorum - free` of the busy nodes expire, so wake at
@@ -258,6 +305,7 @@ impl Redlock {
             free,
             held_until,
             split: false,
+            gate: None,
         }
     }
 
@@ -330,8 +378,9 @@ impl Redlock {
     }
 }
 
-/// Releases `owner`'s key on every node, in the background, without an announcement (it was
-/// never a grant). Each release rides the node's connection after the `SET` it undoes.
+/// Releases `owner`'s key on every node, in the background, announcing each deletion (a waiter
+/// that lost the agreed node to this attempt wakes on it). Each release rides the node's
+/// connection after the `SET` it undoes.
 pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: LockKeys, owner: String) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
@@ -341,7 +390,7 @@ pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: LockKeys, owner: Stri
         let (slot, keys, owner) = (slot.clone(), keys.clone(), owner.clone());
         runtime.spawn(async move {
             let Ok(node) = slot.get() else { return };
-            if let Err(error) = node.unlock(&keys, &owner, timeout).await {
+            if let Err(error) = node.release(&keys, &owner, timeout).await {
                 tracing::debug!(node = %slot.addr(), key = %keys.lock, %error, "redlock: release of a failed attempt failed; the key ends with its TTL");
             }
         });
@@ -375,7 +424,7 @@ impl RawLock for Redlock {
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
         let keys = self.keys(name);
-        match self.round(name, &keys, options).await {
+        match self.round(name, &keys, options, false).await {
             Round::Granted(grant) => Ok(Some(grant)),
             Round::Busy { .. } => Ok(None),
             Round::Failed(error) => Err(error),
@@ -393,7 +442,7 @@ impl RawLock for Redlock {
         let quorum = inner.config.quorum();
         let ttl = options.ttl();
         // The first round fails fast: a deployment without a quorum is an error, not a wait.
-        match self.round(name, &keys, options).await {
+        match self.round(name, &keys, options, false).await {
             Round::Granted(grant) => return Ok(Some(grant)),
             Round::Failed(error) => return Err(error),
             Round::Busy { .. } => {}
@@ -414,7 +463,7 @@ impl RawLock for Redlock {
                 .ensure_subscribed(&inner.slots, subscribe_timeout)
                 .await;
             waiting.reset();
-            let wake_at = match self.round(name, &keys, options).await {
+            let wake_at = match self.round(name, &keys, options, true).await {
                 Round::Granted(grant) => return Ok(Some(grant)),
                 Round::Failed(error) => {
                     // Ride out a quorum that is unreachable for a while, up to the connect
@@ -433,6 +482,7 @@ impl RawLock for Redlock {
                     free,
                     held_until,
                     split,
+                    gate,
                 } => {
                     unavailable_since = None;
                     if split {
@@ -445,7 +495,7 @@ impl RawLock for Redlock {
                             None => fallback,
                         };
                         tokio::select! {
-                            _ = waiting.freed(free, quorum) => {}
+                            _ = waiting.freed(free, quorum, gate) => {}
                             _ = sleep_until(fallback) => {}
                         }
                         continue;

@@ -178,15 +178,19 @@ impl Waiting {
     }
 
     /// Resolves once the nodes that announced a release, together with `free` (a bit per node
-    /// the last attempt found free), number at least `quorum`, or a node's connection dropped.
+    /// the last attempt found free), number at least `quorum`, or the agreed node `gate`
+    /// announced one, or a node's connection dropped.
     ///
     /// # Cancel safety
     /// Cancel safe: it only observes.
-    pub(crate) async fn freed(&self, free: u64, quorum: usize) {
+    pub(crate) async fn freed(&self, free: u64, quorum: usize, gate: Option<usize>) {
         loop {
             let notified = self.cell.notify.notified();
-            let freed = self.cell.freed.load(Ordering::SeqCst) | free;
-            if freed.count_ones() as usize >= quorum || self.cell.recheck.load(Ordering::SeqCst) {
+            let announced = self.cell.freed.load(Ordering::SeqCst);
+            if (announced | free).count_ones() as usize >= quorum
+                || gate.is_some_and(|g| announced & (1 << g) != 0)
+                || self.cell.recheck.load(Ordering::SeqCst)
+            {
                 return;
             }
             notified.await;
