@@ -45,8 +45,9 @@
 //!
 //! ## Per-node primitives
 //! [`node::Node`] exposes one node's lock primitives without the grant queue (`SET NX PX` with
-//! a fencing token, owner-checked unlock and extend, raising the fence counter), each bounded by
-//! a timeout of the caller's choosing: the building blocks of Redlock on N independent nodes.
+//! a fencing token, owner-checked unlock, announced release and extend, raising the fence
+//! counter, with or without an owner check, and the name's channel), each bounded by a timeout of
+//! the caller's choosing: the building blocks of Redlock on N independent nodes.
 //!
 //! ## Performance
 //! Measured with `dlock bench --backend redis://…` (release build) against a local redis-server

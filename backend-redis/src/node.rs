@@ -4,11 +4,18 @@
 //! Each call is one script, one round trip, bounded by the timeout it is given (Redlock derives
 //! a short per-node timeout from the TTL, so one frozen node never stalls an acquire):
 //! - [`Node::try_lock`]: `SET lock owner NX PX ttl` and, when set, the next per-name fencing
-//!   token (above the last one, and at least the server's clock in microseconds);
-//! - [`Node::unlock`]: delete the lock only if `owner` holds it;
+//!   token (the node's counter plus one); when busy, the holder and its remaining TTL;
+//! - [`Node::unlock`]: delete the lock only if `owner` holds it; [`Node::release`] does the same
+//!   and announces it on the name's channel;
 //! - [`Node::extend`]: reset the TTL only if `owner` holds it;
 //! - [`Node::raise_fence`]: raise the per-name counter to at least a token, so the next token
-//!   from this node is above every token the quorum handed out.
+//!   from this node is above every token the quorum handed out; [`Node::raise_fence_if_held`]
+//!   does it only while `owner` still holds the lock there;
+//! - [`Node::subscribe`]: listen to a name's channel; messages and lost connections reach the
+//!   handler given to [`Node::connect_with_events`].
+//!
+//! Every call on one `Node` rides one multiplexed connection, so the node runs them in the order
+//! they were sent: an unlock sent after a `try_lock` whose reply timed out still runs after it.
 //!
 //! The grant queue of [`RedisLock`](crate::RedisLock) is deliberately not here: on N independent
 //! nodes it would hand the lock to different waiters on different nodes.
@@ -17,13 +24,17 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_api::LockError;
 use dlock_api::{LockName, Result};
-use redis::Script;
+use redis::{PushInfo, PushKind, Script, Value};
 
 use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::LockKeys;
-use crate::scripts::{EXTEND, NODE_ACQUIRE, NODE_RAISE_FENCE, NODE_RELEASE};
+use crate::scripts::{
+    EXTEND, NODE_ACQUIRE, NODE_RAISE_FENCE, NODE_RAISE_FENCE_HELD, NODE_RELEASE,
+    NODE_RELEASE_ANNOUNCED,
+};
 
 /// A connection to one Redis node (or Sentinel-managed primary) and its lock primitives.
 pub struct Node {
@@ -31,8 +42,55 @@ pub struct Node {
     conn: Conn,
     acquire: Script,
     release: Script,
+    release_announced: Script,
     extend: Script,
     raise: Script,
+    raise_held: Script,
+}
+
+/// What a node tells its event handler ([`Node::connect_with_events`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeEvent<'a> {
+    /// A message on a subscribed channel.
+    Message {
+        /// The channel.
+        channel: &'a str,
+        /// The message.
+        payload: &'a str,
+    },
+    /// The connection was lost: messages sent meanwhile were missed. The connection comes back
+    /// by itself and subscribes again.
+    Disconnected,
+}
+
+/// Receives a node's [`NodeEvent`]s; called on the connection's task, so it must not block.
+pub type NodeEventHandler = Arc<dyn Fn(NodeEvent<'_>) + Send + Sync>;
+
+/// The answer of [`Node::try_lock`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeAttempt {
+    /// The lock was free and is now the caller's, with this fencing token.
+    Taken {
+        /// The node's fence counter after the grant.
+        token: u64,
+    },
+    /// Someone holds the lock.
+    Busy {
+        /// The holder's owner value.
+        holder: String,
+        /// The holder's remaining TTL; `None` when the key has none (not a dlock key).
+        pttl: Option<Duration>,
+    },
+}
+
+fn text(value: &Value) -> Option<&str> {
+    match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
 }
 
 impl Node {
@@ -45,16 +103,49 @@ impl Node {
     /// # Cancel safety
     /// Cancel safe: nothing is locked by connecting.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
-        // No subscriptions on a node: its pushes are of no interest.
-        let conn = Conn::connect(&config, Arc::new(|_| {})).await?;
+        Self::connect_with_events(config, Arc::new(|_| {})).await
+    }
+
+    /// Connects to the node `config` names, handing its channel messages and lost connections
+    /// to `events`.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is locked by connecting.
+    pub async fn connect_with_events(
+        config: RedisConfig,
+        events: NodeEventHandler,
+    ) -> Result<Self> {
+        let push = Arc::new(move |info: PushInfo| match info.kind {
+            PushKind::Message | PushKind::SMessage => {
+                if let (Some(channel), Some(payload)) = (
+                    info.data.first().and_then(text),
+                    info.data.get(1).and_then(text),
+                ) {
+                    events(NodeEvent::Message { channel, payload });
+                }
+            }
+            PushKind::Disconnection => events(NodeEvent::Disconnected),
+            _ => {}
+        });
+        let conn = Conn::connect(&config, push).await?;
         Ok(Self {
             config,
             conn,
             acquire: Script::new(NODE_ACQUIRE),
             release: Script::new(NODE_RELEASE),
+            release_announced: Script::new(NODE_RELEASE_ANNOUNCED),
             extend: Script::new(EXTEND),
             raise: Script::new(NODE_RAISE_FENCE),
+            raise_held: Script::new(NODE_RAISE_FENCE_HELD),
         })
+    }
+
+    /// The configuration this node was connected with.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
     }
 
     /// The keys of `name` on this node (under the configured prefix).
@@ -62,7 +153,8 @@ impl Node {
         LockKeys::new(&self.config.prefix, name)
     }
 
-    /// Takes the lock for `owner` for `ttl` if nobody holds it: the new fencing token, or `None`.
+    /// Takes the lock for `owner` for `ttl` if nobody holds it ([`NodeAttempt::Taken`] with the
+    /// new fencing token), or says who holds it and for how long ([`NodeAttempt::Busy`]).
     ///
     /// # Errors
     /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) if the node does not answer
@@ -76,9 +168,9 @@ impl Node {
         owner: &str,
         ttl: Duration,
         timeout: Duration,
-    ) -> Result<Option<u64>> {
+    ) -> Result<NodeAttempt> {
         let ttl_ms = ttl.as_millis().max(1).to_string();
-        let token: u64 = self
+        let reply: Vec<Value> = self
             .conn
             .run_script(
                 timeout,
@@ -87,7 +179,19 @@ impl Node {
                 &[owner, &ttl_ms],
             )
             .await?;
-        Ok((token > 0).then_some(token))
+        match reply.as_slice() {
+            [Value::Int(1), Value::Int(token)] if *token > 0 => Ok(NodeAttempt::Taken {
+                token: *token as u64,
+            }),
+            [Value::Int(0), Value::Int(pttl), holder] => Ok(NodeAttempt::Busy {
+                holder: text(holder).unwrap_or_default().to_owned(),
+                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            }),
+            other => Err(LockError::unexpected(
+                crate::BACKEND,
+                format!("unexpected node acquire reply {other:?}"),
+            )),
+        }
     }
 
     /// Deletes the lock if `owner` holds it; whether it did.
@@ -101,6 +205,27 @@ impl Node {
         let deleted: i64 = self
             .conn
             .run_script(timeout, &self.release, &[&keys.lock], &[owner])
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    /// Deletes the lock if `owner` holds it and, if it did, publishes `released` on the name's
+    /// channel (waiters subscribed there wake); whether it did.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it is owner-checked, so sending it again is harmless.
+    pub async fn release(&self, keys: &LockKeys, owner: &str, timeout: Duration) -> Result<bool> {
+        let deleted: i64 = self
+            .conn
+            .run_script(
+                timeout,
+                &self.release_announced,
+                &[&keys.lock],
+                &[owner, &keys.channel],
+            )
             .await?;
         Ok(deleted == 1)
     }
@@ -138,6 +263,57 @@ impl Node {
         self.conn
             .run_script(timeout, &self.raise, &[&keys.fence], &[&token.to_string()])
             .await
+    }
+
+    /// Raises the name's fence counter to at least `token`, but only while `owner` holds the
+    /// lock on this node; whether it does. The check keeps a later holder's token above ours:
+    /// that holder's `SET NX` here can only succeed once our key is gone, so after the raise.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: raising is idempotent.
+    pub async fn raise_fence_if_held(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        token: u64,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let held: i64 = self
+            .conn
+            .run_script(
+                timeout,
+                &self.raise_held,
+                &[&keys.lock, &keys.fence],
+                &[owner, &token.to_string()],
+            )
+            .await?;
+        Ok(held == 1)
+    }
+
+    /// Subscribes to `channel` (a name's [`LockKeys::channel`]); its messages reach the event
+    /// handler. The subscription is renewed by itself after a lost connection.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: subscribing twice is harmless; a dropped call may or may not have subscribed.
+    pub async fn subscribe(&self, channel: &str, timeout: Duration) -> Result<()> {
+        self.conn.subscribe(timeout, channel).await
+    }
+
+    /// Unsubscribes from `channel`.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call may or may not have unsubscribed.
+    pub async fn unsubscribe(&self, channel: &str, timeout: Duration) -> Result<()> {
+        self.conn.unsubscribe(timeout, channel).await
     }
 }
 

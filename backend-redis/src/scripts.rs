@@ -152,21 +152,34 @@ return 0
 ";
 
 /// Node acquire, for multi-node algorithms (no queue). KEYS: lock, fence. ARGV: owner, ttl_ms.
-/// `SET NX PX` and, when set, the next fencing token; 0 when someone holds the lock.
-pub(crate) const NODE_ACQUIRE: &str = concat!(
-    lua_helpers!(),
-    r"
+///
+/// `SET NX PX` and, when set, `{1, token}`: the name's fence counter plus one (a plain counter,
+/// without the single-node clock floor, so that nodes which saw the same grants hand out the same
+/// token and a quorum usually agrees on it). When someone holds the lock, `{0, PTTL, holder}`.
+pub(crate) const NODE_ACQUIRE: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return raise_fence(KEYS[2], now_us())
+  local token = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+  redis.call('SET', KEYS[2], string.format('%.0f', token))
+  return {1, token}
 end
-return 0
-"
-);
+return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]) or ''}
+";
 
 /// Node release. KEYS: lock. ARGV: owner. Deletes the lock only if the caller owns it; 1 or 0.
 pub(crate) const NODE_RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Node release with an announcement. KEYS: lock. ARGV: owner, channel. Deletes the lock only if
+/// the caller owns it and then publishes `released` on the channel; 1 or 0.
+pub(crate) const NODE_RELEASE_ANNOUNCED: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
 end
 return 0
 ";
@@ -181,6 +194,18 @@ if current < wanted then
   return wanted
 end
 return current
+";
+
+/// Raises a fence counter to at least a value, only while the caller holds the lock on this node.
+/// KEYS: lock, fence. ARGV: owner, token. Returns 1 if the caller holds the lock (the counter is
+/// then at least the token), else 0 and leaves the counter alone.
+pub(crate) const NODE_RAISE_FENCE_HELD: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+if current < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[2])
+end
+return 1
 ";
 
 /// The scripts, hashed once per client.

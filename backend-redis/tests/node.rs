@@ -1,55 +1,127 @@
-//! The per-node primitives (`dlock_redis::node`) against a real Redis: owner-checked unlock and
-//! extend, fencing tokens that rise, and a fence raised to a quorum's highest token.
+//! The per-node primitives (`dlock_redis::node`) against a real Redis: owner-checked unlock,
+//! extend and fence raise, fencing tokens that rise, a fence raised to a quorum's highest token,
+//! and release announcements on the name's channel.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_api::LockName;
 use dlock_redis::RedisConfig;
-use dlock_redis::node::Node;
+use dlock_redis::node::{Node, NodeAttempt, NodeEvent};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
+const BOUND: Duration = Duration::from_secs(30);
+
+fn url() -> String {
+    std::env::var("DLOCK_TEST_REDIS_URL")
+        .unwrap_or_else(|_| dlock_test_servers::shared_redis().url())
+}
+
+fn token(attempt: NodeAttempt) -> u64 {
+    match attempt {
+        NodeAttempt::Taken { token } => token,
+        busy => panic!("expected the lock to be taken, got {busy:?}"),
+    }
+}
 
 #[tokio::test]
 async fn node_primitives_are_owner_checked_and_fenced() {
-    let url = std::env::var("DLOCK_TEST_REDIS_URL")
-        .unwrap_or_else(|_| dlock_test_servers::shared_redis().url());
-    let node = Node::connect(RedisConfig::from_url(&url).unwrap())
+    let node = Node::connect(RedisConfig::from_url(&url()).unwrap())
         .await
         .unwrap();
     let name = LockName::new(format!("dlock-test/node/{}", std::process::id())).unwrap();
     let keys = node.keys(&name);
     let ttl = Duration::from_secs(10);
 
-    let first = node.try_lock(&keys, "a", ttl, TIMEOUT).await.unwrap();
-    let first = first.expect("a free lock is taken");
-    assert_eq!(node.try_lock(&keys, "b", ttl, TIMEOUT).await.unwrap(), None);
+    let first = token(node.try_lock(&keys, "a", ttl, TIMEOUT).await.unwrap());
+    match node.try_lock(&keys, "b", ttl, TIMEOUT).await.unwrap() {
+        NodeAttempt::Busy { holder, pttl } => {
+            assert_eq!(holder, "a");
+            assert!(pttl.is_some_and(|p| p <= ttl), "{pttl:?}");
+        }
+        taken => panic!("b took a held lock: {taken:?}"),
+    }
     assert!(
         !node.unlock(&keys, "b", TIMEOUT).await.unwrap(),
         "b does not hold it"
     );
     assert!(!node.extend(&keys, "b", ttl, TIMEOUT).await.unwrap());
     assert!(node.extend(&keys, "a", ttl, TIMEOUT).await.unwrap());
+    // Only the holder raises the fence this way.
+    assert!(
+        !node
+            .raise_fence_if_held(&keys, "b", first + 1_000, TIMEOUT)
+            .await
+            .unwrap()
+    );
+    assert!(
+        node.raise_fence_if_held(&keys, "a", first + 10, TIMEOUT)
+            .await
+            .unwrap()
+    );
     assert!(node.unlock(&keys, "a", TIMEOUT).await.unwrap());
     assert!(
         !node.unlock(&keys, "a", TIMEOUT).await.unwrap(),
         "already gone"
     );
+    let second = token(node.try_lock(&keys, "b", ttl, TIMEOUT).await.unwrap());
+    assert_eq!(
+        second,
+        first + 11,
+        "the counter went on from the raised value"
+    );
+    assert!(node.unlock(&keys, "b", TIMEOUT).await.unwrap());
 
     // Raised past any token the node handed out, the next token is above it.
     let raised = node
-        .raise_fence(&keys, first + 1_000_000_000, TIMEOUT)
+        .raise_fence(&keys, second + 1_000_000_000, TIMEOUT)
         .await
         .unwrap();
-    assert_eq!(raised, first + 1_000_000_000);
+    assert_eq!(raised, second + 1_000_000_000);
     assert_eq!(
-        node.raise_fence(&keys, first, TIMEOUT).await.unwrap(),
+        node.raise_fence(&keys, second, TIMEOUT).await.unwrap(),
         raised
     );
-    let second = node
-        .try_lock(&keys, "b", ttl, TIMEOUT)
+    let third = token(node.try_lock(&keys, "c", ttl, TIMEOUT).await.unwrap());
+    assert!(third > raised, "{third} after raising to {raised}");
+    assert!(node.unlock(&keys, "c", TIMEOUT).await.unwrap());
+}
+
+#[tokio::test]
+async fn release_is_announced_to_subscribers() {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();
+    let seen = Arc::new(Mutex::new(tx));
+    let node = Node::connect_with_events(
+        RedisConfig::from_url(&url()).unwrap(),
+        Arc::new(move |event| {
+            if let NodeEvent::Message { channel, payload } = event {
+                let _ = seen
+                    .lock()
+                    .unwrap()
+                    .send((channel.to_owned(), payload.to_owned()));
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    let name = LockName::new(format!("dlock-test/node-announce/{}", std::process::id())).unwrap();
+    let keys = node.keys(&name);
+    node.subscribe(&keys.channel, TIMEOUT).await.unwrap();
+    token(
+        node.try_lock(&keys, "a", Duration::from_secs(10), TIMEOUT)
+            .await
+            .unwrap(),
+    );
+    // A silent unlock of someone else's lock says nothing; the owner's release announces.
+    assert!(!node.release(&keys, "b", TIMEOUT).await.unwrap());
+    assert!(node.release(&keys, "a", TIMEOUT).await.unwrap());
+    let (channel, payload) = tokio::time::timeout(BOUND, rx.recv())
         .await
-        .unwrap()
+        .expect("the announcement arrives")
         .unwrap();
-    assert!(second > raised, "{second} after raising to {raised}");
-    assert!(node.unlock(&keys, "b", TIMEOUT).await.unwrap());
+    assert_eq!(
+        (channel.as_str(), payload.as_str()),
+        (keys.channel.as_str(), "released")
+    );
+    node.unsubscribe(&keys.channel, TIMEOUT).await.unwrap();
 }

@@ -1,2 +1,121 @@
-//! The `redlock` backend for dlock. Not written yet: its issue fills this crate.
-//! Until then `dlock::connect` answers a `redlock` URL with a `Config` error saying so.
+//! # dlock-redlock: distributed locks over N independent Redis nodes
+//!
+//! The Redlock backend for [dlock](https://docs.rs/dlock): a [`Redlock`] implements
+//! [`dlock_api::DistributedLock`] on N independent Redis nodes (no replication between them,
+//! no Sentinel, no Cluster), and holds a lock while a majority of them agree.
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_api::Result<()> {
+//! use dlock_api::{DistributedLockExt, LockOptions};
+//! use dlock_redlock::Redlock;
+//!
+//! let locks = Redlock::connect_url("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379,10.0.0.4:6379,10.0.0.5:6379").await?;
+//! let guard = locks.acquire_str("invoice:42", &LockOptions::new()).await?;
+//! // … work, passing guard.fencing_token() with every write to the storage …
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## What it promises
+//! - [x] **Mutual exclusion while a majority of nodes keeps its keys** and clocks run at about
+//!   the same *rate* (the drift allowance covers 1 % plus 2 ms). A minority of nodes may be
+//!   down, frozen or partitioned away: acquire, extend and release go on without them.
+//! - [x] **Woken on release**: waiters are woken by pub/sub announcements from the nodes, not by
+//!   polling.
+//! - [x] **Extend** and automatic renewal on a quorum; the guard is *suspended* while renewals
+//!   fail and its validity lasts, and lost with [`LostReason::RenewalFailed`] when it runs out.
+//! - [x] **Lost signal**: a renewal that finds the key gone from too many nodes loses the guard
+//!   at once ([`LostReason::TakenOver`]).
+//! - **Fencing: best effort**, strict unless a node loses its fence counter. Tokens strictly
+//!   increase per name as long as no node forgets the counters it handed out: run the nodes with
+//!   `appendonly yes` and `appendfsync always`, never `FLUSHALL` them, and never let an eviction
+//!   policy or a TTL touch the `…:fence` keys. A node that restarts empty can hand a later holder
+//!   a lower token than an earlier one (this crate's tests show the checker catching exactly
+//!   that).
+//! - Not FIFO: waiters woken together race for the nodes; a split vote (no one wins a quorum)
+//!   makes them retry after a random delay.
+//!
+//! ## How it works
+//! - **Acquire** sends `SET PREFIX:{NAME} OWNER NX PX TTL` to every node at once (one Lua script
+//!   per node, which also raises the node's per-name fence counter), each bounded by a per-node
+//!   timeout of 5 % of the TTL (at least 5 ms, at most the command timeout), so a frozen node
+//!   costs at most that. `OWNER` is fresh for every attempt. It succeeds when a quorum (a
+//!   majority by default) said yes and the validity left, `TTL − elapsed − drift`, measured on
+//!   the monotonic clock from **before the first request**, is above the minimum. The guard's
+//!   deadline is `start + TTL − drift`. Otherwise the attempt releases its key on **every** node
+//!   at once, including the ones that did not answer: each release rides the same multiplexed
+//!   connection as that node's `SET`, so a node runs it after a slow `SET`.
+//! - **Fencing token**: the highest token of the quorum. If fewer than a majority of nodes
+//!   returned that highest token, it is written back before the guard is returned, on each
+//!   node of the quorum **only while that node still holds our key**, and must land on a
+//!   majority. (Without the owner check, a competing acquire on a node outside our quorum could
+//!   draw a lower token after ours.) In the steady state every node returns the same token and
+//!   no write-back is needed.
+//! - **Waiting**: a busy acquire subscribes to the name's channel `PREFIX:{NAME}:released` on
+//!   every node (once per name per client) and waits until nodes that **announced a release**,
+//!   together with the nodes its attempt found free, make a quorum: one announcement lost with a
+//!   node does not strand it, and one early message does not send it racing the nodes while the
+//!   lock is still held on the others. A fallback timer fires when enough of the holder's keys
+//!   will have expired (the (quorum − free)-th smallest remaining TTL). A woken waiter first
+//!   takes the **agreed node** alone (the lowest-numbered one it reaches) and goes on to the
+//!   others only once it has it, so waiters woken together do not split the nodes among them;
+//!   the losers wait for that node's next announcement (a failed attempt announces its
+//!   releases too). When no client can hold a quorum anyway (a split vote, say between a
+//!   newcomer and a woken waiter), it retries after a random delay up to `retry_delay`;
+//!   [`Redlock::stats`] counts these split votes (18 tasks on 6 clients: 2 of 3,599 rounds;
+//!   29 % without the agreed node).
+//! - **Extend** resets the TTL (owner-checked) on every node at once and needs a quorum within
+//!   the validity left; it reports the validity it obtained (`start + TTL − drift`). A failed
+//!   extend **never deletes anything**. When the key is gone from so many nodes that a quorum is
+//!   out of reach, the lock is lost (`NotHeld`, reported as [`LostReason::TakenOver`]).
+//! - **Release** deletes the key (owner-checked) on every node at once and announces it.
+//!
+//! ## Connecting
+//! `redlock://[[user]:password@]h1[:port],h2[:port],…[/db][?option=value…]`, or `redlocks://`
+//! for TLS to every node (feature `tls-rustls`). See [`RedlockConfig`] for the options (quorum,
+//! per-node timeout, drift, minimum validity, retry delay). A quorum below a majority is refused,
+//! and so is a node listed twice. The client starts when a quorum of nodes answers; the others
+//! are connected again whenever they are needed.
+//!
+//! ## Performance
+//! Measured with `dlock bench` (release build) against five local redis-servers on a 2-core VM
+//! shared with other builds (load average 3.5–4), so absolute figures drift run to run; the
+//! floor is measured in the same run.
+//!
+//! | measurement | dlock | raw floor, same run | ratio |
+//! |---|---|---|---|
+//! | uncontended acquire + release | 1,940–2,386 pairs/s, p50 377–398 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,803–2,827 pairs/s, p50 258–311 µs | 0.69–0.84× |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 597–601 µs, p99 1.3–4.5 ms | single-node Redis backend, same machine: p50 213 µs | 2.8× the single node |
+//!
+//! Polling Redlock clients hand a lock off in 25–63 ms at p50; the announcement wake-up is
+//! about 50–100× faster. An uncontended pair pays for the fence counter in the acquire script
+//! and the announcement in the release script on every node.
+//!
+//! ## Fault model
+//! Redlock assumes bounded network delays, process pauses and clock *rate* error: a holder
+//! paused past its validity may find its lock taken, and only the fencing token protects the
+//! resource then. A node whose wall clock jumps forward expires its keys early; a node that
+//! restarts without persistence forgets its keys and counters (restart it only after the longest
+//! TTL, or run it with `appendfsync always`).
+//!
+//! [`LostReason::RenewalFailed`]: dlock_api::LostReason::RenewalFailed
+//! [`LostReason::TakenOver`]: dlock_api::LostReason::TakenOver
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod config;
+mod floor;
+mod lease;
+mod lock;
+mod nodes;
+mod wake;
+
+pub use config::{DEFAULT_PORT, RedlockConfig};
+pub use floor::raw_floor;
+pub use lock::{Redlock, RedlockStats};
+
+dlock_api::impl_distributed_lock!(Redlock);
+
+/// The URL schemes this backend serves: `redlock://` and `redlocks://` (TLS to every node).
+pub const SCHEMES: &[&str] = &["redlock", "redlocks"];
+
+pub(crate) const BACKEND: &str = "redlock";

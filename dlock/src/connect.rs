@@ -13,7 +13,7 @@ use crate::scheme::{BackendScheme, redact};
 /// |---|---|
 /// | `memory://` or `memory://STORE` | in-process; all `connect`s of one STORE in a process share locks |
 /// | `redis://host:port`, `rediss://…`, `redis+sentinel://…`, `redis+cluster://…` | Redis (feature `redis`) |
-/// | `redlock://host1:port,host2:port,…` | Redlock over independent Redis nodes (feature `redlock`) |
+/// | `redlock://host1:port,host2:port,…`, `redlocks://…` | Redlock over independent Redis nodes (feature `redlock`; `redlocks://` also `tls-rustls`) |
 /// | `mysql://user:pass@host/db`, `mariadb://…` | MySQL / MariaDB `GET_LOCK` (feature `mysql`) |
 /// | `postgres://user:pass@host/db` | Postgres advisory locks (feature `postgres`) |
 /// | `etcd://host:port[,host:port][/prefix]`, `etcds://…` | etcd (feature `etcd`; `etcds://` also `etcd-tls`) |
@@ -62,6 +62,14 @@ where
                 config.set_option(key, value)?;
             }
             Ok(Arc::new(dlock_redis::RedisLock::connect(config).await?))
+        }
+        #[cfg(feature = "redlock")]
+        BackendScheme::Redlock => {
+            let mut config = dlock_redlock::RedlockConfig::from_url(url)?;
+            for (key, value) in &options {
+                config.set_option(key, value)?;
+            }
+            Ok(Arc::new(dlock_redlock::Redlock::connect(config).await?))
         }
         #[cfg(feature = "mysql")]
         BackendScheme::MySql => {
@@ -145,6 +153,7 @@ fn implemented(scheme: BackendScheme) -> bool {
         scheme,
         BackendScheme::Memory
             | BackendScheme::Redis
+            | BackendScheme::Redlock
             | BackendScheme::MySql
             | BackendScheme::Postgres
             | BackendScheme::Etcd

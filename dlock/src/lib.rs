@@ -55,6 +55,11 @@ pub use scheme::{BackendScheme, redact};
 #[doc(inline)]
 pub use dlock_redis::{RedisConfig, RedisLock};
 
+#[cfg(feature = "redlock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
+#[doc(inline)]
+pub use dlock_redlock::{Redlock, RedlockConfig};
+
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 #[doc(inline)]

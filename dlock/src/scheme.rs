@@ -26,6 +26,10 @@ const MYSQL: &[&str] = &["mysql", "mariadb"];
 const ETCD: &[&str] = dlock_etcd::SCHEMES;
 #[cfg(not(feature = "etcd"))]
 const ETCD: &[&str] = &["etcd", "etcds"];
+#[cfg(feature = "redlock")]
+const REDLOCK: &[&str] = dlock_redlock::SCHEMES;
+#[cfg(not(feature = "redlock"))]
+const REDLOCK: &[&str] = &["redlock", "redlocks"];
 #[cfg(feature = "postgres")]
 const POSTGRES: &[&str] = dlock_postgres::SCHEMES;
 #[cfg(not(feature = "postgres"))]
@@ -42,7 +46,7 @@ pub enum BackendScheme {
     Memory,
     /// `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`.
     Redis,
-    /// `redlock://host1,host2,…`.
+    /// `redlock://host1,host2,…`, `redlocks://…`.
     Redlock,
     /// `mysql://`, `mariadb://`.
     MySql,
@@ -59,7 +63,7 @@ impl BackendScheme {
     pub const ALL: &[(BackendScheme, &[&str], &str)] = &[
         (Self::Memory, &["memory"], "(always)"),
         (Self::Redis, REDIS, "redis"),
-        (Self::Redlock, &["redlock"], "redlock"),
+        (Self::Redlock, REDLOCK, "redlock"),
         (Self::MySql, MYSQL, "mysql"),
         (Self::Postgres, POSTGRES, "postgres"),
         (Self::Etcd, ETCD, "etcd"),

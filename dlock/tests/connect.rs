@@ -34,6 +34,15 @@ async fn redis_by_url() {
     round_trip(&dlock_test_servers::shared_redis().url()).await;
 }
 
+#[cfg(feature = "redlock")]
+#[tokio::test]
+async fn redlock_by_url() {
+    let nodes = dlock_test_servers::RedisNodes::start(3).unwrap();
+    let hosts: Vec<String> = nodes.nodes().iter().map(|n| n.addr().to_string()).collect();
+    round_trip(&format!("redlock://{}", hosts.join(","))).await;
+    round_trip(&format!("redlock://{}?quorum=3&drift=5ms", hosts.join(","))).await;
+}
+
 #[cfg(feature = "mysql")]
 #[tokio::test]
 async fn mysql_and_mariadb_by_url() {
@@ -85,6 +94,8 @@ async fn unknown_options_and_bad_urls_are_config_errors() {
         "mysql://h/db?nope=1",
         "postgres://h/db?nope=1",
         "etcd://h?nope=1",
+        "redlock://a,b,c?nope=1",
+        "redlock://a,b,c,d,e?quorum=2",
     ] {
         let result = dlock::connect(url).await;
         assert!(

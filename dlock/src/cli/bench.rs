@@ -311,6 +311,7 @@ async fn raw_handoff_floor(
 #[cfg_attr(
     not(any(
         feature = "redis",
+        feature = "redlock",
         feature = "mysql",
         feature = "postgres",
         feature = "etcd"
@@ -326,6 +327,11 @@ async fn raw_floor(
         BackendScheme::Redis => Some((
             "SET NX PX + EVALSHA compare-and-delete",
             dlock_redis::raw_floor(url, duration).await?,
+        )),
+        #[cfg(feature = "redlock")]
+        BackendScheme::Redlock => Some((
+            "parallel SET NX PX x N + parallel EVALSHA compare-and-delete x N",
+            dlock_redlock::raw_floor(url, duration).await?,
         )),
         #[cfg(feature = "mysql")]
         BackendScheme::MySql => Some((

@@ -24,6 +24,8 @@ pub struct Session {
     ended: CancellationToken,
     reason: OnceLock<LostReason>,
     suspended_until: Mutex<Option<Instant>>,
+    /// Why the session ends when a suspension reaches its deadline.
+    expiry_reason: Mutex<Option<LostReason>>,
     changed: Notify,
 }
 
@@ -70,6 +72,15 @@ impl Session {
         self.changed.notify_waiters();
     }
 
+    /// As [`suspend`](Self::suspend), but a suspension that reaches its deadline ends the
+    /// session with `reason` instead of [`LostReason::SessionExpired`]: for a lease that is not a
+    /// session but suspends its guard while renewals fail (Redlock, where running out is
+    /// [`LostReason::RenewalFailed`]).
+    pub fn suspend_with(&self, until: Instant, reason: LostReason) {
+        *self.expiry_reason.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        self.suspend(until);
+    }
+
     /// The connection is back within the deadline: guards on the session are held again.
     pub fn resume(&self) {
         *self
@@ -98,8 +109,13 @@ impl Session {
         }
         match self.suspension() {
             Some(until) if Instant::now() >= until => {
-                self.end(LostReason::SessionExpired);
-                SessionStatus::Ended(*self.reason.get().unwrap_or(&LostReason::SessionExpired))
+                let reason = self
+                    .expiry_reason
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .unwrap_or(LostReason::SessionExpired);
+                self.end(reason);
+                SessionStatus::Ended(*self.reason.get().unwrap_or(&reason))
             }
             Some(until) => SessionStatus::Suspended { until },
             None => SessionStatus::Active,
@@ -125,5 +141,24 @@ impl Session {
                 SessionStatus::Active => changed.await,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_suspension_ends_with_its_reason() {
+        let plain = Session::new();
+        let renewal = Session::new();
+        let until = Instant::now() + Duration::from_secs(1);
+        plain.suspend(until);
+        renewal.suspend_with(until, LostReason::RenewalFailed);
+        assert_eq!(renewal.status(), SessionStatus::Suspended { until });
+        assert_eq!(renewal.ended().await, LostReason::RenewalFailed);
+        assert_eq!(plain.ended().await, LostReason::SessionExpired);
     }
 }

@@ -1,0 +1,526 @@
+//! `Redlock`: the parallel quorum acquire, the fence over a majority, and the wait on release
+//! announcements.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_api::raw::time::after;
+use dlock_api::raw::{Grant, LeaseState, PendingAcquire, RawLock, RenewedBy, Session};
+use dlock_api::{
+    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockName, LockOptions, Result,
+};
+use dlock_redis::LockKeys;
+use dlock_redis::node::NodeAttempt;
+use futures::future::join_all;
+use rand::Rng;
+use tokio::time::{Instant, sleep_until};
+
+use crate::BACKEND;
+use crate::config::{RedlockConfig, majority};
+use crate::lease::RedlockLease;
+use crate::nodes::{Slot, connect_all};
+use crate::wake::Hub;
+
+/// Locks over N independent Redis nodes with the Redlock algorithm.
+///
+/// Each `Redlock` is one client: one multiplexed connection per node, carrying commands and the
+/// pub/sub subscriptions of all its waiters. Clone it (cheap) to share; call
+/// [`Redlock::connect`] again for an independent client.
+#[derive(Clone)]
+pub struct Redlock {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: RedlockConfig,
+    pub(crate) slots: Vec<Arc<Slot>>,
+    pub(crate) hub: Arc<Hub>,
+    stats: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    rounds: AtomicU64,
+    granted: AtomicU64,
+    split_votes: AtomicU64,
+}
+
+/// How this client's acquire rounds have gone: how often contention ended in a split vote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedlockStats {
+    /// Acquire rounds sent (one `SET NX PX` to every node each).
+    pub rounds: u64,
+    /// Rounds that won a quorum.
+    pub granted: u64,
+    /// Rounds that lost while no other client could have won either: the nodes were split
+    /// among contenders, and everyone retried after a random delay.
+    pub split_votes: u64,
+}
+
+/// What one round ended in.
+enum Round {
+    Granted(Grant),
+    /// Not ours this time.
+    Busy {
+        /// A bit per node the round found free (it took them and released them again).
+        free: u64,
+        /// Some client holds a quorum (or may, counting unreachable nodes): wait for its
+        /// release, at the latest until enough of its keys expire (`None`: they never will, as
+        /// far as this round saw).
+        held_until: Option<Instant>,
+        /// No client can hold a quorum: contenders split the nodes among them.
+        split: bool,
+        /// The agreed first node that another contender won: its release announcement is
+        /// worth waking for on its own.
+        gate: Option<usize>,
+    },
+    /// Too few nodes answered, or the grant came too late to leave any validity.
+    Failed(LockError),
+}
+
+impl Redlock {
+    /// Connects to every node of `config` in parallel.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a configuration [`RedlockConfig::validate`] refuses (before any
+    /// network call); [`LockError::Unavailable`] if fewer than a quorum of nodes answer within
+    /// the connect timeout (the others are retried whenever they are needed).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is locked by connecting.
+    pub async fn connect(config: RedlockConfig) -> Result<Self> {
+        config.validate()?;
+        let hub = Arc::new(Hub::default());
+        let slots = connect_all(&config, &hub).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                slots,
+                hub,
+                stats: Counters::default(),
+            }),
+        })
+    }
+
+    /// Parses `url` ([`RedlockConfig::from_url`]) and connects.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a bad URL (before any network call), else as
+    /// [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is locked by connecting.
+    pub async fn connect_url(url: &str) -> Result<Self> {
+        Self::connect(RedlockConfig::from_url(url)?).await
+    }
+
+    /// The configuration this client runs with.
+    pub fn config(&self) -> &RedlockConfig {
+        &self.inner.config
+    }
+
+    /// The keys and channel of `name` (the same on every node), for operators and tests.
+    pub fn keys(&self, name: &LockName) -> LockKeys {
+        LockKeys::new(&self.inner.config.prefix, name)
+    }
+
+    /// How this client's acquire rounds have gone so far.
+    pub fn stats(&self) -> RedlockStats {
+        let c = &self.inner.stats;
+        RedlockStats {
+            rounds: c.rounds.load(Ordering::Relaxed),
+            granted: c.granted.load(Ordering::Relaxed),
+            split_votes: c.split_votes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A random delay up to the configured retry delay, after a split vote or a failed round.
+    fn retry_delay(&self) -> Duration {
+        self.inner
+            .config
+            .retry_delay
+            .mul_f64(rand::rng().random_range(0.0..=1.0))
+    }
+
+    /// One round: `SET NX PX` on every node at once, each within the per-node timeout; a grant if
+    /// a quorum said yes with validity to spare (after writing the highest fencing token back
+    /// to a majority if fewer returned it), else every node released and what was seen.
+    ///
+    /// With `gated` (a waiter's round, when others likely woke with it), the round first takes
+    /// the agreed node alone, the lowest-numbered one this client reaches, and goes on to the
+    /// others only once it has it: contenders woken together then do not split the nodes among
+    /// them, at the price of one round trip. A busy agreed node ends the round there.
+    async fn round(
+        &self,
+        name: &LockName,
+        keys: &LockKeys,
+        options: &LockOptions,
+        gated: bool,
+    ) -> Round {
+        let inner = &self.inner;
+        let config = &inner.config;
+        let (n, quorum) = (inner.slots.len(), config.quorum());
+        let ttl = options.ttl();
+        let node_timeout = config.node_timeout_for(ttl);
+        let owner = owner_token();
+        inner.stats.rounds.fetch_add(1, Ordering::Relaxed);
+        // Validity runs from before the first request.
+        let started = Instant::now();
+        // Any node may have set our key, even one whose answer was lost or late: a dropped
+        // round releases on every node.
+        let pending = {
+            let (inner, keys, owner) = (inner.clone(), keys.clone(), owner.clone());
+            PendingAcquire::arm(move || release_everywhere(&inner, keys, owner))
+        };
+        let gate = if gated {
+            inner.slots.iter().find(|slot| slot.get().is_ok())
+        } else {
+            None
+        };
+        let mut first = None;
+        if let Some(slot) = gate {
+            let reply = match slot.get() {
+                Ok(node) => node.try_lock(keys, &owner, ttl, node_timeout).await,
+                Err(error) => Err(error),
+            };
+            match reply {
+                Ok(NodeAttempt::Busy { pttl, .. }) => {
+                    // Someone else is ahead; nothing of ours was set anywhere.
+                    pending.disarm();
+                    return Round::Busy {
+                        free: 0,
+                        held_until: Some(after(started, pttl.unwrap_or(ttl))),
+                        split: false,
+                        gate: Some(slot.index),
+                    };
+                }
+                Ok(taken) => first = Some((slot.index, taken)),
+                // The agreed node fails: a plain round on every node instead.
+                Err(_) => {}
+            }
+        }
+        let replies = join_all(inner.slots.iter().map(|slot| {
+            let (keys, owner, first) = (&keys, &owner, &first);
+            async move {
+                if let Some((index, taken)) = first {
+                    if *index == slot.index {
+                        return Ok(taken.clone());
+                    }
+                }
+                let node = slot.get()?;
+                node.try_lock(keys, owner, ttl, node_timeout).await
+            }
+        }))
+        .await;
+
+        let mut taken: Vec<(usize, u64)> = Vec::new();
+        let mut busy: Vec<(usize, String, Option<Duration>)> = Vec::new();
+        let mut failures: Vec<String> = Vec::new();
+        for (i, reply) in replies.into_iter().enumerate() {
+            match reply {
+                Ok(NodeAttempt::Taken { token }) => taken.push((i, token)),
+                Ok(NodeAttempt::Busy { holder, pttl }) => busy.push((i, holder, pttl)),
+                Ok(other) => failures.push(format!("{}: {other:?}", inner.slots[i].addr())),
+                Err(error) => failures.push(format!("{}: {error}", inner.slots[i].addr())),
+            }
+        }
+        let valid_until = after(started, ttl.saturating_sub(config.drift_for(ttl)));
+        if taken.len() >= quorum {
+            match self.fence(keys, &owner, &taken, node_timeout).await {
+                Ok(token) => {
+                    let left = valid_until.saturating_duration_since(Instant::now());
+                    if left > config.min_validity {
+                        pending.disarm();
+                        inner.stats.granted.fetch_add(1, Ordering::Relaxed);
+                        return Round::Granted(self.grant(
+                            name,
+                            keys,
+                            owner,
+                            token,
+                            valid_until,
+                            options,
+                        ));
+                    }
+                    drop(pending);
+                    return Round::Failed(LockError::unavailable_because(
+                        BACKEND,
+                        format!(
+                            "a quorum granted `{name}` only after {:?} of its {ttl:?} lease: too slow to leave the minimum validity",
+                            started.elapsed()
+                        ),
+                    ));
+                }
+                Err(error) => {
+                    drop(pending);
+                    return Round::Failed(error);
+                }
+            }
+        }
+        // Not ours: release on every node at once (the nodes that answered busy hold someone
+        // else's key and are left alone by the owner check; the ones that did not answer may
+        // have set ours after all).
+        drop(pending);
+        let free = taken.iter().fold(0u64, |mask, (i, _)| mask | (1 << i));
+        if n - failures.len() < quorum {
+            return Round::Failed(LockError::unavailable_because(
+                BACKEND,
+                format!(
+                    "only {} of {n} nodes answered, {quorum} needed ({})",
+                    n - failures.len(),
+                    failures.join("; ")
+                ),
+            ));
+        }
+        // Could any one client hold a quorum? Count each holder's nodes, plus the nodes that did
+        // not answer (it may hold those too).
+        let mut per_holder: HashMap<&str, usize> = HashMap::new();
+        for (_, holder, _) in &busy {
+            *per_holder.entry(holder.as_str()).or_default() += 1;
+        }
+        let most = per_holder.values().copied().max().unwrap_or(0);
+        if most + failures.len() < quorum {
+            inner.stats.split_votes.fetch_add(1, Ordering::Relaxed);
+            return Round::Busy {
+                free,
+                held_until: None,
+                split: true,
+                gate: None,
+            };
+        }
+        // Held: the lock can be ours once `quorum - free` of the busy nodes expire, so wake at
+        // the (quorum - free)-th smallest remaining TTL, if no announcement comes first.
+        let mut pttls: Vec<Duration> = busy.iter().filter_map(|(_, _, pttl)| *pttl).collect();
+        pttls.sort_unstable();
+        let need = quorum.saturating_sub(taken.len());
+        let held_until = need
+            .checked_sub(1)
+            .and_then(|k| pttls.get(k))
+            .map(|pttl| after(started, *pttl));
+        Round::Busy {
+            free,
+            held_until,
+            split: false,
+            gate: None,
+        }
+    }
+
+    /// The fencing token of a grant: the highest token of the quorum, written back (owner
+    /// checked) to a majority unless a majority returned it already.
+    async fn fence(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        taken: &[(usize, u64)],
+        node_timeout: Duration,
+    ) -> Result<u64> {
+        let n = self.inner.slots.len();
+        let highest = taken.iter().map(|(_, t)| *t).max().unwrap_or(0);
+        let at_highest = taken.iter().filter(|(_, t)| *t == highest).count();
+        if at_highest >= majority(n) {
+            return Ok(highest);
+        }
+        let timeout = node_timeout.max(self.inner.config.command_timeout.min(node_timeout * 4));
+        let raised = join_all(taken.iter().filter(|(_, t)| *t < highest).map(
+            |(i, _)| async move {
+                let node = self.inner.slots[*i].get()?;
+                node.raise_fence_if_held(keys, owner, highest, timeout)
+                    .await
+            },
+        ))
+        .await;
+        let raised = raised.iter().filter(|r| matches!(r, Ok(true))).count();
+        if at_highest + raised >= majority(n) {
+            Ok(highest)
+        } else {
+            Err(LockError::unavailable_because(
+                BACKEND,
+                format!(
+                    "the fencing token reached only {} of the {} nodes it must",
+                    at_highest + raised,
+                    majority(n)
+                ),
+            ))
+        }
+    }
+
+    fn grant(
+        &self,
+        name: &LockName,
+        keys: &LockKeys,
+        owner: String,
+        token: u64,
+        valid_until: Instant,
+        options: &LockOptions,
+    ) -> Grant {
+        let session = Arc::new(Session::new());
+        let state = Arc::new(LeaseState::on_session(Some(valid_until), session.clone()));
+        let lease = Arc::new(RedlockLease::new(
+            self.inner.clone(),
+            name.clone(),
+            keys.clone(),
+            owner,
+            valid_until,
+            session,
+            options.renewal_interval().is_some(),
+        ));
+        Grant::new(
+            name.clone(),
+            FencingToken::new(token),
+            lease,
+            state,
+            RenewedBy::Guard,
+        )
+    }
+}
+
+/// Releases `owner`'s key on every node, in the background, announcing each deletion (a waiter
+/// that lost the agreed node to this attempt wakes on it). Each release rides the node's
+/// connection after the `SET` it undoes.
+pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: LockKeys, owner: String) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let timeout = inner.config.command_timeout;
+    for slot in &inner.slots {
+        let (slot, keys, owner) = (slot.clone(), keys.clone(), owner.clone());
+        runtime.spawn(async move {
+            let Ok(node) = slot.get() else { return };
+            if let Err(error) = node.release(&keys, &owner, timeout).await {
+                tracing::debug!(node = %slot.addr(), key = %keys.lock, %error, "redlock: release of a failed attempt failed; the key ends with its TTL");
+            }
+        });
+    }
+}
+
+fn owner_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+#[async_trait]
+impl RawLock for Redlock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: Fencing::BestEffort,
+            lease: LeaseKind::Ttl,
+            extend: true,
+            fifo: false,
+            wake_on_release: true,
+            lost_signal: true,
+            survives_failover: true,
+            reentrant: false,
+            max_name_bytes: None,
+            max_ttl: None,
+        }
+    }
+
+    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
+        let keys = self.keys(name);
+        match self.round(name, &keys, options, false).await {
+            Round::Granted(grant) => Ok(Some(grant)),
+            Round::Busy { .. } => Ok(None),
+            Round::Failed(error) => Err(error),
+        }
+    }
+
+    async fn wait_grant(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let inner = &self.inner;
+        let keys = self.keys(name);
+        let quorum = inner.config.quorum();
+        let ttl = options.ttl();
+        // The first round fails fast: a deployment without a quorum is an error, not a wait.
+        match self.round(name, &keys, options, false).await {
+            Round::Granted(grant) => return Ok(Some(grant)),
+            Round::Failed(error) => return Err(error),
+            Round::Busy { .. } => {}
+        }
+        let mut waiting = inner.hub.register(&keys.channel, inner.slots.len());
+        let subscribe_timeout = inner
+            .config
+            .node_timeout_for(ttl)
+            .max(inner.config.command_timeout.min(Duration::from_millis(100)));
+        let mut unavailable_since: Option<Instant> = None;
+        loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            // Subscribed before the attempt, and announcements counted from just before it, so a
+            // release during the attempt is not missed.
+            waiting
+                .ensure_subscribed(&inner.slots, subscribe_timeout)
+                .await;
+            waiting.reset();
+            let wake_at = match self.round(name, &keys, options, true).await {
+                Round::Granted(grant) => return Ok(Some(grant)),
+                Round::Failed(error) => {
+                    // Ride out a quorum that is unreachable for a while, up to the connect
+                    // timeout.
+                    let since = *unavailable_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= inner.config.connect_timeout {
+                        return Err(error);
+                    }
+                    tracing::debug!(lock = %name, %error, "redlock: round failed; retrying");
+                    after(
+                        Instant::now(),
+                        self.retry_delay().max(Duration::from_millis(1)),
+                    )
+                }
+                Round::Busy {
+                    free,
+                    held_until,
+                    split,
+                    gate,
+                } => {
+                    unavailable_since = None;
+                    if split {
+                        after(Instant::now(), self.retry_delay())
+                    } else {
+                        // Wait for a quorum's announcements, or until enough keys expire.
+                        let fallback = held_until.unwrap_or_else(|| after(Instant::now(), ttl));
+                        let fallback = match deadline {
+                            Some(d) => fallback.min(d),
+                            None => fallback,
+                        };
+                        tokio::select! {
+                            _ = waiting.freed(free, quorum, gate) => {}
+                            _ = sleep_until(fallback) => {}
+                        }
+                        continue;
+                    }
+                }
+            };
+            let wake_at = match deadline {
+                Some(d) => wake_at.min(d),
+                None => wake_at,
+            };
+            sleep_until(wake_at).await;
+        }
+    }
+}
+
+impl fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Redlock")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for Redlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "redlock({})", self.inner.config)
+    }
+}

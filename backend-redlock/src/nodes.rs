@@ -1,0 +1,123 @@
+//! The N nodes: one connection each, opened at start and, for a node that was down then, again
+//! in the background whenever it is needed, so a node that comes back rejoins by itself.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+
+use dlock_api::{LockError, Result};
+use dlock_redis::RedisConfig;
+use dlock_redis::node::{Node, NodeEvent, NodeEventHandler};
+
+use crate::BACKEND;
+use crate::config::RedlockConfig;
+use crate::wake::Hub;
+
+/// One node: its connection once it has one. A connection, once open, reconnects by itself
+/// (and subscribes again); only a node that could never be reached is retried here.
+pub(crate) struct Slot {
+    pub(crate) index: usize,
+    config: RedisConfig,
+    node: OnceLock<Arc<Node>>,
+    connecting: AtomicBool,
+    events: NodeEventHandler,
+}
+
+impl Slot {
+    fn new(index: usize, config: RedisConfig, hub: &Arc<Hub>) -> Self {
+        let hub: Weak<Hub> = Arc::downgrade(hub);
+        let events: NodeEventHandler = Arc::new(move |event: NodeEvent<'_>| {
+            if let Some(hub) = hub.upgrade() {
+                hub.on_event(index, event);
+            }
+        });
+        Self {
+            index,
+            config,
+            node: OnceLock::new(),
+            connecting: AtomicBool::new(false),
+            events,
+        }
+    }
+
+    /// The node's `host:port`.
+    pub(crate) fn addr(&self) -> String {
+        self.config.to_string()
+    }
+
+    /// Connects now (once at a time).
+    async fn connect(&self) -> Result<()> {
+        if self.node.get().is_some() {
+            return Ok(());
+        }
+        let node = Node::connect_with_events(self.config.clone(), self.events.clone()).await?;
+        let _ = self.node.set(Arc::new(node));
+        Ok(())
+    }
+
+    /// The node's connection, if it has one. Without one it starts connecting in the background
+    /// (if it is not already) and answers `Unavailable` for this call.
+    pub(crate) fn get(self: &Arc<Self>) -> Result<&Arc<Node>> {
+        if let Some(node) = self.node.get() {
+            return Ok(node);
+        }
+        if !self.connecting.swap(true, Ordering::SeqCst) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let slot = self.clone();
+                runtime.spawn(async move {
+                    if let Err(error) = slot.connect().await {
+                        tracing::debug!(node = %slot.addr(), %error, "redlock: node still unreachable");
+                    }
+                    slot.connecting.store(false, Ordering::SeqCst);
+                });
+            } else {
+                self.connecting.store(false, Ordering::SeqCst);
+            }
+        }
+        Err(LockError::unavailable_because(
+            BACKEND,
+            format!("node {} is not connected", self.addr()),
+        ))
+    }
+}
+
+/// Connects to every node in parallel; succeeds when at least `quorum` answer (the others are
+/// retried when needed).
+pub(crate) async fn connect_all(config: &RedlockConfig, hub: &Arc<Hub>) -> Result<Vec<Arc<Slot>>> {
+    let slots: Vec<Arc<Slot>> = (0..config.nodes.len())
+        .map(|i| Arc::new(Slot::new(i, config.node_config(i), hub)))
+        .collect();
+    let results = futures::future::join_all(slots.iter().map(|slot| slot.connect())).await;
+    let connected = results.iter().filter(|r| r.is_ok()).count();
+    if connected < config.quorum() {
+        let failures: Vec<String> = slots
+            .iter()
+            .zip(&results)
+            .filter_map(|(slot, r)| r.as_ref().err().map(|e| format!("{}: {e}", slot.addr())))
+            .collect();
+        return Err(LockError::unavailable_because(
+            BACKEND,
+            format!(
+                "only {connected} of {} nodes answered, {} needed ({})",
+                slots.len(),
+                config.quorum(),
+                failures.join("; ")
+            ),
+        ));
+    }
+    for (slot, result) in slots.iter().zip(&results) {
+        if let Err(error) = result {
+            tracing::warn!(node = %slot.addr(), %error, "redlock: node unreachable at start; retrying when needed");
+        }
+    }
+    Ok(slots)
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("index", &self.index)
+            .field("addr", &self.addr())
+            .field("connected", &self.node.get().is_some())
+            .finish()
+    }
+}

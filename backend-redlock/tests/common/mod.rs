@@ -1,0 +1,203 @@
+//! The Redlock conformance harness: five independent redis-servers started by dlock-test-servers
+//! (or the nodes `DLOCK_TEST_REDLOCK_URL` names), fresh clients, a residue check that reads every
+//! node, and fault hooks that delete a holder's key everywhere and cut waiters' connections.
+#![allow(dead_code, unreachable_pub)]
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_api::{DistributedLock, LockName, Result};
+use dlock_conformance::{Fault, Faults, Harness};
+use dlock_redis::LockKeys;
+use dlock_redlock::{Redlock, RedlockConfig};
+use dlock_test_servers::RedisNodes;
+
+pub const URL_VAR: &str = "DLOCK_TEST_REDLOCK_URL";
+
+pub struct RedlockHarness {
+    url: String,
+    /// Keeps the nodes alive as long as the harness.
+    _servers: Box<dyn Any + Send + Sync>,
+}
+
+/// `redlock://h1:p1,h2:p2,…` for the nodes' `redis://` URLs, with `query` appended.
+pub fn redlock_url(nodes: &RedisNodes, query: &str) -> String {
+    let hosts: Vec<String> = nodes.nodes().iter().map(|n| n.addr().to_string()).collect();
+    format!("redlock://{}{query}", hosts.join(","))
+}
+
+pub fn start_nodes(n: usize) -> RedisNodes {
+    RedisNodes::start(n).unwrap_or_else(|e| panic!("cannot start {n} redis nodes: {e}"))
+}
+
+impl RedlockHarness {
+    /// Five nodes: `DLOCK_TEST_REDLOCK_URL` if set, else five private redis-servers.
+    pub fn five() -> Self {
+        match std::env::var(URL_VAR) {
+            Ok(url) => Self {
+                url,
+                _servers: Box::new(()),
+            },
+            Err(_) => {
+                let nodes = start_nodes(5);
+                Self {
+                    url: redlock_url(&nodes, ""),
+                    _servers: Box::new(nodes),
+                }
+            }
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+fn text(e: impl ToString) -> String {
+    e.to_string()
+}
+
+/// A plain connection to every node of `url`.
+pub async fn node_conns(
+    url: &str,
+) -> std::result::Result<Vec<redis::aio::MultiplexedConnection>, String> {
+    let config = RedlockConfig::from_url(url).map_err(text)?;
+    let mut conns = Vec::new();
+    for node in &config.nodes {
+        let client = redis::Client::open(format!("redis://{node}")).map_err(text)?;
+        let conn = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
+        .map_err(|_| format!("node {node} did not answer"))?
+        .map_err(text)?;
+        conns.push(conn);
+    }
+    Ok(conns)
+}
+
+pub fn keys(url: &str, name: &LockName) -> LockKeys {
+    let config = RedlockConfig::from_url(url).expect("a valid URL");
+    LockKeys::new(&config.prefix, name)
+}
+
+#[async_trait]
+impl Harness for RedlockHarness {
+    fn label(&self) -> &str {
+        "redlock-5"
+    }
+
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(Arc::new(Redlock::connect_url(&self.url).await?))
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+
+    fn child_env(&self) -> Option<Vec<(String, String)>> {
+        Some(vec![(URL_VAR.to_owned(), self.url.clone())])
+    }
+
+    /// The lock key of each name on every node (the fence counters stay by design; waiters
+    /// keep nothing on the nodes but a subscription, which goes with their connection).
+    async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
+        let mut left = Vec::new();
+        for (i, mut conn) in node_conns(&self.url).await?.into_iter().enumerate() {
+            for name in names {
+                let key = keys(&self.url, name).lock;
+                let found: i64 = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(text)?;
+                if found > 0 {
+                    left.push(format!("node {i}: {key}"));
+                }
+            }
+        }
+        Ok(left)
+    }
+}
+
+#[async_trait]
+impl Faults for RedlockHarness {
+    fn supports(&self, fault: Fault) -> bool {
+        matches!(fault, Fault::KillHolder | Fault::KillWaiters)
+    }
+
+    /// Deletes the lock key on every node, as every node restarting without persistence would.
+    async fn kill_holder(&self, name: &LockName) -> std::result::Result<(), String> {
+        let key = keys(&self.url, name).lock;
+        let mut deleted = 0;
+        for mut conn in node_conns(&self.url).await? {
+            let n: i64 = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .map_err(text)?;
+            deleted += n;
+        }
+        if deleted == 0 {
+            return Err(format!("{name} has no holder on any node"));
+        }
+        Ok(())
+    }
+
+    /// Once a client subscribes to `name`'s channel on some node (a waiter), `CLIENT KILL`s every
+    /// subscribed connection on every node, as a proxy or network reset would.
+    async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
+        let channel = keys(&self.url, name).channel;
+        let mut conns = node_conns(&self.url).await?;
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut subscribers = 0;
+            for conn in &mut conns {
+                let (_, n): (String, i64) = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(&channel)
+                    .query_async(conn)
+                    .await
+                    .map_err(text)?;
+                subscribers += n;
+            }
+            if subscribers > 0 {
+                break;
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(format!("no waiter subscribed to {name} after 30 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut killed = 0;
+        for conn in &mut conns {
+            let list: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(conn)
+                .await
+                .map_err(text)?;
+            for line in list.lines() {
+                let field = |key: &str| {
+                    line.split(' ')
+                        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+                };
+                if field("sub").is_some_and(|n| n != "0") {
+                    if let Some(id) = field("id") {
+                        let n: i64 = redis::cmd("CLIENT")
+                            .arg("KILL")
+                            .arg("ID")
+                            .arg(id)
+                            .query_async(conn)
+                            .await
+                            .map_err(text)?;
+                        killed += n as usize;
+                    }
+                }
+            }
+        }
+        Ok(killed)
+    }
+}

@@ -1,0 +1,327 @@
+//! Redlock under faults on five nodes of its own per test: a minority killed (still acquires), a
+//! majority killed (fails fast, nothing left held), two nodes frozen during an acquire (granted
+//! after the per-node timeout, with the time spent taken off the validity), a failed renewal
+//! (nothing deleted, suspended, then lost), every subset of nodes clogged by a foreign value,
+//! and many clients contending for one name.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{redlock_url, start_nodes};
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, LostReason};
+use dlock_redlock::{Redlock, RedlockConfig};
+use dlock_test_servers::RedisNodes;
+use tokio::time::{Instant, timeout};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn name(s: &str) -> LockName {
+    LockName::new(format!("redlock-faults/{s}")).unwrap()
+}
+
+fn opts(ttl: Duration) -> LockOptions {
+    LockOptions::new()
+        .with_ttl(ttl)
+        .with_wait_timeout(Duration::from_secs(20))
+}
+
+async fn client(nodes: &RedisNodes, query: &str) -> Redlock {
+    Redlock::connect_url(&redlock_url(nodes, query))
+        .await
+        .expect("a quorum of nodes answers")
+}
+
+/// The lock key's value on node `i` (`None`: no key), read on a fresh connection.
+async fn value_on(nodes: &RedisNodes, i: usize, name: &LockName) -> Option<String> {
+    let key = common::keys(&redlock_url(nodes, ""), name).lock;
+    let client = redis::Client::open(nodes.node(i).url()).unwrap();
+    let mut conn = timeout(BOUND, client.get_multiplexed_async_connection())
+        .await
+        .expect("the node answers")
+        .unwrap();
+    redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// Waits (within the bound) until no live node among `live` has the lock key of `name`.
+async fn settles_empty(nodes: &RedisNodes, live: &[usize], name: &LockName) {
+    let give_up = Instant::now() + BOUND;
+    loop {
+        let mut left = Vec::new();
+        for &i in live {
+            if let Some(value) = value_on(nodes, i, name).await {
+                left.push(format!("node {i}: {value}"));
+            }
+        }
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < give_up, "keys left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_of_five_killed_still_acquires() {
+    let nodes = start_nodes(5);
+    let a = client(&nodes, "").await;
+    nodes.node(0).kill();
+    nodes.node(3).kill();
+    // A client started now connects to the three that are left.
+    let b = client(&nodes, "").await;
+    let lock = name("minority-down");
+    let ttl = Duration::from_secs(10);
+    for _ in 0..3 {
+        let guard = timeout(BOUND, a.acquire(&lock, &opts(ttl)))
+            .await
+            .expect("no hang")
+            .expect("three of five nodes are a quorum");
+        assert!(
+            b.try_acquire(&lock, &opts(ttl)).await.unwrap().is_none(),
+            "a second client got the lock while it was held"
+        );
+        guard.release().await.unwrap();
+        let guard = b.acquire(&lock, &opts(ttl)).await.unwrap();
+        guard.release().await.unwrap();
+    }
+    settles_empty(&nodes, &[1, 2, 4], &lock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_of_five_killed_fails_fast_and_leaves_nothing() {
+    let nodes = start_nodes(5);
+    let locks = client(&nodes, "").await;
+    for i in [0, 2, 4] {
+        nodes.node(i).kill();
+    }
+    let lock = name("majority-down");
+    let tried = timeout(
+        BOUND,
+        locks.try_acquire(&lock, &opts(Duration::from_secs(10))),
+    )
+    .await
+    .expect("no hang");
+    assert!(
+        matches!(tried, Err(LockError::Unavailable { .. })),
+        "{tried:?}"
+    );
+    let waited = timeout(BOUND, locks.acquire(&lock, &opts(Duration::from_secs(10))))
+        .await
+        .expect("a wait does not outlast the missing quorum");
+    assert!(
+        matches!(waited, Err(LockError::Unavailable { .. })),
+        "{waited:?}"
+    );
+    // The two nodes that answered took the key and were released again.
+    settles_empty(&nodes, &[1, 3], &lock).await;
+    // A new client cannot start without a quorum either.
+    let connected = Redlock::connect_url(&redlock_url(&nodes, "?connect_timeout=500ms")).await;
+    assert!(
+        matches!(connected, Err(LockError::Unavailable { .. })),
+        "{connected:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_frozen_nodes_cost_the_per_node_timeout_and_validity() {
+    let nodes = start_nodes(5);
+    let locks = client(&nodes, "?node_timeout=300ms").await;
+    let config = locks.config().clone();
+    let lock = name("frozen");
+    let ttl = Duration::from_secs(10);
+    nodes.node(1).pause();
+    nodes.node(2).pause();
+    let called = Instant::now();
+    let guard = timeout(BOUND, locks.acquire(&lock, &opts(ttl)))
+        .await
+        .expect("no hang")
+        .expect("three answering nodes are a quorum");
+    let returned = Instant::now();
+    let valid_until = guard.valid_until().expect("a TTL lease");
+    // Validity counts from before the first request (so not before the call), less the
+    // drift…
+    assert!(valid_until >= called + ttl - config.drift_for(ttl));
+    // …so the time spent waiting for the frozen nodes is taken off what is left.
+    let node_timeout = config.node_timeout_for(ttl);
+    assert!(
+        valid_until.saturating_duration_since(returned)
+            <= ttl - config.drift_for(ttl) - node_timeout,
+        "{:?} left after waiting {node_timeout:?} for frozen nodes",
+        valid_until.saturating_duration_since(returned)
+    );
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+    // The frozen nodes run the SET they were sent, then the releases sent after it on the same
+    // connections: nothing stays once they thaw.
+    nodes.node(1).resume();
+    nodes.node(2).resume();
+    settles_empty(&nodes, &[0, 1, 2, 3, 4], &lock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_renewal_suspends_then_loses_and_deletes_nothing() {
+    let nodes = start_nodes(5);
+    let locks = client(&nodes, "").await;
+    let lock = name("failed-renewal");
+    let ttl = Duration::from_secs(3);
+    let guard = locks.acquire(&lock, &opts(ttl)).await.unwrap();
+    for i in [0, 1, 2] {
+        nodes.node(i).kill();
+    }
+    // The next renewal reaches two nodes of five: suspended while validity remains.
+    let give_up = Instant::now() + BOUND;
+    let until = loop {
+        match guard.status() {
+            LockStatus::Suspended { until } => break until,
+            LockStatus::Held { .. } => {}
+            LockStatus::Lost(reason) => panic!("lost ({reason}) without being suspended first"),
+            other => panic!("unexpected status {other:?}"),
+        }
+        assert!(Instant::now() < give_up, "never suspended");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(!guard.is_held(), "a suspended guard is not held");
+    assert!(Some(until) <= guard.valid_until());
+    // The failed renewal deleted nothing: the nodes that answered still carry the key.
+    let ours = value_on(&nodes, 3, &lock).await;
+    assert!(ours.is_some(), "node 3 lost the key");
+    assert_eq!(value_on(&nodes, 4, &lock).await, ours);
+    let reason = timeout(BOUND, guard.lost())
+        .await
+        .expect("lost once the validity ran out");
+    assert_eq!(reason, LostReason::RenewalFailed);
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::Lost {
+            reason: LostReason::RenewalFailed,
+            ..
+        })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subset_of_clogged_nodes_decides_by_the_free_ones() {
+    let nodes = start_nodes(5);
+    let locks = client(&nodes, "").await;
+    let url = redlock_url(&nodes, "");
+    let mut conns = common::node_conns(&url).await.unwrap();
+    for clogged in 0u32..32 {
+        let lock = name(&format!("clogged/{clogged}"));
+        let key = common::keys(&url, &lock).lock;
+        for (i, conn) in conns.iter_mut().enumerate() {
+            if clogged & (1 << i) != 0 {
+                let _: () = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(format!("foreign-{i}"))
+                    .arg("PX")
+                    .arg(60_000)
+                    .query_async(conn)
+                    .await
+                    .unwrap();
+            }
+        }
+        let free = 5 - clogged.count_ones();
+        let got = locks
+            .try_acquire(&lock, &opts(Duration::from_secs(10)))
+            .await
+            .unwrap();
+        assert_eq!(got.is_some(), free >= 3, "{free} free nodes");
+        if let Some(guard) = got {
+            guard.release().await.unwrap();
+        }
+        // Only the foreign keys stay: nothing of ours on the free nodes.
+        let free_nodes: Vec<usize> = (0..5).filter(|i| clogged & (1 << i) == 0).collect();
+        settles_empty(&nodes, &free_nodes, &lock).await;
+        for i in (0..5).filter(|i| clogged & (1 << i) != 0) {
+            assert_eq!(
+                value_on(&nodes, i, &lock).await,
+                Some(format!("foreign-{i}"))
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_contend_without_deadlock_or_livelock() {
+    let nodes = start_nodes(5);
+    let lock = name("contended");
+    let inside = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let (clients, tasks_per_client, rounds) = (6, 3, 10);
+    let mut all = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let locks = client(&nodes, "").await;
+        all.push(locks.clone());
+        for _ in 0..tasks_per_client {
+            let (locks, lock, inside, done) =
+                (locks.clone(), lock.clone(), inside.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                let options = LockOptions::new()
+                    .with_ttl(Duration::from_secs(10))
+                    .with_wait_timeout(BOUND);
+                for _ in 0..rounds {
+                    let guard = locks.acquire(&lock, &options).await?;
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    tokio::task::yield_now().await;
+                    inside.store(false, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    guard.release().await?;
+                }
+                Ok::<(), LockError>(())
+            }));
+        }
+    }
+    for task in tasks {
+        timeout(BOUND * 4, task)
+            .await
+            .expect("every task finishes: no deadlock, no livelock")
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        (clients * tasks_per_client * rounds) as u64
+    );
+    let (mut rounds_sent, mut splits) = (0, 0);
+    for locks in &all {
+        let stats = locks.stats();
+        rounds_sent += stats.rounds;
+        splits += stats.split_votes;
+    }
+    eprintln!(
+        "{} grants took {rounds_sent} rounds; {splits} ended in a split vote ({:.1} %)",
+        done.load(Ordering::SeqCst),
+        100.0 * splits as f64 / rounds_sent.max(1) as f64
+    );
+    settles_empty(&nodes, &[0, 1, 2, 3, 4], &lock).await;
+}
+
+#[test]
+fn quorum_below_a_majority_is_refused_before_any_network_call() {
+    // No server listens on these ports: a config error comes first.
+    for url in [
+        "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4,127.0.0.1:5?quorum=2",
+        "redlock://127.0.0.1:1,127.0.0.1:1,127.0.0.1:3",
+    ] {
+        assert!(matches!(
+            RedlockConfig::from_url(url),
+            Err(LockError::Config { .. })
+        ));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let connected = runtime.block_on(Redlock::connect_url(url));
+        assert!(
+            matches!(connected, Err(LockError::Config { .. })),
+            "{connected:?}"
+        );
+    }
+}
