@@ -97,7 +97,7 @@ impl Node {
     /// Connects to the node `config` names.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) if it does not answer within
+    /// [`LockError::Unavailable`] if it does not answer within
     /// the connect timeout.
     ///
     /// # Cancel safety
@@ -157,7 +157,7 @@ impl Node {
     /// new fencing token), or says who holds it and for how long ([`NodeAttempt::Busy`]).
     ///
     /// # Errors
-    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) if the node does not answer
+    /// [`LockError::Unavailable`] if the node does not answer
     /// within `timeout`; the lock may then be set (release it with [`unlock`](Self::unlock)).
     ///
     /// # Cancel safety
@@ -197,7 +197,7 @@ impl Node {
     /// Deletes the lock if `owner` holds it; whether it did.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    /// [`LockError::Unavailable`] on a timeout.
     ///
     /// # Cancel safety
     /// Cancel safe: it is owner-checked, so sending it again is harmless.
@@ -213,7 +213,7 @@ impl Node {
     /// channel (waiters subscribed there wake); whether it did.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    /// [`LockError::Unavailable`] on a timeout.
     ///
     /// # Cancel safety
     /// Cancel safe: it is owner-checked, so sending it again is harmless.
@@ -233,7 +233,7 @@ impl Node {
     /// Resets the lock's TTL to `ttl` if `owner` holds it; whether it did.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    /// [`LockError::Unavailable`] on a timeout.
     ///
     /// # Cancel safety
     /// Cancel safe: the TTL may or may not have been reset.
@@ -255,7 +255,7 @@ impl Node {
     /// Raises the name's fence counter to at least `token`; the counter after.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    /// [`LockError::Unavailable`] on a timeout.
     ///
     /// # Cancel safety
     /// Cancel safe: raising is idempotent.
@@ -270,7 +270,7 @@ impl Node {
     /// that holder's `SET NX` here can only succeed once our key is gone, so after the raise.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    /// [`LockError::Unavailable`] on a timeout.
     ///
     /// # Cancel safety
     /// Cancel safe: raising is idempotent.
@@ -297,7 +297,7 @@ impl Node {
     /// handler. The subscription is renewed by itself after a lost connection.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    /// [`LockError::Unavailable`] on a timeout.
     ///
     /// # Cancel safety
     /// Cancel safe: subscribing twice is harmless; a dropped call may or may not have subscribed.
@@ -308,7 +308,7 @@ impl Node {
     /// Unsubscribes from `channel`.
     ///
     /// # Errors
-    /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) on a timeout.
+    /// [`LockError::Unavailable`] on a timeout.
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call may or may not have unsubscribed.
