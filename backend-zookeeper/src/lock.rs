@@ -564,10 +564,13 @@ impl RawLock for ZkLock {
     ) -> Result<Option<Grant>> {
         let config = &self.inner.config;
         let mut recovery = WaitRecovery::new(config.connect_timeout.max(config.session_timeout));
+        let mut tried = false;
         loop {
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            // Always one attempt, even with no time to wait; then only within the deadline.
+            if tried && deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
+            tried = true;
             let waited = match self.inner.session().await {
                 Ok(session) => {
                     self.wait_on(&session, name, deadline, &mut recovery, options)

@@ -187,10 +187,10 @@ impl Harness for ZkHarness {
     }
 }
 
-/// A client cut off and brought back through a fault proxy of its own.
+/// A client cut off and brought back through fault proxies of its own, one per server.
 struct ProxiedSession {
     client: Arc<ZkLock>,
-    proxy: FaultProxy,
+    proxies: Vec<FaultProxy>,
     hosts: String,
     expiry: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -221,8 +221,10 @@ impl SessionControl for ProxiedSession {
     /// rather than after its connection timeout), waits until the client reports its session
     /// suspended, and has the server expire the session if it is not resumed within `timeout`.
     async fn suspend(&self, timeout: Duration) -> std::result::Result<(), String> {
-        self.proxy.set_mode(ProxyMode::Blackhole);
-        self.proxy.reset();
+        for proxy in &self.proxies {
+            proxy.set_mode(ProxyMode::Blackhole);
+            proxy.reset();
+        }
         self.until("suspended", |s| {
             matches!(s, Some(SessionStatus::Suspended { .. }))
         })
@@ -244,7 +246,9 @@ impl SessionControl for ProxiedSession {
         if let Some(expiry) = self.expiry.lock().unwrap().take() {
             expiry.abort();
         }
-        self.proxy.heal();
+        for proxy in &self.proxies {
+            proxy.heal();
+        }
         self.until("active again", |s| matches!(s, Some(SessionStatus::Active)))
             .await
     }
@@ -262,7 +266,8 @@ impl Faults for ZkHarness {
     fn supports(&self, fault: Fault) -> bool {
         match fault {
             Fault::KillHolder => true,
-            Fault::SuspendSession | Fault::OwnServer => self.single,
+            Fault::SuspendSession => true,
+            Fault::OwnServer => self.single,
             _ => false,
         }
     }
@@ -294,15 +299,19 @@ impl Faults for ZkHarness {
         &self,
     ) -> std::result::Result<(Arc<dyn DistributedLock>, Box<dyn SessionControl>), String> {
         let hosts = self.hosts();
-        let server: SocketAddr = hosts.parse().map_err(text)?;
-        let proxy = FaultProxy::start(server).map_err(text)?;
+        let mut proxies = Vec::new();
+        for host in hosts.split(',') {
+            let server: SocketAddr = host.parse().map_err(text)?;
+            proxies.push(FaultProxy::start(server).map_err(text)?);
+        }
+        let through: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
         let client = self
-            .new_client(&format!("zk://{}", proxy.addr()))
+            .new_client(&format!("zk://{}", through.join(",")))
             .await
             .map_err(text)?;
         let control = ProxiedSession {
             client: client.clone(),
-            proxy,
+            proxies,
             hosts,
             expiry: Mutex::new(None),
         };
