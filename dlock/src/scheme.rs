@@ -26,6 +26,10 @@ const MYSQL: &[&str] = &["mysql", "mariadb"];
 const ETCD: &[&str] = dlock_etcd::SCHEMES;
 #[cfg(not(feature = "etcd"))]
 const ETCD: &[&str] = &["etcd", "etcds"];
+#[cfg(feature = "zookeeper")]
+const ZOOKEEPER: &[&str] = dlock_zookeeper::SCHEMES;
+#[cfg(not(feature = "zookeeper"))]
+const ZOOKEEPER: &[&str] = &["zk", "zks"];
 #[cfg(feature = "postgres")]
 const POSTGRES: &[&str] = dlock_postgres::SCHEMES;
 #[cfg(not(feature = "postgres"))]
@@ -50,7 +54,7 @@ pub enum BackendScheme {
     Postgres,
     /// `etcd://`, `etcds://`.
     Etcd,
-    /// `zk://`, `zookeeper://`.
+    /// `zk://`, `zks://`.
     ZooKeeper,
 }
 
@@ -63,7 +67,7 @@ impl BackendScheme {
         (Self::MySql, MYSQL, "mysql"),
         (Self::Postgres, POSTGRES, "postgres"),
         (Self::Etcd, ETCD, "etcd"),
-        (Self::ZooKeeper, &["zk", "zookeeper"], "zookeeper"),
+        (Self::ZooKeeper, ZOOKEEPER, "zookeeper"),
     ];
 
     /// The backend `url` names, from its scheme alone.
