@@ -19,11 +19,29 @@ async fn prepare(url: &str, what: &str) -> Result<(ZkLock, Client, String)> {
         locks.config().prefix,
         std::process::id()
     );
-    client
-        .mkdir(&dir, &CreateMode::Container.with_acls(locks.inner.acls()))
-        .await
-        .map_err(map_err)?;
+    make_dir(&locks, &client, &dir).await?;
     Ok((locks, client, dir))
+}
+
+async fn make_dir(locks: &ZkLock, client: &Client, dir: &str) -> Result<()> {
+    client
+        .mkdir(dir, &CreateMode::Container.with_acls(locks.inner.acls()))
+        .await
+        .map_err(map_err)
+}
+
+/// Creates an ephemeral sequential node `prefix<seq>` in `dir`, making `dir` again if the
+/// server removed it (an empty container goes at the server's next check, which may fall
+/// between two pairs, as it may between two of dlock's acquires).
+async fn create(locks: &ZkLock, client: &Client, dir: &str, prefix: &str) -> Result<String> {
+    let options = CreateMode::EphemeralSequential.with_acls(locks.inner.acls());
+    loop {
+        match client.create(prefix, &[], &options).await {
+            Ok((_, sequence)) => return Ok(format!("{prefix}{sequence}")),
+            Err(zookeeper_client::Error::NoNode) => make_dir(locks, client, dir).await?,
+            Err(error) => return Err(map_err(error)),
+        }
+    }
 }
 
 /// Measures create + delete pairs for `duration`: an ephemeral sequential node created under
@@ -38,17 +56,10 @@ async fn prepare(url: &str, what: &str) -> Result<(ZkLock, Client, String)> {
 /// Cancel safe: a dropped run leaves at most one ephemeral node, which goes with its session.
 pub async fn raw_floor(url: &str, duration: Duration) -> Result<Vec<Duration>> {
     let (locks, client, dir) = prepare(url, "floor").await?;
-    let options = CreateMode::EphemeralSequential.with_acls(locks.inner.acls());
     let prefix = format!("{dir}/n-");
     let pair = async || -> Result<()> {
-        let (_, sequence) = client
-            .create(&prefix, &[], &options)
-            .await
-            .map_err(map_err)?;
-        client
-            .delete(&format!("{prefix}{sequence}"), Some(0))
-            .await
-            .map_err(map_err)
+        let node = create(&locks, &client, &dir, &prefix).await?;
+        client.delete(&node, Some(0)).await.map_err(map_err)
     };
     for _ in 0..50 {
         pair().await?;
@@ -77,19 +88,11 @@ pub async fn raw_handoff_floor(url: &str, duration: Duration) -> Result<Vec<Dura
     let (locks, holder, dir) = prepare(url, "handoff").await?;
     let other = ZkLock::connect_url(url).await?;
     let waiter = other.inner.session().await?.client()?;
-    let options = CreateMode::EphemeralSequential.with_acls(locks.inner.acls());
     let prefix = format!("{dir}/n-");
     let unexpected = |what: &str| LockError::unexpected(crate::BACKEND, what.to_owned());
     let handoff = async || -> Result<Duration> {
-        let (_, first) = holder
-            .create(&prefix, &[], &options)
-            .await
-            .map_err(map_err)?;
-        let (_, second) = waiter
-            .create(&prefix, &[], &options)
-            .await
-            .map_err(map_err)?;
-        let first = format!("{prefix}{first}");
+        let first = create(&locks, &holder, &dir, &prefix).await?;
+        let second = create(&locks, &waiter, &dir, &prefix).await?;
         let (stat, watch) = waiter.check_and_watch_stat(&first).await.map_err(map_err)?;
         if stat.is_none() {
             return Err(unexpected("the holder's node went early"));
@@ -102,10 +105,7 @@ pub async fn raw_handoff_floor(url: &str, duration: Duration) -> Result<Vec<Dura
         if children.len() != 1 {
             return Err(unexpected("the waiter is not first after the hand-off"));
         }
-        waiter
-            .delete(&format!("{prefix}{second}"), Some(0))
-            .await
-            .map_err(map_err)?;
+        waiter.delete(&second, Some(0)).await.map_err(map_err)?;
         Ok(took)
     };
     for _ in 0..20 {
