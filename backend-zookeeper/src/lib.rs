@@ -1,2 +1,101 @@
-//! The `zookeeper` backend for dlock. Not written yet: its issue fills this crate.
-//! Until then `dlock::connect` answers a `zookeeper` URL with a `Config` error saying so.
+//! # dlock-zookeeper: distributed locks on ZooKeeper
+//!
+//! The ZooKeeper backend for [dlock](https://docs.rs/dlock): a [`ZkLock`] implements
+//! [`dlock_api::DistributedLock`] on a ZooKeeper ensemble (3.5 or later; tested on 3.8, one
+//! server and three).
+//!
+//! ```no_run
+//! # async fn demo() -> dlock_api::Result<()> {
+//! use dlock_api::{DistributedLockExt, LockOptions};
+//! use dlock_zookeeper::ZkLock;
+//!
+//! let locks = ZkLock::connect_url("zk://10.0.0.1:2181,10.0.0.2:2181,10.0.0.3:2181/myapp").await?;
+//! let guard = locks.acquire_str("invoice:42", &LockOptions::new()).await?;
+//! // … work, passing guard.fencing_token() with every write to the storage …
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## What it promises
+//! - [x] **Strict fencing**: the token is the node's `czxid`, the ensemble-wide transaction id
+//!   of its create, which only grows (across restarts and leader changes; a sequence suffix
+//!   would not: it restarts when the name's node is removed and made again).
+//! - [x] **FIFO, woken on release**: waiters queue by sequence; each watches only the node
+//!   just before its own, so a release wakes exactly one waiter, about one round trip later.
+//! - [x] **Lost signal and suspension**: a guard reports `Suspended` while its session's
+//!   connection is lost (stop writing: the session may still come back), `Held` again once it
+//!   is back and its node checked, and `Lost` when the session expires.
+//! - [x] **Survives failover**: a lock lives in the ensemble's log; losing a server keeps it.
+//! - [ ] **Extend**: the session is the lease; per-acquire TTLs are ignored and `extend` is
+//!   refused with `Unsupported` before any network call. A holder that dies frees its lock when
+//!   the server expires its session (the session timeout, 10 s by default).
+//!
+//! ## How it works
+//! - **One session per client**, shared by all its guards. The client library hides its
+//!   heartbeats, notices a lost connection late and declares expiry itself only at 7/5 of the
+//!   session timeout, so this crate runs its own heartbeat: an `exists` every third of the
+//!   negotiated timeout, and a validity dated from the last acknowledged **send**
+//!   (`sent + timeout - margin`, never later than the server's own deadline). A late or failed
+//!   heartbeat, or a lost connection, suspends every guard until that deadline; a heartbeat
+//!   answered in time resumes them, but only after each held node has been read back and found
+//!   to still exist with this session as its owner (a reconnect alone proves nothing: the
+//!   server may have expired the session and given the lock away meanwhile). The deadline
+//!   passing or the server expiring the session loses every guard with `SessionExpired`; a
+//!   new session is opened for later acquires, because the library never opens one itself.
+//! - **Nodes.** `PREFIX/NAME/_c_<uuid>-lock-<sequence>`: the name is one path segment (a name
+//!   ZooKeeper could not take as it is, with `/`, `.`, `..` or a forbidden character, is
+//!   mapped to a readable part and a digest, so no two names share a node and none escapes the
+//!   prefix); each create attempt carries a fresh uuid. The name's node and the prefix are
+//!   created on demand as *containers*, which the server removes once empty, so cleanup never
+//!   races a new waiter.
+//! - **Acquire** sends the create and the listing of the name's node together, without waiting
+//!   for the first answer: the server answers a session in order, so the listing includes our
+//!   node, and an uncontended acquire takes one round trip. The lowest sequence holds. A waiter
+//!   sets an exists-watch on the node just before its own (set even if that node is already
+//!   gone) and, since a node watch never reports a lost connection, also follows the session's
+//!   own account; when the predecessor goes it lists again before deciding (the predecessor
+//!   may have been a waiter that left, with an earlier holder still there).
+//! - **Lost answers.** The library has no request timeout and queues requests made while
+//!   disconnected; every request here has its own timeout. A create whose answer is lost is
+//!   looked up by its uuid after a `sync`, and taken as ours only if its ephemeral owner is this
+//!   session. A dropped acquire deletes its node: the create runs to completion in the
+//!   background and the cleanup waits for it, so the delete always follows the create, also
+//!   when its answer was lost.
+//! - **Release** deletes our node guarded by its version; a dropped guard's node is deleted in
+//!   the background.
+//!
+//! ## Connecting
+//! `zk://[user:password@]host[:port][,host[:port]…][/prefix][?option=value…]`, or `zks://`
+//! for TLS (feature `tls`). See [`ZkConfig`] for the options: session, connect and request
+//! timeouts, the ACL of created nodes. With `user:password` the client authenticates with the
+//! `digest` scheme and creates its nodes readable and deletable by that identity only. The
+//! prefix is a plain node path created on demand, not a chroot (which must exist beforehand).
+//!
+//! ## Fault model
+//! A lock is as safe as ZooKeeper's ordering and the session timeout: a holder cut off (GC
+//! pause, partition) past its session finds its guard lost, and by then the server may have
+//! given the lock to another client; only the fencing token protects the resource then. While
+//! suspended the holder does not know, which is what the `Suspended` status says. The
+//! deadline assumes the client's and the server's clocks run at nearly the same rate (1 % and
+//! 10 ms of margin).
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod config;
+mod connect;
+mod error;
+mod floor;
+mod lease;
+mod lock;
+mod names;
+mod session;
+
+pub use config::{DEFAULT_PORT, NodeAcl, ZkConfig};
+pub use floor::{raw_floor, raw_handoff_floor};
+pub use lock::ZkLock;
+
+dlock_api::impl_distributed_lock!(ZkLock);
+
+/// The URL schemes this backend serves: `zk://` and `zks://` (TLS).
+pub const SCHEMES: &[&str] = &["zk", "zks"];
+
+pub(crate) const BACKEND: &str = "zookeeper";

@@ -17,7 +17,7 @@ use crate::scheme::{BackendScheme, redact};
 /// | `mysql://user:pass@host/db`, `mariadb://…` | MySQL / MariaDB `GET_LOCK` (feature `mysql`) |
 /// | `postgres://user:pass@host/db` | Postgres advisory locks (feature `postgres`) |
 /// | `etcd://host:port[,host:port][/prefix]`, `etcds://…` | etcd (feature `etcd`; `etcds://` also `etcd-tls`) |
-/// | `zk://host:port[,host:port]` | ZooKeeper (feature `zookeeper`) |
+/// | `zk://host:port[,host:port][/prefix]`, `zks://…` | ZooKeeper (feature `zookeeper`; `zks://` also `zookeeper-tls`) |
 ///
 /// # Errors
 /// [`LockError::Config`] for a malformed URL, an unknown scheme, or a backend not compiled into
@@ -96,6 +96,14 @@ where
                 config.set_option(key, value)?;
             }
             Ok(Arc::new(dlock_etcd::EtcdLock::connect(config).await?))
+        }
+        #[cfg(feature = "zookeeper")]
+        BackendScheme::ZooKeeper => {
+            let mut config = dlock_zookeeper::ZkConfig::from_url(url)?;
+            for (key, value) in &options {
+                config.set_option(key, value)?;
+            }
+            Ok(Arc::new(dlock_zookeeper::ZkLock::connect(config).await?))
         }
         other => not_available(other),
     }

@@ -75,6 +75,11 @@ pub use dlock_postgres::{AdvisoryKey, PostgresConfig, PostgresLock, RowLock};
 #[doc(inline)]
 pub use dlock_etcd::{EtcdConfig, EtcdLock};
 
+#[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
+#[doc(inline)]
+pub use dlock_zookeeper::{NodeAcl, ZkConfig, ZkLock};
+
 #[doc(inline)]
 pub use dlock_api::{
     BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,

@@ -30,6 +30,10 @@ const ETCD: &[&str] = &["etcd", "etcds"];
 const REDLOCK: &[&str] = dlock_redlock::SCHEMES;
 #[cfg(not(feature = "redlock"))]
 const REDLOCK: &[&str] = &["redlock", "redlocks"];
+#[cfg(feature = "zookeeper")]
+const ZOOKEEPER: &[&str] = dlock_zookeeper::SCHEMES;
+#[cfg(not(feature = "zookeeper"))]
+const ZOOKEEPER: &[&str] = &["zk", "zks"];
 #[cfg(feature = "postgres")]
 const POSTGRES: &[&str] = dlock_postgres::SCHEMES;
 #[cfg(not(feature = "postgres"))]
@@ -54,7 +58,7 @@ pub enum BackendScheme {
     Postgres,
     /// `etcd://`, `etcds://`.
     Etcd,
-    /// `zk://`, `zookeeper://`.
+    /// `zk://`, `zks://`.
     ZooKeeper,
 }
 
@@ -67,7 +71,7 @@ impl BackendScheme {
         (Self::MySql, MYSQL, "mysql"),
         (Self::Postgres, POSTGRES, "postgres"),
         (Self::Etcd, ETCD, "etcd"),
-        (Self::ZooKeeper, &["zk", "zookeeper"], "zookeeper"),
+        (Self::ZooKeeper, ZOOKEEPER, "zookeeper"),
     ];
 
     /// The backend `url` names, from its scheme alone.

@@ -84,6 +84,31 @@ async fn etcd_with_no_server_is_unavailable_within_the_connect_timeout() {
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
+#[cfg(feature = "zookeeper")]
+#[tokio::test]
+async fn zookeeper_by_url() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    round_trip(&zk.url()).await;
+    round_trip(&format!(
+        "{}/dlock-facade/nested?session_timeout=4s",
+        zk.url()
+    ))
+    .await;
+}
+
+#[cfg(feature = "zookeeper")]
+#[tokio::test]
+async fn zookeeper_with_no_server_is_unavailable_within_the_connect_timeout() {
+    let port = dlock_test_servers::free_port().unwrap();
+    let started = std::time::Instant::now();
+    let result = dlock::connect(&format!("zk://127.0.0.1:{port}?connect_timeout=500ms")).await;
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
 #[tokio::test]
 async fn unknown_options_and_bad_urls_are_config_errors() {
     for url in [
@@ -96,6 +121,8 @@ async fn unknown_options_and_bad_urls_are_config_errors() {
         "etcd://h?nope=1",
         "redlock://a,b,c?nope=1",
         "redlock://a,b,c,d,e?quorum=2",
+        "zk://h?nope=1",
+        "zk://h/zookeeper",
     ] {
         let result = dlock::connect(url).await;
         assert!(

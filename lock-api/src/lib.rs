@@ -27,7 +27,7 @@
 //! | MySQL / MariaDB | `dlock-mysql` | the connection | strict (counter row) | no extra infrastructure |
 //! | Postgres | `dlock-postgres` | the connection | strict (`CACHE 1` sequence) | advisory, transaction and row locks |
 //! | etcd | `dlock-etcd` (planned) | lease + keep-alive | strict (revision) | consensus: survives failover |
-//! | ZooKeeper | `dlock-zookeeper` (planned) | the session | strict (zxid) | consensus: survives failover |
+//! | ZooKeeper | `dlock-zookeeper` | the session | strict (czxid) | consensus: survives failover |
 //!
 //! ## The contract in brief
 //! 1. **Mutual exclusion**: while a guard is valid, no other guard for its name exists.

@@ -291,7 +291,10 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
 }
 
 /// The backend's raw hand-off floor (release → the next holder's acquire answered), if measured.
-#[cfg_attr(not(feature = "redis"), allow(unused_variables))]
+#[cfg_attr(
+    not(any(feature = "redis", feature = "zookeeper")),
+    allow(unused_variables)
+)]
 async fn raw_handoff_floor(
     url: &str,
     duration: Duration,
@@ -301,6 +304,11 @@ async fn raw_handoff_floor(
         BackendScheme::Redis => Some((
             "DEL+PUBLISH, subscriber SET NX",
             dlock_redis::raw_handoff_floor(url, duration).await?,
+        )),
+        #[cfg(feature = "zookeeper")]
+        BackendScheme::ZooKeeper => Some((
+            "delete, then the waiter's exists-watch fires and its listing answers",
+            dlock_zookeeper::raw_handoff_floor(url, duration).await?,
         )),
         _ => None,
     };
@@ -314,7 +322,8 @@ async fn raw_handoff_floor(
         feature = "redlock",
         feature = "mysql",
         feature = "postgres",
-        feature = "etcd"
+        feature = "etcd",
+        feature = "zookeeper"
     )),
     allow(unused_variables)
 )]
@@ -347,6 +356,11 @@ async fn raw_floor(
         BackendScheme::Etcd => Some((
             "txn create (create_revision = 0, put on a lease) + txn delete guarded by create revision",
             dlock_etcd::raw_floor(url, duration).await?,
+        )),
+        #[cfg(feature = "zookeeper")]
+        BackendScheme::ZooKeeper => Some((
+            "create ephemeral-sequential + delete with its version",
+            dlock_zookeeper::raw_floor(url, duration).await?,
         )),
         _ => None,
     };

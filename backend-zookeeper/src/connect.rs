@@ -1,0 +1,64 @@
+//! Opening a client of the ensemble: the one place that builds the client library's connector.
+
+use dlock_api::{LockError, Result};
+use zookeeper_client::Client;
+
+use crate::BACKEND;
+use crate::config::ZkConfig;
+use crate::error::map_err;
+
+/// Connects a new client (a new session) within the connect timeout. The connector fails fast
+/// when every host refuses, instead of cycling until the session timeout.
+pub(crate) async fn client(config: &ZkConfig) -> Result<Client> {
+    let mut connector = Client::connector()
+        .with_session_timeout(config.session_timeout)
+        .with_fail_eagerly();
+    if let (Some(user), Some(password)) = (&config.username, &config.password) {
+        let auth = format!("{user}:{}", password.expose());
+        connector = connector.with_auth("digest", auth.as_bytes());
+    }
+    let hosts = config.connect_string();
+    let connecting = async {
+        #[cfg(feature = "tls")]
+        if config.tls {
+            return connector
+                .with_tls(tls_options(config)?)
+                .secure_connect(&hosts)
+                .await
+                .map_err(connect_error);
+        }
+        connector.connect(&hosts).await.map_err(connect_error)
+    };
+    tokio::time::timeout(config.connect_timeout, connecting)
+        .await
+        .map_err(|_| LockError::command_timeout(BACKEND, config.connect_timeout))?
+}
+
+fn connect_error(error: zookeeper_client::Error) -> LockError {
+    match error {
+        zookeeper_client::Error::BadArguments(_) => {
+            dlock_api::raw::config::config_error(BACKEND, error.to_string())
+        }
+        error => map_err(error),
+    }
+}
+
+#[cfg(feature = "tls")]
+fn tls_options(config: &ZkConfig) -> Result<zookeeper_client::TlsOptions> {
+    use dlock_api::raw::config::config_error;
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path)
+            .map_err(|e| config_error(BACKEND, format!("cannot read {}: {e}", path.display())))
+    };
+    let bad = |e: zookeeper_client::Error| config_error(BACKEND, e.to_string());
+    let mut tls = zookeeper_client::TlsOptions::new();
+    if let Some(ca) = &config.ca_cert {
+        tls = tls.with_pem_ca(&read(ca)?).map_err(bad)?;
+    }
+    if let (Some(cert), Some(key)) = (&config.client_cert, &config.client_key) {
+        tls = tls
+            .with_pem_identity(&read(cert)?, &read(key)?)
+            .map_err(bad)?;
+    }
+    Ok(tls)
+}

@@ -1,0 +1,78 @@
+//! ZooKeeper errors as `LockError`s, and every request under a timeout of its own.
+
+use std::future::Future;
+use std::time::Duration;
+
+use dlock_api::LockError;
+use zookeeper_client::Error;
+
+use crate::BACKEND;
+
+/// Why a request did not succeed: the server's answer, or none within the timeout.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    /// The client library's error (the server's answer, or a connection or session failure).
+    Zk(Error),
+    /// No answer within the timeout. The request may still be sent and applied later: the
+    /// client library queues requests while disconnected.
+    TimedOut(Duration),
+}
+
+impl Fail {
+    /// Whether the request may have been applied without our hearing of it.
+    pub(crate) fn outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            Fail::TimedOut(_) | Fail::Zk(Error::ConnectionLoss | Error::Timeout)
+        )
+    }
+
+    /// Whether the session is over (every ephemeral node of it is gone, or will be).
+    pub(crate) fn session_over(&self) -> bool {
+        matches!(
+            self,
+            Fail::Zk(Error::SessionExpired | Error::ClientClosed | Error::AuthFailed)
+        )
+    }
+
+    pub(crate) fn is(&self, error: &Error) -> bool {
+        matches!(self, Fail::Zk(e) if e == error)
+    }
+}
+
+impl From<Fail> for LockError {
+    fn from(fail: Fail) -> Self {
+        match fail {
+            Fail::TimedOut(after) => LockError::command_timeout(BACKEND, after),
+            Fail::Zk(error) => map_err(error),
+        }
+    }
+}
+
+/// A client library error as a `LockError`: connection and session trouble is `Unavailable`
+/// (retrying, on a new session if need be, may succeed), the rest `Backend`.
+pub(crate) fn map_err(error: Error) -> LockError {
+    match error {
+        Error::ConnectionLoss
+        | Error::Timeout
+        | Error::NoHosts
+        | Error::SessionExpired
+        | Error::SessionMoved
+        | Error::ClientClosed
+        | Error::Throttled => LockError::unavailable(BACKEND, error),
+        error => LockError::backend(BACKEND, error),
+    }
+}
+
+/// Runs `request` with a timeout: the client library has none of its own, and queues requests
+/// made while it is disconnected.
+pub(crate) async fn timed<T>(
+    timeout: Duration,
+    request: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Fail> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(Fail::Zk(error)),
+        Err(_) => Err(Fail::TimedOut(timeout)),
+    }
+}

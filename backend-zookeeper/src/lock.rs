@@ -1,0 +1,593 @@
+//! `ZkLock`: the client, its session, and the queue recipe (create and list in one round trip,
+//! the predecessor watch, the re-list before deciding).
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dlock_api::raw::time::after;
+use dlock_api::raw::{
+    Detach, Grant, PendingAcquire, RawLock, RenewedBy, SessionStatus, WaitRecovery,
+};
+use dlock_api::{
+    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockName, LockOptions, Result,
+};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+
+use crate::BACKEND;
+use crate::config::{NodeAcl, ZkConfig};
+use crate::error::{Fail, timed};
+use crate::lease::{ZkLease, delete_node};
+use crate::names::{protected_marker, queue};
+use crate::session::ZkSession;
+
+/// A distributed lock on ZooKeeper: one ephemeral sequential node per acquire under the name's
+/// node, queued by sequence, each waiter watching only the node just before its own. Cheap to
+/// clone; clones share the session.
+///
+/// Created by [`connect`](Self::connect) or [`connect_url`](Self::connect_url). Every guard of
+/// a client rides its one session; when the session expires a new one is opened for later
+/// acquires. The session is closed (freeing any lock still held) once the last clone and the
+/// last guard are gone.
+#[derive(Clone)]
+pub struct ZkLock {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: ZkConfig,
+    current: Mutex<Option<Arc<ZkSession>>>,
+    /// One session opened at a time.
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl fmt::Debug for ZkLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkLock")
+            .field("config", &self.inner.config)
+            .field("session", &self.session_id().map(|id| format!("{id:#x}")))
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for ZkLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "zookeeper({})", self.inner.config)
+    }
+}
+
+/// Our node in a name's queue.
+#[derive(Clone, Debug)]
+pub(crate) struct Node {
+    pub(crate) path: String,
+    pub(crate) seq: i64,
+    pub(crate) czxid: i64,
+    pub(crate) version: i32,
+}
+
+impl Node {
+    fn child_name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or_default()
+    }
+}
+
+/// What a create attempt left on the server, for the cleanup of a dropped acquire.
+#[derive(Debug)]
+enum Outcome {
+    Created(Node),
+    NotCreated,
+    Unknown,
+}
+
+/// How a wait on one session ended.
+enum Waited {
+    Granted(Grant),
+    TimedOut,
+    /// The session ended, or our node went: queue again (on a new session if need be).
+    Requeue,
+}
+
+impl Inner {
+    fn current(&self) -> Option<Arc<ZkSession>> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The client's session: the current one while it lasts, else a new one.
+    pub(crate) async fn session(&self) -> Result<Arc<ZkSession>> {
+        if let Some(session) = self.current().filter(|s| s.is_usable()) {
+            return Ok(session);
+        }
+        let _one = self.opening.lock().await;
+        if let Some(session) = self.current().filter(|s| s.is_usable()) {
+            return Ok(session);
+        }
+        let session = ZkSession::open(&self.config).await?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
+        Ok(session)
+    }
+
+    pub(crate) fn acls(&self) -> Acls<'static> {
+        match self.config.acl {
+            NodeAcl::Open => Acls::anyone_all(),
+            NodeAcl::Creator => Acls::creator_all(),
+        }
+    }
+
+    /// Creates the name's node and the prefix above it as containers (the server removes a
+    /// container once its last child is gone, so nothing is left behind and no cleanup races a
+    /// new waiter).
+    async fn make_parents(&self, client: &Client, parent: &str, timeout: Duration) -> Result<()> {
+        let options = CreateMode::Container.with_acls(self.acls());
+        timed(timeout * 2, client.mkdir(parent, &options))
+            .await
+            .map_err(LockError::from)
+    }
+
+    /// Creates our node (`PARENT/MARKER<seq>`) and lists the queue in one round trip: both
+    /// requests go out before either answer is awaited, and the server answers a session in
+    /// order, so the listing includes our node. A create whose answer is lost is looked up by
+    /// its marker.
+    async fn enqueue(
+        &self,
+        session: &ZkSession,
+        parent: &str,
+        marker: &str,
+    ) -> std::result::Result<(Node, Option<Vec<String>>), (LockError, Outcome)> {
+        let client = session.client().map_err(|e| (e, Outcome::NotCreated))?;
+        let timeout = session.command_timeout;
+        let path = format!("{parent}/{marker}");
+        let options = CreateMode::EphemeralSequential.with_acls(self.acls());
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let sent = Instant::now();
+            let create = client.create(&path, &[], &options);
+            let list = client.list_children(parent);
+            let fail =
+                match tokio::time::timeout(timeout, futures::future::join(create, list)).await {
+                    Ok((Ok((stat, sequence)), listed)) => {
+                        session.acked(sent);
+                        let node = Node {
+                            path: format!("{path}{sequence}"),
+                            seq: sequence.into_i64(),
+                            czxid: stat.czxid,
+                            version: stat.version,
+                        };
+                        return Ok((node, listed.ok()));
+                    }
+                    Ok((Err(ZkError::NoNode), _)) if attempt < 5 => {
+                        self.make_parents(&client, parent, timeout)
+                            .await
+                            .map_err(|e| (e, Outcome::NotCreated))?;
+                        continue;
+                    }
+                    Ok((Err(error), _)) => Fail::Zk(error),
+                    Err(_) => Fail::TimedOut(timeout),
+                };
+            if !fail.outcome_unknown() {
+                return Err((fail.into(), Outcome::NotCreated));
+            }
+            // The create may have been applied: find it by its marker, as ours.
+            return match find_own(&client, session, parent, marker).await {
+                Ok(Some((node, children))) => Ok((node, Some(children))),
+                Ok(None) | Err(_) => Err((fail.into(), Outcome::Unknown)),
+            };
+        }
+    }
+}
+
+/// Looks for the node a create with `marker` may have left: syncs the parent (so the server
+/// answering has seen every write before), lists it, and takes the child with the marker only
+/// if its ephemeral owner is this session (a node of another session with the same marker is
+/// not ours, whatever its name says).
+async fn find_own(
+    client: &Client,
+    session: &ZkSession,
+    parent: &str,
+    marker: &str,
+) -> std::result::Result<Option<(Node, Vec<String>)>, Fail> {
+    let timeout = session.command_timeout;
+    let sync = client.sync(parent);
+    let list = client.list_children(parent);
+    let (_, listed) = tokio::time::timeout(timeout, futures::future::join(sync, list))
+        .await
+        .map_err(|_| Fail::TimedOut(timeout))?;
+    let children = match listed {
+        Ok(children) => children,
+        Err(ZkError::NoNode) => return Ok(None),
+        Err(error) => return Err(Fail::Zk(error)),
+    };
+    let Some(child) = children.iter().find(|c| c.starts_with(marker)) else {
+        return Ok(None);
+    };
+    let path = format!("{parent}/{child}");
+    let Some(stat) = timed(timeout, client.check_stat(&path)).await? else {
+        return Ok(None);
+    };
+    if stat.ephemeral_owner != session.id {
+        return Ok(None);
+    }
+    let Some(seq) = crate::names::sequence(child) else {
+        return Ok(None);
+    };
+    let node = Node {
+        path,
+        seq,
+        czxid: stat.czxid,
+        version: stat.version,
+    };
+    Ok(Some((node, children)))
+}
+
+/// Arms the cleanup of one create attempt: if the acquire is dropped before its grant exists,
+/// our node goes, also when the create's answer was lost. The create runs detached and reports
+/// what it left through the returned sender, and the cleanup waits for that report, so its
+/// delete always follows the create it undoes.
+fn arm(
+    session: &Arc<ZkSession>,
+    parent: &str,
+    marker: &str,
+) -> (PendingAcquire, oneshot::Sender<Outcome>) {
+    let (report, outcome) = oneshot::channel::<Outcome>();
+    let (session, parent, marker) = (session.clone(), parent.to_owned(), marker.to_owned());
+    let pending = PendingAcquire::arm(move || {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        handle.spawn(async move {
+            match outcome.await {
+                Ok(Outcome::NotCreated) => {}
+                Ok(Outcome::Created(node)) => {
+                    let _ = delete_node(&session, &node.path, node.version).await;
+                }
+                Ok(Outcome::Unknown) | Err(_) => {
+                    // The answer was lost: look for the node, and once more a little later in
+                    // case the create lands after the first look.
+                    for round in 0..2 {
+                        if round > 0 {
+                            tokio::time::sleep(session.command_timeout).await;
+                        }
+                        let Ok(client) = session.client() else { return };
+                        if let Ok(Some((node, _))) =
+                            find_own(&client, &session, &parent, &marker).await
+                        {
+                            let _ = delete_node(&session, &node.path, node.version).await;
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    });
+    (pending, report)
+}
+
+/// Runs [`Inner::enqueue`] detached (it finishes even if the acquire is dropped) and reports
+/// what it left to the armed cleanup.
+async fn enqueue_detached(
+    inner: &Arc<Inner>,
+    session: &Arc<ZkSession>,
+    parent: &str,
+    marker: &str,
+    report: oneshot::Sender<Outcome>,
+) -> std::result::Result<(Node, Option<Vec<String>>), LockError> {
+    let (inner, session, parent, marker) = (
+        inner.clone(),
+        session.clone(),
+        parent.to_owned(),
+        marker.to_owned(),
+    );
+    Detach::new(async move {
+        match inner.enqueue(&session, &parent, &marker).await {
+            Ok((node, children)) => {
+                let _ = report.send(Outcome::Created(node.clone()));
+                Ok((node, children))
+            }
+            Err((error, outcome)) => {
+                let _ = report.send(outcome);
+                Err(error)
+            }
+        }
+    })
+    .await
+}
+
+impl ZkLock {
+    /// Connects with `config`: opens the client's first session, proving the ensemble answers.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for options the client library refuses (a TLS file it cannot
+    /// read); [`LockError::Unavailable`] when no server gives a session within the connect
+    /// timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is held before it returns (a session opened as it is dropped
+    /// closes).
+    pub async fn connect(config: ZkConfig) -> Result<Self> {
+        let inner = Arc::new(Inner {
+            config,
+            current: Mutex::new(None),
+            opening: tokio::sync::Mutex::new(()),
+        });
+        inner.session().await?;
+        Ok(Self { inner })
+    }
+
+    /// Parses `url` ([`ZkConfig::from_url`]) and connects.
+    ///
+    /// # Errors
+    /// As [`ZkConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is held before it returns.
+    pub async fn connect_url(url: &str) -> Result<Self> {
+        Self::connect(ZkConfig::from_url(url)?).await
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The id of the session this client's guards ride now, if one is open.
+    pub fn session_id(&self) -> Option<i64> {
+        self.inner.current().filter(|s| s.is_usable()).map(|s| s.id)
+    }
+
+    /// Where the client's current session stands: active, suspended (its connection is lost
+    /// and it may come back until an instant) or ended; `None` before the first session or
+    /// once it ended without a new one.
+    pub fn session_status(&self) -> Option<SessionStatus> {
+        self.inner.current().map(|s| s.session.status())
+    }
+
+    /// Ends the client's current session on the server at once, as an expiry would: connects
+    /// a second client on the same session (through `hosts`, a connect string such as
+    /// `127.0.0.1:2181`, or the configured hosts) and closes it, then confirms that the server
+    /// refuses the session. Every guard of the session is then lost (`SessionExpired`) as soon
+    /// as the client hears of it. For fault drills and tests: it is what the server does to a
+    /// session that stays silent past its timeout.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] when no session is open or the server cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: if dropped, the session may or may not have been ended.
+    pub async fn expire_session(&self, hosts: Option<&str>) -> Result<()> {
+        let session = self
+            .inner
+            .current()
+            .ok_or_else(|| LockError::unavailable_because(BACKEND, "no session is open"))?;
+        let info = session.client()?.session().clone();
+        drop(session);
+        let hosts = hosts.map_or_else(|| self.inner.config.connect_string(), str::to_owned);
+        let config = &self.inner.config;
+        let give_up = after(Instant::now(), config.connect_timeout * 3);
+        loop {
+            let mut connector = Client::connector()
+                .with_session(info.clone())
+                .with_session_timeout(config.session_timeout)
+                .with_fail_eagerly();
+            if let (Some(user), Some(password)) = (&config.username, &config.password) {
+                let auth = format!("{user}:{}", password.expose());
+                connector = connector.with_auth("digest", auth.as_bytes());
+            }
+            match tokio::time::timeout(config.connect_timeout, connector.connect(&hosts)).await {
+                // The server refuses the session: it is over.
+                Ok(Err(ZkError::SessionExpired)) => return Ok(()),
+                // Reattached: dropping this client closes the session. Look again.
+                Ok(Ok(client)) => drop(client),
+                Ok(Err(error)) if Instant::now() >= give_up => {
+                    return Err(crate::error::map_err(error));
+                }
+                Err(_) if Instant::now() >= give_up => {
+                    return Err(LockError::command_timeout(BACKEND, config.connect_timeout));
+                }
+                _ => {}
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn grant(&self, name: &LockName, session: Arc<ZkSession>, node: Node) -> Grant {
+        let token = FencingToken::new(u64::try_from(node.czxid).unwrap_or(0));
+        let state = session.new_guard_state(&node.path, node.czxid);
+        let lease = Arc::new(ZkLease::new(session, name, node.path, node.version));
+        Grant::new(name.clone(), token, lease, state, RenewedBy::Session)
+    }
+
+    /// Waits in the queue on one session.
+    async fn wait_on(
+        &self,
+        session: &Arc<ZkSession>,
+        name: &LockName,
+        deadline: Option<Instant>,
+        recovery: &mut WaitRecovery,
+        options: &LockOptions,
+    ) -> Result<Waited> {
+        let parent = self.inner.config.name_path(name);
+        let marker = protected_marker();
+        let (pending, report) = arm(session, &parent, &marker);
+        let (node, mut listed) =
+            enqueue_detached(&self.inner, session, &parent, &marker, report).await?;
+        recovery.reached_server();
+        let client = match session.client() {
+            Ok(client) => client,
+            Err(_) => {
+                drop(pending);
+                return Ok(Waited::Requeue);
+            }
+        };
+        let timeout = session.command_timeout;
+        let fallback = session.timeout.max(Duration::from_secs(2));
+        loop {
+            let children = match listed.take() {
+                Some(children) => children,
+                None => match timed(timeout, client.list_children(&parent)).await {
+                    Ok(children) => {
+                        recovery.reached_server();
+                        children
+                    }
+                    Err(fail) if fail.session_over() => {
+                        drop(pending);
+                        return Ok(Waited::Requeue);
+                    }
+                    Err(fail) => {
+                        recovery
+                            .pause_or_give_up(fail.into(), options.retry(), deadline)
+                            .await?;
+                        continue;
+                    }
+                },
+            };
+            let queue = queue(&children);
+            if !queue.iter().any(|(_, child)| *child == node.child_name()) {
+                // Our node went (its session ended, or someone deleted it): queue again.
+                drop(pending);
+                return Ok(Waited::Requeue);
+            }
+            let Some((_, before)) = queue.iter().rev().find(|(seq, _)| *seq < node.seq) else {
+                let grant = self.grant(name, session.clone(), node);
+                pending.disarm();
+                return Ok(Waited::Granted(grant));
+            };
+            // Watch the node just before ours (an exists-watch, set even if it is gone).
+            let before = format!("{parent}/{before}");
+            let watcher = match timed(timeout, client.check_and_watch_stat(&before)).await {
+                Ok((Some(_), watcher)) => watcher,
+                // Gone already: re-list before deciding (it may have left an earlier node).
+                Ok((None, _)) => continue,
+                Err(fail) if fail.session_over() => {
+                    drop(pending);
+                    return Ok(Waited::Requeue);
+                }
+                Err(fail) => {
+                    recovery
+                        .pause_or_give_up(fail.into(), options.retry(), deadline)
+                        .await?;
+                    continue;
+                }
+            };
+            let look_again = after(Instant::now(), fallback);
+            let wake = deadline.map_or(look_again, |d| d.min(look_again));
+            tokio::select! {
+                // The predecessor changed or went (or the session ended): re-list.
+                _ = watcher.changed() => {}
+                // A node watch never reports a lost connection: the session's own account does.
+                _ = session.session.ended() => {
+                    drop(pending);
+                    return Ok(Waited::Requeue);
+                }
+                () = tokio::time::sleep_until(wake) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        // Out of time: take our node out of the queue before answering.
+                        match delete_node(session, &node.path, node.version).await {
+                            Ok(_) => pending.disarm(),
+                            Err(_) => drop(pending),
+                        }
+                        return Ok(Waited::TimedOut);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[dlock_api::raw::async_trait]
+impl RawLock for ZkLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: Fencing::Strict,
+            lease: LeaseKind::Session,
+            extend: false,
+            fifo: true,
+            wake_on_release: true,
+            lost_signal: true,
+            survives_failover: true,
+            reentrant: false,
+            max_name_bytes: None,
+            max_ttl: None,
+        }
+    }
+
+    async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {
+        let session = self.inner.session().await?;
+        let parent = self.inner.config.name_path(name);
+        let marker = protected_marker();
+        let (pending, report) = arm(&session, &parent, &marker);
+        let (node, listed) =
+            enqueue_detached(&self.inner, &session, &parent, &marker, report).await?;
+        let children = match listed {
+            Some(children) => children,
+            None => match timed(
+                session.command_timeout,
+                session.client()?.list_children(&parent),
+            )
+            .await
+            {
+                Ok(children) => children,
+                Err(fail) => {
+                    drop(pending);
+                    return Err(fail.into());
+                }
+            },
+        };
+        let queue = queue(&children);
+        let first = queue.first().map(|(_, child)| *child);
+        if first == Some(node.child_name()) {
+            let grant = self.grant(name, session, node);
+            pending.disarm();
+            return Ok(Some(grant));
+        }
+        // Busy: take our node out again before answering.
+        match delete_node(&session, &node.path, node.version).await {
+            Ok(_) => pending.disarm(),
+            Err(_) => drop(pending),
+        }
+        Ok(None)
+    }
+
+    async fn wait_grant(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let config = &self.inner.config;
+        let mut recovery = WaitRecovery::new(config.connect_timeout.max(config.session_timeout));
+        let mut tried = false;
+        loop {
+            // Always one attempt, even with no time to wait; then only within the deadline.
+            if tried && deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            tried = true;
+            let waited = match self.inner.session().await {
+                Ok(session) => {
+                    self.wait_on(&session, name, deadline, &mut recovery, options)
+                        .await
+                }
+                Err(error) => Err(error),
+            };
+            match waited {
+                Ok(Waited::Granted(grant)) => return Ok(Some(grant)),
+                Ok(Waited::TimedOut) => return Ok(None),
+                Ok(Waited::Requeue) => {}
+                Err(error) => {
+                    recovery
+                        .pause_or_give_up(error, options.retry(), deadline)
+                        .await?
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! The ZooKeeper conformance harness: a standalone server (or a three-node ensemble) started by
+//! dlock-test-servers, or the deployment `DLOCK_TEST_ZOOKEEPER_URL` names; fresh clients; fault
+//! hooks that expire a holder's session and cut a client off through a fault proxy; and a
+//! residue check that lists the nodes under each case's names.
+#![allow(dead_code, unreachable_pub)]
+
+use std::any::Any;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_api::raw::SessionStatus;
+use dlock_api::{DistributedLock, LockName, Result};
+use dlock_conformance::{Fault, Faults, Harness, OwnServer, SessionControl};
+use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper, ZooKeeperEnsemble};
+use dlock_zookeeper::{ZkConfig, ZkLock};
+use zookeeper_client::Client;
+
+pub struct ZkHarness {
+    label: &'static str,
+    url: String,
+    url_var: &'static str,
+    /// A single server the harness started (faults that need one server apply).
+    single: bool,
+    clients: Mutex<Vec<Weak<ZkLock>>>,
+    _servers: Box<dyn Any + Send + Sync>,
+}
+
+fn started<T>(what: &str, result: dlock_test_servers::Result<T>) -> T {
+    result.unwrap_or_else(|e| panic!("cannot start {what} for the zookeeper tests: {e}"))
+}
+
+fn text(e: impl ToString) -> String {
+    e.to_string()
+}
+
+impl ZkHarness {
+    fn new(
+        label: &'static str,
+        url_var: &'static str,
+        single: bool,
+        start: impl FnOnce() -> (String, Box<dyn Any + Send + Sync>),
+    ) -> Self {
+        let (url, servers, single) = match std::env::var(url_var) {
+            Ok(url) => (url, Box::new(()) as Box<dyn Any + Send + Sync>, false),
+            Err(_) => {
+                let (url, servers) = start();
+                (url, servers, single)
+            }
+        };
+        Self {
+            label,
+            url,
+            url_var,
+            single,
+            clients: Mutex::new(Vec::new()),
+            _servers: servers,
+        }
+    }
+
+    /// A standalone server: `DLOCK_TEST_ZOOKEEPER_URL` if set, else a private one.
+    pub fn standalone() -> Self {
+        Self::new("zookeeper", "DLOCK_TEST_ZOOKEEPER_URL", true, || {
+            let server = started("zookeeper", ZooKeeper::start());
+            (server.url(), Box::new(server))
+        })
+    }
+
+    /// Three nodes: `DLOCK_TEST_ZOOKEEPER_ENSEMBLE_URL` if set, else a private ensemble.
+    pub fn ensemble() -> Self {
+        Self::new(
+            "zk-ensemble",
+            "DLOCK_TEST_ZOOKEEPER_ENSEMBLE_URL",
+            false,
+            || {
+                let ensemble = started("a zookeeper ensemble", ZooKeeperEnsemble::start());
+                (
+                    format!("zk://{}", ensemble.connect_string()),
+                    Box::new(ensemble),
+                )
+            },
+        )
+    }
+
+    /// A harness for a server of a case's own at `url`.
+    fn own(url: String) -> Arc<Self> {
+        Arc::new(Self {
+            label: "zookeeper",
+            url,
+            url_var: "DLOCK_TEST_ZOOKEEPER_URL",
+            single: true,
+            clients: Mutex::new(Vec::new()),
+            _servers: Box::new(()),
+        })
+    }
+
+    fn config(&self) -> ZkConfig {
+        ZkConfig::from_url(&self.url).expect("a valid URL")
+    }
+
+    /// The servers' connect string, reached directly.
+    fn hosts(&self) -> String {
+        self.config().hosts.join(",")
+    }
+
+    async fn new_client(&self, url: &str) -> Result<Arc<ZkLock>> {
+        let client = Arc::new(ZkLock::connect_url(url).await?);
+        let mut clients = self.clients.lock().unwrap();
+        clients.retain(|c| c.strong_count() > 0);
+        clients.push(Arc::downgrade(&client));
+        Ok(client)
+    }
+
+    /// A plain client of the library, for reading the server.
+    async fn raw(&self) -> std::result::Result<Client, String> {
+        raw_client(&self.hosts()).await
+    }
+}
+
+pub async fn raw_client(hosts: &str) -> std::result::Result<Client, String> {
+    Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(hosts)
+        .await
+        .map_err(text)
+}
+
+/// The nodes under `name`'s node, as `(child, ephemeral owner)`, in queue order.
+pub async fn queue_of(
+    client: &Client,
+    config: &ZkConfig,
+    name: &LockName,
+) -> std::result::Result<Vec<(String, i64)>, String> {
+    let parent = config.name_path(name);
+    let mut children = match client.list_children(&parent).await {
+        Ok(children) => children,
+        Err(zookeeper_client::Error::NoNode) => return Ok(Vec::new()),
+        Err(e) => return Err(text(e)),
+    };
+    children.sort_by_key(|c| c.rsplit('-').next().map(str::to_owned));
+    let mut queue = Vec::new();
+    for child in children {
+        if let Some(stat) = client
+            .check_stat(&format!("{parent}/{child}"))
+            .await
+            .map_err(text)?
+        {
+            queue.push((child, stat.ephemeral_owner));
+        }
+    }
+    Ok(queue)
+}
+
+#[async_trait]
+impl Harness for ZkHarness {
+    fn label(&self) -> &str {
+        self.label
+    }
+
+    async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
+        Ok(self.new_client(&self.url).await?)
+    }
+
+    fn faults(&self) -> Option<&dyn Faults> {
+        Some(self)
+    }
+
+    fn child_env(&self) -> Option<Vec<(String, String)>> {
+        Some(vec![(self.url_var.to_owned(), self.url.clone())])
+    }
+
+    /// Every node under each name's node: a holder's or a waiter's.
+    async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
+        let client = self.raw().await?;
+        let config = self.config();
+        let mut left = Vec::new();
+        for name in names {
+            for (child, owner) in queue_of(&client, &config, name).await? {
+                left.push(format!(
+                    "node {}/{child} (session {owner:#x})",
+                    config.name_path(name)
+                ));
+            }
+        }
+        Ok(left)
+    }
+}
+
+/// A client cut off and brought back through fault proxies of its own, one per server.
+struct ProxiedSession {
+    client: Arc<ZkLock>,
+    proxies: Vec<FaultProxy>,
+    hosts: String,
+    expiry: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl ProxiedSession {
+    async fn until(
+        &self,
+        what: &str,
+        check: impl Fn(Option<SessionStatus>) -> bool,
+    ) -> std::result::Result<(), String> {
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !check(self.client.session_status()) {
+            if tokio::time::Instant::now() >= give_up {
+                return Err(format!(
+                    "the session was not {what} after 30 s: {:?}",
+                    self.client.session_status()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl SessionControl for ProxiedSession {
+    /// Cuts the link (a blackhole, and the open connection reset, so the client notices now
+    /// rather than after its connection timeout), waits until the client reports its session
+    /// suspended, and has the server expire the session if it is not resumed within `timeout`.
+    async fn suspend(&self, timeout: Duration) -> std::result::Result<(), String> {
+        for proxy in &self.proxies {
+            proxy.set_mode(ProxyMode::Blackhole);
+            proxy.reset();
+        }
+        self.until("suspended", |s| {
+            matches!(s, Some(SessionStatus::Suspended { .. }))
+        })
+        .await?;
+        let (client, hosts) = (self.client.clone(), self.hosts.clone());
+        let expiry = tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            if let Err(e) = client.expire_session(Some(&hosts)).await {
+                eprintln!("could not expire the suspended session: {e}");
+            }
+        });
+        if let Some(old) = self.expiry.lock().unwrap().replace(expiry) {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    async fn resume(&self) -> std::result::Result<(), String> {
+        if let Some(expiry) = self.expiry.lock().unwrap().take() {
+            expiry.abort();
+        }
+        for proxy in &self.proxies {
+            proxy.heal();
+        }
+        self.until("active again", |s| matches!(s, Some(SessionStatus::Active)))
+            .await
+    }
+
+    async fn expire(&self) -> std::result::Result<(), String> {
+        self.client
+            .expire_session(Some(&self.hosts))
+            .await
+            .map_err(text)
+    }
+}
+
+#[async_trait]
+impl Faults for ZkHarness {
+    fn supports(&self, fault: Fault) -> bool {
+        match fault {
+            Fault::KillHolder => true,
+            Fault::SuspendSession => true,
+            Fault::OwnServer => self.single,
+            _ => false,
+        }
+    }
+
+    /// Expires the holder's session on the server (the owner of the first node in the queue),
+    /// as the server does when the holder stays silent past its session timeout. The holder must
+    /// be a client of this harness: the session's password is needed to end it.
+    async fn kill_holder(&self, name: &LockName) -> std::result::Result<(), String> {
+        let client = self.raw().await?;
+        let queue = queue_of(&client, &self.config(), name).await?;
+        let (_, owner) = queue
+            .first()
+            .ok_or_else(|| format!("{name} has no holder"))?;
+        let holder = self
+            .clients
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|c| c.session_id() == Some(*owner))
+            .ok_or_else(|| format!("the holder of {name} is not a client of this harness"))?;
+        holder
+            .expire_session(Some(&self.hosts()))
+            .await
+            .map_err(text)
+    }
+
+    async fn session_client(
+        &self,
+    ) -> std::result::Result<(Arc<dyn DistributedLock>, Box<dyn SessionControl>), String> {
+        let hosts = self.hosts();
+        let mut proxies = Vec::new();
+        for host in hosts.split(',') {
+            let server: SocketAddr = host.parse().map_err(text)?;
+            proxies.push(FaultProxy::start(server).map_err(text)?);
+        }
+        let through: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+        let client = self
+            .new_client(&format!("zk://{}", through.join(",")))
+            .await
+            .map_err(text)?;
+        let control = ProxiedSession {
+            client: client.clone(),
+            proxies,
+            hosts,
+            expiry: Mutex::new(None),
+        };
+        Ok((client, Box::new(control)))
+    }
+
+    /// A private standalone server (its data survives restarts).
+    async fn own_server(&self) -> std::result::Result<OwnServer, String> {
+        OwnServer::start(ZooKeeper::start, |url| {
+            ZkHarness::own(url) as Arc<dyn Harness>
+        })
+        .await
+    }
+}

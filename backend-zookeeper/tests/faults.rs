@@ -1,0 +1,433 @@
+//! ZooKeeper-specific faults: the server down for less and for more than the session timeout, a
+//! forced session expiry, an ensemble member killed while a lock is held, a partition past the
+//! session, a create whose reply is lost, a queued waiter killed, a pending acquire cancelled
+//! mid-create. Each test that harms a server starts its own, and they run one at a time (the
+//! servers are JVMs on a small machine). Tests wait on events with generous bounds and never
+//! assert speed.
+
+mod common;
+
+use std::time::Duration;
+
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, LostReason};
+use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper, ZooKeeperEnsemble};
+use dlock_zookeeper::{ZkConfig, ZkLock};
+
+const BOUND: Duration = Duration::from_secs(45);
+
+/// One harmful test at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn name(test: &str) -> LockName {
+    LockName::new(format!("dlock-faults/{}/{test}", std::process::id())).unwrap()
+}
+
+fn wait() -> LockOptions {
+    LockOptions::new().with_wait_timeout(BOUND)
+}
+
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing after {BOUND:?}"))
+}
+
+/// Waits (within the bound) until `check` holds, looking every 20 ms.
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    within(what, async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+async fn start(
+    start: impl FnOnce() -> dlock_test_servers::Result<ZooKeeper> + Send + 'static,
+) -> ZooKeeper {
+    tokio::task::spawn_blocking(start).await.unwrap().unwrap()
+}
+
+async fn restart(server: &ZooKeeper) {
+    tokio::task::block_in_place(|| server.restart()).unwrap();
+}
+
+/// The queue under `name` on the server: `(child, ephemeral owner)`.
+async fn queue(hosts: &str, name: &LockName) -> Vec<(String, i64)> {
+    let client = common::raw_client(hosts).await.unwrap();
+    let config = ZkConfig::from_url(&format!("zk://{hosts}")).unwrap();
+    common::queue_of(&client, &config, name).await.unwrap()
+}
+
+async fn is_free(client: &ZkLock, name: &LockName) -> bool {
+    match client.try_acquire(name, &LockOptions::new()).await.unwrap() {
+        Some(guard) => {
+            guard.release().await.unwrap();
+            true
+        }
+        None => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_down_shorter_than_the_session_suspends_then_resumes_with_the_lock_kept() {
+    let _one = SERIAL.lock().await;
+    let zk = start(ZooKeeper::start).await;
+    let holder = ZkLock::connect_url(&format!("{}?session_timeout=15s", zk.url()))
+        .await
+        .unwrap();
+    let name = name("down-short");
+    let guard = holder.acquire(&name, &LockOptions::new()).await.unwrap();
+    zk.kill();
+    until("the guard to report suspension", || {
+        matches!(guard.status(), LockStatus::Suspended { .. })
+    })
+    .await;
+    restart(&zk).await;
+    until("the guard to be held again", || guard.is_held()).await;
+    assert_eq!(guard.lost_reason(), None);
+    let other = ZkLock::connect_url(&zk.url()).await.unwrap();
+    assert!(!is_free(&other, &name).await, "the resumed lock was free");
+    let token = guard.fencing_token();
+    guard.release().await.unwrap();
+    let next = within("the lock after release", other.acquire(&name, &wait()))
+        .await
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_down_longer_than_the_session_loses_the_lock_and_the_next_token_is_higher() {
+    let _one = SERIAL.lock().await;
+    let zk = start(ZooKeeper::start).await;
+    let holder = ZkLock::connect_url(&format!("{}?session_timeout=3s", zk.url()))
+        .await
+        .unwrap();
+    let name = name("down-long");
+    let guard = holder.acquire(&name, &LockOptions::new()).await.unwrap();
+    zk.kill();
+    let reason = within("the guard to be lost", guard.lost()).await;
+    assert_eq!(reason, LostReason::SessionExpired);
+    restart(&zk).await;
+    let other = ZkLock::connect_url(&zk.url()).await.unwrap();
+    let next = within("another client's acquire", other.acquire(&name, &wait()))
+        .await
+        .unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
+    // The client whose session expired takes locks again, on a new session.
+    next.release().await.unwrap();
+    within(
+        "the old client on a new session",
+        holder.acquire(&name, &wait()),
+    )
+    .await
+    .unwrap()
+    .release()
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_session_expiry_loses_the_guard_and_moves_the_waiter_up() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let (a, b) = (
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+    );
+    let name = name("forced-expiry");
+    let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.acquire(&name, &wait()).await }
+    });
+    let hosts = zk.connect_string();
+    within("the waiter to queue", async {
+        while queue(&hosts, &name).await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    a.expire_session(None).await.unwrap();
+    let reason = within("the expired holder's lost signal", guard.lost()).await;
+    assert_eq!(reason, LostReason::SessionExpired);
+    let next = within("the waiter", waiter).await.unwrap().unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    assert!(guard.release().await.is_err());
+    assert!(
+        a.try_acquire(&name, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    next.release().await.unwrap();
+    a.acquire(&name, &wait())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ensemble_member_killed_while_held_loses_nothing() {
+    let _one = SERIAL.lock().await;
+    let ensemble = tokio::task::spawn_blocking(ZooKeeperEnsemble::start)
+        .await
+        .unwrap()
+        .unwrap();
+    let url = format!("zk://{}?session_timeout=15s", ensemble.connect_string());
+    let (a, b) = (
+        ZkLock::connect_url(&url).await.unwrap(),
+        ZkLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("member-killed");
+    let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
+    let leader = ensemble.leader().expect("a leader");
+    ensemble.node(leader).kill();
+    // The survivors elect a leader and answer again; meanwhile the lock is never free.
+    let mut answered = false;
+    for _ in 0..200 {
+        match b.try_acquire(&name, &LockOptions::new()).await {
+            Ok(Some(_)) => panic!("a second holder after a member was killed"),
+            Ok(None) => {
+                answered = true;
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert!(answered, "the survivors never answered");
+    until("the guard to be held", || guard.is_held()).await;
+    assert_eq!(guard.lost_reason(), None, "the guard was lost");
+    assert!(!is_free(&b, &name).await);
+    guard.release().await.unwrap();
+    within("the lock after release", b.acquire(&name, &wait()))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_past_the_session_suspends_then_loses_and_the_stale_release_spares_the_new_holder()
+ {
+    let _one = SERIAL.lock().await;
+    let zk = start(ZooKeeper::start).await;
+    let proxy = FaultProxy::start(zk.addr()).unwrap();
+    let cut_off = ZkLock::connect_url(&format!(
+        "zk://{}?session_timeout=3s&command_timeout=500ms",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let direct = ZkLock::connect_url(&zk.url()).await.unwrap();
+    let name = name("partition");
+    let stale = cut_off.acquire(&name, &LockOptions::new()).await.unwrap();
+    proxy.set_mode(ProxyMode::Blackhole);
+    until("the guard to report suspension", || {
+        matches!(stale.status(), LockStatus::Suspended { .. })
+    })
+    .await;
+    let reason = within("the suspended guard to be lost", stale.lost()).await;
+    assert_eq!(reason, LostReason::SessionExpired);
+    let new = within("another client's acquire", direct.acquire(&name, &wait()))
+        .await
+        .unwrap();
+    assert!(new.fencing_token() > stale.fencing_token());
+    proxy.heal();
+    let released = stale.release().await;
+    assert!(
+        matches!(
+            released,
+            Err(LockError::Lost { .. } | LockError::NotHeld { .. })
+        ),
+        "{released:?}"
+    );
+    assert!(
+        !is_free(&direct, &name).await,
+        "the stale release freed the new holder's lock"
+    );
+    new.release().await.unwrap();
+    // The cut-off client takes locks again once its link is back, on a new session.
+    within(
+        "the cut-off client after the heal",
+        cut_off.acquire(&name, &wait()),
+    )
+    .await
+    .unwrap()
+    .release()
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_reply_is_lost_is_found_again_and_leaves_no_orphan() {
+    let _one = SERIAL.lock().await;
+    let zk = start(ZooKeeper::start).await;
+    let proxy = FaultProxy::start(zk.addr()).unwrap();
+    let hosts = zk.connect_string();
+    let client = ZkLock::connect_url(&format!(
+        "zk://{}?session_timeout=15s&command_timeout=5s",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let name = name("lost-reply");
+    // Another client holds the name, so the one request that matters below is our create.
+    let direct = ZkLock::connect_url(&zk.url()).await.unwrap();
+    let holder = direct.acquire(&name, &LockOptions::new()).await.unwrap();
+    proxy.set_mode(ProxyMode::DropReplies);
+    let acquire = tokio::spawn({
+        let (client, name) = (client.clone(), name.clone());
+        async move { client.acquire(&name, &wait()).await }
+    });
+    let session = client.session_id().unwrap();
+    let mut created = Vec::new();
+    within("the create to reach the server", async {
+        while created.len() < 2 {
+            created = queue(&hosts, &name).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(created[1].1, session);
+    // The reply is gone for good: the connection breaks and the client reconnects.
+    proxy.reset();
+    proxy.heal();
+    // The client finds its node again and keeps its place: nothing else appears.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(queue(&hosts, &name).await, created, "the queue changed");
+    holder.release().await.unwrap();
+    let guard = within("the acquire after the lost reply", acquire)
+        .await
+        .unwrap()
+        .unwrap();
+    let nodes = queue(&hosts, &name).await;
+    assert_eq!(
+        nodes,
+        created[1..],
+        "an orphan was left, or another node is held"
+    );
+    guard.release().await.unwrap();
+    until_empty(&hosts, &name).await;
+}
+
+async fn until_empty(hosts: &str, name: &LockName) {
+    within("the name's queue to empty", async {
+        while !queue(hosts, name).await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_acquire_cancelled_mid_create_leaves_no_orphan() {
+    let _one = SERIAL.lock().await;
+    let zk = start(ZooKeeper::start).await;
+    let proxy = FaultProxy::start(zk.addr()).unwrap();
+    let hosts = zk.connect_string();
+    let client = ZkLock::connect_url(&format!("zk://{}?session_timeout=15s", proxy.addr()))
+        .await
+        .unwrap();
+    let name = name("cancelled-create");
+    let direct = ZkLock::connect_url(&zk.url()).await.unwrap();
+    let holder = direct.acquire(&name, &LockOptions::new()).await.unwrap();
+    proxy.set_mode(ProxyMode::HoldReplies);
+    let acquire = tokio::spawn({
+        let (client, name) = (client.clone(), name.clone());
+        async move { client.acquire(&name, &wait()).await }
+    });
+    within("the create to reach the server", async {
+        while queue(&hosts, &name).await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // Cancelled while the create's reply is on its way.
+    acquire.abort();
+    assert!(acquire.await.unwrap_err().is_cancelled());
+    proxy.heal();
+    within("the cancelled acquire's node to go", async {
+        while queue(&hosts, &name).await.len() > 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    holder.release().await.unwrap();
+    until_empty(&hosts, &name).await;
+    // The session lives on, and the client takes the name at once.
+    assert!(is_free(&client, &name).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiter_killed_lets_its_successor_move_up() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let url = zk.url();
+    let connect = || ZkLock::connect_url(&url);
+    let (a, b, c) = (
+        connect().await.unwrap(),
+        connect().await.unwrap(),
+        connect().await.unwrap(),
+    );
+    let name = name("waiter-killed");
+    let hosts = zk.connect_string();
+    let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
+    let b_waits = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.acquire(&name, &wait()).await }
+    });
+    within("b to queue", async {
+        while queue(&hosts, &name).await.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let c_waits = tokio::spawn({
+        let (c, name) = (c.clone(), name.clone());
+        async move { c.acquire(&name, &wait()).await }
+    });
+    within("c to queue", async {
+        while queue(&hosts, &name).await.len() < 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let b_session = b.session_id().unwrap();
+    // b's session ends on the server: its node goes, and c now waits for a.
+    b.expire_session(None).await.unwrap();
+    within("b's node to go", async {
+        while queue(&hosts, &name)
+            .await
+            .iter()
+            .any(|(_, owner)| *owner == b_session)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // b queues again on a new session, behind c.
+    within("b to queue again", async {
+        while queue(&hosts, &name).await.len() < 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    guard.release().await.unwrap();
+    let c_guard = within("c after a's release", c_waits)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!b_waits.is_finished(), "b overtook c");
+    c_guard.release().await.unwrap();
+    within("b after c", b_waits)
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
