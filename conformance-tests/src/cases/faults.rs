@@ -431,3 +431,36 @@ pub async fn delayed_grant_counts_from_the_request(ctx: Ctx) -> CaseResult {
     run.discard();
     Ok(())
 }
+
+/// **A frozen server** (D: `SIGSTOP` on the server process, as a stalled VM or a long GC in
+/// the server would): a worker holds the lock between read and write while the server is
+/// frozen for three TTLs; another worker waits for the lock meanwhile. After the thaw, whoever
+/// the server lets in, no two holds may overlap and no stale write may be accepted: a holder
+/// that could not renew through the freeze must have stopped believing at its deadline.
+pub async fn frozen_server_holds_no_one_twice(ctx: Ctx) -> CaseResult {
+    let own = own_server(&ctx).await?;
+    let run = Run::start(&ctx).await?;
+    let names = [ctx.name("lock")];
+    let timing = ctx.timing();
+    let ttl = timing.short_ttl;
+    let mut holder_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl * 4);
+    holder_spec.announce = true;
+    let mut holder = run.spawn_via(&holder_spec, &*own.harness)?;
+    holding(&ctx, &mut holder).await?;
+    let other_spec = run.spec(2, &names, 2, ttl, ttl * 6 + timing.bound, THINK);
+    let other = run.spawn_via(&other_spec, &*own.harness)?;
+    own.process.pause();
+    run.log(crate::history::Edge::Start, "freeze the server");
+    // The freeze's length is what is under test.
+    tokio::time::sleep(ttl * 3).await;
+    own.process.resume();
+    run.log(crate::history::Edge::Stop, "thaw the server");
+    ctx.within("the holder after the thaw", holder.finish())
+        .await??;
+    ctx.within("the other worker after the thaw", other.finish())
+        .await??;
+    let residue = ctx.settled_residue_on(&*own.harness, &names).await?;
+    verify(&run, &SURVIVED, &run.input(residue)?)?;
+    run.discard();
+    Ok(())
+}

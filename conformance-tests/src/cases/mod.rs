@@ -135,6 +135,10 @@ static CASES: &[Case] = &[
         OWN_SERVER_CHILDREN
     ),
     case!(
+        faults::frozen_server_holds_no_one_twice,
+        OWN_SERVER_CHILDREN
+    ),
+    case!(
         faults::delayed_grant_counts_from_the_request,
         OWN_SERVER_CHILDREN
     ),

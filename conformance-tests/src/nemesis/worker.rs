@@ -66,7 +66,18 @@ fn element(hold: HoldId) -> u64 {
 pub async fn run_worker(harness: Arc<dyn Harness>, spec: WorkerSpec) -> Result<(), String> {
     let history = HistoryWriter::open(&spec.history).map_err(|e| e.to_string())?;
     let log = |event: Event| history.append(&event).map_err(|e| e.to_string());
-    let client = harness.client().await.map_err(|e| e.to_string())?;
+    // A server that is down or frozen when the worker starts is waited for, as a service
+    // would, up to the worker's wait.
+    let give_up = tokio::time::Instant::now() + spec.wait;
+    let client = loop {
+        match harness.client().await {
+            Ok(client) => break client,
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() < give_up => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(format!("connect: {e}")),
+        }
+    };
     let mut fenced = RegisterClient::connect(spec.register)
         .await
         .map_err(|e| e.to_string())?;

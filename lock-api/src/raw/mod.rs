@@ -27,7 +27,7 @@
 //!   a SQL connection writes none of this: it implements [`SessionDriver`] (open, try-lock,
 //!   wait-lock, unlock, ping, interrupt) and hands it to a [`SessionPool`], which owns the
 //!   connections, the waits, cancellation, keepalive and the lost fan-out (see [`pool`]).
-//! - **Consensus lease** (etcd, planned): one lease for many keys, kept alive by the client's
+//! - **Consensus lease** (etcd): one lease for many keys, kept alive by the client's
 //!   stream ([`RenewedBy::Session`]), its deadline shared by every guard on it.
 //!
 //! ## Cancellation, once for every backend
