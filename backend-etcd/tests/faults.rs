@@ -1,5 +1,6 @@
 //! etcd-specific faults: a revoked lease, two tasks of one client on one name, a partition past
-//! the lease, the leader killed while a lock is held. Each test that harms a server starts its
+//! the lease, the leader killed while a lock is held, compaction and defragmentation while
+//! waiters wait. Each test that harms a server starts its
 //! own. Tests wait on events with generous bounds and never assert speed.
 
 mod common;
@@ -204,4 +205,82 @@ async fn leader_killed_while_held_keeps_the_lock_and_admits_no_second_holder() {
         .release()
         .await
         .unwrap();
+}
+
+/// Waiters keep waiting through a compaction of the history their watches started from, and a
+/// defragmentation: each is granted in turn with a higher token, none stranded. (A watch whose
+/// start revision was compacted is answered "compacted"; the waiter must re-read, not hang.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_and_defragmentation_strand_no_waiter() {
+    let etcd = Etcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = common::etcd_url(&etcd.endpoints());
+    let holder = EtcdLock::connect_url(&url).await.unwrap();
+    let name = name("compacted");
+    let guard = holder.acquire(&name, &LockOptions::new()).await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let client = EtcdLock::connect_url(&url).await.unwrap();
+        let name = name.clone();
+        waiters.push(tokio::spawn(async move {
+            let next = client.acquire(&name, &wait()).await?;
+            let token = next.fencing_token();
+            next.release().await?;
+            Ok::<_, LockError>(token)
+        }));
+    }
+    let mut raw = common::raw_client(&url).await.unwrap();
+    // Wait until all three are queued (four keys under the name), then move the revision on and
+    // compact everything before it, physically, and defragment.
+    let range = common::name_range(&url, &name);
+    within("three queued waiters", async {
+        loop {
+            let found = raw
+                .get(
+                    range.as_str(),
+                    Some(
+                        etcd_client::GetOptions::new()
+                            .with_prefix()
+                            .with_count_only(),
+                    ),
+                )
+                .await
+                .unwrap()
+                .count();
+            if found >= 4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let mut revision = 0;
+    for i in 0..20 {
+        let put = raw
+            .put(format!("dlock-faults-filler/{i}"), "x", None)
+            .await
+            .unwrap();
+        revision = put.header().map_or(0, |h| h.revision());
+    }
+    raw.compact(
+        revision,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+    raw.defragment().await.unwrap();
+    let first = guard.fencing_token();
+    guard.release().await.unwrap();
+    let mut tokens = Vec::new();
+    for waiter in waiters {
+        tokens.push(
+            within("a waiter after compaction", waiter)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    tokens.sort();
+    assert!(tokens[0] > first, "{tokens:?} after {first}");
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "each waiter its own token");
 }
