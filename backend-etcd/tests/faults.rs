@@ -1,6 +1,7 @@
 //! etcd-specific faults: a revoked lease, two tasks of one client on one name, a partition past
 //! the lease, the leader killed while a lock is held, compaction and defragmentation while
-//! waiters wait. Each test that harms a server starts its own. Tests wait on events with generous bounds and never assert speed.
+//! waiters wait. Each test that harms a server starts its own. Tests wait on events with
+//! generous bounds and never assert speed.
 
 mod common;
 
