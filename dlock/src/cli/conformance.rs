@@ -58,11 +58,16 @@ impl Harness for DeployedHarness {
     }
 }
 
-/// When this process was started as a fault case's worker, runs it and returns its exit code.
+/// When this process was started as a conformance case's child (a fault case's worker, or the
+/// crash case's holder), plays that part and returns its exit code.
 ///
 /// The worker connects with `DLOCK_URL` / `DLOCK_CONFIG`, as the parent's harness set them.
 pub fn run_worker_if_asked(runtime: &tokio::runtime::Runtime) -> Option<ExitCode> {
-    let spec = std::env::var(dlock_conformance::nemesis::worker::WORKER_SPEC).ok()?;
+    let spec = std::env::var(dlock_conformance::nemesis::worker::WORKER_SPEC).ok();
+    let holds = std::env::var(dlock_conformance::cases::crash::CHILD_HOLDS).ok();
+    if spec.is_none() && holds.is_none() {
+        return None;
+    }
     let backend = BackendArgs {
         backend: std::env::var("DLOCK_URL").unwrap_or_else(|_| "memory://".to_owned()),
         config: std::env::var_os("DLOCK_CONFIG").map(Into::into),
@@ -72,6 +77,14 @@ pub fn run_worker_if_asked(runtime: &tokio::runtime::Runtime) -> Option<ExitCode
         backend,
         workers: false,
     });
+    let Some(spec) = spec else {
+        // The crash case's holder: take the lock and keep it until killed.
+        let name = holds.unwrap_or_default();
+        runtime.block_on(dlock_conformance::cases::crash::hold_until_killed(
+            harness, &name,
+        ));
+        return Some(ExitCode::FAILURE);
+    };
     let outcome = match serde_json::from_str(&spec) {
         Ok(spec) => runtime.block_on(dlock_conformance::nemesis::worker::run_worker(
             harness, spec,
