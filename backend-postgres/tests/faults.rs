@@ -1,6 +1,6 @@
 //! Faults: the holder's backend terminated, the server restarted or crashed while held, a
-//! client partitioned by the fault proxy, a dead server, more lockers than connections, and
-//! cancelled waits. Each test that harms its server starts its own.
+//! client partitioned by the fault proxy, more lockers than connections, and cancelled waits.
+//! (A frozen or dead server is the fault suite's `faults::dead_or_frozen_server_answers_unavailable`.) Each test that harms its server starts its own.
 
 mod common;
 
@@ -148,31 +148,6 @@ async fn partitioned_client_loses_its_locks_and_they_free_after_heal() {
     let next = b.acquire(&n, &wait()).await.unwrap();
     next.release().await.unwrap();
     assert!(guard.release().await.is_err());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_server_gives_unavailable_promptly() {
-    let port = dlock_test_servers::free_port().unwrap();
-    let started = tokio::time::Instant::now();
-    let refused =
-        PostgresLock::connect_url(&format!("postgres://postgres@127.0.0.1:{port}/postgres")).await;
-    assert!(
-        matches!(refused, Err(LockError::Unavailable { .. })),
-        "{refused:?}"
-    );
-    assert!(started.elapsed() < Duration::from_secs(5));
-
-    let server = own_server();
-    let a = PostgresLock::connect_url(&with_options(&server.url(), "command_timeout=1s"))
-        .await
-        .unwrap();
-    let guard = a.acquire(&name("dead"), &wait()).await.unwrap();
-    server.kill();
-    assert_eq!(lost(&guard).await, LostReason::SessionClosed);
-    let started = tokio::time::Instant::now();
-    let got = a.acquire(&name("dead2"), &wait()).await;
-    assert!(matches!(got, Err(LockError::Unavailable { .. })), "{got:?}");
-    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -662,6 +662,9 @@ impl Proc {
             return;
         };
         Self::signal_group(&state, libc::SIGSTOP);
+        // Postgres backends leave the group (`setsid`): stop every descendant too, or a paused
+        // Postgres would go on answering the connections it already has.
+        signal_descendants(pid as libc::pid_t, libc::SIGSTOP);
         state.paused = true;
         let deadline = Instant::now() + Duration::from_secs(2);
         while !all_threads_stopped(pid) && Instant::now() < deadline {
@@ -672,8 +675,51 @@ impl Proc {
     /// Thaws the process group with SIGCONT.
     pub(crate) fn resume(&self) {
         let mut state = self.state();
+        if let Some(pid) = state.child.as_ref().map(Child::id) {
+            signal_descendants(pid as libc::pid_t, libc::SIGCONT);
+        }
         Self::signal_group(&state, libc::SIGCONT);
         state.paused = false;
+    }
+}
+
+/// The parent of every process, from `/proc/<pid>/stat` (after the parenthesised command name:
+/// the state, then the parent's id).
+fn parents() -> Vec<(libc::pid_t, libc::pid_t)> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<libc::pid_t>().ok()?;
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(')')?;
+            let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
+}
+
+/// Sends `signal` to every descendant of `root` (not `root` itself), wherever their process
+/// group is.
+fn signal_descendants(root: libc::pid_t, signal: libc::c_int) {
+    let parents = parents();
+    let mut family = vec![root];
+    let mut i = 0;
+    while let Some(&parent) = family.get(i) {
+        family.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        i += 1;
+    }
+    for pid in family.into_iter().skip(1) {
+        // SAFETY: `kill` has no memory effects; these are our server's own children, alive a
+        // moment ago.
+        unsafe { libc::kill(pid, signal) };
     }
 }
 

@@ -464,3 +464,56 @@ pub async fn frozen_server_holds_no_one_twice(ctx: Ctx) -> CaseResult {
     run.discard();
     Ok(())
 }
+
+/// **A frozen, then a dead server answers `Unavailable`, never a hang** (D1/D5): with the
+/// server frozen (`SIGSTOP`), an attempt fails with [`LockError::Unavailable`] within its
+/// command timeout; with the server killed, attempts and new clients fail the same way; bad
+/// input is still refused before any network call, with `InvalidArgument`.
+///
+/// [`LockError::Unavailable`]: dlock_api::LockError::Unavailable
+pub async fn dead_or_frozen_server_answers_unavailable(ctx: Ctx) -> CaseResult {
+    use dlock_api::{LockError, LockOptions};
+    let own = own_server(&ctx).await?;
+    let client = own.harness.client().await?;
+    let name = ctx.name("lock");
+    let unavailable = |what: &str, got: &dlock_api::Result<Option<dlock_api::LockGuard>>| {
+        if matches!(got, Err(LockError::Unavailable { .. })) {
+            Ok(())
+        } else {
+            Err(Failure(format!("{what}: {got:?}, not Unavailable")))
+        }
+    };
+    own.process.pause();
+    let frozen = ctx
+        .within(
+            "an attempt on a frozen server",
+            client.try_acquire(&name, &LockOptions::new()),
+        )
+        .await;
+    own.process.resume();
+    unavailable("an attempt on a frozen server", &frozen?)?;
+    own.process.kill();
+    let dead = ctx
+        .within(
+            "an attempt on a dead server",
+            client.try_acquire(&name, &LockOptions::new()),
+        )
+        .await?;
+    unavailable("an attempt on a dead server", &dead)?;
+    let bad = client
+        .try_acquire(&name, &LockOptions::new().with_ttl(Duration::ZERO))
+        .await;
+    ensure!(
+        matches!(bad, Err(LockError::InvalidArgument { .. })),
+        "bad input on a dead server: {bad:?}, not InvalidArgument"
+    );
+    let connect = ctx
+        .within("a new client of a dead server", own.harness.client())
+        .await?;
+    ensure!(
+        matches!(connect, Err(LockError::Unavailable { .. })),
+        "a new client of a dead server: {:?}, not Unavailable",
+        connect.map(|c| c.to_string())
+    );
+    Ok(())
+}

@@ -60,6 +60,10 @@ const OWN_SERVER: Needs = Needs {
     fault: Some(Fault::OwnServer),
     ..NONE
 };
+const OWN_SERVER_NO_FENCE: Needs = Needs {
+    fault: Some(Fault::OwnServer),
+    ..NONE
+};
 const OWN_SERVER_CHILDREN: Needs = Needs {
     child_process: true,
     ..OWN_SERVER
@@ -137,6 +141,10 @@ static CASES: &[Case] = &[
     case!(
         faults::frozen_server_holds_no_one_twice,
         OWN_SERVER_CHILDREN
+    ),
+    case!(
+        faults::dead_or_frozen_server_answers_unavailable,
+        OWN_SERVER_NO_FENCE
     ),
     case!(
         faults::delayed_grant_counts_from_the_request,
