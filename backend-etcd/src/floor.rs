@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use dlock_api::Result;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use tokio::time::Instant;
 
 use crate::EtcdLock;
 use crate::error::map_err;
@@ -31,7 +30,7 @@ pub async fn raw_floor(url: &str, duration: Duration) -> Result<Vec<Duration>> {
         locks.config().prefix,
         std::process::id()
     );
-    let mut pair = async || -> Result<()> {
+    let pair = async || -> Result<()> {
         let create = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
@@ -51,16 +50,7 @@ pub async fn raw_floor(url: &str, duration: Duration) -> Result<Vec<Duration>> {
         client.txn(delete).await.map_err(map_err)?;
         Ok(())
     };
-    for _ in 0..50 {
-        pair().await?;
-    }
-    let mut samples = Vec::new();
-    let started = Instant::now();
-    while started.elapsed() < duration {
-        let t = Instant::now();
-        pair().await?;
-        samples.push(t.elapsed());
-    }
+    let samples = dlock_api::raw::floor::sample(duration, pair).await?;
     let _ = client.lease_revoke(lease).await;
     Ok(samples)
 }

@@ -43,17 +43,7 @@ pub async fn raw_floor(url: &str, duration: Duration) -> Result<Vec<Duration>> {
             .await?;
         Ok::<(), dlock_api::LockError>(())
     };
-    for _ in 0..50 {
-        pair().await?;
-    }
-    let mut samples = Vec::new();
-    let started = Instant::now();
-    while started.elapsed() < duration {
-        let t = Instant::now();
-        pair().await?;
-        samples.push(t.elapsed());
-    }
-    Ok(samples)
+    dlock_api::raw::floor::sample(duration, pair).await
 }
 
 const DELETE_AND_PUBLISH: &str = r"

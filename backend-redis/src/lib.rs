@@ -61,7 +61,7 @@
 //! | hand-off, 4 clients on one name, 2 ms hold | p50 234 µs, p99 421 µs | notified hand-off (`DEL`+`PUBLISH`, subscriber `SET NX`): p50 164 µs | 1.44× (runs 1.33–1.78×) |
 //! | many names, one client | 1 task: 3.6k pairs/s; 16 tasks: 23.8k pairs/s | | scales 6.6× with 16× the tasks |
 //!
-//! The polling peers hand a lock off in 27–99 ms (PERF-ANCHORS); dlock's grant hand-off is about
+//! The polling peers hand a lock off in 27–99 ms; dlock's grant hand-off is about
 //! 100× faster. The grant itself reaches the waiter about one round trip after the release is sent
 //! (measured floor ~95 µs when the round trip was ~80 µs); the rest of the p50 is task wake-ups on a
 //! 2-core machine shared with the server. Uncontended pairs pay for the fencing counter and the

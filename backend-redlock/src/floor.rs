@@ -7,7 +7,6 @@ use dlock_api::{LockError, Result};
 use futures::future::{join_all, try_join_all};
 use redis::Script;
 use redis::aio::MultiplexedConnection;
-use tokio::time::Instant;
 
 use crate::BACKEND;
 use crate::config::RedlockConfig;
@@ -88,15 +87,5 @@ pub async fn raw_floor(url: &str, duration: Duration) -> Result<Vec<Duration>> {
         }
         Ok::<(), LockError>(())
     };
-    for _ in 0..50 {
-        pair().await?;
-    }
-    let mut samples = Vec::new();
-    let started = Instant::now();
-    while started.elapsed() < duration {
-        let t = Instant::now();
-        pair().await?;
-        samples.push(t.elapsed());
-    }
-    Ok(samples)
+    dlock_api::raw::floor::sample(duration, pair).await
 }

@@ -61,17 +61,7 @@ pub async fn raw_floor(url: &str, duration: Duration) -> Result<Vec<Duration>> {
         let node = create(&locks, &client, &dir, &prefix).await?;
         client.delete(&node, Some(0)).await.map_err(map_err)
     };
-    for _ in 0..50 {
-        pair().await?;
-    }
-    let mut samples = Vec::new();
-    let started = Instant::now();
-    while started.elapsed() < duration {
-        let t = Instant::now();
-        pair().await?;
-        samples.push(t.elapsed());
-    }
-    Ok(samples)
+    dlock_api::raw::floor::sample(duration, pair).await
 }
 
 /// Measures the predecessor-watch hand-off for `duration`: a holder's node and a waiter's node

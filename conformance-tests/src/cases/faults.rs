@@ -228,7 +228,7 @@ pub async fn tokens_rise_across_server_restarts(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
-/// **A partitioned holder** (C1): a worker reaching the server through a fault proxy takes the
+/// **A partitioned holder**: a worker reaching the server through a fault proxy takes the
 /// lock, reads the register, and is cut off (the proxy drops nothing, answers nothing) while it
 /// thinks for two TTLs; another worker, connected directly, wants the lock; then the link heals.
 ///
@@ -363,7 +363,7 @@ const SURVIVED: Expect = Expect {
     ..Expect::FENCED_FAULT
 };
 
-/// **Lost replies** (C2): a worker's acquire reaches the server, which grants it, but every
+/// **Lost replies**: a worker's acquire reaches the server, which grants it, but every
 /// reply is thrown away: the worker cannot know whether it holds the lock (its acquire ends
 /// "outcome unknown"), and it must not leave the lock behind. Another worker gets the lock;
 /// no overlap, nothing stale accepted, nothing left.
@@ -388,7 +388,7 @@ pub async fn lost_acquire_reply_leaves_nothing(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
-/// **A reply held back past most of the lease** (C3: the network delays the grant): the server
+/// **A reply held back past most of the lease** (the network delays the grant): the server
 /// grants the lock at once, but the reply reaches the worker three quarters of a TTL later, and
 /// every later reply is held again (its renewals fail). Its guard is valid only until the
 /// request's send time plus the TTL — not the reply's arrival plus the TTL — so when the lease
@@ -432,7 +432,7 @@ pub async fn delayed_grant_counts_from_the_request(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
-/// **A frozen server** (D: `SIGSTOP` on the server process, as a stalled VM or a long GC in
+/// **A frozen server** (`SIGSTOP` on the server process, as a stalled VM or a long GC in
 /// the server would): a worker holds the lock between read and write while the server is
 /// frozen for three TTLs; another worker waits for the lock meanwhile. After the thaw, whoever
 /// the server lets in, no two holds may overlap and no stale write may be accepted: a holder
@@ -465,7 +465,7 @@ pub async fn frozen_server_holds_no_one_twice(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
-/// **A frozen, then a dead server answers `Unavailable`, never a hang** (D1/D5): with the
+/// **A frozen, then a dead server answers `Unavailable`, never a hang**: with the
 /// server frozen (`SIGSTOP`), an attempt fails with [`LockError::Unavailable`] within its
 /// command timeout; with the server killed, attempts and new clients fail the same way; bad
 /// input is still refused before any network call, with `InvalidArgument`.
