@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Fault, Faults, Harness, OwnServer};
+use dlock_conformance::{Fault, Faults, Harness, OwnServer, Timing};
 use dlock_etcd::{EtcdConfig, EtcdLock};
 use dlock_test_servers::{Etcd, EtcdCluster};
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
@@ -116,6 +116,15 @@ impl Harness for EtcdHarness {
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
         Ok(Arc::new(EtcdLock::connect_url(&self.url).await?))
+    }
+
+    /// Leases of 3 s rather than 2: every grant, extend and release is a raft write with an
+    /// fsync, and with the whole suite's servers on 2 cores one can take most of a second.
+    fn timing(&self) -> Timing {
+        Timing {
+            short_ttl: std::time::Duration::from_secs(3),
+            ..Timing::default()
+        }
     }
 
     fn faults(&self) -> Option<&dyn Faults> {
