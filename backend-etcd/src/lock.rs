@@ -547,6 +547,7 @@ impl RawLock for EtcdLock {
             reentrant: false,
             max_name_bytes: None,
             max_ttl: None,
+            min_ttl: None,
         }
     }
 

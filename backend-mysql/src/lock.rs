@@ -143,6 +143,7 @@ impl RawLock for MySqlLock {
             reentrant: false,
             max_name_bytes: Some(MAX_KEY_CHARS - self.config().prefix.len()),
             max_ttl: None,
+            min_ttl: None,
         }
     }
 

@@ -217,6 +217,7 @@ impl RawLock for PostgresLock {
             reentrant: false,
             max_name_bytes: None,
             max_ttl: None,
+            min_ttl: None,
         }
     }
 

@@ -234,6 +234,7 @@ impl RawLock for RedisLock {
             reentrant: false,
             max_name_bytes: None,
             max_ttl: None,
+            min_ttl: None,
         }
     }
 

@@ -67,6 +67,20 @@ pub struct RedlockConfig {
     pub ca_cert: Option<std::path::PathBuf>,
 }
 
+impl RedlockConfig {
+    /// The shortest TTL this configuration accepts: a round over every node (each allowed 5 %
+    /// of the TTL, at least 5 ms) plus the drift allowance must still leave `min_validity`, with
+    /// room to spare on a loaded machine; never under 100 ms.
+    pub fn min_ttl(&self) -> Duration {
+        let needed = self
+            .drift
+            .saturating_add(self.min_validity)
+            .saturating_add(Duration::from_millis(5));
+        let usable = (1.0 - self.drift_factor - 0.05).max(0.1);
+        needed.div_f64(usable).max(Duration::from_millis(100))
+    }
+}
+
 impl Default for RedlockConfig {
     fn default() -> Self {
         Self {

@@ -419,6 +419,7 @@ impl RawLock for Redlock {
             reentrant: false,
             max_name_bytes: None,
             max_ttl: None,
+            min_ttl: Some(self.inner.config.min_ttl()),
         }
     }
 

@@ -516,6 +516,7 @@ impl RawLock for ZkLock {
             reentrant: false,
             max_name_bytes: None,
             max_ttl: None,
+            min_ttl: None,
         }
     }
 

@@ -35,6 +35,10 @@ pub struct Capabilities {
     pub max_name_bytes: Option<usize>,
     /// The longest lease the backend accepts, if limited.
     pub max_ttl: Option<Duration>,
+    /// The shortest lease the backend accepts, if limited (Redlock: a round over every node and
+    /// its drift allowance must still leave some validity). Shorter TTLs are refused before any
+    /// network call.
+    pub min_ttl: Option<Duration>,
 }
 
 /// How far fencing tokens can be trusted.
@@ -69,6 +73,17 @@ impl Capabilities {
     /// is a TTL.
     pub fn check(&self, backend: &'static str, options: &LockOptions) -> Result<()> {
         options.validate()?;
+        if let Some(min) = self.min_ttl {
+            if self.lease == LeaseKind::Ttl && options.ttl() < min {
+                return Err(LockError::invalid(
+                    "ttl",
+                    format!(
+                        "{:?} is shorter than {backend}'s minimum of {min:?}",
+                        options.ttl()
+                    ),
+                ));
+            }
+        }
         if let Some(max) = self.max_ttl {
             if self.lease == LeaseKind::Ttl && options.ttl() > max {
                 return Err(LockError::invalid(

@@ -223,6 +223,7 @@ impl RawLock for MemoryLock {
             reentrant: false,
             max_name_bytes: None,
             max_ttl: None,
+            min_ttl: None,
         }
     }
 
