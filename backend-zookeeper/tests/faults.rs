@@ -10,6 +10,7 @@ mod common;
 use std::time::Duration;
 
 use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, LostReason};
+use dlock_conformance::wait_for;
 use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper, ZooKeeperEnsemble};
 use dlock_zookeeper::{ZkConfig, ZkLock};
 
@@ -26,20 +27,14 @@ fn wait() -> LockOptions {
     LockOptions::new().with_wait_timeout(BOUND)
 }
 
+/// [`wait_for::within`] at this file's bound.
 async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(BOUND, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: nothing after {BOUND:?}"))
+    wait_for::within(BOUND, what, future).await
 }
 
-/// Waits (within the bound) until `check` holds, looking every 20 ms.
-async fn until(what: &str, mut check: impl FnMut() -> bool) {
-    within(what, async {
-        while !check() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
+/// [`wait_for::until`] at this file's bound.
+async fn until(what: &str, check: impl FnMut() -> bool) {
+    wait_for::until(BOUND, what, check).await
 }
 
 async fn start(

@@ -70,6 +70,7 @@ pub mod inputs;
 mod memory;
 pub mod nemesis;
 mod runner;
+pub mod wait_for;
 
 pub use case::{Case, CaseResult, Ctx, Failure, Needs};
 pub use cases::cases;

@@ -1,0 +1,36 @@
+//! Bounded waits for a backend's own tests: wait on an event, fail loudly at a generous bound,
+//! never sleep in its place.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use std::time::Duration;
+//! let answer = dlock_conformance::wait_for::within(Duration::from_secs(5), "the answer", async { 42 }).await;
+//! assert_eq!(answer, 42);
+//! # }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+/// Awaits `future`, panicking with `what` if it takes longer than `bound`.
+///
+/// # Panics
+/// When `bound` passes first: the event the test waits for did not happen.
+pub async fn within<T>(bound: Duration, what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(bound, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing after {bound:?}"))
+}
+
+/// Waits until `check` holds, looking every 20 ms, panicking with `what` after `bound`.
+///
+/// # Panics
+/// When `bound` passes first.
+pub async fn until(bound: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    within(bound, what, async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
