@@ -7,6 +7,7 @@ use dlock_api::raw::config::{Secret, UrlParts, duration_option};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
+use crate::eviction::EvictionCheck;
 
 /// How the Redis deployment is laid out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,6 +46,7 @@ pub enum Topology {
 /// | `wait_replicas` | `0` | after acquiring, `WAIT` for this many replicas (narrows, does not close, the failover window) |
 /// | `wait_replicas_timeout` | `100ms` | how long that `WAIT` may take; fewer acknowledgements fail the acquire |
 /// | `ca_cert` | (system roots) | with `rediss://`: a PEM file of the CA to trust instead (a private CA) |
+/// | `eviction_check` | `warn` | at connect, when the server may evict lock keys (`maxmemory` set, `maxmemory-policy` not `noeviction`): `warn`, `refuse` (a [`LockError::Config`]) or `off` |
 ///
 /// `Debug` and `Display` never show the password.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +74,8 @@ pub struct RedisConfig {
     pub wait_replicas_timeout: Duration,
     /// With TLS: a PEM file of the CA to trust instead of the system's roots.
     pub ca_cert: Option<std::path::PathBuf>,
+    /// What connecting does when the server may evict lock keys.
+    pub eviction_check: EvictionCheck,
 }
 
 impl Default for RedisConfig {
@@ -90,6 +94,7 @@ impl Default for RedisConfig {
             wait_replicas: 0,
             wait_replicas_timeout: Duration::from_millis(100),
             ca_cert: None,
+            eviction_check: EvictionCheck::Warn,
         }
     }
 }
@@ -196,9 +201,10 @@ impl RedisConfig {
                 self.wait_replicas_timeout = duration_option(BACKEND, key, value)?
             }
             "ca_cert" => self.ca_cert = Some(value.into()),
+            "eviction_check" => self.eviction_check = value.parse()?,
             other => {
                 return Err(config_error(format!(
-                    "unknown option `{other}` (known: prefix, connect_timeout, command_timeout, wait_replicas, wait_replicas_timeout, ca_cert)"
+                    "unknown option `{other}` (known: prefix, connect_timeout, command_timeout, wait_replicas, wait_replicas_timeout, ca_cert, eviction_check)"
                 )));
             }
         }

@@ -43,6 +43,24 @@
 //! without TTL so tokens never repeat: one small key per name ever locked), `PREFIX:{NAME}:queue`
 //! and `PREFIX:{NAME}:waiters` (the waiters, expiring with them), channel `PREFIX:{NAME}:released`. Braces in names are escaped so the hash tag is always the whole name.
 //!
+//! ## When a Redis deployment forgets a lock
+//! A Redis server can lose a held lock without anyone releasing it, and no client is told:
+//! - **Eviction.** Lock keys carry a TTL, so a server with `maxmemory` and any policy but
+//!   `noeviction` may delete one to make room. At connect the client reads `maxmemory*` and, if
+//!   eviction is possible, logs a warning (`eviction_check=warn`, the default), refuses with
+//!   [`LockError::Config`](dlock_api::LockError::Config) (`eviction_check=refuse`), or does not ask
+//!   (`off`). Run lock servers with `maxmemory-policy noeviction`.
+//! - **Failover.** Replication is asynchronous: a primary that dies right after a grant may be
+//!   replaced by a replica that never saw it. `wait_replicas=N` makes an acquire wait for N replica
+//!   acknowledgements and fail (releasing) without them: that narrows the window, it does not
+//!   close it (Redis's `WAIT` is not a consensus write).
+//! - **Restart without persistence** empties the server. Fencing tokens still rise: each is at
+//!   least the server's clock in microseconds, so only a clock stepped backwards repeats one.
+//!
+//! The fault suite's `faults::server_that_forgets_a_lock_is_caught` reproduces the first two
+//! against real servers and checks that the history checker reports the two holders; fencing
+//! tokens are what keeps the protected resource safe then.
+//!
 //! ## Per-node primitives
 //! [`node::Node`] exposes one node's lock primitives without the grant queue (`SET NX PX` with
 //! a fencing token, owner-checked unlock, announced release and extend, raising the fence
@@ -73,6 +91,7 @@ mod client;
 mod config;
 mod conn;
 mod error;
+mod eviction;
 mod keys;
 mod lease;
 mod lock;
@@ -82,6 +101,7 @@ mod wake;
 
 pub use bench::{raw_floor, raw_handoff_floor};
 pub use config::{RedisConfig, Topology};
+pub use eviction::EvictionCheck;
 pub use keys::LockKeys;
 pub use lock::RedisLock;
 

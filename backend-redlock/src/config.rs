@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use dlock_api::raw::config::{Secret, UrlParts, duration_option};
 use dlock_api::{LockError, Result};
-use dlock_redis::{RedisConfig, Topology};
+use dlock_redis::{EvictionCheck, RedisConfig, Topology};
 
 use crate::BACKEND;
 
@@ -30,6 +30,7 @@ pub const DEFAULT_PORT: u16 = 6379;
 /// | `retry_delay` | `10ms` | the longest random delay before trying again after a split vote |
 /// | `connect_timeout` | `2s` | TCP connect and handshake, per node |
 /// | `command_timeout` | `2s` | each release, subscription and fence write-back |
+/// | `eviction_check` | `warn` | at connect, per node, when it may evict lock keys: `warn`, `refuse` or `off` (see [`EvictionCheck`]) |
 ///
 /// `Debug` and `Display` never show the password.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,6 +66,8 @@ pub struct RedlockConfig {
     pub command_timeout: Duration,
     /// With TLS: a PEM file of the CA to trust instead of the system's roots.
     pub ca_cert: Option<std::path::PathBuf>,
+    /// What connecting does when a node may evict lock keys.
+    pub eviction_check: EvictionCheck,
 }
 
 impl RedlockConfig {
@@ -99,6 +102,7 @@ impl Default for RedlockConfig {
             connect_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_secs(2),
             ca_cert: None,
+            eviction_check: EvictionCheck::Warn,
         }
     }
 }
@@ -187,9 +191,10 @@ impl RedlockConfig {
             "connect_timeout" => self.connect_timeout = duration_option(BACKEND, key, value)?,
             "command_timeout" => self.command_timeout = duration_option(BACKEND, key, value)?,
             "ca_cert" => self.ca_cert = Some(value.into()),
+            "eviction_check" => self.eviction_check = value.parse()?,
             other => {
                 return Err(config_error(format!(
-                    "unknown option `{other}` (known: prefix, quorum, node_timeout, drift_factor, drift, min_validity, retry_delay, connect_timeout, command_timeout, ca_cert)"
+                    "unknown option `{other}` (known: prefix, quorum, node_timeout, drift_factor, drift, min_validity, retry_delay, connect_timeout, command_timeout, ca_cert, eviction_check)"
                 )));
             }
         }
@@ -258,6 +263,7 @@ impl RedlockConfig {
         config.connect_timeout = self.connect_timeout;
         config.command_timeout = self.command_timeout;
         config.ca_cert.clone_from(&self.ca_cert);
+        config.eviction_check = self.eviction_check;
         config
     }
 }

@@ -87,6 +87,17 @@ pub(crate) async fn connect_all(config: &RedlockConfig, hub: &Arc<Hub>) -> Resul
         .map(|i| Arc::new(Slot::new(i, config.node_config(i), hub)))
         .collect();
     let results = futures::future::join_all(slots.iter().map(|slot| slot.connect())).await;
+    // A node the configuration refuses (its eviction policy) is a deployment mistake to name,
+    // not an outage to ride out on the other nodes.
+    if let Some(Err(refused)) = results
+        .iter()
+        .find(|r| matches!(r, Err(LockError::Config { .. })))
+    {
+        return Err(LockError::Config {
+            backend: BACKEND,
+            reason: refused.to_string(),
+        });
+    }
     let connected = results.iter().filter(|r| r.is_ok()).count();
     if connected < config.quorum() {
         let failures: Vec<String> = slots

@@ -1,0 +1,141 @@
+//! The server's eviction policy, asked once at connect.
+//!
+//! A lock key carries a TTL, so a server with a memory limit and any policy but `noeviction` may
+//! delete a *held* lock to make room (`volatile-*` picks exactly the keys with a TTL; `allkeys-*`
+//! may also drop the fencing counter, so tokens restart). Nothing tells the holder: a second
+//! client then acquires while the first still believes it holds. The connect-time check turns
+//! that silent hazard into a warning, or a refusal for deployments that want one.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use dlock_api::{LockError, Result};
+
+use crate::BACKEND;
+use crate::conn::Conn;
+
+/// What [`RedisLock::connect`](crate::RedisLock::connect) does when the server may evict lock keys
+/// (option `eviction_check`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EvictionCheck {
+    /// Log a warning and go on (the default: many managed Redis services default to
+    /// `volatile-lru`, and refusing would make dlock unusable there without a word of why).
+    #[default]
+    Warn,
+    /// Fail the connect with [`LockError::Config`].
+    Refuse,
+    /// Do not ask (for servers that deny `CONFIG GET`, or a policy known to be safe).
+    Off,
+}
+
+impl FromStr for EvictionCheck {
+    type Err = LockError;
+
+    fn from_str(value: &str) -> Result<Self> {
+        match value {
+            "warn" => Ok(Self::Warn),
+            "refuse" => Ok(Self::Refuse),
+            "off" => Ok(Self::Off),
+            other => Err(dlock_api::raw::config::config_error(
+                BACKEND,
+                format!("option `eviction_check` takes warn, refuse or off, not `{other}`"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for EvictionCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Warn => "warn",
+            Self::Refuse => "refuse",
+            Self::Off => "off",
+        })
+    }
+}
+
+/// Why the server's settings let it evict lock keys, or `None` when they do not.
+fn eviction_hazard(settings: &HashMap<String, String>) -> Option<String> {
+    let limit: u64 = settings.get("maxmemory")?.parse().ok()?;
+    let policy = settings.get("maxmemory-policy")?;
+    (limit > 0 && policy != "noeviction").then(|| {
+        format!(
+            "the server may evict held locks: maxmemory {limit} with maxmemory-policy {policy} \
+             (set maxmemory-policy noeviction, or maxmemory 0)"
+        )
+    })
+}
+
+/// Asks the server (in a Cluster, whichever node the driver picks) for its memory limit and
+/// policy, and acts on `check`. A server that denies `CONFIG` (managed services often rename
+/// it) cannot be judged: that is logged, never refused, since refusing would lock those users out.
+pub(crate) async fn check(
+    conn: &Conn,
+    check: EvictionCheck,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    if check == EvictionCheck::Off {
+        return Ok(());
+    }
+    // `maxmemory*` rather than two names: Redis 6 takes one parameter per CONFIG GET.
+    let settings: HashMap<String, String> = match conn
+        .query(timeout, redis::cmd("CONFIG").arg("GET").arg("maxmemory*"))
+        .await
+    {
+        Ok(settings) => settings,
+        Err(error @ LockError::Unavailable { .. }) => return Err(error),
+        Err(error) => {
+            tracing::info!(%error, "redis: cannot read the eviction policy; not checked");
+            return Ok(());
+        }
+    };
+    match (eviction_hazard(&settings), check) {
+        (None, _) => Ok(()),
+        (Some(hazard), EvictionCheck::Refuse) => Err(LockError::Config {
+            backend: BACKEND,
+            reason: format!("{hazard}; or connect with eviction_check=warn"),
+        }),
+        (Some(hazard), _) => {
+            tracing::warn!("redis: {hazard}");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(limit: &str, policy: &str) -> HashMap<String, String> {
+        HashMap::from([
+            ("maxmemory".to_owned(), limit.to_owned()),
+            ("maxmemory-policy".to_owned(), policy.to_owned()),
+        ])
+    }
+
+    #[test]
+    fn only_a_limit_with_an_evicting_policy_is_a_hazard() {
+        assert!(eviction_hazard(&settings("0", "volatile-lru")).is_none());
+        assert!(eviction_hazard(&settings("2097152", "noeviction")).is_none());
+        assert!(eviction_hazard(&settings("2097152", "volatile-lru")).is_some());
+        assert!(eviction_hazard(&settings("2097152", "allkeys-random")).is_some());
+        assert!(eviction_hazard(&HashMap::new()).is_none());
+    }
+
+    #[test]
+    fn the_option_round_trips() {
+        for check in [
+            EvictionCheck::Warn,
+            EvictionCheck::Refuse,
+            EvictionCheck::Off,
+        ] {
+            assert_eq!(check.to_string().parse::<EvictionCheck>().unwrap(), check);
+        }
+        assert!(matches!(
+            "never".parse::<EvictionCheck>(),
+            Err(LockError::Config { .. })
+        ));
+    }
+}
