@@ -207,9 +207,9 @@ fn owner_token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-/// How much earlier than `ttl` after a grant announcement arrived the waiter considers its lease
-/// over: the announcement left the server a moment before it arrived (and clocks drift), so the
-/// local deadline must err early, as Redlock's drift allowance does.
+/// How much earlier than `ttl` after its last busy attempt was sent a waiter granted the lock
+/// considers its lease over: the server's clock and ours run at slightly different rates, so
+/// the local deadline errs early, as Redlock's drift allowance does.
 fn grant_margin(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
@@ -273,31 +273,52 @@ impl RawLock for RedisLock {
         };
         let refresh = self.presence() / 3;
         let mut backoff = 0;
+        // When the latest attempt that found the lock busy was sent: a grant to us was made
+        // after that, so its lease runs at least until then plus the TTL. When the grant's
+        // message *arrived* says nothing of when it was made: it may have sat in the socket of a
+        // process that was paused.
+        let mut last_busy_sent: Option<Instant> = None;
         loop {
             let notified = waiting.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some((token, arrived)) = waiting.granted() {
-                pending.disarm();
-                let valid_until = after(
-                    arrived,
-                    options.ttl().saturating_sub(grant_margin(options.ttl())),
-                );
-                return Ok(Some(self.guard(
-                    name,
-                    &keys,
-                    &owner,
-                    token as i64,
-                    valid_until,
-                )));
+            if let Some(token) = waiting.take_grant() {
+                let ttl = options.ttl();
+                let valid_until =
+                    last_busy_sent.map(|sent| after(sent, ttl.saturating_sub(grant_margin(ttl))));
+                if let Some(valid_until) = valid_until
+                    .filter(|until| until.saturating_duration_since(Instant::now()) >= ttl / 2)
+                {
+                    pending.disarm();
+                    return Ok(Some(self.guard(
+                        name,
+                        &keys,
+                        &owner,
+                        token as i64,
+                        valid_until,
+                    )));
+                }
+                // Too little of the lease is certain: the attempt below asks the server (the
+                // lock is still ours: the lease it has left, counted from this request; it ran
+                // out and someone else holds it: we wait on).
             }
             waiting.ensure_subscribed().await?;
+            let sent = Instant::now();
             let pttl = match self.attempt(name, &keys, &owner, options, true).await? {
                 Attempt::Granted(grant) => {
                     pending.disarm();
                     return Ok(Some(grant));
                 }
-                Attempt::Busy { pttl } => pttl,
+                Attempt::Busy { pttl } => {
+                    // A grant delivered before this reply was made before the server ran our
+                    // attempt (replies and announcements share one ordered connection per
+                    // node), and the attempt found the lock not ours: that grant has already
+                    // ended. One that raced in just after is dropped too; the next attempt
+                    // finds the lock ours and dates the lease from its own request.
+                    let _ended = waiting.take_grant();
+                    last_busy_sent = Some(sent);
+                    pttl
+                }
             };
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {

@@ -17,7 +17,6 @@ use dlock_api::Result;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
-use tokio::time::Instant;
 
 use crate::conn::Conn;
 use crate::scripts::Announcement;
@@ -39,10 +38,11 @@ struct Channel {
     subscribed: AtomicBool,
 }
 
-/// A grant delivered to one waiter: the fencing token and when the announcement arrived.
+/// A grant delivered to one waiter: its fencing token. Not when it arrived: that says nothing
+/// of when it was made (see the waiter in `lock.rs`).
 #[derive(Debug, Default)]
 struct Grant {
-    granted: Mutex<Option<(u64, Instant)>>,
+    granted: Mutex<Option<u64>>,
     notify: Notify,
 }
 
@@ -89,8 +89,7 @@ impl Wakeups {
                     Some(Announcement::Granted { owner, token }) => {
                         let grants = self.grants.lock().unwrap_or_else(|e| e.into_inner());
                         if let Some(grant) = grants.get(owner) {
-                            *grant.granted.lock().unwrap_or_else(|e| e.into_inner()) =
-                                Some((token, Instant::now()));
+                            *grant.granted.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
                             grant.notify.notify_one();
                         }
                     }
@@ -169,9 +168,13 @@ impl Waiting {
         self.grant.notify.notified().await
     }
 
-    /// The grant delivered to this waiter, if any: the fencing token and its arrival time.
-    pub(crate) fn granted(&self) -> Option<(u64, Instant)> {
-        *self.grant.granted.lock().unwrap_or_else(|e| e.into_inner())
+    /// Takes the grant delivered to this waiter, if any: its fencing token.
+    pub(crate) fn take_grant(&self) -> Option<u64> {
+        self.grant
+            .granted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Subscribes again after a lost connection (a no-op while subscribed).

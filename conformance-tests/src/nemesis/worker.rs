@@ -45,8 +45,9 @@ pub struct WorkerSpec {
     pub wait: Duration,
     /// The think time between read and write, drawn from zero up to this.
     pub think: Duration,
-    /// Prints `holding <handle> <token>` on stdout once it holds a lock and has read the
-    /// registers, then thinks exactly `think`: the point where the harness pauses or kills it.
+    /// Prints `acquiring <handle>` on stdout as it asks for a lock, and `holding <handle> <token>`
+    /// once it holds it and has read the registers, then thinks exactly `think`: the points where
+    /// the harness pauses or kills it.
     pub announce: bool,
     /// Once connected (and warmed up by one acquire and release of the first name), prints
     /// `ready` and waits this long before its first round: time for the harness to set a fault
@@ -109,6 +110,9 @@ pub async fn run_worker(harness: Arc<dyn Harness>, spec: WorkerSpec) -> Result<(
         let name = &spec.names[rng.random_range(..spec.names.len())];
         let at = |op, phase| Event::now(&spec.run, hold, name, op, phase);
         log(at(Op::Acquire, Phase::Invoke))?;
+        if spec.announce {
+            say(&format!("acquiring {}", hold.handle))?;
+        }
         let guard = match acquire(&*client, name, &options).await {
             Ok(guard) => guard,
             Err(error) => {
@@ -191,8 +195,9 @@ async fn acquire(
     client.acquire(&LockName::new(name)?, options).await
 }
 
-/// Tells the harness where this worker is: `ready` (connected), or `holding <handle> <token>`
-/// (holds a lock, has read the registers, is about to think).
+/// Tells the harness where this worker is: `ready` (connected), `acquiring <handle>` (asking
+/// for a lock), or `holding <handle> <token>` (holds it, has read the registers, is about to
+/// think).
 fn say(line: &str) -> Result<(), String> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
