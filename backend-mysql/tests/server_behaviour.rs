@@ -1,8 +1,8 @@
 //! What MariaDB does with named locks in the situations the backend must survive, and proof that
 //! the backend never falls into them: a second `GET_LOCK` of a name on the same connection
 //! stacks; `COM_RESET_CONNECTION` (what a pool may send when a connection comes back) frees
-//! every named lock of the connection; `KILL QUERY` on an idle connection does not hit its next
-//! statement.
+//! every named lock of the connection; an sqlx pool hands a connection's lock to its next
+//! borrower; `KILL QUERY` on an idle connection does not hit its next statement.
 
 mod common;
 
@@ -25,7 +25,10 @@ async fn scalar(conn: &mut MySqlConnection, sql: &str, key: &str) -> Option<i64>
         .fetch_one(sqlx::query(sql).bind(key.to_owned()))
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    row.try_get::<Option<i64>, _>(0).unwrap()
+    // The server types these results INT or, through a pool's connections, INT UNSIGNED.
+    row.try_get::<Option<i64>, _>(0)
+        .or_else(|_| row.try_get::<Option<u32>, _>(0).map(|v| v.map(i64::from)))
+        .unwrap()
 }
 
 async fn is_free(url: &str, key: &str) -> bool {
@@ -105,6 +108,69 @@ async fn the_client_never_stacks_a_name() {
     assert!(
         is_free(h.url(), &key).await,
         "a stacked lock was left behind"
+    );
+}
+
+/// The pool hazard, raw: an sqlx pool of one connection shared by two logical clients. The first
+/// takes a named lock and hands its connection back without releasing (a dropped guard in a
+/// naive design); the second borrows the same connection and `GET_LOCK` answers 1, a stacked
+/// re-grant: two logical holders, and the server sees one. sqlx does not reset connections on
+/// return; a pool that did would instead free the first holder's lock under it
+/// (`reset_connection_frees_named_locks`). Either way a lock must not live on a shared pooled
+/// connection, which is why dlock keeps its own.
+#[tokio::test]
+async fn a_pooled_connection_hands_its_lock_to_the_next_borrower() {
+    let h = MySqlHarness::shared();
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(h.url())
+        .await
+        .unwrap();
+    let key = unique("pooled");
+    let get_lock = "SELECT GET_LOCK(?, 0)";
+    let mut first = pool.acquire().await.unwrap();
+    assert_eq!(scalar(&mut first, get_lock, &key).await, Some(1));
+    drop(first);
+    let mut second = pool.acquire().await.unwrap();
+    assert_eq!(
+        scalar(&mut second, get_lock, &key).await,
+        Some(1),
+        "the second borrower was refused: the pool reset the connection"
+    );
+    assert_eq!(
+        scalar(&mut second, "SELECT RELEASE_ALL_LOCKS()", &key).await,
+        Some(2)
+    );
+}
+
+/// dlock's side of the same situation: a guard dropped without release, and the same client
+/// (at its smallest pool) asked for the name again at once. The new guard comes only after the
+/// dropped one's unlock ran on the server, so one release frees the name: nothing stacked.
+#[tokio::test]
+async fn a_dropped_guard_is_unlocked_before_the_client_grants_the_name_again() {
+    let h = MySqlHarness::shared();
+    let url = format!(
+        "{}{}max_connections=2",
+        h.url(),
+        if h.url().contains('?') { '&' } else { '?' }
+    );
+    let locks = MySqlLock::connect_url(&url).await.unwrap();
+    let name = LockName::new(unique("dropped")).unwrap();
+    let key = locks.key(&name);
+    let wait = LockOptions::new().with_wait_timeout(Duration::from_secs(30));
+    for _ in 0..20 {
+        drop(locks.acquire(&name, &wait).await.unwrap());
+    }
+    locks
+        .acquire(&name, &wait)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert!(
+        is_free(h.url(), &key).await,
+        "a dropped guard's lock stacked under a later one"
     );
 }
 

@@ -267,6 +267,23 @@ async fn fence_sequence_is_checked_created_and_optional() {
         .execute(&mut conn)
         .await
         .unwrap();
+    // Why: each session takes a block of 20 values, so two sessions alternating grants hand out
+    // 1, 21, 2: the third holder's token is below the second's, and a fenced resource would
+    // refuse the rightful holder.
+    let mut other = common::sql(&url).await;
+    let mut tokens = Vec::new();
+    for first in [true, false, true] {
+        let session = if first { &mut conn } else { &mut other };
+        let row = sqlx::query(&format!("SELECT nextval('{cached}')"))
+            .fetch_one(&mut *session)
+            .await
+            .unwrap();
+        tokens.push(row.get::<i64, _>(0));
+    }
+    assert!(
+        tokens[2] < tokens[1],
+        "a CACHE 20 sequence from two sessions gave {tokens:?}, in order"
+    );
     let refused = PostgresLock::connect_url(&common::with_options(
         &url,
         &format!("fence_sequence={cached}"),

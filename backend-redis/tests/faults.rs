@@ -1,6 +1,11 @@
 //! Redis under faults (a frozen or dead server is the fault suite's
 //! `faults::dead_or_frozen_server_answers_unavailable`): a killed server, a partitioned client, a flushed script cache, a Sentinel
-//! failover, and many waiters handing one lock along. Each test starts its own servers.
+//! failover, and many waiters handing one lock along; and the two mitigations of the ways a
+//! Redis deployment can forget a lock (the fault suite's `faults::server_that_forgets_a_lock_is_caught`
+//! shows the hazards themselves): the eviction check at connect, and `WAIT` for replicas.
+//! Each test starts its own servers.
+
+mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -239,6 +244,79 @@ async fn sentinel_failover_is_followed_and_a_held_lock_survives_or_is_reported_l
         ),
     }
     drop(sentinel);
+}
+
+/// A server that may evict lock keys is refused with `eviction_check=refuse`, warned about by
+/// default, and not asked with `off`; a server that cannot evict passes every setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_may_evict_locks_is_refused_or_warned_about_at_connect() {
+    let redis = server();
+    let connect = |query: &str| {
+        let url = format!("{}?{query}", redis.url());
+        async move { RedisLock::connect_url(&url).await }
+    };
+    connect("eviction_check=refuse")
+        .await
+        .expect("noeviction (the default policy) passes");
+    for (key, value) in [("maxmemory", "64mb"), ("maxmemory-policy", "volatile-lru")] {
+        redis.command(&["CONFIG", "SET", key, value]).unwrap();
+    }
+    match connect("eviction_check=refuse").await {
+        Err(LockError::Config { reason, .. }) => {
+            assert!(reason.contains("maxmemory-policy volatile-lru"), "{reason}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    connect("eviction_check=warn")
+        .await
+        .expect("warn connects (and logs)");
+    connect("eviction_check=off").await.expect("off connects");
+    RedisLock::connect_url(&redis.url())
+        .await
+        .expect("the default warns and connects");
+}
+
+/// With `wait_replicas=1`, an acquire that its replica did not acknowledge fails (and leaves no
+/// key on the primary), so a failover cannot hand the lock out twice the way
+/// `faults::server_that_forgets_a_lock_is_caught` shows it can without; with the replication
+/// link healthy, the same client acquires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_replicas_refuses_a_lock_the_replica_did_not_get() {
+    use dlock_conformance::Amnesia;
+    let deployment = common::amnesia::FailoverWithoutTheGrant::start()
+        .await
+        .unwrap();
+    let url = deployment.harness().child_env().unwrap()[0].1.clone();
+    let waiting = RedisLock::connect_url(&format!(
+        "{url}?wait_replicas=1&wait_replicas_timeout=300ms"
+    ))
+    .await
+    .unwrap();
+    let healthy = waiting
+        .acquire(&name("wait-healthy"), &short_ttl())
+        .await
+        .expect("the replica acknowledges while the link is up");
+    healthy.release().await.unwrap();
+
+    deployment.arm().await.unwrap();
+    let lock = name("wait-cut");
+    match waiting.acquire(&lock, &short_ttl()).await {
+        Err(LockError::Unavailable { .. }) => {}
+        other => panic!("expected Unavailable with the replication link cut, got {other:?}"),
+    }
+    let plain = RedisLock::connect_url(&url).await.unwrap();
+    let key = plain.keys(&lock).lock;
+    let freed = timeout(BOUND, async {
+        loop {
+            if let Some(guard) = plain.try_acquire(&lock, &LockOptions::new()).await.unwrap() {
+                break guard;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the unacknowledged lock {key} was never released"));
+    freed.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

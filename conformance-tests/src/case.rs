@@ -73,12 +73,20 @@ impl Needs {
         if let Some(fault) = self.fault {
             match harness.faults() {
                 None => return Some("needs a test harness with fault hooks"),
+                // A server of one's own can always be reached through a proxy.
+                Some(faults) if fault == Fault::ProxyLink && faults.supports(Fault::OwnServer) => {}
                 Some(faults) if !faults.supports(fault) => {
                     return Some(match fault {
                         Fault::KillHolder => "harness cannot kill a holder",
                         Fault::KillWaiters => "harness cannot kill waiting connections",
                         Fault::SuspendSession => "harness cannot suspend a client's session",
                         Fault::OwnServer => "harness cannot start a server of a case's own",
+                        Fault::ProxyLink => {
+                            "harness can neither start a server nor reach its own through a proxy"
+                        }
+                        Fault::Amnesia => {
+                            "harness cannot make its server forget a granted lock (its servers never do, or it reaches a deployed one)"
+                        }
                     });
                 }
                 Some(_) => {}

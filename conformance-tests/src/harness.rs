@@ -74,6 +74,11 @@ pub enum Fault {
     SuspendSession,
     /// [`Faults::own_server`].
     OwnServer,
+    /// [`Faults::amnesia`].
+    Amnesia,
+    /// [`Faults::proxy_target`]: offered by every harness with [`Fault::OwnServer`], and by
+    /// harnesses of a deployed server that can rewrite its address.
+    ProxyLink,
 }
 
 /// A server of one case's own, which the case may crash, restart and pause, and reach through a
@@ -130,6 +135,83 @@ impl std::fmt::Debug for OwnServer {
     }
 }
 
+/// A deployment a case reaches through a fault proxy of its own (a partition, lost or late
+/// replies, a slow link): where the proxy forwards to, clients that connect directly, and
+/// clients that connect through a proxy listening at a given address. No power over the server
+/// itself, so a deployed server can be the target too.
+pub struct ProxyTarget {
+    /// The address the proxy forwards to.
+    pub upstream: std::net::SocketAddr,
+    /// Clients that connect directly.
+    pub harness: Arc<dyn Harness>,
+    /// Clients (and child processes) that connect to the proxy at the given address instead.
+    pub reach_at: Box<dyn Fn(std::net::SocketAddr) -> Arc<dyn Harness> + Send + Sync>,
+    /// A server of the case's own, kept running for the case.
+    _server: Option<Box<dyn dlock_test_servers::ServerProcess>>,
+}
+
+impl ProxyTarget {
+    /// A target of a server the harness does not own (a deployed one).
+    pub fn deployed(
+        upstream: std::net::SocketAddr,
+        harness: Arc<dyn Harness>,
+        reach_at: impl Fn(std::net::SocketAddr) -> Arc<dyn Harness> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            upstream,
+            harness,
+            reach_at: Box::new(reach_at),
+            _server: None,
+        }
+    }
+}
+
+impl From<OwnServer> for ProxyTarget {
+    fn from(own: OwnServer) -> Self {
+        Self {
+            upstream: own.process.addr(),
+            harness: own.harness,
+            reach_at: own.reach_at,
+            _server: Some(own.process),
+        }
+    }
+}
+
+impl std::fmt::Debug for ProxyTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyTarget")
+            .field("upstream", &self.upstream)
+            .field("harness", &self.harness.label())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A deployment of a case's own that can be made to **forget a lock it granted**, the way a known
+/// hazard of the backend does: Redis evicting keys under memory pressure, a Sentinel failover to a
+/// replica the grant never reached, Redlock nodes restarted without persistence. The case that
+/// uses it is a negative control of the suite itself: the history checker must report the
+/// overlap that follows. Backends whose servers never forget a granted lock (consensus stores,
+/// database sessions) do not offer it.
+#[async_trait]
+pub trait Amnesia: Send + Sync {
+    /// Clients of this deployment (and child processes that reach it).
+    fn harness(&self) -> Arc<dyn Harness>;
+
+    /// What the deployment will be made to do, for the nemesis log: e.g. `evict keys under
+    /// maxmemory-policy volatile-ttl`.
+    fn hazard(&self) -> String;
+
+    /// Prepares the fault before the lock is taken (a Sentinel deployment cuts the replication
+    /// link here, so the grant never reaches the replica). The default does nothing.
+    async fn arm(&self) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
+    /// Makes the deployment forget the lock held on `name`; returns once it has (the lock's
+    /// key is gone from wherever clients will look next).
+    async fn forget(&self, name: &LockName) -> std::result::Result<(), String>;
+}
+
 /// A client's session, under a case's control: lose the connection, get it back, or lose the
 /// session.
 #[async_trait]
@@ -173,6 +255,18 @@ pub trait Faults: Send + Sync {
     /// Starts a server of the case's own (see [`OwnServer`]).
     async fn own_server(&self) -> std::result::Result<OwnServer, String> {
         Err("this harness cannot start a server of its own".into())
+    }
+
+    /// A deployment to reach through a fault proxy (see [`ProxyTarget`]). The default: a server
+    /// of the case's own ([`own_server`](Self::own_server)).
+    async fn proxy_target(&self) -> std::result::Result<ProxyTarget, String> {
+        Ok(self.own_server().await?.into())
+    }
+
+    /// Starts a deployment of the case's own that can be made to forget a granted lock (see
+    /// [`Amnesia`]).
+    async fn amnesia(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
+        Err("this harness has no way to make its server forget a lock".into())
     }
 }
 

@@ -51,7 +51,11 @@
 //! the lock had never told a paused holder its lease ended, or as if the resource were
 //! unfenced) prove the checker sees a violation. A failing case dumps the run (histories,
 //! register logs, nemesis log, seed) to a directory and names it. A backend joins by offering
-//! [`Harness::child_env`] and fencing tokens; nothing else.
+//! [`Harness::child_env`] and fencing tokens; the link-fault cases (a partitioned holder, lost
+//! and late replies, a slow link) need [`Faults::proxy_target`] (any harness with an own server
+//! has it; the CLI offers it for a deployed server), the server-fault cases need
+//! [`Faults::own_server`] (a server the case may crash, restart and pause), and the negative control `faults::server_that_forgets_a_lock_is_caught` needs
+//! [`Faults::amnesia`], offered only by backends whose servers can forget a granted lock.
 //!
 //! ## Writing cases
 //! - Names come from [`Ctx::name`] (`dlock-test/<run>/<case>/…`): isolation by name, never by
@@ -74,6 +78,8 @@ pub mod wait_for;
 
 pub use case::{Case, CaseResult, Ctx, Failure, Needs};
 pub use cases::cases;
-pub use harness::{Fault, Faults, Harness, OwnServer, SessionControl, Timing};
+pub use harness::{
+    Amnesia, Fault, Faults, Harness, OwnServer, ProxyTarget, SessionControl, Timing,
+};
 pub use memory::MemoryHarness;
 pub use runner::{CaseReport, Outcome, Report, main, main_paused, run_all};

@@ -1,4 +1,5 @@
-//! `dlock run` against a real Redis: the command is stopped when the lock is lost.
+//! The CLI against a real Redis: `dlock run` stops the command when the lock is lost, and
+//! `dlock conformance --faults` certifies a server it does not own.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -92,4 +93,44 @@ fn tempfile_path(prefix: &str) -> String {
 fn rand_suffix() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(Instant::now())
+}
+
+/// `dlock conformance --faults` against a server it does not own: the worker-process cases run,
+/// and so do the link-fault cases, through a fault proxy the CLI starts in front of the server;
+/// the cases that need power over the server say so and do not run.
+#[test]
+fn conformance_with_faults_runs_the_proxy_cases_against_a_deployed_server() {
+    let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args([
+            "conformance",
+            "--backend",
+            &redis.url(),
+            "--faults",
+            "--filter",
+            "faults::",
+        ])
+        .output()
+        .expect("run dlock");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for case in [
+        "faults::paused_holder_is_fenced_off",
+        "faults::partitioned_holder_is_fenced_off",
+        "faults::lost_acquire_reply_leaves_nothing",
+        "faults::slow_link_keeps_exclusion",
+    ] {
+        assert!(
+            stdout.contains(&format!("ok       {case} (")),
+            "{case} did not pass:\n{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("skipped  faults::frozen_server_holds_no_one_twice"),
+        "{stdout}"
+    );
 }

@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Fault, Faults, Harness, OwnServer};
+use dlock_conformance::{Amnesia, Fault, Faults, Harness, OwnServer};
 use dlock_redis::{LockKeys, RedisConfig, RedisLock};
 use dlock_test_servers::{RedisCluster, RedisSentinel, RedisServer};
+
+pub mod amnesia;
 
 pub struct RedisHarness {
     label: &'static str,
@@ -51,6 +53,16 @@ impl RedisHarness {
         }
     }
 
+    /// A harness of the deployment at `url`, which child processes reach through `url_var`.
+    pub fn at(label: &'static str, url: String, url_var: &'static str) -> Self {
+        Self {
+            label,
+            url,
+            url_var,
+            _servers: Box::new(()),
+        }
+    }
+
     /// One node: `DLOCK_TEST_REDIS_URL` if set, else a private redis-server.
     pub fn single() -> Self {
         Self::deployment("redis", "DLOCK_TEST_REDIS_URL", || {
@@ -63,12 +75,7 @@ impl RedisHarness {
     pub fn sentinel() -> Self {
         Self::deployment("redis-sentinel", "DLOCK_TEST_REDIS_SENTINEL_URL", || {
             let sentinel = started("a Redis Sentinel deployment", RedisSentinel::start());
-            let url = format!(
-                "redis+sentinel://{}/{}",
-                joined(&sentinel.sentinel_addrs()),
-                sentinel.master_name()
-            );
-            (url, Box::new(sentinel))
+            (sentinel_url(&sentinel), Box::new(sentinel))
         })
     }
 
@@ -144,6 +151,7 @@ impl Faults for RedisHarness {
             Fault::KillHolder | Fault::KillWaiters => true,
             // A single node only: the other topologies have their own failover tests.
             Fault::OwnServer => self.url_var == "DLOCK_TEST_REDIS_URL",
+            Fault::Amnesia => self.url_var != "DLOCK_TEST_REDIS_CLUSTER_URL",
             _ => false,
         }
     }
@@ -151,14 +159,19 @@ impl Faults for RedisHarness {
     /// A private redis-server (persistence off, as in the tests' shared one).
     async fn own_server(&self) -> std::result::Result<OwnServer, String> {
         OwnServer::start(RedisServer::start, |url| {
-            Arc::new(RedisHarness {
-                label: "redis",
-                url,
-                url_var: "DLOCK_TEST_REDIS_URL",
-                _servers: Box::new(()),
-            })
+            Arc::new(RedisHarness::at("redis", url, "DLOCK_TEST_REDIS_URL"))
         })
         .await
+    }
+
+    /// A single node evicts the lock key; a Sentinel deployment fails over to a replica that
+    /// never received the grant.
+    async fn amnesia(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
+        if self.url_var == "DLOCK_TEST_REDIS_SENTINEL_URL" {
+            Ok(Box::new(amnesia::FailoverWithoutTheGrant::start().await?))
+        } else {
+            Ok(Box::new(amnesia::EvictingNode::start().await?))
+        }
     }
 
     /// Once a waiter is queued for `name`, `CLIENT KILL`s the connections of waiting clients, as
@@ -210,6 +223,15 @@ impl Faults for RedisHarness {
         }
         Ok(killed)
     }
+}
+
+/// The `redis+sentinel://` URL of `deployment`.
+fn sentinel_url(deployment: &RedisSentinel) -> String {
+    format!(
+        "redis+sentinel://{}/{}",
+        joined(&deployment.sentinel_addrs()),
+        deployment.master_name()
+    )
 }
 
 /// The URL of every data node of the deployment `url` names (the primary, for Sentinel).

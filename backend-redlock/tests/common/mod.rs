@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Fault, Faults, Harness};
+use dlock_conformance::{Amnesia, Fault, Faults, Harness};
 use dlock_redis::LockKeys;
 use dlock_redlock::{Redlock, RedlockConfig};
 use dlock_test_servers::RedisNodes;
@@ -126,7 +126,23 @@ impl Harness for RedlockHarness {
 #[async_trait]
 impl Faults for RedlockHarness {
     fn supports(&self, fault: Fault) -> bool {
-        matches!(fault, Fault::KillHolder | Fault::KillWaiters)
+        matches!(
+            fault,
+            Fault::KillHolder | Fault::KillWaiters | Fault::Amnesia
+        )
+    }
+
+    /// Five nodes of the case's own, persistence off; three of them restart (empty) at once.
+    async fn amnesia(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
+        let nodes = tokio::task::spawn_blocking(|| RedisNodes::start(5))
+            .await
+            .map_err(text)?
+            .map_err(text)?;
+        let harness = Arc::new(RedlockHarness {
+            url: redlock_url(&nodes, ""),
+            _servers: Box::new(()),
+        });
+        Ok(Box::new(RestartedWithoutPersistence { nodes, harness }))
     }
 
     /// Deletes the lock key on every node, as every node restarting without persistence would.
@@ -199,5 +215,35 @@ impl Faults for RedlockHarness {
             }
         }
         Ok(killed)
+    }
+}
+
+/// Redlock's crash-recovery hazard: a majority of the nodes that granted a lock restart at once
+/// with persistence off, so they come back empty and grant it again.
+struct RestartedWithoutPersistence {
+    nodes: RedisNodes,
+    harness: Arc<RedlockHarness>,
+}
+
+#[async_trait]
+impl Amnesia for RestartedWithoutPersistence {
+    fn harness(&self) -> Arc<dyn Harness> {
+        self.harness.clone()
+    }
+
+    fn hazard(&self) -> String {
+        "3 of 5 nodes restart at once without persistence (no appendfsync, no delayed restart)"
+            .into()
+    }
+
+    async fn forget(&self, _name: &LockName) -> std::result::Result<(), String> {
+        let nodes = &self.nodes;
+        tokio::task::block_in_place(|| {
+            (0..3).try_for_each(|i| {
+                let node = nodes.node(i);
+                node.kill();
+                node.restart().map_err(text)
+            })
+        })
     }
 }

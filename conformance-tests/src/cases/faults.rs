@@ -22,16 +22,28 @@ fn verify(run: &Run, expect: &Expect, input: &Input) -> Result<Report, Failure> 
     expect.verify(input, &run.dir).map_err(Failure)
 }
 
-/// Waits for the line a worker in announce mode prints once it holds a lock.
+/// The next line of a worker in announce mode that starts with `what` (`holding`,
+/// `acquiring`), without it.
+async fn announced(ctx: &Ctx, worker: &mut WorkerProcess, what: &str) -> Result<String, Failure> {
+    loop {
+        let line = ctx
+            .within("a worker's announcement", worker.next_line())
+            .await??
+            .ok_or_else(|| Failure(format!("the worker exited before it said {what}")))?;
+        if let Some(rest) = line.strip_prefix(what) {
+            return Ok(rest.trim().to_owned());
+        }
+        // An earlier step's announcement, e.g. `acquiring` before `holding`.
+    }
+}
+
+/// Waits for the line a worker in announce mode prints once it holds a lock; returns its token.
 async fn holding(ctx: &Ctx, worker: &mut WorkerProcess) -> Result<u64, Failure> {
-    let line = ctx
-        .within("a worker to take the lock", worker.next_line())
-        .await??
-        .ok_or_else(|| Failure("the worker exited without taking the lock".into()))?;
-    line.strip_prefix("holding ")
-        .and_then(|rest| rest.split_whitespace().nth(1))
+    let rest = announced(ctx, worker, "holding ").await?;
+    rest.split_whitespace()
+        .nth(1)
         .and_then(|token| token.parse().ok())
-        .ok_or_else(|| Failure(format!("the worker said {line:?}")))
+        .ok_or_else(|| Failure(format!("the worker said holding {rest:?}")))
 }
 
 /// **Exclusion, history-checked.** Four worker processes run rounds of acquire → read the
@@ -144,6 +156,70 @@ pub async fn paused_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// **A paused waiter** (a GC pause while queued): a worker asks for a held lock and is stopped
+/// (`SIGSTOP`) for three lease TTLs; the holder releases, and a third worker wants the lock too.
+/// A backend that hands the lock to the first in line hands it to a process that cannot answer.
+///
+/// - TTL leases: that grant must run out like any lease nobody renews, the third worker must
+///   get the lock meanwhile, and when the paused worker resumes **while the third one holds**,
+///   it must not take a grant that reached it late for a fresh one (the checker sees any
+///   overlap); its write, if it makes one, is refused.
+/// - Session leases: the paused process's connection keeps what it was granted until it
+///   resumes; the third worker waits for it.
+///
+/// Either way: no overlap, nothing stale accepted, nothing left.
+pub async fn paused_waiter_takes_no_stale_grant(ctx: Ctx) -> CaseResult {
+    let client = ctx.client().await?;
+    let ttl_lease = client.capabilities().lease == LeaseKind::Ttl;
+    let run = Run::start(&ctx).await?;
+    let names = [ctx.name("lock")];
+    let timing = ctx.timing();
+    let ttl = timing.short_ttl;
+    let pause = ttl * 3;
+    let mut holder_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl);
+    holder_spec.announce = true;
+    let mut holder = run.spawn(&holder_spec)?;
+    holding(&ctx, &mut holder).await?;
+    let mut waiter_spec = run.spec(2, &names, 1, ttl, pause + timing.bound, THINK);
+    waiter_spec.announce = true;
+    let mut waiter = run.spawn(&waiter_spec)?;
+    announced(&ctx, &mut waiter, "acquiring").await?;
+    // The request still has to reach the server's queue. Safety holds either way; a pause that
+    // comes first only makes the case test less.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    run.pause(&waiter)?;
+    let mut behind_spec = run.spec(3, &names, 1, ttl, pause + timing.bound, ttl * 2);
+    behind_spec.announce = true;
+    let mut behind = run.spawn(&behind_spec)?;
+    ctx.within("the holder", holder.finish()).await??;
+    if ttl_lease {
+        holding(&ctx, &mut behind).await?;
+    } else {
+        tokio::time::sleep(pause).await;
+    }
+    run.resume(&waiter)?;
+    ctx.within("the paused waiter after it resumed", waiter.finish())
+        .await??;
+    ctx.within("the worker behind it", behind.finish())
+        .await??;
+    let residue = ctx.settled_residue(&names).await?;
+    let report = verify(
+        &run,
+        &Expect {
+            stale_attempts: Count::Any,
+            shadow_lost: Count::Any,
+            ..Expect::CLEAN
+        },
+        &run.input(residue)?,
+    )?;
+    ensure!(
+        report.liveness.granted >= 2,
+        "the worker behind the paused one never got the lock: {report}"
+    );
+    run.discard();
+    Ok(())
+}
+
 /// **A killed holder process** (`SIGKILL`: no release, no goodbye) while it holds the lock
 /// between read and write: the lock comes free (at its TTL, or when the server sees the
 /// connection gone), another worker takes it with a higher token, and the dead holder's hold
@@ -173,6 +249,20 @@ pub async fn killed_holder_process_frees_the_lock(ctx: Ctx) -> CaseResult {
 /// A case's own server, or the reason the harness cannot give one.
 async fn own_server(ctx: &Ctx) -> Result<crate::OwnServer, Failure> {
     ctx.require_faults()?.own_server().await.map_err(Failure)
+}
+
+/// A deployment to reach through a fault proxy, and the proxy in front of it.
+async fn proxied(
+    ctx: &Ctx,
+) -> Result<(crate::ProxyTarget, dlock_test_servers::FaultProxy), Failure> {
+    let target = ctx
+        .require_faults()?
+        .proxy_target()
+        .await
+        .map_err(Failure)?;
+    let proxy = dlock_test_servers::FaultProxy::start(target.upstream)
+        .map_err(|e| Failure(format!("cannot start a fault proxy: {e}")))?;
+    Ok((target, proxy))
 }
 
 /// Acquires `name` on `harness`'s deployment, riding out the moments a restarted server is not
@@ -238,11 +328,9 @@ pub async fn tokens_rise_across_server_restarts(ctx: Ctx) -> CaseResult {
 ///   still acknowledges), so the lock stays the cut-off worker's until the link heals and its
 ///   connection closes; the other worker waits. No overlap, nothing stale accepted.
 pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
-    let own = own_server(&ctx).await?;
-    let proxy = dlock_test_servers::FaultProxy::start(own.process.addr())
-        .map_err(|e| Failure(format!("cannot start a fault proxy: {e}")))?;
-    let linked = (own.reach_at)(proxy.addr());
-    let client = own.harness.client().await?;
+    let (target, proxy) = proxied(&ctx).await?;
+    let linked = (target.reach_at)(proxy.addr());
+    let client = target.harness.client().await?;
     let ttl_lease = client.capabilities().lease == LeaseKind::Ttl;
     let run = Run::start(&ctx).await?;
     let names = [ctx.name("lock")];
@@ -255,13 +343,13 @@ pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
     proxy.set_mode(dlock_test_servers::ProxyMode::Blackhole);
     run.log(crate::history::Edge::Start, "blackhole worker 1's link");
     let other_spec = run.spec(2, &names, 2, ttl, ttl * 4 + timing.bound, THINK);
-    let other = run.spawn_via(&other_spec, &*own.harness)?;
+    let other = run.spawn_via(&other_spec, &*target.harness)?;
     ctx.within("the cut-off worker to give up", cut.finish())
         .await??;
     proxy.heal();
     run.log(crate::history::Edge::Stop, "heal worker 1's link");
     ctx.within("the other worker", other.finish()).await??;
-    let residue = ctx.settled_residue_on(&*own.harness, &names).await?;
+    let residue = ctx.settled_residue_on(&*target.harness, &names).await?;
     let expect = Expect {
         stale_attempts: if ttl_lease {
             Count::AtLeast(1)
@@ -271,6 +359,43 @@ pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
         ..Expect::FENCED_FAULT
     };
     verify(&run, &expect, &run.input(residue)?)?;
+    run.discard();
+    Ok(())
+}
+
+/// **A slow link**: two workers reach the server through a fault proxy that delays every chunk
+/// by a twentieth of the lease TTL each way (a round trip of a tenth of the lease, 200 ms for a
+/// 2 s lease: a congested WAN link), two connect directly, and all four run rounds on one name. Slow requests and replies
+/// must not let a lease look longer to its holder than it is on the server (a deadline counted
+/// from the reply, not the request, would): the history must come out clean.
+pub async fn slow_link_keeps_exclusion(ctx: Ctx) -> CaseResult {
+    let (target, proxy) = proxied(&ctx).await?;
+    let timing = ctx.timing();
+    let ttl = timing.short_ttl;
+    proxy.set_mode(dlock_test_servers::ProxyMode::Latency(ttl / 20));
+    let slow = (target.reach_at)(proxy.addr());
+    let run = Run::start(&ctx).await?;
+    run.log(
+        crate::history::Edge::Start,
+        format!("{:?} latency each way on workers 1 and 2", ttl / 20),
+    );
+    let names = [ctx.name("lock")];
+    let mut workers = Vec::new();
+    for id in 1..=4 {
+        let spec = run.spec(id, &names, 4, ttl, timing.bound, THINK);
+        let via = if id <= 2 { &*slow } else { &*target.harness };
+        workers.push(run.spawn_via(&spec, via)?);
+    }
+    for worker in workers {
+        ctx.within("a worker's rounds", worker.finish()).await??;
+    }
+    let residue = ctx.settled_residue_on(&*target.harness, &names).await?;
+    let report = verify(&run, &Expect::CLEAN, &run.input(residue)?)?;
+    ensure!(
+        report.liveness.granted >= 4,
+        "only {} acquires succeeded over the slow link: {report}",
+        report.liveness.granted
+    );
     run.discard();
     Ok(())
 }
@@ -290,7 +415,7 @@ async fn ready(ctx: &Ctx, worker: &mut WorkerProcess) -> Result<(), Failure> {
 /// A worker behind a fault proxy and a direct one; the link fault starts once the linked worker
 /// has connected and before it asks for the lock.
 struct LinkedPair {
-    own: crate::OwnServer,
+    target: crate::ProxyTarget,
     proxy: dlock_test_servers::FaultProxy,
     run: Run,
     names: [LockName; 1],
@@ -303,9 +428,7 @@ async fn linked_pair(
     mode: dlock_test_servers::ProxyMode,
     think: Duration,
 ) -> Result<LinkedPair, Failure> {
-    let own = own_server(ctx).await?;
-    let proxy = dlock_test_servers::FaultProxy::start(own.process.addr())
-        .map_err(|e| Failure(format!("cannot start a fault proxy: {e}")))?;
+    let (target, proxy) = proxied(ctx).await?;
     let run = Run::start(ctx).await?;
     let names = [ctx.name("lock")];
     let timing = ctx.timing();
@@ -313,7 +436,7 @@ async fn linked_pair(
     let mut linked_spec = run.spec(1, &names, 1, ttl, timing.bound, think);
     linked_spec.announce = true;
     linked_spec.ready_pause = Some(READY_PAUSE);
-    let mut linked = run.spawn_via(&linked_spec, &*(own.reach_at)(proxy.addr()))?;
+    let mut linked = run.spawn_via(&linked_spec, &*(target.reach_at)(proxy.addr()))?;
     ready(ctx, &mut linked).await?;
     proxy.set_mode(mode);
     run.log(
@@ -326,7 +449,7 @@ async fn linked_pair(
     // case goes on after a while and checks that nothing unsafe happened either way.
     let took_effect = async {
         // Read-only: what the server holds of the name.
-        while own
+        while target
             .harness
             .residue(&names)
             .await
@@ -345,9 +468,9 @@ async fn linked_pair(
         ),
     }
     let direct_spec = run.spec(2, &names, 2, ttl, ttl * 4 + timing.bound, THINK);
-    let direct = run.spawn_via(&direct_spec, &*own.harness)?;
+    let direct = run.spawn_via(&direct_spec, &*target.harness)?;
     Ok(LinkedPair {
-        own,
+        target,
         proxy,
         run,
         names,
@@ -377,7 +500,7 @@ pub async fn lost_acquire_reply_leaves_nothing(ctx: Ctx) -> CaseResult {
     ctx.within("the direct worker", pair.direct.finish())
         .await??;
     let residue = ctx
-        .settled_residue_on(&*pair.own.harness, &pair.names)
+        .settled_residue_on(&*pair.target.harness, &pair.names)
         .await?;
     let report = verify(&pair.run, &SURVIVED, &pair.run.input(residue)?)?;
     ensure!(
@@ -406,7 +529,7 @@ pub async fn delayed_grant_counts_from_the_request(ctx: Ctx) -> CaseResult {
     )
     .await?;
     let LinkedPair {
-        own,
+        target,
         proxy,
         run,
         names,
@@ -426,7 +549,7 @@ pub async fn delayed_grant_counts_from_the_request(ctx: Ctx) -> CaseResult {
     proxy.heal();
     run.log(crate::history::Edge::Stop, "heal worker 1's link");
     ctx.within("the direct worker", direct.finish()).await??;
-    let residue = ctx.settled_residue_on(&*own.harness, &names).await?;
+    let residue = ctx.settled_residue_on(&*target.harness, &names).await?;
     verify(&run, &SURVIVED, &run.input(residue)?)?;
     run.discard();
     Ok(())
@@ -515,5 +638,59 @@ pub async fn dead_or_frozen_server_answers_unavailable(ctx: Ctx) -> CaseResult {
         "a new client of a dead server: {:?}, not Unavailable",
         connect.map(|c| c.to_string())
     );
+    Ok(())
+}
+
+/// **A server that forgets a granted lock** (negative control): where the backend has such a
+/// hazard ([`crate::Amnesia`]: Redis eviction, a Sentinel failover to a replica that missed the
+/// grant, Redlock nodes restarted without persistence), a worker takes the lock with a lease
+/// long enough that neither it nor its renewal can notice in time, the deployment forgets the
+/// lock, and a second worker takes it. Both then believe they hold it: the checker **must**
+/// report the overlap, and the fenced register must still take no stale write (the forgotten
+/// holder's token is not above the new one's, whatever the server's counter did). This is why
+/// the backend documents its hazard, and why a protected resource checks tokens.
+pub async fn server_that_forgets_a_lock_is_caught(ctx: Ctx) -> CaseResult {
+    let amnesia = ctx.require_faults()?.amnesia().await.map_err(Failure)?;
+    let harness = amnesia.harness();
+    let run = Run::start(&ctx).await?;
+    let names = [ctx.name("lock")];
+    let timing = ctx.timing();
+    // A lease the holder neither renews nor outlives while the case runs: the forgetting, not
+    // an expiry, is what frees the lock.
+    let long_lease = timing.bound;
+    let mut holder_spec = run.spec(1, &names, 1, long_lease, timing.bound, timing.short_ttl);
+    holder_spec.announce = true;
+    holder_spec.ready_pause = Some(READY_PAUSE);
+    let mut holder = run.spawn_via(&holder_spec, &*harness)?;
+    ready(&ctx, &mut holder).await?;
+    ctx.within("the fault to be armed", amnesia.arm())
+        .await?
+        .map_err(Failure)?;
+    holding(&ctx, &mut holder).await?;
+    // Held still between its read and its write until the other worker is done, however long
+    // the forgetting takes (a failover takes seconds).
+    run.pause(&holder)?;
+    let hazard = amnesia.hazard();
+    run.log(
+        crate::history::Edge::Start,
+        format!("forget the lock: {hazard}"),
+    );
+    ctx.within("the server to forget the lock", amnesia.forget(&names[0]))
+        .await?
+        .map_err(|e| Failure(format!("{hazard}: {e}")))?;
+    run.log(crate::history::Edge::Stop, "the lock is forgotten");
+    let other = run.spawn_via(
+        &run.spec(2, &names, 1, timing.short_ttl, timing.bound, THINK),
+        &*harness,
+    )?;
+    ctx.within("the other worker", other.finish()).await??;
+    run.resume(&holder)?;
+    ctx.within("the forgotten holder", holder.finish())
+        .await??;
+    let residue = ctx.settled_residue_on(&*harness, &names).await?;
+    let report = verify(&run, &Expect::NEGATIVE_CONTROL, &run.input(residue)?)?;
+    // What the checker found is the point of a negative control: show it.
+    eprintln!("{}: {hazard}; the checker reports:\n{report}", ctx.case());
+    run.discard();
     Ok(())
 }

@@ -68,6 +68,18 @@ const OWN_SERVER_CHILDREN: Needs = Needs {
     child_process: true,
     ..OWN_SERVER
 };
+const PROXY_CHILDREN: Needs = Needs {
+    child_process: true,
+    fencing: true,
+    fault: Some(Fault::ProxyLink),
+    ..NONE
+};
+const AMNESIA_CHILDREN: Needs = Needs {
+    child_process: true,
+    fencing: true,
+    fault: Some(Fault::Amnesia),
+    ..NONE
+};
 const KILL_HOLDER: Needs = Needs {
     fault: Some(Fault::KillHolder),
     ..NONE
@@ -125,19 +137,15 @@ static CASES: &[Case] = &[
     case!(crash::crashed_holder_process_frees_the_lock, CHILD),
     case!(faults::exclusion_is_history_checked, FENCED_CHILDREN),
     case!(faults::paused_holder_is_fenced_off, FENCED_CHILDREN),
+    case!(faults::paused_waiter_takes_no_stale_grant, FENCED_CHILDREN),
     case!(
         faults::killed_holder_process_frees_the_lock,
         FENCED_CHILDREN
     ),
     case!(faults::tokens_rise_across_server_restarts, OWN_SERVER),
-    case!(
-        faults::partitioned_holder_is_fenced_off,
-        OWN_SERVER_CHILDREN
-    ),
-    case!(
-        faults::lost_acquire_reply_leaves_nothing,
-        OWN_SERVER_CHILDREN
-    ),
+    case!(faults::partitioned_holder_is_fenced_off, PROXY_CHILDREN),
+    case!(faults::slow_link_keeps_exclusion, PROXY_CHILDREN),
+    case!(faults::lost_acquire_reply_leaves_nothing, PROXY_CHILDREN),
     case!(
         faults::frozen_server_holds_no_one_twice,
         OWN_SERVER_CHILDREN
@@ -148,7 +156,11 @@ static CASES: &[Case] = &[
     ),
     case!(
         faults::delayed_grant_counts_from_the_request,
-        OWN_SERVER_CHILDREN
+        PROXY_CHILDREN
+    ),
+    case!(
+        faults::server_that_forgets_a_lock_is_caught,
+        AMNESIA_CHILDREN
     ),
     case!(cancel::dropped_acquire_leaves_nothing, NONE),
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),

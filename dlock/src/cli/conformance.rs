@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockError};
-use dlock_conformance::{Harness, Outcome};
+use dlock_conformance::{Fault, Faults, Harness, Outcome, ProxyTarget};
 
 use super::BackendArgs;
 
@@ -19,8 +19,9 @@ pub struct ConformanceArgs {
     filter: Option<String>,
     /// Also run the fault cases that need only client-side powers: worker processes (this
     /// program, re-executed) that take locks and write to a fenced register while they are
-    /// paused and killed, judged by the history checker. Not for `memory://`, whose locks live
-    /// in one process.
+    /// paused and killed, or reach the server through a fault proxy started here (a partition,
+    /// lost and late replies, a slow link), judged by the history checker. The proxy cases need
+    /// `--backend` to name one `host:port`. Not for `memory://`, whose locks live in one process.
     #[arg(long)]
     faults: bool,
 }
@@ -44,6 +45,10 @@ impl Harness for DeployedHarness {
         self.backend.connect().await
     }
 
+    fn faults(&self) -> Option<&dyn Faults> {
+        self.workers.then_some(self as &dyn Faults)
+    }
+
     /// A worker reaches the same deployment through the variables `--backend` and `--config`
     /// read.
     fn child_env(&self) -> Option<Vec<(String, String)>> {
@@ -55,6 +60,73 @@ impl Harness for DeployedHarness {
             env.push(("DLOCK_CONFIG".to_owned(), config.display().to_string()));
         }
         Some(env)
+    }
+}
+
+impl DeployedHarness {
+    /// The one server `--backend` names, if it names exactly one `host:port` (a config file or a
+    /// list of hosts cannot be pointed at a proxy).
+    fn single_server(&self) -> Option<(url::Url, std::net::SocketAddr)> {
+        use std::net::ToSocketAddrs;
+        if self.backend.config.is_some() {
+            return None;
+        }
+        let url = url::Url::parse(&self.backend.backend).ok()?;
+        let addr = (url.host_str()?, url.port()?)
+            .to_socket_addrs()
+            .ok()?
+            .next()?;
+        Some((url, addr))
+    }
+
+    /// The same deployment reached at `at` instead.
+    fn reached_at(&self, url: &url::Url, at: std::net::SocketAddr) -> Arc<dyn Harness> {
+        let mut url = url.clone();
+        // Neither fails for a URL that has a host and a port, as `single_server` checked.
+        let _ = url.set_ip_host(at.ip());
+        let _ = url.set_port(Some(at.port()));
+        Arc::new(DeployedHarness {
+            backend: BackendArgs {
+                backend: url.to_string(),
+                config: None,
+            },
+            label: format!("{} via a fault proxy", self.label),
+            workers: true,
+        })
+    }
+}
+
+#[async_trait]
+impl Faults for DeployedHarness {
+    /// Only a proxy in front of the deployed server: the rest needs power over the server.
+    fn supports(&self, fault: Fault) -> bool {
+        fault == Fault::ProxyLink && self.workers && self.single_server().is_some()
+    }
+
+    async fn kill_holder(&self, _name: &dlock_api::LockName) -> Result<(), String> {
+        Err("a deployed server's holders cannot be killed from here".into())
+    }
+
+    async fn proxy_target(&self) -> Result<ProxyTarget, String> {
+        let (url, upstream) = self
+            .single_server()
+            .ok_or("--backend names no single host:port")?;
+        let direct = Arc::new(DeployedHarness {
+            backend: BackendArgs {
+                backend: self.backend.backend.clone(),
+                config: None,
+            },
+            label: self.label.clone(),
+            workers: true,
+        });
+        let this = DeployedHarness {
+            backend: direct.backend.clone(),
+            label: self.label.clone(),
+            workers: true,
+        };
+        Ok(ProxyTarget::deployed(upstream, direct, move |at| {
+            this.reached_at(&url, at)
+        }))
     }
 }
 

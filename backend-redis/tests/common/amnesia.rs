@@ -1,0 +1,205 @@
+//! The two ways a Redis deployment forgets a lock it granted, for the fault suite's negative
+//! control (`faults::server_that_forgets_a_lock_is_caught`): a single node evicting the lock key
+//! under memory pressure, and a Sentinel failover to a replica the grant never reached.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock_api::LockName;
+use dlock_conformance::{Amnesia, Harness};
+use dlock_redis::{LockKeys, RedisConfig};
+use dlock_test_servers::{FaultProxy, ProxyMode, RedisSentinel, RedisServer};
+
+use super::{RedisHarness, text};
+
+/// Filler values: big enough that a few hundred fill the headroom.
+const FILLER_BYTES: usize = 16 * 1024;
+
+/// Whether the lock key of `name` exists on the node at `url`.
+async fn lock_key_exists(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    name: &LockName,
+) -> Result<bool, String> {
+    let keys = LockKeys::new(prefix, name);
+    let found: i64 = redis::cmd("EXISTS")
+        .arg(&keys.lock)
+        .query_async(conn)
+        .await
+        .map_err(text)?;
+    Ok(found == 1)
+}
+
+async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection, String> {
+    redis::Client::open(url)
+        .map_err(text)?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(text)
+}
+
+/// A node that is given a memory limit and `volatile-ttl` once the lock is held, then filled
+/// with long-lived keys until it evicts the lock key (the key with the shortest TTL).
+pub struct EvictingNode {
+    server: RedisServer,
+    harness: Arc<RedisHarness>,
+}
+
+impl EvictingNode {
+    pub async fn start() -> Result<Self, String> {
+        let server = tokio::task::spawn_blocking(RedisServer::start)
+            .await
+            .map_err(text)?
+            .map_err(text)?;
+        let harness = Arc::new(RedisHarness::at(
+            "redis",
+            server.url(),
+            "DLOCK_TEST_REDIS_URL",
+        ));
+        Ok(Self { server, harness })
+    }
+}
+
+#[async_trait]
+impl Amnesia for EvictingNode {
+    fn harness(&self) -> Arc<dyn Harness> {
+        self.harness.clone()
+    }
+
+    fn hazard(&self) -> String {
+        "maxmemory reached under maxmemory-policy volatile-ttl evicts the lock key".into()
+    }
+
+    async fn forget(&self, name: &LockName) -> Result<(), String> {
+        let prefix = RedisConfig::from_url(&self.server.url())
+            .map_err(text)?
+            .prefix;
+        let mut conn = connect(&self.server.url()).await?;
+        let used: u64 = self
+            .server
+            .info_field("memory", "used_memory")
+            .map_err(text)?
+            .parse()
+            .map_err(text)?;
+        let limit = (used + 4 * 1024 * 1024).to_string();
+        for (key, value) in [("maxmemory-policy", "volatile-ttl"), ("maxmemory", &limit)] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(key)
+                .arg(value)
+                .query_async(&mut conn)
+                .await
+                .map_err(text)?;
+        }
+        let filler = vec![b'x'; FILLER_BYTES];
+        let mut written = 0usize;
+        while lock_key_exists(&mut conn, &prefix, name).await? {
+            if written > 100_000 {
+                return Err(format!(
+                    "{written} filler keys written, the lock key is still there"
+                ));
+            }
+            let mut fill = redis::pipe();
+            for i in written..written + 64 {
+                fill.cmd("SET")
+                    .arg(format!("filler:{i}"))
+                    .arg(&filler)
+                    .arg("EX")
+                    .arg(3600)
+                    .ignore();
+            }
+            let _: () = fill.query_async(&mut conn).await.map_err(text)?;
+            written += 64;
+        }
+        // Evict nothing more: the rest of the case runs on an ordinary server.
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("0")
+            .query_async(&mut conn)
+            .await
+            .map_err(text)?;
+        Ok(())
+    }
+}
+
+/// A primary, a replica and three Sentinels; arming points the replica at a blackholed proxy
+/// (the replication link is cut, both nodes still serve), so the grant stays on the primary;
+/// forgetting kills the primary and waits for the Sentinels to promote the replica.
+pub struct FailoverWithoutTheGrant {
+    deployment: RedisSentinel,
+    cut_link: std::sync::Mutex<Option<FaultProxy>>,
+    harness: Arc<RedisHarness>,
+}
+
+impl FailoverWithoutTheGrant {
+    pub async fn start() -> Result<Self, String> {
+        let deployment = tokio::task::spawn_blocking(RedisSentinel::start)
+            .await
+            .map_err(text)?
+            .map_err(text)?;
+        let url = super::sentinel_url(&deployment);
+        let harness = Arc::new(RedisHarness::at(
+            "redis-sentinel",
+            url,
+            "DLOCK_TEST_REDIS_SENTINEL_URL",
+        ));
+        Ok(Self {
+            deployment,
+            cut_link: std::sync::Mutex::new(None),
+            harness,
+        })
+    }
+}
+
+#[async_trait]
+impl Amnesia for FailoverWithoutTheGrant {
+    fn harness(&self) -> Arc<dyn Harness> {
+        self.harness.clone()
+    }
+
+    fn hazard(&self) -> String {
+        "the primary dies after a grant its replica never received, and Sentinel promotes the replica".into()
+    }
+
+    async fn arm(&self) -> Result<(), String> {
+        let primary = self.deployment.primary();
+        let proxy = FaultProxy::start(primary.addr()).map_err(text)?;
+        proxy.set_mode(ProxyMode::Blackhole);
+        let port = proxy.addr().port().to_string();
+        self.deployment
+            .replica()
+            .command(&["REPLICAOF", "127.0.0.1", &port])
+            .map_err(text)?;
+        *self.cut_link.lock().unwrap() = Some(proxy);
+        // Cut once the primary has let go of the replica: from then on a write stays on it.
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+        while primary
+            .info_field("replication", "connected_slaves")
+            .map_err(text)?
+            != "0"
+        {
+            if tokio::time::Instant::now() >= give_up {
+                return Err("the primary still counts its replica 10 s after the cut".into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    async fn forget(&self, name: &LockName) -> Result<(), String> {
+        let prefix = RedisConfig::from_url(self.harness.url())
+            .map_err(text)?
+            .prefix;
+        let deployment = &self.deployment;
+        let promoted = tokio::task::block_in_place(|| deployment.kill_primary()).map_err(text)?;
+        let mut conn = connect(&format!("redis://{promoted}")).await?;
+        if lock_key_exists(&mut conn, &prefix, name).await? {
+            return Err(format!(
+                "the promoted replica {promoted} has the lock: the replication link was not cut in time"
+            ));
+        }
+        Ok(())
+    }
+}
