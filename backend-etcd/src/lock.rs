@@ -194,20 +194,13 @@ fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions> {
 #[cfg(feature = "tls")]
 fn tls_options(config: &EtcdConfig) -> Result<etcd_client::TlsOptions> {
     use etcd_client::{Certificate, Identity, TlsOptions};
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| {
-            dlock_api::raw::config::config_error(
-                BACKEND,
-                format!("cannot read {}: {e}", path.display()),
-            )
-        })
-    };
+    let pem = config.tls_files.read(BACKEND)?;
     let mut tls = TlsOptions::new().with_native_roots();
-    if let Some(ca) = &config.ca_cert {
-        tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+    if let Some(ca) = pem.ca_cert {
+        tls = tls.ca_certificate(Certificate::from_pem(ca));
     }
-    if let (Some(cert), Some(key)) = (&config.client_cert, &config.client_key) {
-        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some((cert, key)) = pem.identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
     }
     Ok(tls)
 }
