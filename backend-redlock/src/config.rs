@@ -4,9 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_api::raw::config::{Secret, UrlParts, duration_option};
+use dlock_api::raw::config::{Secret, UrlParts, duration_option, tls_not_built, unknown_option};
 use dlock_api::{LockError, Result};
-use dlock_redis::{RedisConfig, Topology};
+use dlock_redis::{LockKeys, RedisConfig, Topology};
 
 use crate::BACKEND;
 
@@ -122,19 +122,17 @@ impl RedlockConfig {
         let parts = UrlParts::parse(BACKEND, url, crate::SCHEMES)?;
         let tls = parts.scheme == "redlocks";
         if tls && !cfg!(feature = "tls-rustls") {
-            return Err(config_error(
-                "redlocks:// needs TLS support: enable feature `tls-rustls` (of dlock-redlock, or of dlock)",
+            return Err(tls_not_built(
+                BACKEND,
+                "redlocks",
+                "`tls-rustls` (of dlock-redlock, or of dlock)",
             ));
         }
         let mut config = Self {
             tls,
             username: parts.user.clone(),
             password: parts.password.clone(),
-            nodes: parts
-                .hosts
-                .iter()
-                .map(|h| h.with_default_port(DEFAULT_PORT))
-                .collect(),
+            nodes: parts.host_ports(DEFAULT_PORT),
             ..Self::default()
         };
         if let Some(db) = parts.path.first() {
@@ -143,9 +141,7 @@ impl RedlockConfig {
                 .map_err(|_| config_error(format!("database `{db}` is not a number")))?;
         }
         parts.at_most_segments(BACKEND, 1)?;
-        for (key, value) in &parts.options {
-            config.set_option(key, value)?;
-        }
+        parts.apply_options(|key, value| config.set_option(key, value))?;
         config.validate()?;
         Ok(config)
     }
@@ -156,12 +152,10 @@ impl RedlockConfig {
     /// [`LockError::Config`] for an unknown option or a malformed value.
     pub fn set_option(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
-            "prefix" if value.is_empty() || value.contains(['{', '}']) => {
-                return Err(config_error(
-                    "option `prefix` must be non-empty and without braces",
-                ));
+            "prefix" => {
+                LockKeys::check_prefix(BACKEND, value)?;
+                self.prefix = value.to_owned();
             }
-            "prefix" => self.prefix = value.to_owned(),
             "quorum" => {
                 self.quorum = Some(
                     value
@@ -188,9 +182,11 @@ impl RedlockConfig {
             "command_timeout" => self.command_timeout = duration_option(BACKEND, key, value)?,
             "ca_cert" => self.ca_cert = Some(value.into()),
             other => {
-                return Err(config_error(format!(
-                    "unknown option `{other}` (known: prefix, quorum, node_timeout, drift_factor, drift, min_validity, retry_delay, connect_timeout, command_timeout, ca_cert)"
-                )));
+                return Err(unknown_option(
+                    BACKEND,
+                    other,
+                    "prefix, quorum, node_timeout, drift_factor, drift, min_validity, retry_delay, connect_timeout, command_timeout, ca_cert",
+                ));
             }
         }
         Ok(())
