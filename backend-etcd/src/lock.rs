@@ -9,8 +9,8 @@ use std::time::Duration;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{Detach, Grant, PendingAcquire, RawLock, WaitRecovery};
 use dlock_api::{
-    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockName, LockOptions, LostReason,
-    Renewal, Result,
+    Capabilities, Fencing, FencingToken, LockError, LockName, LockOptions, LostReason, Renewal,
+    Result,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
@@ -531,16 +531,9 @@ impl RawLock for EtcdLock {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: Fencing::Strict,
-            lease: LeaseKind::Ttl,
-            extend: true,
             fifo: true,
-            wake_on_release: true,
-            lost_signal: true,
             survives_failover: true,
-            reentrant: false,
-            max_name_bytes: None,
-            max_ttl: None,
-            min_ttl: None,
+            ..Capabilities::TTL_LEASE
         }
     }
 
