@@ -14,7 +14,7 @@ use dlock_api::{
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -216,6 +216,16 @@ impl Inner {
         *nonce
     }
 
+    /// Runs a transaction that is safe to retry (its retry finds what the first try did), as
+    /// [`idempotent`](Self::idempotent) runs a request.
+    pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.idempotent(|mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await
+    }
+
     /// Runs an idempotent request, retried (perhaps on another member: the client's balancer
     /// picks again) while the failure is one a retry can fix, within three command timeouts.
     pub(crate) async fn idempotent<T, F, Fut>(&self, mut call: F) -> Result<T>
@@ -300,12 +310,7 @@ impl Inner {
                 .when([Compare::create_revision(key, CompareOp::Greater, 0)])
                 .and_then([TxnOp::delete(key, None)]),
         };
-        let response = self
-            .idempotent(|mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
+        let response = self.txn(txn).await?;
         Ok(response.succeeded())
     }
 
@@ -346,12 +351,7 @@ impl Inner {
                 TxnOp::get(keys.range.clone(), Some(newest_two)),
             ])
             .or_else([TxnOp::get(key, None)]);
-        let response = self
-            .idempotent(|mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
+        let response = self.txn(txn).await?;
         let header = response.header().map_or(0, |h| h.revision());
         let ranges: Vec<Vec<KeyValue>> = response
             .op_responses()
@@ -389,12 +389,7 @@ impl Inner {
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key, None)]);
-        let response = self
-            .idempotent(|mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
+        let response = self.txn(txn).await?;
         if response.succeeded() {
             return Ok(Some(response.header().map_or(0, |h| h.revision())));
         }
