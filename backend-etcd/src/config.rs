@@ -1,10 +1,11 @@
 //! `EtcdConfig`: where the cluster is and how to talk to it, from a URL or key/value pairs.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_api::raw::config::{Secret, UrlParts, duration_option};
+use dlock_api::raw::config::{
+    Secret, TlsFiles, UrlParts, duration_option, tls_not_built, unknown_option,
+};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
@@ -44,12 +45,8 @@ pub struct EtcdConfig {
     pub connect_timeout: Duration,
     /// Per-request timeout, and the bound on each keep-alive answer.
     pub command_timeout: Duration,
-    /// With TLS: a PEM file of the CA to trust instead of the system's roots.
-    pub ca_cert: Option<PathBuf>,
-    /// With TLS: a PEM client certificate.
-    pub client_cert: Option<PathBuf>,
-    /// With TLS: the client certificate's PEM key.
-    pub client_key: Option<PathBuf>,
+    /// With TLS: the CA to trust instead of the system's roots, and a client certificate.
+    pub tls_files: TlsFiles,
 }
 
 impl Default for EtcdConfig {
@@ -62,9 +59,7 @@ impl Default for EtcdConfig {
             prefix: "dlock".into(),
             connect_timeout: Duration::from_secs(2),
             command_timeout: Duration::from_secs(2),
-            ca_cert: None,
-            client_cert: None,
-            client_key: None,
+            tls_files: TlsFiles::default(),
         }
     }
 }
@@ -95,8 +90,10 @@ impl EtcdConfig {
         let parts = UrlParts::parse(BACKEND, url, crate::SCHEMES)?;
         let tls = parts.scheme == "etcds";
         if tls && !cfg!(feature = "tls") {
-            return Err(config_error(
-                "etcds:// needs TLS support: enable feature `tls` (of dlock-etcd, or `etcd-tls` of dlock)",
+            return Err(tls_not_built(
+                BACKEND,
+                "etcds",
+                "`tls` (of dlock-etcd, or `etcd-tls` of dlock)",
             ));
         }
         if parts.user.is_none() && parts.password.is_some() {
@@ -106,11 +103,7 @@ impl EtcdConfig {
             tls,
             username: parts.user.clone(),
             password: parts.password.clone(),
-            endpoints: parts
-                .hosts
-                .iter()
-                .map(|h| h.with_default_port(DEFAULT_PORT))
-                .collect(),
+            endpoints: parts.host_ports(DEFAULT_PORT),
             ..Self::default()
         };
         if config.username.is_some() && config.password.is_none() {
@@ -119,17 +112,8 @@ impl EtcdConfig {
         if !parts.path.is_empty() {
             config.prefix = check_prefix(&parts.path.join("/"))?;
         }
-        for (key, value) in &parts.options {
-            config.set_option(key, value)?;
-        }
-        if !tls && (config.ca_cert.is_some() || config.client_cert.is_some()) {
-            return Err(config_error(
-                "options `ca_cert`, `cert` and `key` need etcds://",
-            ));
-        }
-        if config.client_cert.is_some() != config.client_key.is_some() {
-            return Err(config_error("options `cert` and `key` go together"));
-        }
+        parts.apply_options(|key, value| config.set_option(key, value))?;
+        config.tls_files.check(BACKEND, tls, "etcds")?;
         Ok(config)
     }
 
@@ -138,17 +122,22 @@ impl EtcdConfig {
     /// # Errors
     /// [`LockError::Config`] for an unknown option or a malformed value.
     pub fn set_option(&mut self, key: &str, value: &str) -> Result<()> {
+        if self.tls_files.set_option(key, value) {
+            return Ok(());
+        }
         match key {
             "prefix" => self.prefix = check_prefix(value)?,
             "connect_timeout" => self.connect_timeout = duration_option(BACKEND, key, value)?,
             "command_timeout" => self.command_timeout = duration_option(BACKEND, key, value)?,
-            "ca_cert" => self.ca_cert = Some(value.into()),
-            "cert" => self.client_cert = Some(value.into()),
-            "key" => self.client_key = Some(value.into()),
             other => {
-                return Err(config_error(format!(
-                    "unknown option `{other}` (known: prefix, connect_timeout, command_timeout, ca_cert, cert, key)"
-                )));
+                return Err(unknown_option(
+                    BACKEND,
+                    other,
+                    &format!(
+                        "prefix, connect_timeout, command_timeout, {}",
+                        TlsFiles::OPTIONS
+                    ),
+                ));
             }
         }
         Ok(())

@@ -151,25 +151,8 @@ impl EtcdLease {
     /// Moves the key onto lease `to` if it is still ours; the create revision (the fence and
     /// the queue place) stays.
     async fn move_key(&self, to: i64) -> Result<bool> {
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.key.as_str(),
-                CompareOp::Equal,
-                self.revision,
-            )])
-            .and_then([TxnOp::put(
-                self.key.as_str(),
-                "",
-                Some(PutOptions::new().with_lease(to).with_ignore_value()),
-            )]);
-        let response = self
-            .inner
-            .idempotent(|mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
-        Ok(response.succeeded())
+        let txn = if_still_ours(&self.key, self.revision, vec![move_to_lease(&self.key, to)]);
+        Ok(self.inner.txn(txn).await?.succeeded())
     }
 }
 
@@ -318,20 +301,27 @@ impl RawLease for EtcdLease {
 impl EtcdLease {
     /// Whether the key is still ours (a guarded no-op transaction).
     async fn move_key_check(&self) -> Result<bool> {
-        let txn = Txn::new().when([Compare::create_revision(
-            self.key.as_str(),
-            CompareOp::Equal,
-            self.revision,
-        )]);
-        let response = self
-            .inner
-            .idempotent(|mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
-        Ok(response.succeeded())
+        let txn = if_still_ours(&self.key, self.revision, Vec::new());
+        Ok(self.inner.txn(txn).await?.succeeded())
     }
+}
+
+/// A transaction that runs `ops` if `key` still has the create revision `revision`: if it is
+/// still the one this client created.
+fn if_still_ours(key: &str, revision: i64, ops: Vec<TxnOp>) -> Txn {
+    Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+        .and_then(ops)
+}
+
+/// Puts `key` on lease `lease`, keeping its value and its create revision (the fence and the
+/// queue place).
+fn move_to_lease(key: &str, lease: i64) -> TxnOp {
+    TxnOp::put(
+        key,
+        "",
+        Some(PutOptions::new().with_lease(lease).with_ignore_value()),
+    )
 }
 
 impl Drop for EtcdLease {
@@ -359,23 +349,8 @@ impl Drop for EtcdLease {
             let timeout = inner.config.command_timeout;
             let moved = async {
                 let (id, _, _) = grant_lease(&inner.client, class, timeout).await?;
-                let txn = Txn::new()
-                    .when([Compare::create_revision(
-                        key.as_str(),
-                        CompareOp::Equal,
-                        revision,
-                    )])
-                    .and_then([TxnOp::put(
-                        key.as_str(),
-                        "",
-                        Some(PutOptions::new().with_lease(id).with_ignore_value()),
-                    )]);
-                inner
-                    .idempotent(|mut client| {
-                        let txn = txn.clone();
-                        async move { client.txn(txn).await }
-                    })
-                    .await
+                let txn = if_still_ours(&key, revision, vec![move_to_lease(&key, id)]);
+                inner.txn(txn).await
             };
             if moved.await.is_err() {
                 // Could not move it: delete it when its TTL would have ended.

@@ -9,12 +9,12 @@ use std::time::Duration;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{Detach, Grant, PendingAcquire, RawLock, WaitRecovery};
 use dlock_api::{
-    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockName, LockOptions, LostReason,
-    Renewal, Result,
+    Capabilities, Fencing, FencingToken, LockError, LockName, LockOptions, LostReason, Renewal,
+    Result,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -194,20 +194,13 @@ fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions> {
 #[cfg(feature = "tls")]
 fn tls_options(config: &EtcdConfig) -> Result<etcd_client::TlsOptions> {
     use etcd_client::{Certificate, Identity, TlsOptions};
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| {
-            dlock_api::raw::config::config_error(
-                BACKEND,
-                format!("cannot read {}: {e}", path.display()),
-            )
-        })
-    };
+    let pem = config.tls_files.read(BACKEND)?;
     let mut tls = TlsOptions::new().with_native_roots();
-    if let Some(ca) = &config.ca_cert {
-        tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+    if let Some(ca) = pem.ca_cert {
+        tls = tls.ca_certificate(Certificate::from_pem(ca));
     }
-    if let (Some(cert), Some(key)) = (&config.client_cert, &config.client_key) {
-        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    if let Some((cert, key)) = pem.identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
     }
     Ok(tls)
 }
@@ -221,6 +214,16 @@ impl Inner {
         let mut nonce = self.nonce.lock().unwrap_or_else(|e| e.into_inner());
         *nonce = nonce.wrapping_add(1);
         *nonce
+    }
+
+    /// Runs a transaction that is safe to retry (its retry finds what the first try did), as
+    /// [`idempotent`](Self::idempotent) runs a request.
+    pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.idempotent(|mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await
     }
 
     /// Runs an idempotent request, retried (perhaps on another member: the client's balancer
@@ -307,12 +310,7 @@ impl Inner {
                 .when([Compare::create_revision(key, CompareOp::Greater, 0)])
                 .and_then([TxnOp::delete(key, None)]),
         };
-        let response = self
-            .idempotent(|mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
+        let response = self.txn(txn).await?;
         Ok(response.succeeded())
     }
 
@@ -353,12 +351,7 @@ impl Inner {
                 TxnOp::get(keys.range.clone(), Some(newest_two)),
             ])
             .or_else([TxnOp::get(key, None)]);
-        let response = self
-            .idempotent(|mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
+        let response = self.txn(txn).await?;
         let header = response.header().map_or(0, |h| h.revision());
         let ranges: Vec<Vec<KeyValue>> = response
             .op_responses()
@@ -396,12 +389,7 @@ impl Inner {
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key, None)]);
-        let response = self
-            .idempotent(|mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
+        let response = self.txn(txn).await?;
         if response.succeeded() {
             return Ok(Some(response.header().map_or(0, |h| h.revision())));
         }
@@ -538,16 +526,9 @@ impl RawLock for EtcdLock {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: Fencing::Strict,
-            lease: LeaseKind::Ttl,
-            extend: true,
             fifo: true,
-            wake_on_release: true,
-            lost_signal: true,
             survives_failover: true,
-            reentrant: false,
-            max_name_bytes: None,
-            max_ttl: None,
-            min_ttl: None,
+            ..Capabilities::TTL_LEASE
         }
     }
 

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_api::raw::config::{Secret, UrlParts, bool_option, duration_option};
+use dlock_api::raw::config::{
+    Secret, UrlParts, bool_option, duration_option, join_host_port, unknown_option,
+};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
@@ -113,9 +115,7 @@ impl MySqlConfig {
         (config.host, config.port) = parts.one_host(BACKEND, config.port)?;
         parts.at_most_segments(BACKEND, 1)?;
         config.database = parts.path.first().cloned();
-        for (key, value) in &parts.options {
-            config.set_option(key, value)?;
-        }
+        parts.apply_options(|key, value| config.set_option(key, value))?;
         config.check()?;
         Ok(config)
     }
@@ -170,11 +170,7 @@ impl MySqlConfig {
                 }
                 self.prefix = value.to_owned();
             }
-            other => {
-                return Err(config_error(format!(
-                    "unknown option `{other}` (known: {KNOWN})"
-                )));
-            }
+            other => return Err(unknown_option(BACKEND, other, KNOWN)),
         }
         Ok(())
     }
@@ -236,11 +232,7 @@ impl MySqlConfig {
 
 impl fmt::Display for MySqlConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)?;
-        } else {
-            write!(f, "{}:{}", self.host, self.port)?;
-        }
+        f.write_str(&join_host_port(&self.host, self.port))?;
         if let Some(db) = &self.database {
             write!(f, "/{db}")?;
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::raw::{Grant, RawLock, SessionPool};
-use dlock_api::{Capabilities, Fencing, KeyMapper, LeaseKind, LockName, LockOptions, Result};
+use dlock_api::{Capabilities, Fencing, KeyMapper, LockName, LockOptions, Result};
 use tokio::time::Instant;
 
 use crate::BACKEND;
@@ -134,16 +134,8 @@ impl RawLock for MySqlLock {
             } else {
                 Fencing::None
             },
-            lease: LeaseKind::Session,
-            extend: false,
-            fifo: false,
-            wake_on_release: true,
-            lost_signal: true,
-            survives_failover: false,
-            reentrant: false,
             max_name_bytes: Some(MAX_KEY_CHARS - self.config().prefix.len()),
-            max_ttl: None,
-            min_ttl: None,
+            ..Capabilities::SESSION_LEASE
         }
     }
 

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_api::raw::config::{Secret, UrlParts, bool_option, duration_option};
+use dlock_api::raw::config::{
+    Secret, UrlParts, bool_option, duration_option, join_host_port, unknown_option,
+};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
@@ -152,9 +154,7 @@ impl PostgresConfig {
         parts.at_most_segments(BACKEND, 1)?;
         // Like libpq: the database defaults to the user's name.
         config.database = parts.path.first().unwrap_or(&config.user).clone();
-        for (key, value) in &parts.options {
-            config.set_option(key, value)?;
-        }
+        parts.apply_options(|key, value| config.set_option(key, value))?;
         Ok(config)
     }
 
@@ -207,11 +207,7 @@ impl PostgresConfig {
                     )));
                 }
             },
-            other => {
-                return Err(config_error(format!(
-                    "unknown option `{other}` (known: {KNOWN})"
-                )));
-            }
+            other => return Err(unknown_option(BACKEND, other, KNOWN)),
         }
         Ok(())
     }
@@ -224,11 +220,12 @@ impl PostgresConfig {
 
 impl fmt::Display for PostgresConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}/{}", self.host, self.port, self.database)
-        } else {
-            write!(f, "{}:{}/{}", self.host, self.port, self.database)
-        }
+        write!(
+            f,
+            "{}/{}",
+            join_host_port(&self.host, self.port),
+            self.database
+        )
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 use dlock_api::raw::{Grant, RawLock, SessionPool, acquire_by, try_acquire_by};
-use dlock_api::{Capabilities, Fencing, LeaseKind, LockGuard, LockName, LockOptions, Result};
+use dlock_api::{Capabilities, Fencing, LockGuard, LockName, LockOptions, Result};
 use sqlx::Row;
 use sqlx::postgres::PgConnection;
 use tokio::time::{Duration, Instant, timeout};
@@ -208,16 +208,7 @@ impl RawLock for PostgresLock {
             } else {
                 Fencing::None
             },
-            lease: LeaseKind::Session,
-            extend: false,
-            fifo: false,
-            wake_on_release: true,
-            lost_signal: true,
-            survives_failover: false,
-            reentrant: false,
-            max_name_bytes: None,
-            max_ttl: None,
-            min_ttl: None,
+            ..Capabilities::SESSION_LEASE
         }
     }
 

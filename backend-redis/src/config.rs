@@ -3,11 +3,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_api::raw::config::{Secret, UrlParts, duration_option};
+use dlock_api::raw::config::{Secret, UrlParts, duration_option, tls_not_built, unknown_option};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
 use crate::eviction::EvictionCheck;
+use crate::keys::LockKeys;
 
 /// How the Redis deployment is laid out.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,8 +124,10 @@ impl RedisConfig {
             _ => (parts.scheme.starts_with("rediss"), "cluster"),
         };
         if tls && !cfg!(feature = "tls-rustls") {
-            return Err(config_error(
-                "rediss:// needs TLS support: enable feature `tls-rustls` (of dlock-redis, or of dlock)",
+            return Err(tls_not_built(
+                BACKEND,
+                "rediss",
+                "`tls-rustls` (of dlock-redis, or of dlock)",
             ));
         }
         let mut config = Self {
@@ -133,11 +136,7 @@ impl RedisConfig {
             password: parts.password.clone(),
             ..Self::default()
         };
-        let hosts: Vec<String> = parts
-            .hosts
-            .iter()
-            .map(|h| h.with_default_port(6379))
-            .collect();
+        let hosts = parts.host_ports(6379);
         let mut segments = parts.path.iter();
         config.topology = match kind {
             "single" => {
@@ -172,9 +171,7 @@ impl RedisConfig {
         if let Some(extra) = segments.next() {
             return Err(config_error(format!("unexpected path segment `{extra}`")));
         }
-        for (key, value) in &parts.options {
-            config.set_option(key, value)?;
-        }
+        parts.apply_options(|key, value| config.set_option(key, value))?;
         Ok(config)
     }
 
@@ -184,12 +181,10 @@ impl RedisConfig {
     /// [`LockError::Config`] for an unknown option or a malformed value.
     pub fn set_option(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
-            "prefix" if value.is_empty() || value.contains(['{', '}']) => {
-                return Err(config_error(
-                    "option `prefix` must be non-empty and without braces",
-                ));
+            "prefix" => {
+                LockKeys::check_prefix(BACKEND, value)?;
+                self.prefix = value.to_owned();
             }
-            "prefix" => self.prefix = value.to_owned(),
             "connect_timeout" => self.connect_timeout = duration_option(BACKEND, key, value)?,
             "command_timeout" => self.command_timeout = duration_option(BACKEND, key, value)?,
             "wait_replicas" => {
@@ -203,9 +198,11 @@ impl RedisConfig {
             "ca_cert" => self.ca_cert = Some(value.into()),
             "eviction_check" => self.eviction_check = value.parse()?,
             other => {
-                return Err(config_error(format!(
-                    "unknown option `{other}` (known: prefix, connect_timeout, command_timeout, wait_replicas, wait_replicas_timeout, ca_cert, eviction_check)"
-                )));
+                return Err(unknown_option(
+                    BACKEND,
+                    other,
+                    "prefix, connect_timeout, command_timeout, wait_replicas, wait_replicas_timeout, ca_cert, eviction_check",
+                ));
             }
         }
         Ok(())

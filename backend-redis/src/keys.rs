@@ -1,6 +1,7 @@
 //! Key names: every key of one lock shares a hash tag, so they live in one Cluster slot.
 
-use dlock_api::LockName;
+use dlock_api::raw::config::config_error;
+use dlock_api::{LockName, Result};
 
 /// The keys and channel of one lock name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,6 +42,21 @@ impl LockKeys {
             channel: format!("{lock}:released"),
             lock,
         }
+    }
+
+    /// Checks a key prefix: not empty, and without braces, which would move the Cluster hash tag
+    /// off the name.
+    ///
+    /// # Errors
+    /// [`LockError::Config`](dlock_api::LockError::Config) for `backend`.
+    pub fn check_prefix(backend: &'static str, prefix: &str) -> Result<()> {
+        if prefix.is_empty() || prefix.contains(['{', '}']) {
+            return Err(config_error(
+                backend,
+                "option `prefix` must be non-empty and without braces",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -7,9 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{Grant, LeaseState, PendingAcquire, RawLock, RenewedBy};
-use dlock_api::{
-    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockName, LockOptions, Result,
-};
+use dlock_api::{Capabilities, Fencing, FencingToken, LockError, LockName, LockOptions, Result};
 use tokio::time::{Instant, sleep_until};
 
 use crate::BACKEND;
@@ -225,16 +223,8 @@ impl RawLock for RedisLock {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: Fencing::BestEffort,
-            lease: LeaseKind::Ttl,
-            extend: true,
             fifo: true,
-            wake_on_release: true,
-            lost_signal: true,
-            survives_failover: false,
-            reentrant: false,
-            max_name_bytes: None,
-            max_ttl: None,
-            min_ttl: None,
+            ..Capabilities::TTL_LEASE
         }
     }
 

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use dlock_api::Result;
+use dlock_api::raw::{Subscription, Subscriptions};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
@@ -23,18 +24,14 @@ use crate::scripts::Announcement;
 
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
-    channels: Mutex<HashMap<String, Arc<Channel>>>,
-    /// Orders subscribe and unsubscribe commands, so a late unsubscribe never undoes a new subscribe.
-    subscriptions: tokio::sync::Mutex<()>,
+    channels: Arc<Subscriptions<Channel>>,
     /// This client's waiting owners, to deliver `granted` announcements to.
     grants: Mutex<HashMap<String, Arc<Grant>>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Channel {
-    name: String,
     notify: Notify,
-    waiters: Mutex<usize>,
     subscribed: AtomicBool,
 }
 
@@ -50,7 +47,7 @@ struct Grant {
 #[derive(Debug)]
 pub(crate) struct Waiting {
     hub: Arc<Wakeups>,
-    channel: Arc<Channel>,
+    channel: Arc<Subscription<Channel>>,
     owner: String,
     grant: Arc<Grant>,
     conn: Conn,
@@ -95,20 +92,17 @@ impl Wakeups {
                     }
                     // `free`, or a message this version does not know: every waiter checks.
                     _ => {
-                        let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-                        if let Some(channel) = channel.and_then(|n| channels.get(n)) {
-                            channel.notify.notify_waiters();
+                        if let Some(channel) = channel {
+                            self.channels
+                                .with(channel, |channel| channel.notify.notify_waiters());
                         }
                     }
                 }
             }
-            PushKind::Disconnection => {
-                let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-                for channel in channels.values() {
-                    channel.subscribed.store(false, Ordering::SeqCst);
-                    channel.notify.notify_waiters();
-                }
-            }
+            PushKind::Disconnection => self.channels.for_each(|channel| {
+                channel.subscribed.store(false, Ordering::SeqCst);
+                channel.notify.notify_waiters();
+            }),
             _ => {}
         }
     }
@@ -122,22 +116,7 @@ impl Wakeups {
         owner: &str,
         timeout: Duration,
     ) -> Result<Waiting> {
-        let entry = {
-            let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = channels
-                .entry(channel.to_owned())
-                .or_insert_with(|| {
-                    Arc::new(Channel {
-                        name: channel.to_owned(),
-                        notify: Notify::new(),
-                        waiters: Mutex::new(0),
-                        subscribed: AtomicBool::new(false),
-                    })
-                })
-                .clone();
-            *entry.waiters.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-            entry
-        };
+        let entry = self.channels.join(channel, Channel::default);
         let grant = Arc::new(Grant::default());
         self.grants
             .lock()
@@ -182,10 +161,10 @@ impl Waiting {
         if self.channel.subscribed.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let _ordered = self.hub.subscriptions.lock().await;
+        let _ordered = self.hub.channels.ordered().await;
         if !self.channel.subscribed.load(Ordering::SeqCst) {
             self.conn
-                .subscribe(self.timeout, &self.channel.name)
+                .subscribe(self.timeout, self.channel.name())
                 .await?;
             self.channel.subscribed.store(true, Ordering::SeqCst);
         }
@@ -200,45 +179,16 @@ impl Drop for Waiting {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.owner);
-        let last = {
-            let mut waiters = self
-                .channel
-                .waiters
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            *waiters -= 1;
-            *waiters == 0
-        };
-        if !last {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (hub, channel, conn, timeout) = (
-            self.hub.clone(),
-            self.channel.clone(),
-            self.conn.clone(),
-            self.timeout,
-        );
-        runtime.spawn(async move {
-            let _ordered = hub.subscriptions.lock().await;
-            let remove = {
-                let mut channels = hub.channels.lock().unwrap_or_else(|e| e.into_inner());
-                let idle = *channel.waiters.lock().unwrap_or_else(|e| e.into_inner()) == 0;
-                let same = channels
-                    .get(&channel.name)
-                    .is_some_and(|c| Arc::ptr_eq(c, &channel));
-                if idle && same {
-                    channels.remove(&channel.name);
+        let (conn, timeout) = (self.conn.clone(), self.timeout);
+        self.hub
+            .channels
+            .leave(&self.channel, move |channel| async move {
+                if !channel.subscribed.load(Ordering::SeqCst) {
+                    return;
                 }
-                idle && same
-            };
-            if remove && channel.subscribed.load(Ordering::SeqCst) {
-                if let Err(error) = conn.unsubscribe(timeout, &channel.name).await {
-                    tracing::debug!(%error, channel = %channel.name, "redis: unsubscribe failed");
+                if let Err(error) = conn.unsubscribe(timeout, channel.name()).await {
+                    tracing::debug!(%error, channel = %channel.name(), "redis: unsubscribe failed");
                 }
-            }
-        });
+            });
     }
 }

@@ -4,9 +4,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use dlock_api::raw::config::{Secret, UrlParts, duration_option};
+use dlock_api::raw::config::{Secret, UrlParts, duration_option, tls_not_built, unknown_option};
 use dlock_api::{LockError, Result};
-use dlock_redis::{EvictionCheck, RedisConfig, Topology};
+use dlock_redis::{EvictionCheck, LockKeys, RedisConfig, Topology};
 
 use crate::BACKEND;
 
@@ -126,19 +126,17 @@ impl RedlockConfig {
         let parts = UrlParts::parse(BACKEND, url, crate::SCHEMES)?;
         let tls = parts.scheme == "redlocks";
         if tls && !cfg!(feature = "tls-rustls") {
-            return Err(config_error(
-                "redlocks:// needs TLS support: enable feature `tls-rustls` (of dlock-redlock, or of dlock)",
+            return Err(tls_not_built(
+                BACKEND,
+                "redlocks",
+                "`tls-rustls` (of dlock-redlock, or of dlock)",
             ));
         }
         let mut config = Self {
             tls,
             username: parts.user.clone(),
             password: parts.password.clone(),
-            nodes: parts
-                .hosts
-                .iter()
-                .map(|h| h.with_default_port(DEFAULT_PORT))
-                .collect(),
+            nodes: parts.host_ports(DEFAULT_PORT),
             ..Self::default()
         };
         if let Some(db) = parts.path.first() {
@@ -147,9 +145,7 @@ impl RedlockConfig {
                 .map_err(|_| config_error(format!("database `{db}` is not a number")))?;
         }
         parts.at_most_segments(BACKEND, 1)?;
-        for (key, value) in &parts.options {
-            config.set_option(key, value)?;
-        }
+        parts.apply_options(|key, value| config.set_option(key, value))?;
         config.validate()?;
         Ok(config)
     }
@@ -160,12 +156,10 @@ impl RedlockConfig {
     /// [`LockError::Config`] for an unknown option or a malformed value.
     pub fn set_option(&mut self, key: &str, value: &str) -> Result<()> {
         match key {
-            "prefix" if value.is_empty() || value.contains(['{', '}']) => {
-                return Err(config_error(
-                    "option `prefix` must be non-empty and without braces",
-                ));
+            "prefix" => {
+                LockKeys::check_prefix(BACKEND, value)?;
+                self.prefix = value.to_owned();
             }
-            "prefix" => self.prefix = value.to_owned(),
             "quorum" => {
                 self.quorum = Some(
                     value
@@ -193,9 +187,11 @@ impl RedlockConfig {
             "ca_cert" => self.ca_cert = Some(value.into()),
             "eviction_check" => self.eviction_check = value.parse()?,
             other => {
-                return Err(config_error(format!(
-                    "unknown option `{other}` (known: prefix, quorum, node_timeout, drift_factor, drift, min_validity, retry_delay, connect_timeout, command_timeout, ca_cert, eviction_check)"
-                )));
+                return Err(unknown_option(
+                    BACKEND,
+                    other,
+                    "prefix, quorum, node_timeout, drift_factor, drift, min_validity, retry_delay, connect_timeout, command_timeout, ca_cert, eviction_check",
+                ));
             }
         }
         Ok(())

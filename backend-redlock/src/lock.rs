@@ -10,9 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{Grant, LeaseState, PendingAcquire, RawLock, RenewedBy, Session};
-use dlock_api::{
-    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockName, LockOptions, Result,
-};
+use dlock_api::{Capabilities, Fencing, FencingToken, LockError, LockName, LockOptions, Result};
 use dlock_redis::LockKeys;
 use dlock_redis::node::NodeAttempt;
 use futures::future::join_all;
@@ -410,16 +408,9 @@ impl RawLock for Redlock {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: Fencing::BestEffort,
-            lease: LeaseKind::Ttl,
-            extend: true,
-            fifo: false,
-            wake_on_release: true,
-            lost_signal: true,
             survives_failover: true,
-            reentrant: false,
-            max_name_bytes: None,
-            max_ttl: None,
             min_ttl: Some(self.inner.config.min_ttl()),
+            ..Capabilities::TTL_LEASE
         }
     }
 

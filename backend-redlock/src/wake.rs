@@ -10,11 +10,11 @@
 //! One subscription per name per node per client, shared by the client's waiters of that name;
 //! the last waiter to leave unsubscribes.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dlock_api::raw::{Subscription, Subscriptions};
 use dlock_redis::node::NodeEvent;
 use tokio::sync::Notify;
 
@@ -25,15 +25,11 @@ const RELEASED: &str = "released";
 
 #[derive(Debug, Default)]
 pub(crate) struct Hub {
-    channels: Mutex<HashMap<String, Arc<Channel>>>,
-    /// Orders subscribe and unsubscribe commands, so a late unsubscribe never undoes a new
-    /// subscribe.
-    order: tokio::sync::Mutex<()>,
+    channels: Arc<Subscriptions<Channel>>,
 }
 
 #[derive(Debug)]
 struct Channel {
-    name: String,
     waiters: Mutex<Vec<Arc<Cell>>>,
     /// Per node: whether this client's subscription there is live.
     subscribed: Vec<AtomicBool>,
@@ -52,37 +48,24 @@ struct Cell {
 impl Hub {
     /// A node's message or lost connection.
     pub(crate) fn on_event(&self, node: usize, event: NodeEvent<'_>) {
-        let channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         match event {
             NodeEvent::Message { channel, payload } if payload == RELEASED => {
-                if let Some(channel) = channels.get(channel) {
-                    for cell in channel
-                        .waiters
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .iter()
-                    {
+                self.channels.with(channel, |channel| {
+                    for cell in channel.cells().iter() {
                         cell.freed.fetch_or(1 << node, Ordering::SeqCst);
                         cell.notify.notify_one();
                     }
-                }
+                });
             }
-            NodeEvent::Disconnected => {
-                for channel in channels.values() {
-                    if let Some(flag) = channel.subscribed.get(node) {
-                        flag.store(false, Ordering::SeqCst);
-                    }
-                    for cell in channel
-                        .waiters
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .iter()
-                    {
-                        cell.recheck.store(true, Ordering::SeqCst);
-                        cell.notify.notify_one();
-                    }
+            NodeEvent::Disconnected => self.channels.for_each(|channel| {
+                if let Some(flag) = channel.subscribed.get(node) {
+                    flag.store(false, Ordering::SeqCst);
                 }
-            }
+                for cell in channel.cells().iter() {
+                    cell.recheck.store(true, Ordering::SeqCst);
+                    cell.notify.notify_one();
+                }
+            }),
             _ => {}
         }
     }
@@ -90,25 +73,11 @@ impl Hub {
     /// Registers a waiter on `channel` for a client of `nodes` nodes.
     pub(crate) fn register(self: &Arc<Self>, channel: &str, nodes: usize) -> Waiting {
         let cell = Arc::new(Cell::default());
-        let entry = {
-            let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = channels
-                .entry(channel.to_owned())
-                .or_insert_with(|| {
-                    Arc::new(Channel {
-                        name: channel.to_owned(),
-                        waiters: Mutex::new(Vec::new()),
-                        subscribed: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
-                    })
-                })
-                .clone();
-            entry
-                .waiters
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(cell.clone());
-            entry
-        };
+        let entry = self.channels.join(channel, || Channel {
+            waiters: Mutex::new(Vec::new()),
+            subscribed: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
+        });
+        entry.cells().push(cell.clone());
         Waiting {
             hub: self.clone(),
             channel: entry,
@@ -119,11 +88,17 @@ impl Hub {
     }
 }
 
+impl Channel {
+    fn cells(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Cell>>> {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// One waiter's registration; dropping it unsubscribes when no waiter of the name is left.
 #[derive(Debug)]
 pub(crate) struct Waiting {
     hub: Arc<Hub>,
-    channel: Arc<Channel>,
+    channel: Arc<Subscription<Channel>>,
     cell: Arc<Cell>,
     slots: Vec<Arc<Slot>>,
     timeout: Duration,
@@ -147,14 +122,14 @@ impl Waiting {
             .filter(|slot| !self.channel.subscribed[slot.index].load(Ordering::SeqCst))
             .collect();
         if !missing.is_empty() {
-            let _ordered = self.hub.order.lock().await;
+            let _ordered = self.hub.channels.ordered().await;
             let channel = &self.channel;
             futures::future::join_all(missing.into_iter().map(|slot| async move {
                 if channel.subscribed[slot.index].load(Ordering::SeqCst) {
                     return;
                 }
                 let Ok(node) = slot.get() else { return };
-                match node.subscribe(&channel.name, timeout).await {
+                match node.subscribe(channel.name(), timeout).await {
                     Ok(()) => channel.subscribed[slot.index].store(true, Ordering::SeqCst),
                     Err(error) => {
                         tracing::debug!(node = %slot.addr(), %error, "redlock: subscribe failed")
@@ -200,59 +175,23 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        let last = {
-            let mut waiters = self
-                .channel
-                .waiters
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            waiters.retain(|c| !Arc::ptr_eq(c, &self.cell));
-            waiters.is_empty()
-        };
-        if !last {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (hub, channel, slots, timeout) = (
-            self.hub.clone(),
-            self.channel.clone(),
-            std::mem::take(&mut self.slots),
-            self.timeout,
-        );
-        runtime.spawn(async move {
-            let _ordered = hub.order.lock().await;
-            let idle = {
-                let mut channels = hub.channels.lock().unwrap_or_else(|e| e.into_inner());
-                let idle = channel
-                    .waiters
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .is_empty();
-                let same = channels
-                    .get(&channel.name)
-                    .is_some_and(|c| Arc::ptr_eq(c, &channel));
-                if idle && same {
-                    channels.remove(&channel.name);
-                }
-                idle && same
-            };
-            if !idle {
-                return;
-            }
-            let channel = &channel;
-            futures::future::join_all(slots.iter().map(|slot| async move {
-                if !channel.subscribed[slot.index].swap(false, Ordering::SeqCst) {
-                    return;
-                }
-                if let Ok(node) = slot.get() {
-                    if let Err(error) = node.unsubscribe(&channel.name, timeout).await {
-                        tracing::debug!(node = %slot.addr(), %error, "redlock: unsubscribe failed");
+        self.channel.cells().retain(|c| !Arc::ptr_eq(c, &self.cell));
+        let (slots, timeout) = (std::mem::take(&mut self.slots), self.timeout);
+        self.hub
+            .channels
+            .leave(&self.channel, move |channel| async move {
+                let channel = &channel;
+                futures::future::join_all(slots.iter().map(|slot| async move {
+                    if !channel.subscribed[slot.index].swap(false, Ordering::SeqCst) {
+                        return;
                     }
-                }
-            }))
-            .await;
-        });
+                    if let Ok(node) = slot.get() {
+                        if let Err(error) = node.unsubscribe(channel.name(), timeout).await {
+                            tracing::debug!(node = %slot.addr(), %error, "redlock: unsubscribe failed");
+                        }
+                    }
+                }))
+                .await;
+            });
     }
 }

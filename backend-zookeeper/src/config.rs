@@ -1,10 +1,11 @@
 //! `ZkConfig`: where the ensemble is and how to talk to it, from a URL or key/value pairs.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use dlock_api::raw::config::{Secret, UrlParts, duration_option};
+use dlock_api::raw::config::{
+    Secret, TlsFiles, UrlParts, duration_option, tls_not_built, unknown_option,
+};
 use dlock_api::{LockError, LockName, Result};
 
 use crate::BACKEND;
@@ -63,12 +64,8 @@ pub struct ZkConfig {
     pub command_timeout: Duration,
     /// The ACL of created nodes.
     pub acl: NodeAcl,
-    /// With TLS: a PEM file of the CA to trust (required).
-    pub ca_cert: Option<PathBuf>,
-    /// With TLS: a PEM client certificate.
-    pub client_cert: Option<PathBuf>,
-    /// With TLS: the client certificate's PEM key.
-    pub client_key: Option<PathBuf>,
+    /// With TLS: the CA to trust (required), and a client certificate.
+    pub tls_files: TlsFiles,
 }
 
 impl Default for ZkConfig {
@@ -83,9 +80,7 @@ impl Default for ZkConfig {
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(2),
             acl: NodeAcl::Open,
-            ca_cert: None,
-            client_cert: None,
-            client_key: None,
+            tls_files: TlsFiles::default(),
         }
     }
 }
@@ -124,8 +119,10 @@ impl ZkConfig {
         let parts = UrlParts::parse(BACKEND, url, crate::SCHEMES)?;
         let tls = parts.scheme == "zks";
         if tls && !cfg!(feature = "tls") {
-            return Err(config_error(
-                "zks:// needs TLS support: enable feature `tls` (of dlock-zookeeper, or `zookeeper-tls` of dlock)",
+            return Err(tls_not_built(
+                BACKEND,
+                "zks",
+                "`tls` (of dlock-zookeeper, or `zookeeper-tls` of dlock)",
             ));
         }
         if parts.user.is_some() != parts.password.is_some() {
@@ -140,11 +137,7 @@ impl ZkConfig {
             tls,
             username: parts.user.clone(),
             password: parts.password.clone(),
-            hosts: parts
-                .hosts
-                .iter()
-                .map(|h| h.with_default_port(DEFAULT_PORT))
-                .collect(),
+            hosts: parts.host_ports(DEFAULT_PORT),
             ..Self::default()
         };
         if config.username.is_some() {
@@ -153,28 +146,19 @@ impl ZkConfig {
         if !parts.path.is_empty() {
             config.prefix = check_prefix(&parts.path.join("/"))?;
         }
-        for (key, value) in &parts.options {
-            config.set_option(key, value)?;
-        }
+        parts.apply_options(|key, value| config.set_option(key, value))?;
         config.check()?;
         Ok(config)
     }
 
     /// Checks options that depend on each other.
     fn check(&self) -> Result<()> {
-        if !self.tls && (self.ca_cert.is_some() || self.client_cert.is_some()) {
-            return Err(config_error(
-                "options `ca_cert`, `cert` and `key` need zks://",
-            ));
-        }
-        if self.tls && self.ca_cert.is_none() {
+        if self.tls && self.tls_files.ca_cert.is_none() {
             return Err(config_error(
                 "zks:// needs option `ca_cert`, the CA to trust (the client library loads no system roots)",
             ));
         }
-        if self.client_cert.is_some() != self.client_key.is_some() {
-            return Err(config_error("options `cert` and `key` go together"));
-        }
+        self.tls_files.check(BACKEND, self.tls, "zks")?;
         if self.acl == NodeAcl::Creator && self.username.is_none() {
             return Err(config_error(
                 "acl=creator needs credentials (zk://user:password@…)",
@@ -188,6 +172,9 @@ impl ZkConfig {
     /// # Errors
     /// [`LockError::Config`] for an unknown option or a malformed value.
     pub fn set_option(&mut self, key: &str, value: &str) -> Result<()> {
+        if self.tls_files.set_option(key, value) {
+            return Ok(());
+        }
         match key {
             "prefix" => self.prefix = check_prefix(value)?,
             "session_timeout" => {
@@ -209,13 +196,15 @@ impl ZkConfig {
                     }
                 }
             }
-            "ca_cert" => self.ca_cert = Some(value.into()),
-            "cert" => self.client_cert = Some(value.into()),
-            "key" => self.client_key = Some(value.into()),
             other => {
-                return Err(config_error(format!(
-                    "unknown option `{other}` (known: prefix, session_timeout, connect_timeout, command_timeout, acl, ca_cert, cert, key)"
-                )));
+                return Err(unknown_option(
+                    BACKEND,
+                    other,
+                    &format!(
+                        "prefix, session_timeout, connect_timeout, command_timeout, acl, {}",
+                        TlsFiles::OPTIONS
+                    ),
+                ));
             }
         }
         Ok(())

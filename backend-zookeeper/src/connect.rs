@@ -46,19 +46,14 @@ fn connect_error(error: zookeeper_client::Error) -> LockError {
 #[cfg(feature = "tls")]
 fn tls_options(config: &ZkConfig) -> Result<zookeeper_client::TlsOptions> {
     use dlock_api::raw::config::config_error;
-    let read = |path: &std::path::Path| {
-        std::fs::read_to_string(path)
-            .map_err(|e| config_error(BACKEND, format!("cannot read {}: {e}", path.display())))
-    };
+    let pem = config.tls_files.read(BACKEND)?;
     let bad = |e: zookeeper_client::Error| config_error(BACKEND, e.to_string());
     let mut tls = zookeeper_client::TlsOptions::new();
-    if let Some(ca) = &config.ca_cert {
-        tls = tls.with_pem_ca(&read(ca)?).map_err(bad)?;
+    if let Some(ca) = &pem.ca_cert {
+        tls = tls.with_pem_ca(ca).map_err(bad)?;
     }
-    if let (Some(cert), Some(key)) = (&config.client_cert, &config.client_key) {
-        tls = tls
-            .with_pem_identity(&read(cert)?, &read(key)?)
-            .map_err(bad)?;
+    if let Some((cert, key)) = &pem.identity {
+        tls = tls.with_pem_identity(cert, key).map_err(bad)?;
     }
     Ok(tls)
 }

@@ -9,9 +9,7 @@ use dlock_api::raw::time::after;
 use dlock_api::raw::{
     Detach, Grant, PendingAcquire, RawLock, RenewedBy, SessionStatus, WaitRecovery,
 };
-use dlock_api::{
-    Capabilities, Fencing, FencingToken, LeaseKind, LockError, LockName, LockOptions, Result,
-};
+use dlock_api::{Capabilities, Fencing, FencingToken, LockError, LockName, LockOptions, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
@@ -507,16 +505,9 @@ impl RawLock for ZkLock {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: Fencing::Strict,
-            lease: LeaseKind::Session,
-            extend: false,
             fifo: true,
-            wake_on_release: true,
-            lost_signal: true,
             survives_failover: true,
-            reentrant: false,
-            max_name_bytes: None,
-            max_ttl: None,
-            min_ttl: None,
+            ..Capabilities::SESSION_LEASE
         }
     }
 

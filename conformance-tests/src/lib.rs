@@ -36,6 +36,8 @@
 //!   the connections of waiters, or hand out a client whose session a case can suspend, resume
 //!   and expire ([`SessionControl`]). A case needing a fault the harness lacks shows as ignored.
 //! - [`Harness::child_env`]: lets a case re-run the test binary as a holder process and SIGKILL it.
+//! - [`Deployment`]: the servers behind a harness, named by a `DLOCK_TEST_<BACKEND>_URL`
+//!   variable (which also carries them to child processes) or started for the tests.
 //!
 //! [`inputs`] holds property-test strategies over every option and name, shared by the
 //! `input::any_*` cases and by property tests with shrinking.
@@ -68,6 +70,7 @@
 
 mod case;
 pub mod cases;
+mod deployment;
 mod harness;
 pub mod history;
 pub mod inputs;
@@ -78,6 +81,7 @@ pub mod wait_for;
 
 pub use case::{Case, CaseResult, Ctx, Failure, Needs};
 pub use cases::cases;
+pub use deployment::Deployment;
 pub use harness::{
     Amnesia, Fault, Faults, Harness, OwnServer, ProxyTarget, SessionControl, Timing,
 };

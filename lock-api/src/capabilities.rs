@@ -8,9 +8,9 @@ use crate::options::LockOptions;
 /// What a backend promises, beyond the contract every backend keeps.
 ///
 /// Naming rule: plain nouns for features (`extend`, `fifo`), `max_*` for limits. Backends build it
-/// with struct-update syntax (`Capabilities { fifo: true, ..Capabilities::default() }`), which is
-/// why it is not `#[non_exhaustive]`: new fields arrive in minor releases with a `false` / `None`
-/// default.
+/// with struct-update syntax from the base of their lease model
+/// (`Capabilities { fifo: true, ..Capabilities::TTL_LEASE }`), which is why it is not
+/// `#[non_exhaustive]`: new fields arrive in minor releases with a `false` / `None` default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Capabilities {
     /// How far fencing tokens can be trusted.
@@ -64,6 +64,31 @@ pub enum LeaseKind {
 }
 
 impl Capabilities {
+    /// A lease that ends at its TTL, extended by its guard; waiters woken on release, loss
+    /// signalled. Without fencing, FIFO order, failover or limits: a backend names what it adds.
+    pub const TTL_LEASE: Self = Self {
+        fencing: Fencing::None,
+        lease: LeaseKind::Ttl,
+        extend: true,
+        fifo: false,
+        wake_on_release: true,
+        lost_signal: true,
+        survives_failover: false,
+        reentrant: false,
+        max_name_bytes: None,
+        max_ttl: None,
+        min_ttl: None,
+    };
+
+    /// A lease that lasts as long as the holder's session, so there is nothing to extend;
+    /// waiters woken on release, a lost session signalled. Otherwise as
+    /// [`TTL_LEASE`](Self::TTL_LEASE).
+    pub const SESSION_LEASE: Self = Self {
+        lease: LeaseKind::Session,
+        extend: false,
+        ..Self::TTL_LEASE
+    };
+
     /// Checks `options` against these capabilities and on their own. Backends call this first,
     /// so bad input fails before any network call (OpenDAL's correctness-check layer).
     ///

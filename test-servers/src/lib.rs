@@ -116,7 +116,10 @@ pub use mariadb::MariaDb;
 pub use ports::free_port;
 pub use postgres::Postgres;
 pub use proxy::{FaultProxy, ProxyMode};
-pub use redis::{RedisCluster, RedisNodes, RedisSentinel, RedisServer, SENTINEL_MASTER_NAME};
+pub use redis::{
+    RedisCluster, RedisNodes, RedisSentinel, RedisServer, SENTINEL_MASTER_NAME,
+    subscribed_client_ids,
+};
 pub use resp::{Resp, encode_command, read_reply, redis_command};
 pub use shared::{shared_etcd, shared_mariadb, shared_postgres, shared_redis, shared_zookeeper};
 pub use zookeeper::{

@@ -23,6 +23,24 @@ const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(60);
 /// The master name the Sentinels of [`RedisSentinel`] monitor.
 pub const SENTINEL_MASTER_NAME: &str = "mymaster";
 
+/// The ids of the clients in a `CLIENT LIST` reply that hold a channel subscription: a dlock
+/// client's waiters, for a test that cuts them off with `CLIENT KILL ID`.
+pub fn subscribed_client_ids(client_list: &str) -> Vec<&str> {
+    client_list
+        .lines()
+        .filter_map(|line| {
+            let field = |key: &str| {
+                line.split(' ')
+                    .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+            };
+            field("sub")
+                .is_some_and(|n| n != "0")
+                .then(|| field("id"))
+                .flatten()
+        })
+        .collect()
+}
+
 fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
@@ -723,5 +741,18 @@ impl RedisCluster {
     /// The number of primaries at creation (3).
     pub fn primaries(&self) -> usize {
         self.primaries
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_subscribed_clients() {
+        let list = "id=3 addr=127.0.0.1:1 sub=0 psub=0 cmd=get\n\
+                    id=7 addr=127.0.0.1:2 sub=1 psub=0 cmd=subscribe\n\
+                    id=9 addr=127.0.0.1:3 psub=0 cmd=client|list\n";
+        assert_eq!(subscribed_client_ids(list), ["7"]);
     }
 }

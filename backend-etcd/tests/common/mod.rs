@@ -3,25 +3,17 @@
 //! lease; and a residue check that reads the keys under the case's names.
 #![allow(dead_code, unreachable_pub)]
 
-use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Fault, Faults, Harness, OwnServer, Timing};
+use dlock_conformance::{Deployment, Fault, Faults, Harness, OwnServer, Timing};
 use dlock_etcd::{EtcdConfig, EtcdLock};
 use dlock_test_servers::{Etcd, EtcdCluster};
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 
 pub struct EtcdHarness {
-    label: &'static str,
-    url: String,
-    url_var: &'static str,
-    _servers: Box<dyn Any + Send + Sync>,
-}
-
-fn started<T>(what: &str, result: dlock_test_servers::Result<T>) -> T {
-    result.unwrap_or_else(|e| panic!("cannot start {what} for the etcd tests: {e}"))
+    deployment: Deployment,
 }
 
 /// `etcd://h1:p1,h2:p2` for endpoints given as `http://h:p`.
@@ -34,48 +26,34 @@ pub fn etcd_url(endpoints: &[String]) -> String {
 }
 
 impl EtcdHarness {
-    fn deployment(
-        label: &'static str,
-        url_var: &'static str,
-        start: impl FnOnce() -> (String, Box<dyn Any + Send + Sync>),
-    ) -> Self {
-        let (url, servers) = match std::env::var(url_var) {
-            Ok(url) => (url, Box::new(()) as Box<dyn Any + Send + Sync>),
-            Err(_) => start(),
-        };
-        Self {
-            label,
-            url,
-            url_var,
-            _servers: servers,
-        }
-    }
-
     /// One member: `DLOCK_TEST_ETCD_URL` if set, else a private etcd.
     pub fn single() -> Self {
-        Self::deployment("etcd", "DLOCK_TEST_ETCD_URL", || {
-            let server = started("etcd", Etcd::start());
-            (etcd_url(&server.endpoints()), Box::new(server))
-        })
+        let deployment = Deployment::from_env_or_start("etcd", SINGLE_URL_VAR, || {
+            Etcd::start().map(|server| (etcd_url(&server.endpoints()), server))
+        });
+        Self { deployment }
     }
 
     /// Three members: `DLOCK_TEST_ETCD_CLUSTER_URL` if set, else a private cluster.
     pub fn cluster() -> Self {
-        Self::deployment("etcd-3", "DLOCK_TEST_ETCD_CLUSTER_URL", || {
-            let cluster = started("an etcd cluster", EtcdCluster::start());
-            (etcd_url(&cluster.endpoints()), Box::new(cluster))
-        })
+        let deployment =
+            Deployment::from_env_or_start("etcd-3", "DLOCK_TEST_ETCD_CLUSTER_URL", || {
+                EtcdCluster::start().map(|cluster| (etcd_url(&cluster.endpoints()), cluster))
+            });
+        Self { deployment }
     }
 
     pub fn url(&self) -> &str {
-        &self.url
+        self.deployment.url()
     }
 
     /// A plain etcd client of the same deployment, for inspecting and faults.
     pub async fn raw_client(&self) -> std::result::Result<Client, String> {
-        raw_client(&self.url).await
+        raw_client(self.url()).await
     }
 }
+
+const SINGLE_URL_VAR: &str = "DLOCK_TEST_ETCD_URL";
 
 pub async fn raw_client(url: &str) -> std::result::Result<Client, String> {
     let config = EtcdConfig::from_url(url).map_err(text)?;
@@ -111,11 +89,11 @@ fn text(e: impl ToString) -> String {
 #[async_trait]
 impl Harness for EtcdHarness {
     fn label(&self) -> &str {
-        self.label
+        self.deployment.label()
     }
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
-        Ok(Arc::new(EtcdLock::connect_url(&self.url).await?))
+        Ok(Arc::new(EtcdLock::connect_url(self.url()).await?))
     }
 
     /// Leases of 3 s rather than 2: every grant, extend and release is a raft write with an
@@ -132,7 +110,7 @@ impl Harness for EtcdHarness {
     }
 
     fn child_env(&self) -> Option<Vec<(String, String)>> {
-        Some(vec![(self.url_var.to_owned(), self.url.clone())])
+        self.deployment.child_env()
     }
 
     /// Every key under each name's range: a holder's or a waiter's.
@@ -140,7 +118,7 @@ impl Harness for EtcdHarness {
         let mut client = self.raw_client().await?;
         let mut left = Vec::new();
         for name in names {
-            let range = name_range(&self.url, name);
+            let range = name_range(self.url(), name);
             let found = client
                 .get(
                     range,
@@ -166,7 +144,7 @@ impl Faults for EtcdHarness {
         match fault {
             Fault::KillHolder => true,
             // One member only: the cluster has its own leader-change tests.
-            Fault::OwnServer => self.url_var == "DLOCK_TEST_ETCD_URL",
+            Fault::OwnServer => self.deployment.url_var() == SINGLE_URL_VAR,
             _ => false,
         }
     }
@@ -175,10 +153,7 @@ impl Faults for EtcdHarness {
     async fn own_server(&self) -> std::result::Result<OwnServer, String> {
         OwnServer::start(Etcd::start, |url| {
             Arc::new(EtcdHarness {
-                label: "etcd",
-                url: etcd_url(&[url]),
-                url_var: "DLOCK_TEST_ETCD_URL",
-                _servers: Box::new(()),
+                deployment: Deployment::at("etcd", SINGLE_URL_VAR, etcd_url(&[url])),
             })
         })
         .await
@@ -187,7 +162,7 @@ impl Faults for EtcdHarness {
     /// Revokes the lease of the holder's key (the first by create revision), as the server does
     /// when the holder's keep-alives stop: every key on that lease goes.
     async fn kill_holder(&self, name: &LockName) -> std::result::Result<(), String> {
-        revoke_holder(&self.url, name).await.map(drop)
+        revoke_holder(self.url(), name).await.map(drop)
     }
 }
 

@@ -2,29 +2,21 @@
 //! `DLOCK_TEST_REDIS_URL`), fresh clients, and a fault hook that deletes a holder's key.
 #![allow(dead_code, unreachable_pub)]
 
-use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Amnesia, Fault, Faults, Harness, OwnServer};
+use dlock_conformance::{Amnesia, Deployment, Fault, Faults, Harness, OwnServer};
 use dlock_redis::{LockKeys, RedisConfig, RedisLock};
-use dlock_test_servers::{RedisCluster, RedisSentinel, RedisServer};
+use dlock_test_servers::{RedisCluster, RedisSentinel, RedisServer, subscribed_client_ids};
 
 pub mod amnesia;
 
 pub struct RedisHarness {
-    label: &'static str,
-    url: String,
-    /// The variable that points a harness (here, or in a child process) at this deployment.
-    url_var: &'static str,
-    /// Keeps the servers alive as long as the harness.
-    _servers: Box<dyn Any + Send + Sync>,
+    deployment: Deployment,
 }
 
-fn started<T>(what: &str, result: dlock_test_servers::Result<T>) -> T {
-    result.unwrap_or_else(|e| panic!("cannot start {what} for the Redis tests: {e}"))
-}
+const SINGLE_URL_VAR: &str = "DLOCK_TEST_REDIS_URL";
 
 fn joined(addrs: &[std::net::SocketAddr]) -> String {
     addrs
@@ -35,74 +27,61 @@ fn joined(addrs: &[std::net::SocketAddr]) -> String {
 }
 
 impl RedisHarness {
-    /// The deployment `url_var` names, or else the one `start` starts (its URL and its servers).
-    fn deployment(
-        label: &'static str,
-        url_var: &'static str,
-        start: impl FnOnce() -> (String, Box<dyn Any + Send + Sync>),
-    ) -> Self {
-        let (url, servers) = match std::env::var(url_var) {
-            Ok(url) => (url, Box::new(()) as Box<dyn Any + Send + Sync>),
-            Err(_) => start(),
-        };
-        Self {
-            label,
-            url,
-            url_var,
-            _servers: servers,
-        }
-    }
-
     /// A harness of the deployment at `url`, which child processes reach through `url_var`.
     pub fn at(label: &'static str, url: String, url_var: &'static str) -> Self {
         Self {
-            label,
-            url,
-            url_var,
-            _servers: Box::new(()),
+            deployment: Deployment::at(label, url_var, url),
         }
     }
 
     /// One node: `DLOCK_TEST_REDIS_URL` if set, else a private redis-server.
     pub fn single() -> Self {
-        Self::deployment("redis", "DLOCK_TEST_REDIS_URL", || {
-            let server = started("redis-server", RedisServer::start());
-            (server.url(), Box::new(server))
-        })
+        let deployment = Deployment::from_env_or_start("redis", SINGLE_URL_VAR, || {
+            RedisServer::start().map(|server| (server.url(), server))
+        });
+        Self { deployment }
     }
 
     /// A primary, a replica and three Sentinels (or `DLOCK_TEST_REDIS_SENTINEL_URL`).
     pub fn sentinel() -> Self {
-        Self::deployment("redis-sentinel", "DLOCK_TEST_REDIS_SENTINEL_URL", || {
-            let sentinel = started("a Redis Sentinel deployment", RedisSentinel::start());
-            (sentinel_url(&sentinel), Box::new(sentinel))
-        })
+        let deployment = Deployment::from_env_or_start(
+            "redis-sentinel",
+            "DLOCK_TEST_REDIS_SENTINEL_URL",
+            || {
+                let sentinel = RedisSentinel::start()?;
+                Ok((sentinel_url(&sentinel), sentinel))
+            },
+        );
+        Self { deployment }
     }
 
     /// Three primaries, each with a replica (or `DLOCK_TEST_REDIS_CLUSTER_URL`).
     pub fn cluster() -> Self {
-        Self::deployment("redis-cluster", "DLOCK_TEST_REDIS_CLUSTER_URL", || {
-            let cluster = started("a Redis Cluster", RedisCluster::start());
-            (
-                format!("redis+cluster://{}", joined(&cluster.addrs())),
-                Box::new(cluster),
-            )
-        })
+        let deployment =
+            Deployment::from_env_or_start("redis-cluster", "DLOCK_TEST_REDIS_CLUSTER_URL", || {
+                RedisCluster::start().map(|cluster| {
+                    (
+                        format!("redis+cluster://{}", joined(&cluster.addrs())),
+                        cluster,
+                    )
+                })
+            });
+        Self { deployment }
     }
 
     pub fn url(&self) -> &str {
-        &self.url
+        self.deployment.url()
     }
 }
 
 #[async_trait]
 impl Harness for RedisHarness {
     fn label(&self) -> &str {
-        self.label
+        self.deployment.label()
     }
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
-        Ok(Arc::new(RedisLock::connect_url(&self.url).await?))
+        Ok(Arc::new(RedisLock::connect_url(self.url()).await?))
     }
 
     fn faults(&self) -> Option<&dyn Faults> {
@@ -110,13 +89,13 @@ impl Harness for RedisHarness {
     }
 
     fn child_env(&self) -> Option<Vec<(String, String)>> {
-        Some(vec![(self.url_var.to_owned(), self.url.clone())])
+        self.deployment.child_env()
     }
 
     /// The lock key, the waiter queue and the waiters' records of each name (the fence counter
     /// stays by design).
     async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
-        let config = RedisConfig::from_url(&self.url).map_err(text)?;
+        let config = RedisConfig::from_url(self.url()).map_err(text)?;
         // One EXISTS per name (its keys share a hash tag, so a Cluster slot), one connection.
         let commands = names.iter().map(|name| {
             let keys = LockKeys::new(&config.prefix, name);
@@ -125,7 +104,7 @@ impl Harness for RedisHarness {
             (name, exists)
         });
         let mut left = Vec::new();
-        let mut conn = NodeConn::open(&self.url).await?;
+        let mut conn = NodeConn::open(self.url()).await?;
         for (name, exists) in commands {
             let found: i64 = conn.query(&exists).await?;
             if found > 0 {
@@ -141,17 +120,17 @@ impl Faults for RedisHarness {
     /// Deletes the lock key, as a restart without persistence or a failover to a replica that
     /// missed the write would.
     async fn kill_holder(&self, name: &LockName) -> std::result::Result<(), String> {
-        let config = RedisConfig::from_url(&self.url).map_err(|e| e.to_string())?;
+        let config = RedisConfig::from_url(self.url()).map_err(|e| e.to_string())?;
         let keys = LockKeys::new(&config.prefix, name);
-        delete_key(&self.url, &keys.lock).await
+        delete_key(self.url(), &keys.lock).await
     }
 
     fn supports(&self, fault: Fault) -> bool {
         match fault {
             Fault::KillHolder | Fault::KillWaiters => true,
             // A single node only: the other topologies have their own failover tests.
-            Fault::OwnServer => self.url_var == "DLOCK_TEST_REDIS_URL",
-            Fault::Amnesia => self.url_var != "DLOCK_TEST_REDIS_CLUSTER_URL",
+            Fault::OwnServer => self.deployment.url_var() == SINGLE_URL_VAR,
+            Fault::Amnesia => self.deployment.url_var() != "DLOCK_TEST_REDIS_CLUSTER_URL",
             _ => false,
         }
     }
@@ -159,7 +138,7 @@ impl Faults for RedisHarness {
     /// A private redis-server (persistence off, as in the tests' shared one).
     async fn own_server(&self) -> std::result::Result<OwnServer, String> {
         OwnServer::start(RedisServer::start, |url| {
-            Arc::new(RedisHarness::at("redis", url, "DLOCK_TEST_REDIS_URL"))
+            Arc::new(RedisHarness::at("redis", url, SINGLE_URL_VAR))
         })
         .await
     }
@@ -167,7 +146,7 @@ impl Faults for RedisHarness {
     /// A single node evicts the lock key; a Sentinel deployment fails over to a replica that
     /// never received the grant.
     async fn amnesia(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
-        if self.url_var == "DLOCK_TEST_REDIS_SENTINEL_URL" {
+        if self.deployment.url_var() == "DLOCK_TEST_REDIS_SENTINEL_URL" {
             Ok(Box::new(amnesia::FailoverWithoutTheGrant::start().await?))
         } else {
             Ok(Box::new(amnesia::EvictingNode::start().await?))
@@ -179,19 +158,19 @@ impl Faults for RedisHarness {
     /// subscribes only while one of its tasks waits). Clients that only hold locks keep their
     /// connections, so cases running beside this one are not disturbed.
     async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
-        let config = RedisConfig::from_url(&self.url).map_err(text)?;
+        let config = RedisConfig::from_url(self.url()).map_err(text)?;
         let keys = LockKeys::new(&config.prefix, name);
         let mut exists = redis::cmd("EXISTS");
         exists.arg(&keys.queue);
         let give_up = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-        while query_for_key::<i64>(&self.url, &exists).await? == 0 {
+        while query_for_key::<i64>(self.url(), &exists).await? == 0 {
             if tokio::time::Instant::now() >= give_up {
                 return Err(format!("no waiter queued for {name} after 30 s"));
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         let mut killed = 0;
-        for node in node_urls(&self.url).await? {
+        for node in node_urls(self.url()).await? {
             let client = redis::Client::open(node).map_err(text)?;
             let mut conn = client
                 .get_multiplexed_async_connection()
@@ -202,23 +181,15 @@ impl Faults for RedisHarness {
                 .query_async(&mut conn)
                 .await
                 .map_err(text)?;
-            for line in list.lines() {
-                let field = |key: &str| {
-                    line.split(' ')
-                        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-                };
-                if field("sub").is_some_and(|n| n != "0") {
-                    if let Some(id) = field("id") {
-                        let n: i64 = redis::cmd("CLIENT")
-                            .arg("KILL")
-                            .arg("ID")
-                            .arg(id)
-                            .query_async(&mut conn)
-                            .await
-                            .map_err(text)?;
-                        killed += n as usize;
-                    }
-                }
+            for id in subscribed_client_ids(&list) {
+                let n: i64 = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("ID")
+                    .arg(id)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(text)?;
+                killed += n as usize;
             }
         }
         Ok(killed)

@@ -3,23 +3,20 @@
 //! node, and fault hooks that delete a holder's key everywhere and cut waiters' connections.
 #![allow(dead_code, unreachable_pub)]
 
-use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Amnesia, Fault, Faults, Harness};
+use dlock_conformance::{Amnesia, Deployment, Fault, Faults, Harness};
 use dlock_redis::LockKeys;
 use dlock_redlock::{Redlock, RedlockConfig};
-use dlock_test_servers::RedisNodes;
+use dlock_test_servers::{RedisNodes, subscribed_client_ids};
 
 pub const URL_VAR: &str = "DLOCK_TEST_REDLOCK_URL";
 
 pub struct RedlockHarness {
-    url: String,
-    /// Keeps the nodes alive as long as the harness.
-    _servers: Box<dyn Any + Send + Sync>,
+    deployment: Deployment,
 }
 
 /// `redlock://h1:p1,h2:p2,…` for the nodes' `redis://` URLs, with `query` appended.
@@ -35,23 +32,14 @@ pub fn start_nodes(n: usize) -> RedisNodes {
 impl RedlockHarness {
     /// Five nodes: `DLOCK_TEST_REDLOCK_URL` if set, else five private redis-servers.
     pub fn five() -> Self {
-        match std::env::var(URL_VAR) {
-            Ok(url) => Self {
-                url,
-                _servers: Box::new(()),
-            },
-            Err(_) => {
-                let nodes = start_nodes(5);
-                Self {
-                    url: redlock_url(&nodes, ""),
-                    _servers: Box::new(nodes),
-                }
-            }
-        }
+        let deployment = Deployment::from_env_or_start("redlock-5", URL_VAR, || {
+            RedisNodes::start(5).map(|nodes| (redlock_url(&nodes, ""), nodes))
+        });
+        Self { deployment }
     }
 
     pub fn url(&self) -> &str {
-        &self.url
+        self.deployment.url()
     }
 }
 
@@ -87,11 +75,11 @@ pub fn keys(url: &str, name: &LockName) -> LockKeys {
 #[async_trait]
 impl Harness for RedlockHarness {
     fn label(&self) -> &str {
-        "redlock-5"
+        self.deployment.label()
     }
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
-        Ok(Arc::new(Redlock::connect_url(&self.url).await?))
+        Ok(Arc::new(Redlock::connect_url(self.url()).await?))
     }
 
     fn faults(&self) -> Option<&dyn Faults> {
@@ -99,16 +87,16 @@ impl Harness for RedlockHarness {
     }
 
     fn child_env(&self) -> Option<Vec<(String, String)>> {
-        Some(vec![(URL_VAR.to_owned(), self.url.clone())])
+        self.deployment.child_env()
     }
 
     /// The lock key of each name on every node (the fence counters stay by design; waiters
     /// keep nothing on the nodes but a subscription, which goes with their connection).
     async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
         let mut left = Vec::new();
-        for (i, mut conn) in node_conns(&self.url).await?.into_iter().enumerate() {
+        for (i, mut conn) in node_conns(self.url()).await?.into_iter().enumerate() {
             for name in names {
-                let key = keys(&self.url, name).lock;
+                let key = keys(self.url(), name).lock;
                 let found: i64 = redis::cmd("EXISTS")
                     .arg(&key)
                     .query_async(&mut conn)
@@ -139,17 +127,16 @@ impl Faults for RedlockHarness {
             .map_err(text)?
             .map_err(text)?;
         let harness = Arc::new(RedlockHarness {
-            url: redlock_url(&nodes, ""),
-            _servers: Box::new(()),
+            deployment: Deployment::at("redlock-5", URL_VAR, redlock_url(&nodes, "")),
         });
         Ok(Box::new(RestartedWithoutPersistence { nodes, harness }))
     }
 
     /// Deletes the lock key on every node, as every node restarting without persistence would.
     async fn kill_holder(&self, name: &LockName) -> std::result::Result<(), String> {
-        let key = keys(&self.url, name).lock;
+        let key = keys(self.url(), name).lock;
         let mut deleted = 0;
-        for mut conn in node_conns(&self.url).await? {
+        for mut conn in node_conns(self.url()).await? {
             let n: i64 = redis::cmd("DEL")
                 .arg(&key)
                 .query_async(&mut conn)
@@ -166,8 +153,8 @@ impl Faults for RedlockHarness {
     /// Once a client subscribes to `name`'s channel on some node (a waiter), `CLIENT KILL`s every
     /// subscribed connection on every node, as a proxy or network reset would.
     async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
-        let channel = keys(&self.url, name).channel;
-        let mut conns = node_conns(&self.url).await?;
+        let channel = keys(self.url(), name).channel;
+        let mut conns = node_conns(self.url()).await?;
         let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let mut subscribers = 0;
@@ -195,23 +182,15 @@ impl Faults for RedlockHarness {
                 .query_async(conn)
                 .await
                 .map_err(text)?;
-            for line in list.lines() {
-                let field = |key: &str| {
-                    line.split(' ')
-                        .find_map(|kv| kv.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
-                };
-                if field("sub").is_some_and(|n| n != "0") {
-                    if let Some(id) = field("id") {
-                        let n: i64 = redis::cmd("CLIENT")
-                            .arg("KILL")
-                            .arg("ID")
-                            .arg(id)
-                            .query_async(conn)
-                            .await
-                            .map_err(text)?;
-                        killed += n as usize;
-                    }
-                }
+            for id in subscribed_client_ids(&list) {
+                let n: i64 = redis::cmd("CLIENT")
+                    .arg("KILL")
+                    .arg("ID")
+                    .arg(id)
+                    .query_async(conn)
+                    .await
+                    .map_err(text)?;
+                killed += n as usize;
             }
         }
         Ok(killed)

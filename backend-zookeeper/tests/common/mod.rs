@@ -4,7 +4,6 @@
 //! residue check that lists the nodes under each case's names.
 #![allow(dead_code, unreachable_pub)]
 
-use std::any::Any;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -12,91 +11,69 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::raw::SessionStatus;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Fault, Faults, Harness, OwnServer, SessionControl};
+use dlock_conformance::{Deployment, Fault, Faults, Harness, OwnServer, SessionControl};
 use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper, ZooKeeperEnsemble};
 use dlock_zookeeper::{ZkConfig, ZkLock};
 use zookeeper_client::Client;
 
 pub struct ZkHarness {
-    label: &'static str,
-    url: String,
-    url_var: &'static str,
+    deployment: Deployment,
     /// A single server the harness started (faults that need one server apply).
     single: bool,
     clients: Mutex<Vec<Weak<ZkLock>>>,
-    _servers: Box<dyn Any + Send + Sync>,
 }
 
-fn started<T>(what: &str, result: dlock_test_servers::Result<T>) -> T {
-    result.unwrap_or_else(|e| panic!("cannot start {what} for the zookeeper tests: {e}"))
-}
+const STANDALONE_URL_VAR: &str = "DLOCK_TEST_ZOOKEEPER_URL";
 
 fn text(e: impl ToString) -> String {
     e.to_string()
 }
 
 impl ZkHarness {
-    fn new(
-        label: &'static str,
-        url_var: &'static str,
-        single: bool,
-        start: impl FnOnce() -> (String, Box<dyn Any + Send + Sync>),
-    ) -> Self {
-        let (url, servers, single) = match std::env::var(url_var) {
-            Ok(url) => (url, Box::new(()) as Box<dyn Any + Send + Sync>, false),
-            Err(_) => {
-                let (url, servers) = start();
-                (url, servers, single)
-            }
-        };
+    fn new(deployment: Deployment, single: bool) -> Self {
         Self {
-            label,
-            url,
-            url_var,
+            deployment,
             single,
             clients: Mutex::new(Vec::new()),
-            _servers: servers,
         }
     }
 
     /// A standalone server: `DLOCK_TEST_ZOOKEEPER_URL` if set, else a private one.
     pub fn standalone() -> Self {
-        Self::new("zookeeper", "DLOCK_TEST_ZOOKEEPER_URL", true, || {
-            let server = started("zookeeper", ZooKeeper::start());
-            (server.url(), Box::new(server))
-        })
+        let deployment = Deployment::from_env_or_start("zookeeper", STANDALONE_URL_VAR, || {
+            ZooKeeper::start().map(|server| (server.url(), server))
+        });
+        let single = deployment.started();
+        Self::new(deployment, single)
     }
 
     /// Three nodes: `DLOCK_TEST_ZOOKEEPER_ENSEMBLE_URL` if set, else a private ensemble.
     pub fn ensemble() -> Self {
-        Self::new(
+        let deployment = Deployment::from_env_or_start(
             "zk-ensemble",
             "DLOCK_TEST_ZOOKEEPER_ENSEMBLE_URL",
-            false,
             || {
-                let ensemble = started("a zookeeper ensemble", ZooKeeperEnsemble::start());
-                (
-                    format!("zk://{}", ensemble.connect_string()),
-                    Box::new(ensemble),
-                )
+                ZooKeeperEnsemble::start()
+                    .map(|ensemble| (format!("zk://{}", ensemble.connect_string()), ensemble))
             },
-        )
+        );
+        Self::new(deployment, false)
     }
 
     /// A harness for a server of a case's own at `url`.
     fn own(url: String) -> Arc<Self> {
-        Arc::new(Self {
-            label: "zookeeper",
-            url,
-            url_var: "DLOCK_TEST_ZOOKEEPER_URL",
-            single: true,
-            clients: Mutex::new(Vec::new()),
-            _servers: Box::new(()),
-        })
+        Arc::new(Self::new(
+            Deployment::at("zookeeper", STANDALONE_URL_VAR, url),
+            true,
+        ))
+    }
+
+    fn url(&self) -> &str {
+        self.deployment.url()
     }
 
     fn config(&self) -> ZkConfig {
-        ZkConfig::from_url(&self.url).expect("a valid URL")
+        ZkConfig::from_url(self.url()).expect("a valid URL")
     }
 
     /// The servers' connect string, reached directly.
@@ -155,11 +132,11 @@ pub async fn queue_of(
 #[async_trait]
 impl Harness for ZkHarness {
     fn label(&self) -> &str {
-        self.label
+        self.deployment.label()
     }
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
-        Ok(self.new_client(&self.url).await?)
+        Ok(self.new_client(self.url()).await?)
     }
 
     fn faults(&self) -> Option<&dyn Faults> {
@@ -167,7 +144,7 @@ impl Harness for ZkHarness {
     }
 
     fn child_env(&self) -> Option<Vec<(String, String)>> {
-        Some(vec![(self.url_var.to_owned(), self.url.clone())])
+        self.deployment.child_env()
     }
 
     /// Every node under each name's node: a holder's or a waiter's.

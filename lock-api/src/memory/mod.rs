@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::time::{Instant, sleep_until};
 
 use self::store::{Attempt, Store};
-use crate::capabilities::{Capabilities, Fencing, LeaseKind};
+use crate::capabilities::{Capabilities, Fencing};
 use crate::error::{LockError, Result};
 use crate::name::LockName;
 use crate::options::LockOptions;
@@ -214,16 +214,8 @@ impl RawLock for MemoryLock {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: Fencing::Strict,
-            lease: LeaseKind::Ttl,
-            extend: true,
             fifo: true,
-            wake_on_release: true,
-            lost_signal: true,
-            survives_failover: false,
-            reentrant: false,
-            max_name_bytes: None,
-            max_ttl: None,
-            min_ttl: None,
+            ..Capabilities::TTL_LEASE
         }
     }
 

@@ -2,6 +2,7 @@
 //! refused with the same messages in every backend.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{LockError, Result};
@@ -12,6 +13,20 @@ pub fn config_error(backend: &'static str, reason: impl Into<String>) -> LockErr
         backend,
         reason: reason.into(),
     }
+}
+
+/// The refusal of an option `key` a backend does not take; `known` lists the ones it does.
+pub fn unknown_option(backend: &'static str, key: &str, known: &str) -> LockError {
+    config_error(backend, format!("unknown option `{key}` (known: {known})"))
+}
+
+/// The refusal of a TLS URL (`scheme://`) by a build without TLS; `feature` says which feature
+/// to enable, and of which crate.
+pub fn tls_not_built(backend: &'static str, scheme: &str, feature: &str) -> LockError {
+    config_error(
+        backend,
+        format!("{scheme}:// needs TLS support: enable feature {feature}"),
+    )
 }
 
 /// The longest duration a configuration option takes (a year): longer is surely a unit mistake,
@@ -103,6 +118,102 @@ impl From<String> for Secret {
     }
 }
 
+/// The PEM files of a TLS connection, from the options `ca_cert`, `cert` and `key`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TlsFiles {
+    /// A PEM file of the CA to trust.
+    pub ca_cert: Option<PathBuf>,
+    /// A PEM client certificate.
+    pub client_cert: Option<PathBuf>,
+    /// The client certificate's PEM key.
+    pub client_key: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// The option keys these files are set by, as a backend lists its known options.
+    pub const OPTIONS: &'static str = "ca_cert, cert, key";
+
+    /// Takes `value` if `key` is `ca_cert`, `cert` or `key`; returns whether it was one of them.
+    pub fn set_option(&mut self, key: &str, value: &str) -> bool {
+        let file = match key {
+            "ca_cert" => &mut self.ca_cert,
+            "cert" => &mut self.client_cert,
+            "key" => &mut self.client_key,
+            _ => return false,
+        };
+        *file = Some(value.into());
+        true
+    }
+
+    /// Checks the files against the connection: none of them without TLS (`tls_scheme` is the
+    /// scheme that has it), and a client certificate only together with its key.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for `backend` naming the options.
+    pub fn check(&self, backend: &'static str, tls: bool, tls_scheme: &str) -> Result<()> {
+        if !tls && (self.ca_cert.is_some() || self.client_cert.is_some()) {
+            return Err(config_error(
+                backend,
+                format!("options `ca_cert`, `cert` and `key` need {tls_scheme}://"),
+            ));
+        }
+        if self.client_cert.is_some() != self.client_key.is_some() {
+            return Err(config_error(
+                backend,
+                "options `cert` and `key` go together",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads the files that are set, for the TLS library of a backend's client.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for `backend` naming a file that cannot be read as text.
+    pub fn read(&self, backend: &'static str) -> Result<TlsPem> {
+        let read = |path: &PathBuf| {
+            std::fs::read_to_string(path)
+                .map_err(|e| config_error(backend, format!("cannot read {}: {e}", path.display())))
+        };
+        let ca_cert = self.ca_cert.as_ref().map(read).transpose()?;
+        let identity = match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+            _ => None,
+        };
+        Ok(TlsPem { ca_cert, identity })
+    }
+}
+
+/// The PEM texts of [`TlsFiles`], read.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct TlsPem {
+    /// The CA to trust.
+    pub ca_cert: Option<String>,
+    /// A client certificate and its key.
+    pub identity: Option<(String, String)>,
+}
+
+impl fmt::Debug for TlsPem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The key is a secret.
+        f.debug_struct("TlsPem")
+            .field("ca_cert", &self.ca_cert.is_some())
+            .field("identity", &self.identity.is_some())
+            .finish()
+    }
+}
+
+/// `host:port`, with brackets around an IPv6 address.
+pub fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 /// One `host[:port]` of a URL; an IPv6 address is kept without its brackets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostPort {
@@ -115,12 +226,7 @@ pub struct HostPort {
 impl HostPort {
     /// `host:port`, with brackets around an IPv6 address, and `default_port` if none was given.
     pub fn with_default_port(&self, default_port: u16) -> String {
-        let port = self.port.unwrap_or(default_port);
-        if self.host.contains(':') {
-            format!("[{}]:{port}", self.host)
-        } else {
-            format!("{}:{port}", self.host)
-        }
+        join_host_port(&self.host, self.port.unwrap_or(default_port))
     }
 }
 
@@ -212,6 +318,28 @@ impl UrlParts {
         })
     }
 
+    /// Every host as `host:port`, with `default_port` where none was given.
+    pub fn host_ports(&self, default_port: u16) -> Vec<String> {
+        self.hosts
+            .iter()
+            .map(|host| host.with_default_port(default_port))
+            .collect()
+    }
+
+    /// Hands each query option to `set_option`, in the URL's order, stopping at the first
+    /// refusal.
+    ///
+    /// # Errors
+    /// The first error `set_option` returns.
+    pub fn apply_options(
+        &self,
+        mut set_option: impl FnMut(&str, &str) -> Result<()>,
+    ) -> Result<()> {
+        self.options
+            .iter()
+            .try_for_each(|(key, value)| set_option(key, value))
+    }
+
     /// The one host of a URL that takes one, with `default_port` if none was given.
     ///
     /// # Errors
@@ -298,6 +426,22 @@ mod tests {
     }
 
     #[test]
+    fn tls_files_need_tls_and_a_key_with_the_certificate() {
+        let mut files = TlsFiles::default();
+        assert!(files.check("x", false, "xs").is_ok());
+        assert!(files.set_option("ca_cert", "/ca.pem"));
+        assert!(!files.set_option("prefix", "p"));
+        assert_eq!(files.ca_cert, Some(PathBuf::from("/ca.pem")));
+        let refused = files.check("x", false, "xs").unwrap_err().to_string();
+        assert!(refused.contains("need xs://"), "{refused}");
+        assert!(files.check("x", true, "xs").is_ok());
+        files.set_option("cert", "/c.pem");
+        assert!(files.check("x", true, "xs").is_err());
+        files.set_option("key", "/k.pem");
+        assert!(files.check("x", true, "xs").is_ok());
+    }
+
+    #[test]
     fn splits_urls_with_several_hosts() {
         let parts = UrlParts::parse(
             "x",
@@ -314,6 +458,15 @@ mod tests {
         assert_eq!(parts.hosts[2].with_default_port(9), "h3:9");
         assert_eq!(parts.path, ["a", "b/c"]);
         assert_eq!(parts.options[1], ("t".to_owned(), "1s".to_owned()));
+        assert_eq!(parts.host_ports(9), ["h1:1", "[::1]:2", "h3:9"]);
+        let mut applied = Vec::new();
+        parts
+            .apply_options(|key, value| {
+                applied.push(format!("{key}={value}"));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(applied, ["k=v", "t=1s"]);
         for bad in ["x://", "x://h:port", "x://[::1", "x://a,,b", "y://h", "h"] {
             assert!(UrlParts::parse("x", bad, &["x"]).is_err(), "{bad}");
         }

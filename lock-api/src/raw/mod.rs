@@ -39,6 +39,8 @@
 //! - [`WaitRecovery`]: lets a blocking wait survive its connection being killed.
 //! - [`LocalQueue`]: a client's own FIFO per name, so only its first waiter holds a server-side
 //!   wait (and a connection) at a time; the others step up in turn.
+//! - [`Subscriptions`]: a client's pub/sub subscription per channel, shared by its waiters on it;
+//!   the last to leave unsubscribes, never undoing a newer subscribe.
 //! - [`config`]: option values and URL parts parsed, and refused, the same way in every backend.
 
 pub mod config;
@@ -52,6 +54,7 @@ pub mod pool;
 mod recovery;
 mod session;
 pub(crate) mod state;
+mod subscriptions;
 pub mod time;
 pub(crate) mod watchdog;
 
@@ -64,6 +67,7 @@ pub use pool::{DriverError, PoolConfig, SessionDriver, SessionPool, Waited};
 pub use recovery::WaitRecovery;
 pub use session::{Session, SessionStatus};
 pub use state::LeaseState;
+pub use subscriptions::{Subscription, Subscriptions};
 
 #[doc(hidden)]
 pub use async_trait::async_trait;
