@@ -24,9 +24,10 @@
 //! - [x] **Lost signal and suspension**: a guard reports `Suspended` while its lease's keep-alives
 //!   fail, and `Lost` when the lease ends or its key goes.
 //! - [x] **Survives failover**: a lock lives in the raft log; a leader change keeps it.
-//! - Minimum TTL: etcd counts leases in whole seconds and raises short ones to its own minimum
-//!   (`ceil(1.5 × election timeout)`: 2 s on default timing). A TTL is rounded up to whole
-//!   seconds.
+//! - Minimum TTL 2 s ([`Capabilities::min_ttl`](dlock_api::Capabilities::min_ttl)): etcd
+//!   raises a shorter lease to its own minimum (`ceil(1.5 × election timeout)`, 2 s on default
+//!   timing), which would hold a dead holder's lock longer than asked, so a shorter TTL is an
+//!   `InvalidArgument` before any network call. A TTL is rounded up to whole seconds.
 //!
 //! ## How it works
 //! - **Session leases.** A client keeps one etcd lease per TTL (in whole seconds) alive and

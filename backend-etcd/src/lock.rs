@@ -517,6 +517,10 @@ impl EtcdLock {
     }
 }
 
+/// etcd's shortest lease on default timing (`ceil(1.5 × election timeout)`); it raises shorter
+/// ones to it.
+const MIN_TTL: Duration = Duration::from_secs(2);
+
 #[dlock_api::raw::async_trait]
 impl RawLock for EtcdLock {
     fn backend(&self) -> &'static str {
@@ -528,6 +532,7 @@ impl RawLock for EtcdLock {
             fencing: Fencing::Strict,
             fifo: true,
             survives_failover: true,
+            min_ttl: Some(MIN_TTL),
             ..Capabilities::TTL_LEASE
         }
     }

@@ -1,7 +1,7 @@
-//! Faults, each against its own MariaDB: the holder's connection killed, the server restarted
-//! (cleanly and after a crash), a client cut off by the fault proxy, a cancelled blocking wait,
-//! and a pool under pressure. (A frozen or dead server is the fault suite's
-//! `faults::dead_or_frozen_server_answers_unavailable`.)
+//! Faults specific to MariaDB sessions, each against its own server: the holder's connection
+//! killed, a client cut off by the fault proxy, a cancelled blocking wait, and a pool under
+//! pressure. (A frozen, dead or restarted server is the fault suite's: `faults::dead_or_frozen_server_answers_unavailable`,
+//! `faults::server_restart_while_held_is_lost_or_kept`.)
 
 mod common;
 
@@ -82,44 +82,6 @@ async fn killed_connection_fires_lost_on_every_guard_it_held() {
         .release()
         .await
         .unwrap();
-}
-
-async fn restart_while_held(crash: bool) {
-    let server = own_server();
-    let url = server.url();
-    let locks = MySqlLock::connect_url(&url).await.unwrap();
-    let n = name("restart");
-    let first = locks.acquire(&n, &LockOptions::new()).await.unwrap();
-    let t1 = first.fencing_token();
-    if crash {
-        server.kill();
-    }
-    server.restart().expect("restart");
-    let reason = timeout(BOUND, first.lost())
-        .await
-        .expect("lost after the restart");
-    assert_eq!(reason, LostReason::SessionClosed);
-    assert!(matches!(first.release().await, Err(LockError::Lost { .. })));
-    let second = timeout(BOUND, locks.acquire(&n, &wait(BOUND)))
-        .await
-        .expect("acquire after restart")
-        .unwrap();
-    assert!(
-        second.fencing_token() > t1,
-        "token {} after {t1} across a restart (crash: {crash})",
-        second.fencing_token()
-    );
-    second.release().await.unwrap();
-}
-
-#[tokio::test]
-async fn server_restart_while_held_fires_lost_and_tokens_keep_rising() {
-    restart_while_held(false).await;
-}
-
-#[tokio::test]
-async fn server_crash_while_held_fires_lost_and_tokens_keep_rising() {
-    restart_while_held(true).await;
 }
 
 #[tokio::test]

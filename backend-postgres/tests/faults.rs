@@ -1,6 +1,8 @@
-//! Faults: the holder's backend terminated, the server restarted or crashed while held, a
-//! client partitioned by the fault proxy, more lockers than connections, and cancelled waits.
-//! (A frozen or dead server is the fault suite's `faults::dead_or_frozen_server_answers_unavailable`.) Each test that harms its server starts its own.
+//! Faults specific to Postgres sessions: the holder's backend terminated, a client partitioned
+//! by the fault proxy, more lockers than connections, and cancelled waits. (A frozen, dead or
+//! restarted server is the fault suite's: `faults::dead_or_frozen_server_answers_unavailable`,
+//! `faults::server_restart_while_held_is_lost_or_kept`.) Each test that harms its server starts
+//! its own.
 
 mod common;
 
@@ -70,46 +72,6 @@ async fn terminated_backend_fires_lost_on_every_guard_of_its_session() {
     // The client itself recovers with fresh connections.
     let again = a.acquire(&names[0], &wait()).await.unwrap();
     again.release().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_restart_and_crash_while_held_fire_lost_and_tokens_keep_rising() {
-    let server = own_server();
-    let a = PostgresLock::connect_url(&server.url()).await.unwrap();
-    let n = name("restart");
-    let mut last = 0;
-    for crash in [false, true] {
-        let guard = a.acquire(&n, &wait()).await.unwrap();
-        assert!(guard.fencing_token().get() > last);
-        last = guard.fencing_token().get();
-        if crash {
-            server.kill();
-        }
-        server.restart().expect("restart");
-        assert_eq!(lost(&guard).await, LostReason::SessionClosed);
-        assert!(guard.release().await.is_err());
-        // Same client, stale idle connections and all: the next acquire works.
-        let next = timeout(BOUND, async {
-            loop {
-                match a.acquire(&n, &wait()).await {
-                    Ok(g) => break g,
-                    Err(LockError::Unavailable { .. }) => {
-                        tokio::time::sleep(Duration::from_millis(50)).await
-                    }
-                    Err(e) => panic!("unexpected error after restart: {e}"),
-                }
-            }
-        })
-        .await
-        .expect("acquire after restart");
-        assert!(
-            next.fencing_token().get() > last,
-            "token {} after {last} (crash: {crash})",
-            next.fencing_token()
-        );
-        last = next.fencing_token().get();
-        next.release().await.unwrap();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

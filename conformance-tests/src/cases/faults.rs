@@ -318,6 +318,89 @@ pub async fn tokens_rise_across_server_restarts(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// **The server restarts while a lock is held**, cleanly and then after a crash (`SIGKILL`).
+/// The holder either hears that it lost the lock (`lost` fires: a session the restart closed, a
+/// lease the server forgot) or, where the hold survives the restart (a durable lease, a session
+/// that outlives the outage), keeps it while no other client can take it. Its release then says
+/// which (an error once lost, `Ok` if kept), the **same client** acquires again once the server
+/// is back (stale connections and all), and every token is above the ones before.
+pub async fn server_restart_while_held_is_lost_or_kept(ctx: Ctx) -> CaseResult {
+    let own = own_server(&ctx).await?;
+    let name = ctx.name("lock");
+    let timing = ctx.timing();
+    let client = own.harness.client().await?;
+    let wait = dlock_api::LockOptions::new()
+        .with_ttl(timing.short_ttl)
+        .with_wait_timeout(timing.bound);
+    let acquire_again = || async {
+        ctx.within("the same client's lock after the restart", async {
+            loop {
+                match client.acquire(&name, &wait).await {
+                    Ok(guard) => return Ok(guard),
+                    Err(e) if e.is_retryable() => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => return Err(Failure::from(e)),
+                }
+            }
+        })
+        .await?
+    };
+    let mut last = 0;
+    for crash in [false, true] {
+        let guard = acquire_again().await?;
+        let token = guard.fencing_token().get();
+        ensure!(token > last, "token {token} after {last} (crash: {crash})");
+        last = token;
+        if crash {
+            own.process.kill();
+        }
+        let process = &own.process;
+        tokio::task::block_in_place(|| process.restart())
+            .map_err(|e| Failure(format!("the server did not come back: {e}")))?;
+        // A lost hold must be reported within two lease TTLs (a renewal finds it gone); one
+        // kept that long survived the restart.
+        let lost = tokio::time::timeout(timing.short_ttl * 2, guard.lost()).await;
+        match lost {
+            Ok(reason) => {
+                eprintln!(
+                    "{}: lost after the restart (crash: {crash}): {reason:?}",
+                    ctx.case()
+                );
+                ensure!(
+                    !guard.is_held(),
+                    "lost fired, yet the guard says it is held"
+                );
+                ensure!(
+                    guard.release().await.is_err(),
+                    "the release of a lost guard succeeded (crash: {crash})"
+                );
+            }
+            Err(_kept) => {
+                eprintln!("{}: kept across the restart (crash: {crash})", ctx.case());
+                ensure!(guard.is_held(), "the guard is neither held nor lost");
+                let other = own.harness.client().await?;
+                let taken = other
+                    .try_acquire(&name, &dlock_api::LockOptions::new())
+                    .await?;
+                ensure!(
+                    taken.is_none(),
+                    "a hold that survived the restart was granted to another client too"
+                );
+                guard.release().await?;
+            }
+        }
+    }
+    let next = acquire_again().await?;
+    ensure!(
+        next.fencing_token().get() > last,
+        "token {} after {last} once the restarts were over",
+        next.fencing_token()
+    );
+    next.release().await?;
+    Ok(())
+}
+
 /// **A partitioned holder**: a worker reaching the server through a fault proxy takes the
 /// lock, reads the register, and is cut off (the proxy drops nothing, answers nothing) while it
 /// thinks for two TTLs; another worker, connected directly, wants the lock; then the link heals.

@@ -143,6 +143,10 @@ static CASES: &[Case] = &[
         FENCED_CHILDREN
     ),
     case!(faults::tokens_rise_across_server_restarts, OWN_SERVER),
+    case!(
+        faults::server_restart_while_held_is_lost_or_kept,
+        OWN_SERVER
+    ),
     case!(faults::partitioned_holder_is_fenced_off, PROXY_CHILDREN),
     case!(faults::slow_link_keeps_exclusion, PROXY_CHILDREN),
     case!(faults::lost_acquire_reply_leaves_nothing, PROXY_CHILDREN),
