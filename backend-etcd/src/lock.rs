@@ -418,13 +418,11 @@ fn queue_from(kvs: &[KeyValue], key: &str, revision: i64, seen: i64) -> Queue {
 
 /// Whether a failed create says the lease is gone on the server.
 fn lease_gone(error: &LockError) -> bool {
-    use std::error::Error;
     matches!(
         error,
         LockError::Backend { .. } | LockError::Unavailable { .. }
     ) && error
-        .source()
-        .and_then(|s| s.downcast_ref::<etcd_client::Error>())
+        .source_as::<etcd_client::Error>()
         .is_some_and(is_lease_not_found)
 }
 

@@ -103,7 +103,11 @@ pub(crate) async fn connect_all(config: &RedlockConfig, hub: &Arc<Hub>) -> Resul
         let failures: Vec<String> = slots
             .iter()
             .zip(&results)
-            .filter_map(|(slot, r)| r.as_ref().err().map(|e| format!("{}: {e}", slot.addr())))
+            .filter_map(|(slot, r)| {
+                r.as_ref()
+                    .err()
+                    .map(|e| format!("{}: {}", slot.addr(), dlock_api::error_chain(e)))
+            })
             .collect();
         return Err(LockError::unavailable_because(
             BACKEND,

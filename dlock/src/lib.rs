@@ -84,5 +84,5 @@ pub use dlock_zookeeper::{NodeAcl, ZkConfig, ZkLock};
 pub use dlock_api::{
     BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,
     FencingGate, FencingToken, KeyMapper, LeaseKind, LockContext, LockError, LockGuard, LockName,
-    LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy, raw,
+    LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy, error_chain, raw,
 };

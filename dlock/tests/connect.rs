@@ -131,3 +131,55 @@ async fn unknown_options_and_bad_urls_are_config_errors() {
         );
     }
 }
+
+/// Where a cause of `error` repeats what the chain has already said, the repeated text.
+fn repeated_cause(error: &dyn std::error::Error) -> Option<String> {
+    let mut shown = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if shown.contains(&text) {
+            return Some(text);
+        }
+        shown.push_str(&text);
+        next = cause.source();
+    }
+    None
+}
+
+/// A refused connection on every backend is `Unavailable`, and its chain of causes (as
+/// anyhow's `{:#}`, tracing and the CLI print it) says each cause once.
+#[tokio::test]
+async fn a_refused_connection_says_each_cause_once() {
+    // Three ports nothing listens on (bound together so they differ, then closed).
+    let [closed, b, c] = {
+        let listeners: Vec<_> = (0..3)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        [0, 1, 2].map(|i| listeners[i].local_addr().unwrap())
+    };
+    let urls = [
+        format!("redis://{closed}?connect_timeout=2s"),
+        format!("redlock://{closed},{b},{c}?connect_timeout=2s"),
+        format!("mysql://root@{closed}/test?connect_timeout=2s"),
+        format!("postgres://postgres@{closed}/postgres?connect_timeout=2s"),
+        format!("etcd://{closed}?connect_timeout=2s"),
+        format!("zk://{closed}?connect_timeout=2s"),
+    ];
+    for url in urls {
+        let error = match dlock::connect(&url).await {
+            Ok(_) => panic!("{url}: connected to a closed port"),
+            Err(error) => error,
+        };
+        assert!(
+            matches!(error, LockError::Unavailable { .. }),
+            "{url}: {error:?}"
+        );
+        if let Some(repeated) = repeated_cause(&error) {
+            panic!(
+                "{url}: `{repeated}` is said twice in `{}`",
+                dlock::error_chain(&error)
+            );
+        }
+    }
+}

@@ -15,8 +15,8 @@ pub type Result<T, E = LockError> = std::result::Result<T, E>;
 /// Everything that can go wrong with a lock.
 ///
 /// Contention is not an error: [`try_acquire`](crate::DistributedLock::try_acquire) returns
-/// `Ok(None)` when someone else holds the lock. Driver errors are boxed in `source` and reachable
-/// through [`std::error::Error::source`] and downcasting, so no driver type appears here.
+/// `Ok(None)` when someone else holds the lock. Driver errors are boxed in `source`, so no
+/// driver type appears here; [`LockError::source_as`] finds one by type.
 ///
 /// Rule for messages: the `#[error]` text never repeats a `#[source]`, so chained printers
 /// (`{:#}` in anyhow, `tracing`'s error chains) print each cause once.
@@ -100,7 +100,7 @@ pub enum LockError {
 }
 
 /// The source of an [`LockError::Unavailable`] for a command the server did not answer within
-/// its timeout: downcast to it to tell a slow server from an unreachable one.
+/// its timeout: [`LockError::source_as`] finds it, to tell a slow server from an unreachable one.
 #[derive(Debug, thiserror::Error)]
 #[error("no reply within {after:?}")]
 #[non_exhaustive]
@@ -114,7 +114,80 @@ pub struct CommandTimeout {
 #[error("{0}")]
 struct Message(String);
 
+/// A driver error as a [`LockError`]'s source: shows the driver's message, and hides the causes
+/// that message already contains. Many drivers print their cause *and* return it from
+/// `source()`, so every chained printer (`{:#}` in anyhow, `tracing`'s error chains, the CLI)
+/// said it twice: `redis unavailable: Connection refused (os error 111): Connection refused
+/// (os error 111)`.
+#[derive(Debug)]
+struct DriverError(BoxError);
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl StdError for DriverError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        let shown = self.0.to_string();
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            if !shown.contains(&cause.to_string()) {
+                return Some(cause);
+            }
+            next = cause.source();
+        }
+        None
+    }
+}
+
+/// `error` and its causes on one line, `: `-separated, as the CLI and logs print them. With a
+/// [`LockError`] each cause shows once (its driver error's repeats are hidden).
+pub fn error_chain(error: &dyn StdError) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// `error` as a source: wrapped when it has causes of its own (see [`DriverError`]).
+fn as_source(error: BoxError) -> BoxError {
+    if error.source().is_some() {
+        Box::new(DriverError(error))
+    } else {
+        error
+    }
+}
+
 impl LockError {
+    /// The first of this error's causes that is a `T` (a driver's error type, a
+    /// [`CommandTimeout`]), including the causes a chained printer is not shown because the
+    /// driver's message already says them.
+    pub fn source_as<T: StdError + 'static>(&self) -> Option<&T> {
+        let mut next = StdError::source(self);
+        while let Some(cause) = next {
+            if let Some(found) = cause.downcast_ref::<T>() {
+                return Some(found);
+            }
+            next = match cause.downcast_ref::<DriverError>() {
+                Some(driver) => {
+                    let inner: &(dyn StdError + 'static) = &*driver.0;
+                    if let Some(found) = inner.downcast_ref::<T>() {
+                        return Some(found);
+                    }
+                    inner.source()
+                }
+                None => cause.source(),
+            };
+        }
+        None
+    }
+
     /// An [`Unavailable`](LockError::Unavailable) error for a command that got no reply within
     /// `after`; its source is a [`CommandTimeout`].
     pub fn command_timeout(backend: &'static str, after: Duration) -> Self {
@@ -144,7 +217,7 @@ impl LockError {
     pub fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
         Self::Unavailable {
             backend,
-            source: source.into(),
+            source: as_source(source.into()),
         }
     }
 
@@ -152,7 +225,7 @@ impl LockError {
     pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
         Self::Backend {
             backend,
-            source: source.into(),
+            source: as_source(source.into()),
         }
     }
 
@@ -163,5 +236,51 @@ impl LockError {
     /// runs out; any other failure marks the lock lost at once.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable { .. } | Self::Timeout { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver error that prints its cause and also returns it, as many do.
+    #[derive(Debug)]
+    struct Chatty(std::io::Error);
+
+    impl std::fmt::Display for Chatty {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "driver failed: {}", self.0)
+        }
+    }
+
+    impl StdError for Chatty {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_the_driver_already_printed_is_said_once_and_still_found() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let error = LockError::unavailable("test", Chatty(refused));
+        assert_eq!(
+            error_chain(&error),
+            "test unavailable: driver failed: refused"
+        );
+        assert!(error.source_as::<Chatty>().is_some());
+        let io = error
+            .source_as::<std::io::Error>()
+            .expect("the hidden cause");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+    }
+
+    #[test]
+    fn a_cause_not_in_the_message_stays_in_the_chain() {
+        let timeout = LockError::command_timeout("test", Duration::from_secs(1));
+        assert_eq!(
+            error_chain(&timeout),
+            "test unavailable: no reply within 1s"
+        );
+        assert!(timeout.source_as::<CommandTimeout>().is_some());
     }
 }

@@ -108,16 +108,7 @@ fn exit_code_for(error: &LockError) -> u8 {
     }
 }
 
-/// The error and its sources on one line.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
-}
+pub(crate) use dlock_api::error_chain;
 
 /// Logs warnings to stderr (`RUST_LOG` overrides).
 pub fn init_logging() {
