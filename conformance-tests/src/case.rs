@@ -84,6 +84,9 @@ impl Needs {
                         Fault::ProxyLink => {
                             "harness can neither start a server nor reach its own through a proxy"
                         }
+                        Fault::AmnesiaMitigated => {
+                            "harness has no mitigated configuration of a hazard that forgets locks"
+                        }
                         Fault::Amnesia => {
                             "harness cannot make its server forget a granted lock (its servers never do, or it reaches a deployed one)"
                         }

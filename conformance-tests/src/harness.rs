@@ -76,6 +76,8 @@ pub enum Fault {
     OwnServer,
     /// [`Faults::amnesia`].
     Amnesia,
+    /// [`Faults::amnesia_mitigated`].
+    AmnesiaMitigated,
     /// [`Faults::proxy_target`]: offered by every harness with [`Fault::OwnServer`], and by
     /// harnesses of a deployed server that can rewrite its address.
     ProxyLink,
@@ -267,6 +269,14 @@ pub trait Faults: Send + Sync {
     /// [`Amnesia`]).
     async fn amnesia(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
         Err("this harness has no way to make its server forget a lock".into())
+    }
+
+    /// The same deployment and the same act as [`amnesia`](Self::amnesia), configured the way
+    /// the backend's docs say guards against the hazard (Redis `noeviction`, Redlock nodes with
+    /// `appendfsync always`): [`Amnesia::forget`] does the same thing, and the lock must survive
+    /// it.
+    async fn amnesia_mitigated(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
+        Err("this harness has no mitigated configuration of its hazard".into())
     }
 }
 

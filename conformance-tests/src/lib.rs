@@ -57,7 +57,9 @@
 //! and late replies, a slow link) need [`Faults::proxy_target`] (any harness with an own server
 //! has it; the CLI offers it for a deployed server), the server-fault cases need
 //! [`Faults::own_server`] (a server the case may crash, restart and pause), and the negative control `faults::server_that_forgets_a_lock_is_caught` needs
-//! [`Faults::amnesia`], offered only by backends whose servers can forget a granted lock.
+//! [`Faults::amnesia`], offered only by backends whose servers can forget a granted lock (and
+//! its counterpart `faults::mitigated_server_keeps_the_lock`, [`Faults::amnesia_mitigated`]: the
+//! same act on the configuration the docs advise must leave a clean history).
 //!
 //! ## Writing cases
 //! - Names come from [`Ctx::name`] (`dlock-test/<run>/<case>/…`): isolation by name, never by

@@ -342,9 +342,23 @@ impl RedisNodes {
     /// # Errors
     /// As [`RedisServer::start`].
     pub fn start(n: usize) -> Result<Self> {
+        Self::start_configured(n, "")
+    }
+
+    /// Starts `n` independent nodes that write every change to their append-only file before
+    /// answering (`appendonly yes`, `appendfsync always`): a [`restart`](RedisServer::restart)
+    /// keeps their keys.
+    ///
+    /// # Errors
+    /// As [`RedisServer::start`].
+    pub fn start_durable(n: usize) -> Result<Self> {
+        Self::start_configured(n, "appendonly yes\nappendfsync always\n")
+    }
+
+    fn start_configured(n: usize, extra_config: &str) -> Result<Self> {
         let begun = Instant::now();
         let nodes = (0..n)
-            .map(|_| RedisServer::prepare(KIND, free_port_for(KIND)?, ""))
+            .map(|_| RedisServer::prepare(KIND, free_port_for(KIND)?, extra_config))
             .collect::<Result<Vec<_>>>()?;
         start_all(&nodes)?;
         eprintln!(

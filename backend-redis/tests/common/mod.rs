@@ -131,6 +131,7 @@ impl Faults for RedisHarness {
             // A single node only: the other topologies have their own failover tests.
             Fault::OwnServer => self.deployment.url_var() == SINGLE_URL_VAR,
             Fault::Amnesia => self.deployment.url_var() != "DLOCK_TEST_REDIS_CLUSTER_URL",
+            Fault::AmnesiaMitigated => self.deployment.url_var() == SINGLE_URL_VAR,
             _ => false,
         }
     }
@@ -149,8 +150,15 @@ impl Faults for RedisHarness {
         if self.deployment.url_var() == "DLOCK_TEST_REDIS_SENTINEL_URL" {
             Ok(Box::new(amnesia::FailoverWithoutTheGrant::start().await?))
         } else {
-            Ok(Box::new(amnesia::EvictingNode::start().await?))
+            Ok(Box::new(
+                amnesia::EvictingNode::start("volatile-ttl").await?,
+            ))
         }
+    }
+
+    /// A single node under `noeviction`, filled up the same way.
+    async fn amnesia_mitigated(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
+        Ok(Box::new(amnesia::EvictingNode::start("noeviction").await?))
     }
 
     /// Once a waiter is queued for `name`, `CLIENT KILL`s the connections of waiting clients, as

@@ -116,20 +116,19 @@ impl Faults for RedlockHarness {
     fn supports(&self, fault: Fault) -> bool {
         matches!(
             fault,
-            Fault::KillHolder | Fault::KillWaiters | Fault::Amnesia
+            Fault::KillHolder | Fault::KillWaiters | Fault::Amnesia | Fault::AmnesiaMitigated
         )
     }
 
     /// Five nodes of the case's own, persistence off; three of them restart (empty) at once.
     async fn amnesia(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
-        let nodes = tokio::task::spawn_blocking(|| RedisNodes::start(5))
-            .await
-            .map_err(text)?
-            .map_err(text)?;
-        let harness = Arc::new(RedlockHarness {
-            deployment: Deployment::at("redlock-5", URL_VAR, redlock_url(&nodes, "")),
-        });
-        Ok(Box::new(RestartedWithoutPersistence { nodes, harness }))
+        restarted_nodes(false).await
+    }
+
+    /// The same with every write on disk before it is answered (`appendfsync always`): the
+    /// restarted nodes come back with their keys.
+    async fn amnesia_mitigated(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
+        restarted_nodes(true).await
     }
 
     /// Deletes the lock key on every node, as every node restarting without persistence would.
@@ -197,22 +196,49 @@ impl Faults for RedlockHarness {
     }
 }
 
-/// Redlock's crash-recovery hazard: a majority of the nodes that granted a lock restart at once
-/// with persistence off, so they come back empty and grant it again.
-struct RestartedWithoutPersistence {
+async fn restarted_nodes(durable: bool) -> std::result::Result<Box<dyn Amnesia>, String> {
+    let nodes = tokio::task::spawn_blocking(move || {
+        if durable {
+            RedisNodes::start_durable(5)
+        } else {
+            RedisNodes::start(5)
+        }
+    })
+    .await
+    .map_err(text)?
+    .map_err(text)?;
+    let harness = Arc::new(RedlockHarness {
+        deployment: Deployment::at("redlock-5", URL_VAR, redlock_url(&nodes, "")),
+    });
+    Ok(Box::new(RestartedNodes {
+        nodes,
+        harness,
+        durable,
+    }))
+}
+
+/// Redlock's crash-recovery hazard: a majority of the nodes that granted a lock restart at once.
+/// With persistence off they come back empty and grant it again; with `appendfsync always` they
+/// come back with it.
+struct RestartedNodes {
     nodes: RedisNodes,
     harness: Arc<RedlockHarness>,
+    durable: bool,
 }
 
 #[async_trait]
-impl Amnesia for RestartedWithoutPersistence {
+impl Amnesia for RestartedNodes {
     fn harness(&self) -> Arc<dyn Harness> {
         self.harness.clone()
     }
 
     fn hazard(&self) -> String {
-        "3 of 5 nodes restart at once without persistence (no appendfsync, no delayed restart)"
-            .into()
+        if self.durable {
+            "3 of 5 nodes restart at once, each with appendfsync always".into()
+        } else {
+            "3 of 5 nodes restart at once without persistence (no appendfsync, no delayed restart)"
+                .into()
+        }
     }
 
     async fn forget(&self, _name: &LockName) -> std::result::Result<(), String> {

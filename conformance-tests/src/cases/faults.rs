@@ -777,3 +777,59 @@ pub async fn server_that_forgets_a_lock_is_caught(ctx: Ctx) -> CaseResult {
     run.discard();
     Ok(())
 }
+
+/// **The same hazard, mitigated**: the deployment of
+/// [`server_that_forgets_a_lock_is_caught`], configured as the backend's docs advise
+/// ([`Faults::amnesia_mitigated`](crate::Faults::amnesia_mitigated)), is put through the same act
+/// while a worker holds the lock; a second worker asks for it meanwhile. The lock must survive:
+/// the second worker gets it only after the holder released, and the history is clean.
+pub async fn mitigated_server_keeps_the_lock(ctx: Ctx) -> CaseResult {
+    let amnesia = ctx
+        .require_faults()?
+        .amnesia_mitigated()
+        .await
+        .map_err(Failure)?;
+    let harness = amnesia.harness();
+    let run = Run::start(&ctx).await?;
+    let names = [ctx.name("lock")];
+    let timing = ctx.timing();
+    let mut holder_spec = run.spec(1, &names, 1, timing.bound, timing.bound, timing.short_ttl);
+    holder_spec.announce = true;
+    holder_spec.ready_pause = Some(READY_PAUSE);
+    let mut holder = run.spawn_via(&holder_spec, &*harness)?;
+    ready(&ctx, &mut holder).await?;
+    ctx.within("the fault to be armed", amnesia.arm())
+        .await?
+        .map_err(Failure)?;
+    holding(&ctx, &mut holder).await?;
+    run.pause(&holder)?;
+    let hazard = amnesia.hazard();
+    run.log(
+        crate::history::Edge::Start,
+        format!("try to forget the lock: {hazard}"),
+    );
+    ctx.within(
+        "the act that must not forget the lock",
+        amnesia.forget(&names[0]),
+    )
+    .await?
+    .map_err(|e| Failure(format!("{hazard}: {e}")))?;
+    run.log(crate::history::Edge::Stop, "the act is over");
+    let mut other_spec = run.spec(2, &names, 1, timing.short_ttl, timing.bound * 2, THINK);
+    other_spec.announce = true;
+    let mut other = run.spawn_via(&other_spec, &*harness)?;
+    announced(&ctx, &mut other, "acquiring").await?;
+    // Its request needs a moment to reach the servers; it must find the lock held.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    run.resume(&holder)?;
+    ctx.within("the holder", holder.finish()).await??;
+    ctx.within("the other worker", other.finish()).await??;
+    let residue = ctx.settled_residue_on(&*harness, &names).await?;
+    let report = verify(&run, &Expect::CLEAN, &run.input(residue)?)?;
+    ensure!(
+        report.liveness.granted == 2,
+        "expected the holder's and then the other worker's grant: {report}"
+    );
+    run.discard();
+    Ok(())
+}

@@ -80,6 +80,10 @@ const AMNESIA_CHILDREN: Needs = Needs {
     fault: Some(Fault::Amnesia),
     ..NONE
 };
+const AMNESIA_MITIGATED_CHILDREN: Needs = Needs {
+    fault: Some(Fault::AmnesiaMitigated),
+    ..AMNESIA_CHILDREN
+};
 const KILL_HOLDER: Needs = Needs {
     fault: Some(Fault::KillHolder),
     ..NONE
@@ -165,6 +169,10 @@ static CASES: &[Case] = &[
     case!(
         faults::server_that_forgets_a_lock_is_caught,
         AMNESIA_CHILDREN
+    ),
+    case!(
+        faults::mitigated_server_keeps_the_lock,
+        AMNESIA_MITIGATED_CHILDREN
     ),
     case!(cancel::dropped_acquire_leaves_nothing, NONE),
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),
