@@ -33,9 +33,10 @@ pub struct RedisLock {
 enum Attempt {
     Granted(Grant),
     /// Not ours. `pttl`: the holder's remaining lease in ms; -2 free but a live waiter is first;
-    /// -1 a key without TTL (not dlock's).
+    /// -1 a key without TTL (not dlock's). `fence`: the last token the name handed out.
     Busy {
         pttl: i64,
+        fence: u64,
     },
 }
 
@@ -159,10 +160,13 @@ impl RedisLock {
                     after(started, lease),
                 )))
             }
-            [0, pttl] => {
+            [0, pttl, fence] => {
                 // Queued or not, the caller's own cleanup covers the queue from here.
                 pending.disarm();
-                Ok(Attempt::Busy { pttl })
+                Ok(Attempt::Busy {
+                    pttl,
+                    fence: fence.max(0) as u64,
+                })
             }
             _ => Err(LockError::backend(
                 BACKEND,
@@ -263,19 +267,22 @@ impl RawLock for RedisLock {
         };
         let refresh = self.presence() / 3;
         let mut backoff = 0;
-        // When the latest attempt that found the lock busy was sent: a grant to us was made
-        // after that, so its lease runs at least until then plus the TTL. When the grant's
-        // message *arrived* says nothing of when it was made: it may have sat in the socket of a
-        // process that was paused.
-        let mut last_busy_sent: Option<Instant> = None;
+        // The latest attempt that found the lock busy: when it was sent, and the last token the
+        // name had handed out when the server ran it. A grant to us with a higher token was made
+        // after that attempt was sent, so its lease runs at least until then plus the TTL. (When
+        // the grant's message *arrived* says nothing of when it was made: it may have sat in the
+        // socket of a paused process.) A grant with a token no higher was made before the server
+        // ran the attempt, which found the lock not ours: that grant has already ended.
+        let mut last_busy: Option<(Instant, u64)> = None;
         loop {
             let notified = waiting.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if let Some(token) = waiting.take_grant() {
                 let ttl = options.ttl();
-                let valid_until =
-                    last_busy_sent.map(|sent| after(sent, ttl.saturating_sub(grant_margin(ttl))));
+                let valid_until = last_busy
+                    .filter(|&(_, fence)| token > fence)
+                    .map(|(sent, _)| after(sent, ttl.saturating_sub(grant_margin(ttl))));
                 if let Some(valid_until) = valid_until
                     .filter(|until| until.saturating_duration_since(Instant::now()) >= ttl / 2)
                 {
@@ -288,9 +295,9 @@ impl RawLock for RedisLock {
                         valid_until,
                     )));
                 }
-                // Too little of the lease is certain: the attempt below asks the server (the
-                // lock is still ours: the lease it has left, counted from this request; it ran
-                // out and someone else holds it: we wait on).
+                // An ended grant, or too little of the lease is certain: the attempt below asks
+                // the server (the lock is still ours: the lease it has left, counted from this
+                // request; it is not: we wait on).
             }
             waiting.ensure_subscribed().await?;
             let sent = Instant::now();
@@ -299,14 +306,8 @@ impl RawLock for RedisLock {
                     pending.disarm();
                     return Ok(Some(grant));
                 }
-                Attempt::Busy { pttl } => {
-                    // A grant delivered before this reply was made before the server ran our
-                    // attempt (replies and announcements share one ordered connection per
-                    // node), and the attempt found the lock not ours: that grant has already
-                    // ended. One that raced in just after is dropped too; the next attempt
-                    // finds the lock ours and dates the lease from its own request.
-                    let _ended = waiting.take_grant();
-                    last_busy_sent = Some(sent);
+                Attempt::Busy { pttl, fence } => {
+                    last_busy = Some((sent, fence));
                     pttl
                 }
             };

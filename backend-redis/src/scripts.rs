@@ -64,9 +64,10 @@ end
 /// presence_ms, channel.
 ///
 /// Returns `{1, token, pttl}` when the caller holds the lock (taken now, or granted to it by a
-/// release whose message may still be on its way), else `{0, holder's PTTL}` (`-2`: free but a
-/// live waiter is first). With enqueue, a busy answer also queues the caller (or refreshes its
-/// presence).
+/// release whose message may still be on its way), else `{0, holder's PTTL, fence}` (`-2`: free
+/// but a live waiter is first; `fence`: the last token handed out, so a waiter can tell a grant
+/// made after this answer, whose token is higher, from one made before). With enqueue, a busy
+/// answer also queues the caller (or refreshes its presence).
 const ACQUIRE: &str = concat!(
     lua_helpers!(),
     r"
@@ -106,7 +107,7 @@ if ARGV[3] == '1' then
   redis.call('PEXPIRE', queue, keep)
   redis.call('PEXPIRE', waiters, keep)
 end
-return {0, redis.call('PTTL', lock)}
+return {0, redis.call('PTTL', lock), tonumber(redis.call('GET', fence) or '0')}
 "
 );
 

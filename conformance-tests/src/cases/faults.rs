@@ -734,34 +734,13 @@ pub async fn dead_or_frozen_server_answers_unavailable(ctx: Ctx) -> CaseResult {
 /// the backend documents its hazard, and why a protected resource checks tokens.
 pub async fn server_that_forgets_a_lock_is_caught(ctx: Ctx) -> CaseResult {
     let amnesia = ctx.require_faults()?.amnesia().await.map_err(Failure)?;
-    let harness = amnesia.harness();
-    let run = Run::start(&ctx).await?;
-    let names = [ctx.name("lock")];
-    let timing = ctx.timing();
-    // A lease the holder neither renews nor outlives while the case runs: the forgetting, not
-    // an expiry, is what frees the lock.
-    let long_lease = timing.bound;
-    let mut holder_spec = run.spec(1, &names, 1, long_lease, timing.bound, timing.short_ttl);
-    holder_spec.announce = true;
-    holder_spec.ready_pause = Some(READY_PAUSE);
-    let mut holder = run.spawn_via(&holder_spec, &*harness)?;
-    ready(&ctx, &mut holder).await?;
-    ctx.within("the fault to be armed", amnesia.arm())
-        .await?
-        .map_err(Failure)?;
-    holding(&ctx, &mut holder).await?;
-    // Held still between its read and its write until the other worker is done, however long
-    // the forgetting takes (a failover takes seconds).
-    run.pause(&holder)?;
-    let hazard = amnesia.hazard();
-    run.log(
-        crate::history::Edge::Start,
-        format!("forget the lock: {hazard}"),
-    );
-    ctx.within("the server to forget the lock", amnesia.forget(&names[0]))
-        .await?
-        .map_err(|e| Failure(format!("{hazard}: {e}")))?;
-    run.log(crate::history::Edge::Stop, "the lock is forgotten");
+    let HeldThroughTheAct {
+        run,
+        names,
+        holder,
+        hazard,
+    } = held_through_the_act(&ctx, &*amnesia).await?;
+    let (harness, timing) = (amnesia.harness(), ctx.timing());
     let other = run.spawn_via(
         &run.spec(2, &names, 1, timing.short_ttl, timing.bound, THINK),
         &*harness,
@@ -778,6 +757,52 @@ pub async fn server_that_forgets_a_lock_is_caught(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// A worker holding a lock on an [`Amnesia`](crate::Amnesia) deployment, paused (`SIGSTOP`)
+/// between its read and its write, and the deployment's act done meanwhile.
+struct HeldThroughTheAct {
+    run: Run,
+    names: [LockName; 1],
+    holder: WorkerProcess,
+    hazard: String,
+}
+
+async fn held_through_the_act(
+    ctx: &Ctx,
+    amnesia: &dyn crate::Amnesia,
+) -> Result<HeldThroughTheAct, Failure> {
+    let harness = amnesia.harness();
+    let run = Run::start(ctx).await?;
+    let names = [ctx.name("lock")];
+    let timing = ctx.timing();
+    // A lease the holder neither renews nor outlives while the case runs: the act, not an
+    // expiry, is what could free the lock.
+    let long_lease = timing.bound;
+    let mut holder_spec = run.spec(1, &names, 1, long_lease, timing.bound, timing.short_ttl);
+    holder_spec.announce = true;
+    holder_spec.ready_pause = Some(READY_PAUSE);
+    let mut holder = run.spawn_via(&holder_spec, &*harness)?;
+    ready(ctx, &mut holder).await?;
+    ctx.within("the fault to be armed", amnesia.arm())
+        .await?
+        .map_err(Failure)?;
+    holding(ctx, &mut holder).await?;
+    // Held still between its read and its write until the other worker is done, however long
+    // the act takes (a failover takes seconds).
+    run.pause(&holder)?;
+    let hazard = amnesia.hazard();
+    run.log(crate::history::Edge::Start, format!("the act: {hazard}"));
+    ctx.within("the deployment's act", amnesia.forget(&names[0]))
+        .await?
+        .map_err(|e| Failure(format!("{hazard}: {e}")))?;
+    run.log(crate::history::Edge::Stop, "the act is over");
+    Ok(HeldThroughTheAct {
+        run,
+        names,
+        holder,
+        hazard,
+    })
+}
+
 /// **The same hazard, mitigated**: the deployment of
 /// [`server_that_forgets_a_lock_is_caught`], configured as the backend's docs advise
 /// ([`Faults::amnesia_mitigated`](crate::Faults::amnesia_mitigated)), is put through the same act
@@ -789,32 +814,13 @@ pub async fn mitigated_server_keeps_the_lock(ctx: Ctx) -> CaseResult {
         .amnesia_mitigated()
         .await
         .map_err(Failure)?;
-    let harness = amnesia.harness();
-    let run = Run::start(&ctx).await?;
-    let names = [ctx.name("lock")];
-    let timing = ctx.timing();
-    let mut holder_spec = run.spec(1, &names, 1, timing.bound, timing.bound, timing.short_ttl);
-    holder_spec.announce = true;
-    holder_spec.ready_pause = Some(READY_PAUSE);
-    let mut holder = run.spawn_via(&holder_spec, &*harness)?;
-    ready(&ctx, &mut holder).await?;
-    ctx.within("the fault to be armed", amnesia.arm())
-        .await?
-        .map_err(Failure)?;
-    holding(&ctx, &mut holder).await?;
-    run.pause(&holder)?;
-    let hazard = amnesia.hazard();
-    run.log(
-        crate::history::Edge::Start,
-        format!("try to forget the lock: {hazard}"),
-    );
-    ctx.within(
-        "the act that must not forget the lock",
-        amnesia.forget(&names[0]),
-    )
-    .await?
-    .map_err(|e| Failure(format!("{hazard}: {e}")))?;
-    run.log(crate::history::Edge::Stop, "the act is over");
+    let HeldThroughTheAct {
+        run,
+        names,
+        holder,
+        hazard: _,
+    } = held_through_the_act(&ctx, &*amnesia).await?;
+    let (harness, timing) = (amnesia.harness(), ctx.timing());
     let mut other_spec = run.spec(2, &names, 1, timing.short_ttl, timing.bound * 2, THINK);
     other_spec.announce = true;
     let mut other = run.spawn_via(&other_spec, &*harness)?;
