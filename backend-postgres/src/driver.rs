@@ -34,27 +34,9 @@ pub(crate) fn connect_options(config: &PostgresConfig) -> PgConnectOptions {
         .database(&config.database)
         .ssl_mode(PgSslMode::Disable)
         .application_name(&config.application_name)
-        .options([
-            // Fence tokens must survive a crash even where the server runs asynchronously.
-            ("synchronous_commit", "on".to_owned()),
-            // A blocking wait is bounded by lock_timeout, not by a server-wide statement limit.
-            ("statement_timeout", "0".to_owned()),
-            ("idle_in_transaction_session_timeout", "0".to_owned()),
-            // pg_advisory_unlock of a key not held warns; we handle the `false` ourselves.
-            ("client_min_messages", "error".to_owned()),
-            (
-                "tcp_keepalives_idle",
-                config.tcp_keepalives_idle.as_secs().max(1).to_string(),
-            ),
-            (
-                "tcp_keepalives_interval",
-                config.tcp_keepalives_interval.as_secs().max(1).to_string(),
-            ),
-            (
-                "tcp_keepalives_count",
-                config.tcp_keepalives_count.to_string(),
-            ),
-        ])
+        // dlock reads no floats; and a pooler refuses start-up parameters it does not know, so
+        // the session settings go in `prepare`'s statement, not in the start-up packet.
+        .extra_float_digits(None)
         .disable_statement_logging();
     if let Some(password) = &config.password {
         options = options.password(password.expose());
@@ -111,16 +93,32 @@ impl PgDriver {
         .with_wait_chunk(c.wait_slice)
     }
 
-    /// Makes an open connection one of the pool's: its backend pid, and no
-    /// `idle_session_timeout` (PG 14+) on a session that holds locks.
+    /// Makes an open connection one of the pool's: its backend pid, and the session settings
+    /// every dlock connection runs with (set here rather than as start-up options, which
+    /// PgBouncer refuses): fence tokens must survive a crash where the server commits
+    /// asynchronously (`synchronous_commit`); a blocking wait is bounded by `lock_timeout`, not
+    /// a server-wide `statement_timeout`; `pg_advisory_unlock` of a key not held only warns, and
+    /// dlock handles the `false` itself; the server's TCP keepalive ends a vanished client's
+    /// session; no `idle_session_timeout` (PG 14+) on a session that holds locks.
     pub(crate) async fn prepare(&self, conn: &mut PgConnection) -> Result<u64> {
         let within = self.config.command_timeout;
+        let c = &self.config;
         let row = timeout(
             within,
             sqlx::query(
-                "SELECT pg_backend_pid(), (SELECT set_config('idle_session_timeout', '0', false) \
+                "SELECT pg_backend_pid(), set_config('synchronous_commit', 'on', false), \
+                 set_config('statement_timeout', '0', false), \
+                 set_config('idle_in_transaction_session_timeout', '0', false), \
+                 set_config('client_min_messages', 'error', false), \
+                 set_config('tcp_keepalives_idle', $1, false), \
+                 set_config('tcp_keepalives_interval', $2, false), \
+                 set_config('tcp_keepalives_count', $3, false), \
+                 (SELECT set_config('idle_session_timeout', '0', false) \
                  WHERE current_setting('server_version_num')::int >= 140000)",
             )
+            .bind(c.tcp_keepalives_idle.as_secs().max(1).to_string())
+            .bind(c.tcp_keepalives_interval.as_secs().max(1).to_string())
+            .bind(c.tcp_keepalives_count.to_string())
             .fetch_one(&mut *conn),
         )
         .await

@@ -74,14 +74,20 @@
 //! `postgres://[user[:password]@]host[:port][/database][?option=value…]` (or `postgresql://`);
 //! options are listed on [`PostgresConfig`].
 //!
-//! ### Note: not through PgBouncer in transaction pooling mode
+//! ### Through PgBouncer: session mode only
 //! Session advisory locks belong to the server session that took them. PgBouncer in
 //! *transaction* (or statement) pooling mode hands a different server session to each
-//! transaction, so a lock could be released on the wrong session, or stay held by a session
-//! another client now uses. Point dlock at Postgres directly, or at a PgBouncer pool in
-//! *session* mode. ([`xact_lock`] and [`RowLock`] work in transaction mode: they live inside one
-//! transaction.)
-//!
+//! transaction, so a lock stays with a server connection that other clients then use: their
+//! `pg_try_advisory_lock` of the same key *stacks* on it and succeeds, and two clients hold the
+//! lock. [`PostgresLock::connect`] looks for this (two connections read `pg_backend_pid()`, one
+//! of them inside a transaction; the pooler shows up as a shared or changing backend) and refuses
+//! with a [`Config`](dlock_api::LockError::Config) error. The check cannot see every pooler (a
+//! busy one may happen to hand out stable backends), so do not rely on it: point dlock at
+//! Postgres directly, or at a PgBouncer pool in *session* mode, where dlock passes its whole
+//! conformance suite (dlock sends no start-up parameters PgBouncer refuses; its session
+//! settings are set per connection). [`xact_lock`] and [`RowLock`] work in any mode: they live
+//! inside one transaction.
+
 //! ## Performance
 //! `dlock bench --backend postgres://…` on a 2-core VM against PostgreSQL 15, medians of three
 //! runs, the floor measured in alternating slices of the same run (prepared `pg_try_advisory_lock` + `pg_advisory_unlock` on one
@@ -104,6 +110,7 @@ mod error;
 mod floor;
 mod key;
 mod lock;
+mod pooler;
 mod sql;
 mod xact;
 

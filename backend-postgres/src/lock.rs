@@ -5,8 +5,8 @@ use std::fmt;
 use async_trait::async_trait;
 use dlock_api::raw::{Grant, RawLock, SessionPool, acquire_by, try_acquire_by};
 use dlock_api::{Capabilities, Fencing, LockGuard, LockName, LockOptions, Result};
-use sqlx::Row;
 use sqlx::postgres::PgConnection;
+use sqlx::{Connection, Row};
 use tokio::time::{Duration, Instant, timeout};
 
 use crate::BACKEND;
@@ -14,6 +14,7 @@ use crate::config::{PostgresConfig, config_error};
 use crate::driver::{PgDriver, open_connection};
 use crate::error::{map_err, sqlstate, timed_out};
 use crate::key::AdvisoryKey;
+use crate::pooler::ensure_own_sessions;
 use crate::sql::{Sql, create_sequence};
 
 /// Distributed locks on Postgres session advisory locks.
@@ -37,10 +38,13 @@ impl PostgresLock {
     /// # Errors
     /// - [`LockError::Unavailable`](dlock_api::LockError::Unavailable) if the server does not answer within the connect timeout;
     /// - [`LockError::Config`](dlock_api::LockError::Config) if the server refuses the credentials or database, or the fence
-    ///   sequence is missing (with `create_fence=false`), cannot be created, or has a cache.
+    ///   sequence is missing (with `create_fence=false`), cannot be created, or has a cache;
+    ///   or if the connections' server sessions change between transactions: a pooler in
+    ///   transaction mode (PgBouncer `pool_mode=transaction`) sits in front, where session
+    ///   locks are unsafe. `connect` checks this with a second, short-lived connection.
     ///
     /// # Cancel safety
-    /// Cancel safe: dropping the future closes the half-open connection; nothing is locked.
+    /// Cancel safe: dropping the future closes the half-open connections; nothing is locked.
     pub async fn connect(config: PostgresConfig) -> Result<Self> {
         let sequence = if config.fencing {
             Some(config.quoted_sequence()?)
@@ -48,6 +52,13 @@ impl PostgresLock {
             None
         };
         let mut conn = open_connection(&config).await?;
+        {
+            let mut second = open_connection(&config).await?;
+            let checked = ensure_own_sessions(&mut conn, &mut second, config.command_timeout).await;
+            // Closed politely either way; the pool opens what it needs.
+            let _ = second.close().await;
+            checked?;
+        }
         if let Some(sequence) = &sequence {
             ensure_fence(&mut conn, &config, sequence, config.create_fence).await?;
         }

@@ -1,5 +1,6 @@
 //! Faults specific to Postgres sessions: the holder's backend terminated, a client partitioned
-//! by the fault proxy, more lockers than connections, and cancelled waits. (A frozen, dead or
+//! by the fault proxy, more lockers than connections, cancelled waits, and PgBouncer in
+//! transaction mode (the whole suite through session mode is the `pooled` test binary). (A frozen, dead or
 //! restarted server is the fault suite's: `faults::dead_or_frozen_server_answers_unavailable`,
 //! `faults::server_restart_while_held_is_lost_or_kept`.) Each test that harms its server starts
 //! its own.
@@ -13,7 +14,7 @@ use std::time::Duration;
 use common::{advisory_locks, eventually, own_server, terminate_holder, unique, with_options};
 use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions, LostReason};
 use dlock_postgres::{AdvisoryKey, PostgresLock};
-use dlock_test_servers::{FaultProxy, ProxyMode};
+use dlock_test_servers::{FaultProxy, PgBouncer, PoolMode, ProxyMode};
 use tokio::time::timeout;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -289,4 +290,81 @@ async fn dropped_and_forgotten_guards_are_unlocked() {
         advisory_locks(&url, &tag).await == (0, 0)
     })
     .await;
+}
+
+/// PgBouncer in transaction mode in front of a private server: (server, pooler).
+fn transaction_pooler() -> (dlock_test_servers::Postgres, PgBouncer) {
+    let server = own_server();
+    let pooler = PgBouncer::start(server.addr(), PoolMode::Transaction, 2)
+        .unwrap_or_else(|e| panic!("cannot start PgBouncer for the tests: {e}"));
+    (server, pooler)
+}
+
+/// The hazard `connect` guards against, shown with plain connections: through a transaction
+/// pooler, a second client's `pg_try_advisory_lock` of a held key lands on the holder's server
+/// session, stacks, and succeeds. (The negative control of the refusal below.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_pooler_lets_two_clients_hold_one_session_lock() {
+    use sqlx::{Connection, PgConnection, Row};
+    let (_server, pooler) = transaction_pooler();
+    let mut first = PgConnection::connect(&pooler.url()).await.unwrap();
+    let mut second = PgConnection::connect(&pooler.url()).await.unwrap();
+    let try_lock = "SELECT pg_try_advisory_lock(4242), pg_backend_pid()";
+    let a = sqlx::raw_sql(try_lock).fetch_one(&mut first).await.unwrap();
+    let b = sqlx::raw_sql(try_lock)
+        .fetch_one(&mut second)
+        .await
+        .unwrap();
+    let (a_got, a_pid): (bool, i32) = (a.get(0), a.get(1));
+    let (b_got, b_pid): (bool, i32) = (b.get(0), b.get(1));
+    assert!(a_got, "the first client must get the lock");
+    assert!(
+        b_got && a_pid == b_pid,
+        "through a transaction pooler the second client was expected to land on the first's \
+         server session and stack the lock (got {b_got} on pid {b_pid}, the holder is pid \
+         {a_pid}): the refusal below would then guard against nothing observable"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_pooler_is_refused_at_connect() {
+    let (_server, pooler) = transaction_pooler();
+    let error = PostgresLock::connect_url(&pooler.url())
+        .await
+        .expect_err("connect must refuse a transaction pooler");
+    assert!(
+        matches!(error, LockError::Config { .. }) && error.to_string().contains("pool_mode"),
+        "{error}"
+    );
+}
+
+/// The transaction-scoped helpers live inside one transaction, which a transaction pooler keeps
+/// on one server session: they work through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xact_lock_works_through_a_transaction_pooler() {
+    use sqlx::{Connection, PgConnection};
+    let (_server, pooler) = transaction_pooler();
+    let url = format!("{}?statement-cache-capacity=0", pooler.url());
+    let mut first = PgConnection::connect(&url).await.unwrap();
+    let mut second = PgConnection::connect(&url).await.unwrap();
+    let name = name("xact");
+    let mut tx = first.begin().await.unwrap();
+    dlock_postgres::xact_lock(&mut tx, name.clone(), None)
+        .await
+        .unwrap();
+    let mut other = second.begin().await.unwrap();
+    let busy = dlock_postgres::try_xact_lock(&mut other, name.clone())
+        .await
+        .unwrap();
+    assert!(!busy, "a second transaction must not get the lock");
+    other.rollback().await.unwrap();
+    tx.commit().await.unwrap();
+    let mut other = second.begin().await.unwrap();
+    assert!(
+        dlock_postgres::try_xact_lock(&mut other, name.clone())
+            .await
+            .unwrap(),
+        "free after the holder's commit"
+    );
+    other.rollback().await.unwrap();
 }

@@ -60,6 +60,9 @@
 //! [`Faults::amnesia`], offered only by backends whose servers can forget a granted lock (and
 //! its counterpart `faults::mitigated_server_keeps_the_lock`, [`Faults::amnesia_mitigated`]: the
 //! same act on the configuration the docs advise must leave a clean history).
+//! `clock::client_wall_clock_steps_change_nothing` preloads libfaketime into the workers
+//! ([`nemesis::clock::SteppedClock`]) and steps their wall clock an hour each way mid-hold;
+//! it needs only what `exclusion_is_history_checked` needs, plus the `faketime` package.
 //!
 //! ## Writing cases
 //! - Names come from [`Ctx::name`] (`dlock-test/<run>/<case>/…`): isolation by name, never by

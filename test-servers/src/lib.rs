@@ -16,6 +16,7 @@
 //! | [`RedisCluster`] | 3 primaries (+ replicas) | [`urls`](RedisCluster::urls) | 2.1 s, 6 nodes (3 replicas) |
 //! | [`MariaDb`] | private instance, database `test` | [`url`](MariaDb::url) `mysql://root@127.0.0.1:P/test` | 0.8 s (0.65 s of it `mariadb-install-db`) |
 //! | [`Postgres`] | private instance | [`url`](Postgres::url) `postgres://postgres@127.0.0.1:P/postgres` | 0.75 s (0.65 s of it `initdb`) |
+//! | [`PgBouncer`] | a pooler in front of a [`Postgres`], in [`PoolMode::Session`] or [`PoolMode::Transaction`] | [`url`](PgBouncer::url) `postgres://postgres@127.0.0.1:P/postgres` | 0.02 s |
 //! | [`Etcd`] / [`EtcdCluster`] | one member / three members | [`url`](Etcd::url) `http://127.0.0.1:P`, [`endpoints`](EtcdCluster::endpoints) | 0.15–0.3 s / 0.5–2.3 s |
 //! | [`ZooKeeper`] / [`ZooKeeperEnsemble`] | standalone / three nodes | [`connect_string`](ZooKeeper::connect_string) `127.0.0.1:P` | 0.3–0.5 s / 1.1–1.8 s (JVM) |
 //!
@@ -100,6 +101,7 @@ mod control;
 mod error;
 mod etcd;
 mod mariadb;
+mod pgbouncer;
 mod ports;
 mod postgres;
 mod process;
@@ -113,6 +115,7 @@ pub use control::ServerProcess;
 pub use error::{INSTALL_HINT, Result, ServerError};
 pub use etcd::{Etcd, EtcdCluster};
 pub use mariadb::MariaDb;
+pub use pgbouncer::{PgBouncer, PoolMode};
 pub use ports::free_port;
 pub use postgres::Postgres;
 pub use proxy::{FaultProxy, ProxyMode};

@@ -40,7 +40,7 @@ fn bin_dir() -> Result<PathBuf> {
 }
 
 /// Postgres refuses to run as root: then run it as the `postgres` user (the Debian package creates it).
-fn run_as() -> Result<Option<RunAs>> {
+pub(crate) fn run_as() -> Result<Option<RunAs>> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(None);

@@ -10,13 +10,15 @@ use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
 use dlock_conformance::{Fault, Faults, Harness, OwnServer};
 use dlock_postgres::{AdvisoryKey, PostgresLock};
-use dlock_test_servers::Postgres;
+use dlock_test_servers::{PgBouncer, PoolMode, Postgres};
 use sqlx::{Connection, PgConnection, Row};
 
 pub struct PgHarness {
     url: String,
     /// Keeps a private server alive as long as the harness.
     _server: Option<Postgres>,
+    /// Keeps a pooler in front of it alive, when the URL is the pooler's.
+    pooler: Option<PgBouncer>,
 }
 
 /// A private server for a test that harms it; panics with the install hint if missing.
@@ -48,14 +50,43 @@ pub fn unique(prefix: &str) -> String {
 impl PgHarness {
     /// `DLOCK_TEST_POSTGRES_URL` if set, else a private postgres.
     pub fn start() -> Self {
-        if let Ok(url) = std::env::var("DLOCK_TEST_POSTGRES_URL") {
-            return Self { url, _server: None };
+        if let Some(harness) = Self::from_env() {
+            return harness;
         }
         let server = own_server();
         Self {
             url: server.url(),
             _server: Some(server),
+            pooler: None,
         }
+    }
+
+    /// A private postgres behind a private PgBouncer in session mode, reached
+    /// through the pooler; `DLOCK_TEST_POSTGRES_URL` if set (a worker process of this harness).
+    /// Its fault hooks are the ones that go through SQL; a case that needs a server of its own
+    /// is the direct harness's.
+    pub fn start_pooled() -> Self {
+        if let Some(harness) = Self::from_env() {
+            return harness;
+        }
+        let server = own_server();
+        // Session mode takes a server connection per client connection, for the client's life.
+        let pooler = PgBouncer::start(server.addr(), PoolMode::Session, 150)
+            .unwrap_or_else(|e| panic!("cannot start PgBouncer for the tests: {e}"));
+        Self {
+            url: pooler.url(),
+            _server: Some(server),
+            pooler: Some(pooler),
+        }
+    }
+
+    fn from_env() -> Option<Self> {
+        let url = std::env::var("DLOCK_TEST_POSTGRES_URL").ok()?;
+        Some(Self {
+            url,
+            _server: None,
+            pooler: None,
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -66,7 +97,11 @@ impl PgHarness {
 #[async_trait]
 impl Harness for PgHarness {
     fn label(&self) -> &str {
-        "postgres"
+        if self.pooler.is_some() {
+            "postgres through pgbouncer (session mode)"
+        } else {
+            "postgres"
+        }
     }
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
@@ -140,15 +175,20 @@ impl Faults for PgHarness {
     }
 
     fn supports(&self, fault: Fault) -> bool {
-        matches!(
-            fault,
-            Fault::KillHolder | Fault::KillWaiters | Fault::OwnServer
-        )
+        match fault {
+            Fault::KillHolder | Fault::KillWaiters => true,
+            Fault::OwnServer => self.pooler.is_none(),
+            _ => false,
+        }
     }
 
     async fn own_server(&self) -> std::result::Result<OwnServer, String> {
         OwnServer::start(Postgres::start, |url| {
-            Arc::new(PgHarness { url, _server: None })
+            Arc::new(PgHarness {
+                url,
+                _server: None,
+                pooler: None,
+            })
         })
         .await
     }

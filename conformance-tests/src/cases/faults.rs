@@ -18,13 +18,17 @@ const READY_PAUSE: Duration = Duration::from_millis(500);
 const THINK: Duration = Duration::from_millis(20);
 
 /// Checks `input` against `expect`; on failure the run is dumped and its path named.
-fn verify(run: &Run, expect: &Expect, input: &Input) -> Result<Report, Failure> {
+pub(super) fn verify(run: &Run, expect: &Expect, input: &Input) -> Result<Report, Failure> {
     expect.verify(input, &run.dir).map_err(Failure)
 }
 
 /// The next line of a worker in announce mode that starts with `what` (`holding`,
 /// `acquiring`), without it.
-async fn announced(ctx: &Ctx, worker: &mut WorkerProcess, what: &str) -> Result<String, Failure> {
+pub(super) async fn announced(
+    ctx: &Ctx,
+    worker: &mut WorkerProcess,
+    what: &str,
+) -> Result<String, Failure> {
     loop {
         let line = ctx
             .within("a worker's announcement", worker.next_line())

@@ -1,6 +1,7 @@
 //! The case table: the single list both runners use.
 
 pub mod cancel;
+pub mod clock;
 pub mod crash;
 pub mod exclusion;
 pub mod expiry;
@@ -173,6 +174,10 @@ static CASES: &[Case] = &[
     case!(
         faults::mitigated_server_keeps_the_lock,
         AMNESIA_MITIGATED_CHILDREN
+    ),
+    case!(
+        clock::client_wall_clock_steps_change_nothing,
+        FENCED_CHILDREN
     ),
     case!(cancel::dropped_acquire_leaves_nothing, NONE),
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),

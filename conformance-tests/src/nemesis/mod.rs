@@ -8,6 +8,7 @@
 //! [`WorkerProcess`] can be paused (`SIGSTOP`), resumed and killed (`SIGKILL`), each act logged.
 //! [`Run::input`] gathers everything for the [history checker](crate::history).
 
+pub mod clock;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -111,6 +112,20 @@ impl Run {
     /// When the test binary cannot be re-executed.
     pub fn spawn(&self, spec: &WorkerSpec) -> Result<WorkerProcess, Failure> {
         self.spawn_on(spec, &self.env)
+    }
+
+    /// [`spawn`](Self::spawn) with `extra` set in the worker's environment (a
+    /// [`clock::SteppedClock`]'s, say).
+    ///
+    /// # Errors
+    /// When the test binary cannot be re-executed.
+    pub fn spawn_with(
+        &self,
+        spec: &WorkerSpec,
+        extra: &[(String, String)],
+    ) -> Result<WorkerProcess, Failure> {
+        let env: Vec<_> = self.env.iter().chain(extra).cloned().collect();
+        self.spawn_on(spec, &env)
     }
 
     /// Starts a worker process running `spec` against the deployment `harness` reaches (a

@@ -45,8 +45,8 @@ pub struct WorkerSpec {
     pub wait: Duration,
     /// The think time between read and write, drawn from zero up to this.
     pub think: Duration,
-    /// Prints `acquiring <handle>` on stdout as it asks for a lock, and `holding <handle> <token>`
-    /// once it holds it and has read the registers, then thinks exactly `think`: the points where
+    /// Prints `acquiring <handle>` on stdout as it asks for a lock, and `holding <handle> <token>
+    /// <wall clock, Unix ms>` once it holds it and has read the registers, then thinks exactly `think`: the points where
     /// the harness pauses or kills it.
     pub announce: bool,
     /// Once connected (and warmed up by one acquire and release of the first name), prints
@@ -138,43 +138,68 @@ pub async fn run_worker(harness: Arc<dyn Harness>, spec: WorkerSpec) -> Result<(
             rng.random_range(Duration::ZERO..=spec.think)
         };
         // The lost signal is recorded as soon as it fires, while the worker thinks.
-        let update = async {
-            log(at(Op::FrRead, Phase::Invoke))?;
-            let fenced_base = fenced.read(name).await.map_err(|e| e.to_string())?;
-            let shadow_base = shadow.read(name).await.map_err(|e| e.to_string())?;
-            log(at(Op::FrRead, Phase::Ok))?;
-            if spec.announce {
-                // Read, not yet written: where a pause or a kill bites.
-                say(&format!("holding {} {token}", hold.handle))?;
+        // Scoped: the update borrows the guard, which `release` then takes.
+        let lost_logged = {
+            let update = async {
+                log(at(Op::FrRead, Phase::Invoke))?;
+                let fenced_base = fenced.read(name).await.map_err(|e| e.to_string())?;
+                let shadow_base = shadow.read(name).await.map_err(|e| e.to_string())?;
+                log(at(Op::FrRead, Phase::Ok))?;
+                if spec.announce {
+                    // Read, not yet written: where a pause or a kill bites.
+                    // Its wall clock too, which a case may have stepped.
+                    let wall = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis());
+                    say(&format!("holding {} {token} {wall}", hold.handle))?;
+                }
+                // Thinks, recording each renewal the guard's watchdog makes meanwhile (the deadline
+                // it moved to), so a hold longer than its lease is not taken for expired.
+                let think_until = tokio::time::Instant::now() + think;
+                let mut deadline = guard.valid_until();
+                let slice = (spec.ttl / 8).max(Duration::from_millis(10));
+                while let Some(left) =
+                    think_until.checked_duration_since(tokio::time::Instant::now())
+                    && !left.is_zero()
+                {
+                    tokio::time::sleep(slice.min(left)).await;
+                    let now_valid_until = guard.valid_until();
+                    if now_valid_until != deadline {
+                        if let Some(next) = now_valid_until {
+                            log(at(Op::Extend, Phase::Ok).valid_until(tokio_deadline_ns(next)))?;
+                        }
+                        deadline = now_valid_until;
+                    }
+                }
+                log(at(Op::FrWrite, Phase::Invoke).token(token))?;
+                let accepted = fenced
+                    .write(name, token, hold, &fenced_base.set, element(hold))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                shadow
+                    .write(name, token, hold, &shadow_base.set, element(hold))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let written = at(Op::FrWrite, if accepted { Phase::Ok } else { Phase::Fail });
+                log(if accepted {
+                    written
+                } else {
+                    written.err("refused: stale token")
+                })
+            };
+            tokio::pin!(update);
+            let mut lost_logged = false;
+            tokio::select! {
+                done = &mut update => done?,
+                _ = guard.lost() => {
+                    log(at(Op::Lost, Phase::Ok))?;
+                    lost_logged = true;
+                    // Like a process that does not check: it goes on and writes.
+                    update.await?;
+                }
             }
-            tokio::time::sleep(think).await;
-            log(at(Op::FrWrite, Phase::Invoke).token(token))?;
-            let accepted = fenced
-                .write(name, token, hold, &fenced_base.set, element(hold))
-                .await
-                .map_err(|e| e.to_string())?;
-            shadow
-                .write(name, token, hold, &shadow_base.set, element(hold))
-                .await
-                .map_err(|e| e.to_string())?;
-            let written = at(Op::FrWrite, if accepted { Phase::Ok } else { Phase::Fail });
-            log(if accepted {
-                written
-            } else {
-                written.err("refused: stale token")
-            })
+            lost_logged
         };
-        let mut lost_logged = false;
-        tokio::pin!(update);
-        tokio::select! {
-            done = &mut update => done?,
-            _ = guard.lost() => {
-                log(at(Op::Lost, Phase::Ok))?;
-                lost_logged = true;
-                // Like a process that does not check: it goes on and writes.
-                update.await?;
-            }
-        }
         if !lost_logged && !guard.is_held() {
             log(at(Op::Lost, Phase::Ok))?;
         }
@@ -197,7 +222,7 @@ async fn acquire(
 
 /// Tells the harness where this worker is: `ready` (connected), `acquiring <handle>` (asking
 /// for a lock), or `holding <handle> <token>` (holds it, has read the registers, is about to
-/// think).
+/// think; with its wall clock in Unix milliseconds).
 fn say(line: &str) -> Result<(), String> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
