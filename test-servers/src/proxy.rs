@@ -23,6 +23,14 @@ pub enum ProxyMode {
     /// Forward everything, but deliver each chunk `d` late, in each direction (a request/reply round trip
     /// becomes `2·d` slower).
     Latency(Duration),
+    /// Like [`Latency`](Self::Latency), but each chunk's delay is drawn afresh between `min` and `max`
+    /// (a congested, jittery link). Chunks of one direction still arrive in order, as on one TCP stream.
+    Jitter {
+        /// The shortest delay of a chunk.
+        min: Duration,
+        /// The longest delay of a chunk.
+        max: Duration,
+    },
     /// A network partition: connections stay open (new ones are accepted too, but not connected upstream), and
     /// nothing is read or forwarded in either direction. Bytes sent meanwhile wait in the kernel's socket
     /// buffers and are delivered after a heal, as TCP retransmission would deliver them; use
@@ -32,7 +40,7 @@ pub enum ProxyMode {
     DropReplies,
     /// Requests reach the server; its replies are kept back (in order) until [`FaultProxy::release_held`] or
     /// [`FaultProxy::heal`], or until the mode becomes [`PassThrough`](Self::PassThrough) or
-    /// [`Latency`](Self::Latency) again.
+    /// [`Latency`](Self::Latency) or [`Jitter`](Self::Jitter) again.
     HoldReplies,
 }
 
@@ -323,7 +331,10 @@ fn pump(
             return;
         };
         if direction == Direction::Reply
-            && matches!(mode, ProxyMode::PassThrough | ProxyMode::Latency(_))
+            && matches!(
+                mode,
+                ProxyMode::PassThrough | ProxyMode::Latency(_) | ProxyMode::Jitter { .. }
+            )
             && !lock(&conn.held).is_empty()
             && conn.release_held().is_err()
         {
@@ -348,8 +359,13 @@ fn pump(
         let Some(mode) = shared.wait_out_blackhole(conn) else {
             return;
         };
-        if let ProxyMode::Latency(delay) = mode {
-            thread::sleep(delay);
+        match mode {
+            ProxyMode::Latency(delay) => thread::sleep(delay),
+            ProxyMode::Jitter { min, max } if min < max => {
+                thread::sleep(rand::random_range(min..=max));
+            }
+            ProxyMode::Jitter { min, .. } => thread::sleep(min),
+            _ => {}
         }
         let chunk = &buf[..n];
         let written = match (direction, mode) {
@@ -384,7 +400,7 @@ fn half_close(shared: &Shared, conn: &Conn, to: Option<&TcpStream>, direction: D
             while !conn.closed.load(Ordering::Relaxed) && !lock(&conn.held).is_empty() {
                 if matches!(
                     shared.mode(),
-                    ProxyMode::PassThrough | ProxyMode::Latency(_)
+                    ProxyMode::PassThrough | ProxyMode::Latency(_) | ProxyMode::Jitter { .. }
                 ) && conn.release_held().is_err()
                 {
                     break;

@@ -151,6 +151,36 @@ fn latency_delays_answers() {
     );
 }
 
+/// Each chunk waits between `min` and `max` each way; replies still come back in order.
+#[test]
+fn jitter_delays_each_chunk_within_its_bounds_in_order() {
+    let redis = RedisServer::start().unwrap();
+    let proxy = FaultProxy::start(redis.addr()).unwrap();
+    let mut client = Client::connect(&proxy);
+    assert_eq!(client.ping(), pong());
+    proxy.set_mode(ProxyMode::Jitter {
+        min: Duration::from_millis(20),
+        max: Duration::from_millis(60),
+    });
+    for _ in 0..5 {
+        let begun = Instant::now();
+        assert_eq!(client.ping(), pong());
+        // One chunk each way: at least 2 × min; the upper bound is only the test's patience.
+        assert!(
+            begun.elapsed() >= Duration::from_millis(40),
+            "{:?}",
+            begun.elapsed()
+        );
+    }
+    // Pipelined requests: their replies keep their order whatever each chunk waited.
+    for _ in 0..5 {
+        client.send(&["INCR", "jitter"]);
+    }
+    for n in 1..=5 {
+        assert_eq!(client.reply(), Resp::Integer(n));
+    }
+}
+
 #[test]
 fn reset_closes_every_connection_and_new_ones_work() {
     let redis = RedisServer::start().unwrap();

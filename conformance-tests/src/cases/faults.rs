@@ -450,27 +450,41 @@ pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
-/// **A slow link**: two workers reach the server through a fault proxy that delays every chunk
-/// by a twentieth of the lease TTL each way (a round trip of a tenth of the lease, 200 ms for a
-/// 2 s lease: a congested WAN link), two connect directly, and all four run rounds on one name. Slow requests and replies
-/// must not let a lease look longer to its holder than it is on the server (a deadline counted
-/// from the reply, not the request, would): the history must come out clean.
+/// **A slow link, and a jittery one**: one worker reaches the server through a fault proxy that
+/// delays every chunk by a twentieth of the lease TTL each way (a round trip of a tenth of the
+/// lease, 200 ms for a 2 s lease: a congested WAN link), one through a proxy whose delay is drawn
+/// per chunk between a fortieth and a tenth of the TTL, two connect directly, and all four run
+/// rounds on one name. Slow or uneven requests and replies must not let a lease look longer to
+/// its holder than it is on the server (a deadline counted from the reply, not the request,
+/// would): the history must come out clean.
 pub async fn slow_link_keeps_exclusion(ctx: Ctx) -> CaseResult {
     let (target, proxy) = proxied(&ctx).await?;
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
     proxy.set_mode(dlock_test_servers::ProxyMode::Latency(ttl / 20));
+    let jittery_proxy = dlock_test_servers::FaultProxy::start(target.upstream)
+        .map_err(|e| Failure(format!("cannot start a fault proxy: {e}")))?;
+    let (min, max) = (ttl / 40, ttl / 10);
+    jittery_proxy.set_mode(dlock_test_servers::ProxyMode::Jitter { min, max });
     let slow = (target.reach_at)(proxy.addr());
+    let jittery = (target.reach_at)(jittery_proxy.addr());
     let run = Run::start(&ctx).await?;
     run.log(
         crate::history::Edge::Start,
-        format!("{:?} latency each way on workers 1 and 2", ttl / 20),
+        format!(
+            "{:?} latency each way on worker 1, {min:?}..{max:?} on worker 2",
+            ttl / 20
+        ),
     );
     let names = [ctx.name("lock")];
     let mut workers = Vec::new();
     for id in 1..=4 {
         let spec = run.spec(id, &names, 4, ttl, timing.bound, THINK);
-        let via = if id <= 2 { &*slow } else { &*target.harness };
+        let via = match id {
+            1 => &*slow,
+            2 => &*jittery,
+            _ => &*target.harness,
+        };
         workers.push(run.spawn_via(&spec, via)?);
     }
     for worker in workers {
