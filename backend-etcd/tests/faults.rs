@@ -279,3 +279,57 @@ async fn compaction_and_defragmentation_strand_no_waiter() {
     tokens.dedup();
     assert_eq!(tokens.len(), 3, "each waiter its own token");
 }
+
+/// Authentication tokens that go bad while a lock is held, renewed and waited for: tokens live
+/// 5 s unless used, and every token is invalidated mid-hold (authentication disabled and enabled
+/// again, which drops the server's tokens). The keep-alive stream, the watch stream and later
+/// unary calls all meet a refused token; a client must take a new one rather than lose the lock
+/// or strand the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_tokens_invalidated_during_a_long_hold_change_nothing() {
+    let token_ttl = Duration::from_secs(5);
+    let etcd = Etcd::start_with_auth("secret", token_ttl)
+        .unwrap_or_else(|e| panic!("cannot start etcd for the tests: {e}"));
+    let url = format!("etcd://root:secret@{}", etcd.addr());
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("auth");
+    let options = LockOptions::new().with_ttl(Duration::from_secs(2));
+    let guard = a.acquire(&name, &options).await.unwrap();
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move {
+            b.acquire(&name, &LockOptions::new().with_wait_timeout(BOUND * 2))
+                .await
+        }
+    });
+    for act in [["auth", "disable"], ["auth", "enable"]] {
+        let mut args = vec!["--user", "root:secret"];
+        args.extend(act);
+        etcd.etcdctl(&args).unwrap();
+    }
+    // The time itself is under test: more than a token's life, six lease TTLs of renewals.
+    tokio::time::sleep(token_ttl + Duration::from_secs(7)).await;
+    assert!(
+        guard.is_held() && matches!(guard.status(), LockStatus::Held { .. }),
+        "the holder must keep its lock across token expiries: {:?}",
+        guard.status()
+    );
+    assert!(!waiter.is_finished(), "the waiter must still wait");
+    let other = a
+        .try_acquire(&LockName::new(format!("{name}-other")).unwrap(), &options)
+        .await
+        .expect("a new call after the token expired must work")
+        .expect("nobody holds the other name");
+    other.release().await.unwrap();
+    let token = guard.fencing_token();
+    guard.release().await.unwrap();
+    let next = within("the waiter after the release", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+}

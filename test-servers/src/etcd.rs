@@ -99,6 +99,27 @@ impl Etcd {
         Ok(etcd)
     }
 
+    /// Starts a single-member etcd with authentication on: user `root` with `password`, and
+    /// simple tokens that expire `token_ttl` after they were issued (`--auth-token-ttl`, whole
+    /// seconds, at least 1). [`restart`](Self::restart) does not work on it (the readiness probe
+    /// has no credentials).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start); [`ServerError::CommandFailed`] if `etcdctl` cannot add the user
+    /// or enable authentication.
+    pub fn start_with_auth(password: &str, token_ttl: Duration) -> Result<Self> {
+        let member = Member::new("solo".to_owned())?;
+        let cluster = member.initial_cluster_entry();
+        let ttl = token_ttl.as_secs().max(1).to_string();
+        let mut extra = SOLO_TIMING.to_vec();
+        extra.extend(["--auth-token", "simple", "--auth-token-ttl", &ttl]);
+        let etcd = Self::prepare(&member, &cluster, &cluster_token(member.client), &extra)?;
+        etcd.proc.start()?;
+        etcd.etcdctl(&["user", "add", &format!("root:{password}")])?;
+        etcd.etcdctl(&["auth", "enable"])?;
+        Ok(etcd)
+    }
+
     fn prepare(
         member: &Member,
         initial_cluster: &str,
