@@ -242,8 +242,7 @@ impl SessionControl for ProxiedSession {
 impl Faults for ZkHarness {
     fn supports(&self, fault: Fault) -> bool {
         match fault {
-            Fault::KillHolder => true,
-            Fault::SuspendSession => true,
+            Fault::KillHolder | Fault::KillWaiters | Fault::SuspendSession => true,
             Fault::OwnServer => self.single,
             _ => false,
         }
@@ -270,6 +269,53 @@ impl Faults for ZkHarness {
             .expire_session(Some(&self.hosts()))
             .await
             .map_err(text)
+    }
+
+    /// Expires, on the server, the sessions of the clients waiting for `name` (the owners of
+    /// every node after the first, the holder's own session spared), once one waits: the closest
+    /// ZooKeeper has to killing a waiter's connection. The waiters must be clients of this
+    /// harness.
+    async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
+        let client = self.raw().await?;
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+        let waiters = loop {
+            let queue = queue_of(&client, &self.config(), name).await?;
+            let holder = queue.first().map(|(_, owner)| *owner);
+            let mut waiters: Vec<i64> = queue
+                .iter()
+                .skip(1)
+                .map(|(_, owner)| *owner)
+                .filter(|owner| Some(*owner) != holder)
+                .collect();
+            waiters.dedup();
+            if !waiters.is_empty() {
+                break waiters;
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(format!("nobody waits for {name} after 30 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let clients: Vec<Arc<ZkLock>> = self
+            .clients
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|c| c.session_id().is_some_and(|id| waiters.contains(&id)))
+            .collect();
+        if clients.is_empty() {
+            return Err(format!(
+                "the waiters of {name} are not clients of this harness"
+            ));
+        }
+        for waiter in &clients {
+            waiter
+                .expire_session(Some(&self.hosts()))
+                .await
+                .map_err(text)?;
+        }
+        Ok(clients.len())
     }
 
     async fn session_client(
