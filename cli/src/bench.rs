@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
 
-use crate::BackendScheme;
+use dlock::BackendScheme;
 use tokio::sync::Notify;
 
-use super::{BackendArgs, parse_duration};
+use crate::{BackendArgs, parse_duration};
 
 /// Arguments of `dlock bench`.
 #[derive(Debug, clap::Args)]
@@ -105,7 +105,7 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
             clients.push(args.backend.connect().await?);
         }
         let flood =
-            super::flood::flood(clients, &run, args.names, tasks, args.flood_wait, args.hold)
+            crate::flood::flood(clients, &run, args.names, tasks, args.flood_wait, args.hold)
                 .await?;
         if args.json {
             println!(

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockError};
 use dlock_conformance::{Fault, Faults, Harness, Outcome, ProxyTarget};
 
-use super::BackendArgs;
+use crate::BackendArgs;
 
 /// Arguments of `dlock conformance`.
 #[derive(Debug, clap::Args)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
 
-use super::BackendArgs;
+use crate::BackendArgs;
 
 /// Arguments of `dlock demo`.
 #[derive(Debug, clap::Args)]

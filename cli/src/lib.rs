@@ -1,5 +1,21 @@
-//! The `dlock` command line (feature `cli`): argument types and the dispatcher the thin binary
-//! calls.
+//! # dlock-cli: the `dlock` command
+//!
+//! The command-line face of [dlock](https://docs.rs/dlock-rs): argument types and the
+//! dispatcher the thin `dlock` binary calls. Install it with every backend:
+//! `cargo install dlock-cli --features full` (etcd needs `protoc` to build); without features
+//! it speaks only `memory://`.
+//!
+//! - `dlock demo [--backend URL]`: the coupon scenario, 100 workers taking one coupon each from
+//!   a shared stock, without a lock (lost updates) and with one (exactly 0 left);
+//! - `dlock run --backend URL NAME -- CMD…`: run a command while holding a lock, like `flock(1)`
+//!   across machines; the command is stopped if the lock is lost;
+//! - `dlock conformance --backend URL [--faults]`: the conformance suite (and the client-side
+//!   fault cases) against a deployed backend: a way to certify one's own deployment;
+//! - `dlock bench --backend URL`: acquire/release pairs and contended hand-off, each against the
+//!   raw protocol floor measured in the same run.
+//!
+//! The backend is a URL (`--backend`, or `DLOCK_URL`) or a TOML config file (`--config`,
+//! `DLOCK_CONFIG`), as [`dlock::connect`] and [`dlock::Config`] take them.
 //!
 //! Exit codes follow sysexits(3) where one fits: 0 success; the command's own status for
 //! `dlock run`; 1 a conformance case failed; 64 bad usage or configuration; 69 backend
@@ -61,15 +77,15 @@ impl BackendArgs {
     /// The backend URL: the config file's, or `--backend`.
     fn url(&self) -> Result<String, LockError> {
         match &self.config {
-            Some(path) => Ok(crate::Config::from_file(path)?.url),
+            Some(path) => Ok(dlock::Config::from_file(path)?.url),
             None => Ok(self.backend.clone()),
         }
     }
 
     async fn connect(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
         match &self.config {
-            Some(path) => crate::Config::from_file(path)?.connect().await,
-            None => crate::connect(&self.backend).await,
+            Some(path) => dlock::Config::from_file(path)?.connect().await,
+            None => dlock::connect(&self.backend).await,
         }
     }
 }

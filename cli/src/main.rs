@@ -1,11 +1,11 @@
-//! The `dlock` command: parses arguments and hands over to `dlock::cli`.
+//! The `dlock` command: parses arguments and hands over to the `dlock_cli` library.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
 fn main() -> ExitCode {
-    dlock::cli::init_logging();
+    dlock_cli::init_logging();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -17,9 +17,9 @@ fn main() -> ExitCode {
         }
     };
     // Re-executed as a worker of `dlock conformance --faults`: no arguments to parse.
-    if let Some(code) = dlock::cli::run_worker_if_asked(&runtime) {
+    if let Some(code) = dlock_cli::run_worker_if_asked(&runtime) {
         return code;
     }
-    let cli = dlock::cli::Cli::parse();
-    runtime.block_on(dlock::cli::run(cli))
+    let cli = dlock_cli::Cli::parse();
+    runtime.block_on(dlock_cli::run(cli))
 }

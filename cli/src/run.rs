@@ -8,7 +8,7 @@ use dlock_api::{LockError, LockGuard, LockName, LockOptions};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::{BackendArgs, parse_duration};
+use crate::{BackendArgs, parse_duration};
 
 /// Arguments of `dlock run`.
 #[derive(Debug, clap::Args)]
@@ -37,7 +37,7 @@ pub struct RunArgs {
 pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
     let name = LockName::new(&args.name)?;
     let mut opts = match &args.backend.config {
-        Some(path) => crate::Config::from_file(path)?.lock_options(),
+        Some(path) => dlock::Config::from_file(path)?.lock_options(),
         None => LockOptions::new(),
     };
     if let Some(ttl) = args.ttl {
@@ -80,7 +80,7 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
             if let Err(error) = guard.release().await {
                 eprintln!(
                     "dlock: releasing `{name}` after the command: {}",
-                    super::error_chain(&error)
+                    crate::error_chain(&error)
                 );
             }
             Ok(exit_code_of(status))

@@ -29,17 +29,19 @@
 //! re-exported here, for "which backend should you use?" and the contract in brief.
 //!
 //! ## The `dlock` command
-//! With feature `cli`: `dlock demo` (the coupon scenario with and without a lock),
-//! `dlock run NAME -- CMD` (like `flock(1)`, across machines), `dlock conformance` (the suite
-//! against a deployed backend) and `dlock bench` (latency and hand-off figures).
+//! The `dlock-cli` crate (`cargo install dlock-cli --features full`): `dlock demo` (the coupon
+//! scenario with and without a lock), `dlock run NAME -- CMD` (like `flock(1)`, across
+//! machines), `dlock conformance` (the suite against a deployed backend) and `dlock bench`
+//! (latency and hand-off figures against the raw protocol floors).
+//!
+//! ## Package name
+//! This crate is published as `dlock-rs` (the name `dlock` belongs to another crate on
+//! crates.io); its library is `dlock`: `dlock = { package = "dlock-rs", version = "0.1" }`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 mod connect;
 mod scheme;
-
-#[cfg(feature = "cli")]
-pub mod cli;
 
 /// The README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]
