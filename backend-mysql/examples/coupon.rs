@@ -3,8 +3,8 @@
 //! → commit → release**; releasing before the commit lets the next holder read the stock before
 //! the previous change is visible, and coupons are issued twice.
 //!
-//! `cargo run -p dlock-mysql --example coupon [-- mysql://root@127.0.0.1:3306/test]`
-//! (without a URL it starts a private MariaDB).
+//! `DLOCK_URL=mysql://root@127.0.0.1:3306/test cargo run -p dlock-mysql --example coupon`
+//! (the URL may also be the first argument; it creates and drops a table of its own).
 #![allow(dead_code)]
 
 use std::sync::Arc;
@@ -134,21 +134,24 @@ pub async fn issue_coupons(url: &str, order: Order, requests: usize) -> Result<O
     })
 }
 
+/// The server: the first argument, else `DLOCK_URL` (as sqlx's examples take `DATABASE_URL`).
+fn database_url() -> Result<String> {
+    std::env::args()
+        .nth(1)
+        .or_else(|| std::env::var("DLOCK_URL").ok())
+        .ok_or_else(|| dlock_api::LockError::Config {
+            backend: "mysql",
+            reason: "set DLOCK_URL (or pass the URL), e.g. mysql://root@127.0.0.1:3306/test".into(),
+        })
+}
+
 fn backend(e: sqlx::Error) -> dlock_api::LockError {
     dlock_api::LockError::backend("mysql", e)
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let server;
-    let url = match std::env::args().nth(1) {
-        Some(url) => url,
-        None => {
-            server = dlock_test_servers::MariaDb::start().expect("start MariaDB");
-            server.url()
-        }
-    };
-    let url: Arc<str> = url.into();
+    let url: Arc<str> = database_url()?.into();
     let right = issue_coupons(&url, Order::CommitThenRelease, 100).await?;
     println!(
         "commit, then release: {} left, {} issued (expected 0 and 100), tokens rise: {}",

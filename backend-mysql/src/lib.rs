@@ -100,7 +100,7 @@ mod lock;
 mod sql;
 
 pub use config::MySqlConfig;
-pub use floor::raw_floor;
+pub use floor::{raw_floor, raw_handoff_floor};
 pub use lock::MySqlLock;
 
 /// The URL schemes this backend serves (`mariadb://` is a `mysql://` URL).

@@ -91,12 +91,15 @@ impl MySqlLock {
     }
 
     /// The server connection id (`CONNECTION_ID()`) holding `name` for this client, if it does:
-    /// for operators and fault tests (`KILL <id>`).
+    /// for dlock's fault tests (`KILL <id>`); not part of the API.
+    #[doc(hidden)]
     pub fn holder_connection_id(&self, name: &LockName) -> Option<u64> {
         self.pool.holder(&self.raw_key(name))
     }
 
-    /// How many server connections this client has open (sessions, waiters and idle ones).
+    /// How many server connections this client has open (sessions, waiters and idle ones): for
+    /// dlock's tests; not part of the API.
+    #[doc(hidden)]
     pub fn connection_count(&self) -> usize {
         self.pool.connections()
     }

@@ -1,8 +1,8 @@
 //! The coupon scenario three ways on a real table: 100 concurrent requests take one
 //! coupon each from a stock of 100, and each way leaves exactly 0.
 //!
-//! `cargo run -p dlock-postgres --example coupon [-- postgres://…]`; without a URL it starts a
-//! private Postgres (dlock-test-servers).
+//! `DLOCK_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run -p dlock-postgres --example
+//! coupon` (the URL may also be the first argument; it uses a table `coupon` of its own).
 
 use std::time::Duration;
 
@@ -56,14 +56,16 @@ async fn join(tasks: Vec<tokio::task::JoinHandle<Result<(), LockError>>>) -> Res
 
 #[tokio::main]
 async fn main() -> Result<(), LockError> {
-    let server;
-    let url = match std::env::args().nth(1) {
-        Some(url) => url,
-        None => {
-            server = dlock_test_servers::Postgres::start().expect("postgres");
-            server.url()
-        }
-    };
+    // The first argument, else `DLOCK_URL` (as sqlx's examples take `DATABASE_URL`).
+    let url = std::env::args()
+        .nth(1)
+        .or_else(|| std::env::var("DLOCK_URL").ok())
+        .ok_or_else(|| LockError::Config {
+            backend: "postgres",
+            reason:
+                "set DLOCK_URL (or pass the URL), e.g. postgres://postgres@127.0.0.1:5432/postgres"
+                    .into(),
+        })?;
     let pool = PgPoolOptions::new()
         .max_connections(10)
         .connect(&url)

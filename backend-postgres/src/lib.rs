@@ -115,7 +115,7 @@ mod sql;
 mod xact;
 
 pub use config::PostgresConfig;
-pub use floor::raw_floor;
+pub use floor::{raw_floor, raw_handoff_floor};
 pub use key::AdvisoryKey;
 pub use lock::PostgresLock;
 pub use xact::{RowKey, RowLock, RowLockOutcome, RowWait, try_xact_lock, xact_lock};

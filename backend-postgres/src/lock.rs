@@ -87,7 +87,9 @@ impl PostgresLock {
         &self.pool.driver().config
     }
 
-    /// How many connections this client has open right now (sessions and waits).
+    /// How many connections this client has open right now (sessions and waits): for dlock's
+    /// tests; not part of the API.
+    #[doc(hidden)]
     pub fn connections(&self) -> usize {
         self.pool.connections()
     }

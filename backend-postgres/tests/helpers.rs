@@ -317,3 +317,14 @@ async fn fence_sequence_is_checked_created_and_optional() {
         format!("postgres({})", PostgresConfig::from_url(&url).unwrap())
     );
 }
+
+/// `dlock bench`'s raw hand-off floor: two connections hand a blocking `pg_advisory_lock` back
+/// and forth through the server's queue, and each hand-off gives a sample.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_raw_handoff_floor_hands_off_through_the_server_queue() {
+    let samples =
+        dlock_postgres::raw_handoff_floor(&common::shared_url(), Duration::from_millis(300))
+            .await
+            .unwrap();
+    assert!(!samples.is_empty(), "no hand-off was measured");
+}

@@ -292,7 +292,12 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
 
 /// The backend's raw hand-off floor (release → the next holder's acquire answered), if measured.
 #[cfg_attr(
-    not(any(feature = "redis", feature = "zookeeper")),
+    not(any(
+        feature = "redis",
+        feature = "mysql",
+        feature = "postgres",
+        feature = "zookeeper"
+    )),
     allow(unused_variables)
 )]
 async fn raw_handoff_floor(
@@ -304,6 +309,16 @@ async fn raw_handoff_floor(
         BackendScheme::Redis => Some((
             "DEL+PUBLISH, subscriber SET NX",
             dlock_redis::raw_handoff_floor(url, duration).await?,
+        )),
+        #[cfg(feature = "mysql")]
+        BackendScheme::MySql => Some((
+            "RELEASE_LOCK, then the waiter's blocking GET_LOCK answers",
+            dlock_mysql::raw_handoff_floor(url, duration).await?,
+        )),
+        #[cfg(feature = "postgres")]
+        BackendScheme::Postgres => Some((
+            "pg_advisory_unlock, then the waiter's blocking pg_advisory_lock answers",
+            dlock_postgres::raw_handoff_floor(url, duration).await?,
         )),
         #[cfg(feature = "zookeeper")]
         BackendScheme::ZooKeeper => Some((

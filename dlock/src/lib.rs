@@ -50,7 +50,9 @@ struct ReadmeDoctests;
 
 pub use config::{Config, LockDefaults};
 pub use connect::{connect, connect_with};
-pub use scheme::{BackendScheme, redact};
+pub use scheme::BackendScheme;
+#[doc(hidden)]
+pub use scheme::redact;
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
