@@ -5,12 +5,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dlock_api::raw::time::after;
 use dlock_api::raw::{LeaseState, RawLease, RenewedBy, SessionStatus};
 use dlock_api::{LockError, LockName, LostReason, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use tokio::time::Instant;
+use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::lock::Inner;
+use crate::lock::{FALLBACK_REREAD, Inner};
 use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class, validity};
 use crate::watch::WatchEvent;
 
@@ -156,8 +157,10 @@ impl EtcdLease {
     }
 }
 
-/// Marks the guard lost when its key goes (its lease ended, or someone deleted it); a watch
-/// that cannot go on checks the key by reading it.
+/// Marks the guard lost when its key goes (its lease ended, or someone deleted it). A watch
+/// that cannot go on checks the key by reading it, and so does a timer every
+/// [`FALLBACK_REREAD`]: etcd 3.4.23 can lose a deletion event after a compaction, and a holder
+/// that believed itself holding after its key went would break exclusion.
 async fn watch_own_key(
     inner: Arc<Inner>,
     state: Arc<LeaseState>,
@@ -166,74 +169,84 @@ async fn watch_own_key(
     revision: i64,
     mut watch: crate::watch::WatchHandle,
 ) {
-    let reason = || match session.as_ref().map(|s| s.session.status()) {
-        Some(SessionStatus::Ended(reason)) => reason,
-        Some(_) => LostReason::TakenOver,
-        None if state.valid_until().is_some_and(|u| Instant::now() >= u) => LostReason::Expired,
-        None => LostReason::TakenOver,
-    };
     let inner = Arc::downgrade(&inner);
+    let mut fallback =
+        tokio::time::interval_at(after(Instant::now(), FALLBACK_REREAD), FALLBACK_REREAD);
+    // A re-read slower than the period (a cut-off member) should not be followed by a burst.
+    fallback.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         let event = tokio::select! {
             biased;
             _ = state.closed() => return,
             _ = state.lost_token().cancelled() => return,
-            event = watch.next() => event,
+            event = watch.next() => Some(event),
+            _ = fallback.tick() => None,
         };
         if state.is_closed() {
             // Released (the deletion is our own) or forgotten.
             return;
         }
-        match event {
-            WatchEvent::Deleted(_) => {
-                // Was it the lease that went (revoked, expired), or only this key?
-                if let (Some(session), Some(inner)) = (&session, inner.upgrade()) {
-                    let id = session.id;
-                    let alive = inner
-                        .idempotent(|client| async move {
-                            client.lease_client().time_to_live(id, None).await
-                        })
-                        .await
-                        .map(|r| r.ttl() > 0);
-                    if matches!(alive, Ok(false)) {
-                        session.end(LostReason::SessionExpired);
-                    }
+        let Some(inner) = inner.upgrade() else { return };
+        if let Some(WatchEvent::Deleted(_)) = event {
+            key_gone(&inner, &state, session.as_ref()).await;
+            return;
+        }
+        let key_now = key.clone();
+        let read = inner
+            .idempotent(|mut client| {
+                let key = key_now.clone();
+                async move { client.get(key, None).await }
+            })
+            .await;
+        let rewatch = event == Some(WatchEvent::Reread);
+        match read {
+            Ok(response) => {
+                let mine = response
+                    .kvs()
+                    .first()
+                    .is_some_and(|kv| kv.create_revision() == revision);
+                if !mine {
+                    key_gone(&inner, &state, session.as_ref()).await;
+                    return;
                 }
-                if !state.is_closed() {
-                    state.mark_lost(reason());
-                }
-                return;
-            }
-            WatchEvent::Reread => {
-                let Some(inner) = inner.upgrade() else { return };
-                let key_now = key.clone();
-                let read = inner
-                    .idempotent(|mut client| {
-                        let key = key_now.clone();
-                        async move { client.get(key, None).await }
-                    })
-                    .await;
-                match read {
-                    Ok(response) => {
-                        let mine = response
-                            .kvs()
-                            .first()
-                            .is_some_and(|kv| kv.create_revision() == revision);
-                        if !mine {
-                            state.mark_lost(reason());
-                            return;
-                        }
-                        let seen = response.header().map_or(revision, |h| h.revision());
-                        watch = inner.watcher.watch(&key, seen + 1);
-                    }
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        watch = inner.watcher.watch(&key, revision + 1);
-                    }
+                if rewatch {
+                    let seen = response.header().map_or(revision, |h| h.revision());
+                    watch = inner.watcher.watch(&key, seen + 1);
                 }
             }
+            // The timer tries again; a watch that ended is re-created from our revision, so
+            // whatever it missed meanwhile is still delivered (or answered "compacted").
+            Err(_) if rewatch => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                watch = inner.watcher.watch(&key, revision + 1);
+            }
+            Err(_) => {}
         }
     }
+}
+
+/// Our key is gone: marks the guard lost, saying why (the lease ended, or only the key went).
+async fn key_gone(inner: &Inner, state: &LeaseState, session: Option<&Arc<SessionLease>>) {
+    if let Some(session) = session {
+        let id = session.id;
+        let alive = inner
+            .idempotent(|client| async move { client.lease_client().time_to_live(id, None).await })
+            .await
+            .map(|r| r.ttl() > 0);
+        if matches!(alive, Ok(false)) {
+            session.end(LostReason::SessionExpired);
+        }
+    }
+    if state.is_closed() {
+        return;
+    }
+    let reason = match session.map(|s| s.session.status()) {
+        Some(SessionStatus::Ended(reason)) => reason,
+        Some(_) => LostReason::TakenOver,
+        None if state.valid_until().is_some_and(|u| Instant::now() >= u) => LostReason::Expired,
+        None => LostReason::TakenOver,
+    };
+    state.mark_lost(reason);
 }
 
 #[dlock_api::raw::async_trait]

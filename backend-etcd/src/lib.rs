@@ -54,7 +54,8 @@
 //!   compacted watch re-reads; a slow fallback re-read every few seconds catches any event the
 //!   server lost. One watch stream per client carries every waiter's and holder's watch.
 //! - **Holding**: each holder watches its own key; its deletion (the lease revoked or expired,
-//!   or someone deleting it) marks the guard lost.
+//!   or someone deleting it) marks the guard lost. The holder also reads its key every few
+//!   seconds, so a deletion event the server lost still ends the guard.
 //! - **Release** deletes the key in a transaction guarded by its create revision, so a stale
 //!   release can never remove a newer key. A dropped acquire deletes its key (also when the
 //!   create's reply was lost), a dropped guard is released in the background, and a forgotten

@@ -28,9 +28,10 @@ use crate::lease::{EtcdLease, LeaseKind as Kind};
 use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class};
 use crate::watch::{WatchEvent, Watcher};
 
-/// How often a waiter re-reads the queue even without a watch event: a fallback against an
-/// event lost by the server (etcd 3.4 before 3.4.31/3.4.36 can lose one after a compaction).
-const FALLBACK_REREAD: Duration = Duration::from_secs(3);
+/// How often a waiter re-reads the queue, and a holder its key, even without a watch event: a
+/// fallback against an event lost by the server (etcd 3.4 before 3.4.31/3.4.36 can lose one
+/// after a compaction).
+pub(crate) const FALLBACK_REREAD: Duration = Duration::from_secs(3);
 
 /// A distributed lock on etcd: one key per acquire under the name's range, queued by create
 /// revision, riding a lease this client keeps alive. Cheap to clone; clones share the client,
@@ -169,6 +170,25 @@ impl EtcdLock {
     /// The configuration.
     pub fn config(&self) -> &EtcdConfig {
         &self.inner.config
+    }
+
+    /// For dlock's fault tests: while `lose` is on, this client's watch stream drops the
+    /// deletion events it receives, as etcd 3.4 before 3.4.31 can after a compaction, so only
+    /// the fallback re-reads can notice a deletion. Not part of the API.
+    #[doc(hidden)]
+    pub fn lose_watch_deletions(&self, lose: bool) {
+        let probe = &self.inner.watcher.probe;
+        probe
+            .lose_deletions
+            .store(lose, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// For dlock's fault tests: how many of this client's watches the server answered
+    /// "compacted" (each was then re-read). Not part of the API.
+    #[doc(hidden)]
+    pub fn compacted_watches(&self) -> u64 {
+        let probe = &self.inner.watcher.probe;
+        probe.compacted.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

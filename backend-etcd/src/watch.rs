@@ -7,7 +7,8 @@
 //! no event is skipped; a watch whose start was compacted away meanwhile is told to re-read.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, WatchOptions, WatchRequestSender, WatchResponseStream};
@@ -41,6 +42,18 @@ enum Command {
 pub(crate) struct Watcher {
     commands: UnboundedSender<Command>,
     next_id: AtomicI64,
+    pub(crate) probe: Arc<Probe>,
+}
+
+/// What the fault tests look at or set in the watch task: the paths they exercise (a compacted
+/// re-create, the fallback re-reads) cannot be told apart from the outside otherwise.
+#[derive(Debug, Default)]
+pub(crate) struct Probe {
+    /// Watches the server refused or ended as compacted.
+    pub(crate) compacted: AtomicU64,
+    /// While set, deletion events are dropped as they arrive, as etcd 3.4 before 3.4.31 can
+    /// lose them after a compaction; only the fallback re-reads can then notice a deletion.
+    pub(crate) lose_deletions: AtomicBool,
 }
 
 /// One watch on one key; dropping it cancels the watch.
@@ -71,15 +84,18 @@ impl Watcher {
     /// Starts the task; it ends when `stop` fires.
     pub(crate) fn start(client: Client, stop: CancellationToken) -> Self {
         let (commands, receiver) = unbounded_channel();
+        let probe = Arc::new(Probe::default());
+        let task_probe = probe.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
-                _ = run(client, receiver) => {}
+                _ = run(client, receiver, &task_probe) => {}
             }
         });
         Self {
             commands,
             next_id: AtomicI64::new(1),
+            probe,
         }
     }
 
@@ -173,7 +189,7 @@ async fn open(client: &Client, state: &mut State) -> Option<Open> {
     Some(Open { sender, responses })
 }
 
-async fn run(client: Client, mut commands: UnboundedReceiver<Command>) {
+async fn run(client: Client, mut commands: UnboundedReceiver<Command>, probe: &Probe) {
     let mut state = State::default();
     let mut stream: Option<Open> = None;
     let mut failures: u32 = 0;
@@ -217,7 +233,7 @@ async fn run(client: Client, mut commands: UnboundedReceiver<Command>) {
             message = open.responses.message() => match message {
                 Ok(Some(response)) => {
                     failures = 0;
-                    if handle(&mut state, open, response).await.is_err() {
+                    if handle(&mut state, open, response, probe).await.is_err() {
                         stream = None;
                     }
                 }
@@ -293,6 +309,7 @@ async fn handle(
     state: &mut State,
     open: &mut Open,
     response: etcd_client::WatchResponse,
+    probe: &Probe,
 ) -> Result<(), ()> {
     let server_id = response.watch_id();
     if response.created() {
@@ -311,6 +328,9 @@ async fn handle(
             None => return Ok(()),
         }
         if response.canceled() {
+            if response.compact_revision() > 0 {
+                probe.compacted.fetch_add(1, Ordering::Relaxed);
+            }
             // Refused at once (e.g. a compacted start): re-read.
             if let Some(entry) = state.entries.remove(&id) {
                 state.by_server.remove(&server_id);
@@ -323,6 +343,9 @@ async fn handle(
         return Ok(());
     };
     if response.canceled() || response.compact_revision() > 0 {
+        if response.compact_revision() > 0 {
+            probe.compacted.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(entry) = state.entries.remove(&id) {
             state.by_server.remove(&server_id);
             let _ = entry.events.send(WatchEvent::Reread);
@@ -333,7 +356,9 @@ async fn handle(
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
             entry.next = entry.next.max(kv.mod_revision() + 1);
-            if event.event_type() == EventType::Delete {
+            if event.event_type() == EventType::Delete
+                && !probe.lose_deletions.load(Ordering::Relaxed)
+            {
                 let _ = entry.events.send(WatchEvent::Deleted(kv.mod_revision()));
             }
         }

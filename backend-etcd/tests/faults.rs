@@ -70,6 +70,60 @@ async fn lease_revoked_from_another_client_loses_the_guard_and_moves_the_waiter_
         .unwrap();
 }
 
+/// Deletion events lost by the server (etcd 3.4 before 3.4.31 can lose them after a compaction;
+/// here both clients drop every deletion their watch stream receives): the holder still learns
+/// that its key was deleted, and the waiter that its predecessor went, from the fallback
+/// re-reads alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_watch_events_are_caught_by_the_fallback_rereads() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    a.lose_watch_deletions(true);
+    b.lose_watch_deletions(true);
+    let name = name("lost-events");
+    let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.acquire(&name, &wait()).await }
+    });
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let range = common::name_range(&url, &name);
+    let holder_key = within("the waiter to queue", async {
+        loop {
+            let found = raw
+                .get(
+                    range.as_str(),
+                    Some(etcd_client::GetOptions::new().with_prefix().with_sort(
+                        etcd_client::SortTarget::Create,
+                        etcd_client::SortOrder::Ascend,
+                    )),
+                )
+                .await
+                .unwrap();
+            if found.kvs().len() >= 2 {
+                break found.kvs()[0].key().to_vec();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // An operator deletes the holder's key: only that key, its lease lives on.
+    raw.delete(holder_key, None).await.unwrap();
+    let reason = within("the holder's lost signal without an event", guard.lost()).await;
+    assert_eq!(reason, LostReason::TakenOver);
+    let next = within("the waiter without an event", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    assert!(guard.release().await.is_err());
+    next.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tasks_of_one_client_on_one_name_are_never_both_held() {
     let etcd = dlock_test_servers::shared_etcd();
