@@ -334,6 +334,97 @@ async fn compaction_and_defragmentation_strand_no_waiter() {
     assert_eq!(tokens.len(), 3, "each waiter its own token");
 }
 
+/// Waiters cut off from the server while the holder releases and the history their watches
+/// started from is compacted: when the link heals, their watches are re-created from revisions
+/// that no longer exist and answered "compacted". Each must re-read rather than hang: all are
+/// granted, in queue order, each with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_cut_off_through_a_release_and_a_compaction_are_not_stranded() {
+    let etcd = Etcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let proxy = FaultProxy::start(etcd.addr()).unwrap();
+    let url = common::etcd_url(&etcd.endpoints());
+    let holder = EtcdLock::connect_url(&url).await.unwrap();
+    let name = name("cut-compacted");
+    let guard = holder.acquire(&name, &LockOptions::new()).await.unwrap();
+    let granted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut clients = Vec::new();
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let client = EtcdLock::connect_url(&format!("etcd://{}", proxy.addr()))
+            .await
+            .unwrap();
+        clients.push(client.clone());
+        let (name, granted) = (name.clone(), granted.clone());
+        waiters.push(tokio::spawn(async move {
+            let next = client.acquire(&name, &wait()).await?;
+            granted.lock().unwrap().push(next.fencing_token());
+            next.release().await
+        }));
+    }
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let range = common::name_range(&url, &name);
+    within("three queued waiters", async {
+        loop {
+            let found = raw
+                .get(
+                    range.as_str(),
+                    Some(
+                        etcd_client::GetOptions::new()
+                            .with_prefix()
+                            .with_count_only(),
+                    ),
+                )
+                .await
+                .unwrap()
+                .count();
+            if found >= 4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // Cut the waiters off, and close their connections so that their watch streams must be
+    // opened again, and every watch re-created from where it was.
+    proxy.set_mode(ProxyMode::Blackhole);
+    proxy.reset();
+    let first = guard.fencing_token();
+    guard.release().await.unwrap();
+    let mut revision = 0;
+    for i in 0..20 {
+        let put = raw
+            .put(format!("dlock-faults-filler/cut/{i}"), "x", None)
+            .await
+            .unwrap();
+        revision = put.header().map_or(0, |h| h.revision());
+    }
+    raw.compact(
+        revision,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+    proxy.heal();
+    for waiter in waiters {
+        within("a cut-off waiter after the compaction", waiter)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let granted = granted.lock().unwrap().clone();
+    assert_eq!(granted.len(), 3, "{granted:?}");
+    assert!(granted[0] > first, "{granted:?} after {first}");
+    assert!(
+        granted.windows(2).all(|w| w[0] < w[1]),
+        "granted out of queue order: {granted:?}"
+    );
+    let compacted: u64 = clients.iter().map(EtcdLock::compacted_watches).sum();
+    assert!(
+        compacted > 0,
+        "no watch was re-created from a compacted revision"
+    );
+}
+
 /// Authentication tokens that go bad while a lock is held, renewed and waited for: tokens live
 /// 5 s unless used, and every token is invalidated mid-hold (authentication disabled and enabled
 /// again, which drops the server's tokens). The keep-alive stream, the watch stream and later
