@@ -1,14 +1,15 @@
 //! `ZkLease`: one held node. Release deletes it, guarded by its version; a dropped guard's node
-//! is deleted in the background.
+//! is deleted in the background. A watch on the node loses the guard as soon as anyone else
+//! deletes it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_api::raw::RawLease;
-use dlock_api::{LockError, LockName, Result};
+use dlock_api::raw::{LeaseState, RawLease, Session, SessionStatus};
+use dlock_api::{LockError, LockName, LostReason, Result};
 use tokio::time::Instant;
-use zookeeper_client::Error as ZkError;
+use zookeeper_client::{Error as ZkError, EventType};
 
 use crate::BACKEND;
 use crate::error::{Fail, timed};
@@ -43,23 +44,135 @@ pub(crate) struct ZkLease {
     name: LockName,
     path: String,
     version: i32,
+    /// Closed before our own delete is sent, so the node's watch never takes our delete for
+    /// someone else's (a grant dropped on its way is released without a guard to close it).
+    state: Arc<LeaseState>,
     released: AtomicBool,
 }
 
 impl ZkLease {
-    pub(crate) fn new(
+    /// The lease of a node just granted; starts the watch on it.
+    pub(crate) fn start(
         session: Arc<ZkSession>,
         name: &LockName,
         path: String,
+        czxid: i64,
         version: i32,
+        state: Arc<LeaseState>,
     ) -> Self {
+        tokio::spawn(watch_own_node(
+            Arc::downgrade(&session),
+            session.session.clone(),
+            state.clone(),
+            path.clone(),
+            czxid,
+        ));
         Self {
             session,
             name: name.clone(),
             path,
             version,
+            state,
             released: AtomicBool::new(false),
         }
+    }
+}
+
+/// How one look at our node ended.
+enum Look {
+    /// Ours, with a watch set on it.
+    Watching(zookeeper_client::OneshotWatcher),
+    /// Gone, or another node under the same path.
+    NotOurs,
+    /// No answer: look again.
+    Retry,
+    /// The session is over: its end loses the guard.
+    Over,
+}
+
+async fn look(session: &Weak<ZkSession>, path: &str, czxid: i64) -> Look {
+    let Some(session) = session.upgrade() else {
+        return Look::Over;
+    };
+    let Ok(client) = session.client() else {
+        return Look::Over;
+    };
+    match timed(session.command_timeout, client.check_and_watch_stat(path)).await {
+        Ok((Some(stat), watcher)) if stat.ephemeral_owner == session.id && stat.czxid == czxid => {
+            Look::Watching(watcher)
+        }
+        Ok(_) => Look::NotOurs,
+        Err(fail) if fail.session_over() => Look::Over,
+        Err(_) => Look::Retry,
+    }
+}
+
+/// Loses the guard when its node goes while the session lives (an operator's or another
+/// client's delete), which the session's own account never sees: without the watch the guard
+/// would look held until the next reconnect. Any other event on the node sets the watch again.
+/// An answer about the node, and a watch event, come over our session's connection, so they
+/// prove the server still has the session: the loss is the node's (`TakenOver`), not the
+/// session's.
+async fn watch_own_node(
+    session: Weak<ZkSession>,
+    raw: Arc<Session>,
+    state: Arc<LeaseState>,
+    path: String,
+    czxid: i64,
+) {
+    loop {
+        // Holding neither the client nor the session while waiting: the session closes when
+        // its last guard and client go, not when this task does.
+        let looked = tokio::select! {
+            biased;
+            _ = state.closed() => return,
+            _ = state.lost_token().cancelled() => return,
+            _ = raw.ended() => return,
+            looked = look(&session, &path, czxid) => looked,
+        };
+        let watcher = match looked {
+            Look::Watching(watcher) => watcher,
+            Look::NotOurs => break,
+            Look::Over => return,
+            Look::Retry => {
+                // Disconnected (the library queues requests meanwhile): the heartbeat reports
+                // the suspension, and its check after the reconnect covers the node too.
+                tokio::select! {
+                    _ = state.closed() => return,
+                    _ = state.lost_token().cancelled() => return,
+                    _ = raw.ended() => return,
+                    () = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                }
+            }
+        };
+        let event = tokio::select! {
+            biased;
+            _ = state.closed() => return,
+            _ = state.lost_token().cancelled() => return,
+            _ = raw.ended() => return,
+            event = watcher.changed() => event,
+        };
+        match (event.event_type, event.session_state) {
+            (EventType::NodeDeleted, _) => break,
+            (EventType::Session, session_state) if session_state.is_terminated() => return,
+            // The data changed, or a session event short of the end: look again, which sets
+            // the watch again.
+            _ => {}
+        }
+    }
+    if state.is_closed() || state.lost_reason().is_some() {
+        return;
+    }
+    // The session's own end, if it came meanwhile, is the better reason: it marks first.
+    if matches!(raw.status(), SessionStatus::Ended(_)) {
+        let _ = state.status();
+        return;
+    }
+    if state.mark_lost(LostReason::TakenOver) {
+        tracing::warn!(node = %path, "a held zookeeper node was deleted by someone else; its guard is lost");
+    }
+    if let Some(session) = session.upgrade() {
+        session.forget(&path);
     }
 }
 
@@ -67,6 +180,7 @@ impl ZkLease {
 impl RawLease for ZkLease {
     async fn release(&self) -> Result<()> {
         self.released.store(true, Ordering::SeqCst);
+        self.state.close();
         self.session.forget(&self.path);
         match delete_node(&self.session, &self.path, self.version).await {
             Ok(true) => Ok(()),
@@ -90,6 +204,7 @@ impl Drop for ZkLease {
     /// A guard forgotten rather than released: its node is deleted in the background, so the
     /// lock is free at once (other guards of the session are untouched).
     fn drop(&mut self) {
+        self.state.close();
         self.session.forget(&self.path);
         if self.released.load(Ordering::SeqCst) {
             return;

@@ -24,7 +24,8 @@
 //!   just before its own, so a release wakes exactly one waiter, about one round trip later.
 //! - [x] **Lost signal and suspension**: a guard reports `Suspended` while its session's
 //!   connection is lost (stop writing: the session may still come back), `Held` again once it
-//!   is back and its node checked, and `Lost` when the session expires.
+//!   is back and its node checked, and `Lost` when the session expires; `Lost` with
+//!   `TakenOver` as soon as anyone else deletes its node (each held node is watched).
 //! - [x] **Survives failover**: a lock lives in the ensemble's log; losing a server keeps it.
 //! - [ ] **Extend**: the session is the lease; per-acquire TTLs are ignored and `extend` is
 //!   refused with `Unsupported` before any network call. A holder that dies frees its lock when
@@ -61,6 +62,10 @@
 //!   session. A dropped acquire deletes its node: the create runs to completion in the
 //!   background and the cleanup waits for it, so the delete always follows the create, also
 //!   when its answer was lost.
+//! - **Holding.** Each held node carries an exists-watch, set again after any other event: its
+//!   deletion by anyone but this guard (an operator, a stray client) loses the guard with
+//!   `TakenOver` at once, while the session stays healthy. The event arrives over the session's
+//!   own connection, so it is the node that went, not the session.
 //! - **Release** deletes our node guarded by its version; a dropped guard's node is deleted in
 //!   the background.
 //!

@@ -395,7 +395,14 @@ impl ZkLock {
     fn grant(&self, name: &LockName, session: Arc<ZkSession>, node: Node) -> Grant {
         let token = FencingToken::new(u64::try_from(node.czxid).unwrap_or(0));
         let state = session.new_guard_state(&node.path, node.czxid);
-        let lease = Arc::new(ZkLease::new(session, name, node.path, node.version));
+        let lease = Arc::new(ZkLease::start(
+            session,
+            name,
+            node.path,
+            node.czxid,
+            node.version,
+            state.clone(),
+        ));
         Grant::new(name.clone(), token, lease, state, RenewedBy::Session)
     }
 

@@ -1,7 +1,7 @@
 //! ZooKeeper-specific faults: the server down for less and for more than the session timeout, a
 //! forced session expiry, an ensemble member killed while a lock is held, a partition past the
 //! session, a create whose reply is lost, a queued waiter killed, a pending acquire cancelled
-//! mid-create. Each test that harms a server starts its own, and they run one at a time (the
+//! mid-create, a held node deleted by someone else. Each test that harms a server starts its own, and they run one at a time (the
 //! servers are JVMs on a small machine). Tests wait on events with generous bounds and never
 //! assert speed.
 
@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use dlock_api::raw::SessionStatus;
 use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, LostReason};
 use dlock_conformance::wait_for;
 use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper, ZooKeeperEnsemble};
@@ -425,4 +426,98 @@ async fn a_queued_waiter_killed_lets_its_successor_move_up() {
         .release()
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_node_deleted_by_someone_else_loses_the_guard_at_once() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let (a, b) = (
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+    );
+    let name = name("node-deleted");
+    let hosts = zk.connect_string();
+    let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.acquire(&name, &wait()).await }
+    });
+    let mut nodes = Vec::new();
+    within("the waiter to queue", async {
+        while nodes.len() < 2 {
+            nodes = queue(&hosts, &name).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(nodes[0].1, a.session_id().unwrap());
+    // An operator deletes the holder's node with a client of their own; the holder's session
+    // stays healthy throughout, so only a watch on the node can tell.
+    let admin = common::raw_client(&hosts).await.unwrap();
+    let config = ZkConfig::from_url(&zk.url()).unwrap();
+    let path = format!("{}/{}", config.name_path(&name), nodes[0].0);
+    admin.delete(&path, None).await.unwrap();
+    let reason = within("the holder's lost signal", guard.lost()).await;
+    assert_eq!(reason, LostReason::TakenOver);
+    assert_eq!(a.session_status(), Some(SessionStatus::Active));
+    let next = within("the waiter", waiter).await.unwrap().unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::Lost {
+            reason: LostReason::TakenOver,
+            ..
+        })
+    ));
+    assert!(!is_free(&a, &name).await, "the new holder's lock was free");
+    next.release().await.unwrap();
+    // The holder's session lives on: it takes the name again at once.
+    assert!(is_free(&a, &name).await);
+    until_empty(&hosts, &name).await;
+}
+
+/// Whether the server has a watch by session `session` on `path` (`wchp`: each watched path,
+/// then its sessions indented).
+fn watched_by(zk: &ZooKeeper, path: &str, session: i64) -> bool {
+    let answer = zk.four_letter("wchp").unwrap_or_default();
+    let session = format!("{session:#x}");
+    let mut under = None;
+    for line in answer.lines() {
+        if line.starts_with('/') {
+            under = Some(line.trim());
+        } else if under == Some(path) && line.trim() == session {
+            return true;
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_to_a_held_node_keeps_the_guard_and_the_watch_is_set_again() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let a = ZkLock::connect_url(&zk.url()).await.unwrap();
+    let name = name("node-touched");
+    let hosts = zk.connect_string();
+    let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
+    let nodes = queue(&hosts, &name).await;
+    let config = ZkConfig::from_url(&zk.url()).unwrap();
+    let path = format!("{}/{}", config.name_path(&name), nodes[0].0);
+    let session = a.session_id().unwrap();
+    until("the holder to watch its node", || {
+        watched_by(zk, &path, session)
+    })
+    .await;
+    // The server fires and drops the watch before it answers the write, so the watch seen
+    // after the answer is one the holder set again.
+    let admin = common::raw_client(&hosts).await.unwrap();
+    admin.set_data(&path, b"touched", None).await.unwrap();
+    until("the holder to watch its node again", || {
+        watched_by(zk, &path, session)
+    })
+    .await;
+    assert!(guard.is_held(), "a change to the node lost the guard");
+    admin.delete(&path, None).await.unwrap();
+    let reason = within("the lost signal through the re-set watch", guard.lost()).await;
+    assert_eq!(reason, LostReason::TakenOver);
+    until_empty(&hosts, &name).await;
 }
