@@ -11,7 +11,8 @@ use dlock_api::{LockError, LockName, LostReason, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::lock::{FALLBACK_REREAD, Inner};
+use crate::BACKEND;
+use crate::lock::{FALLBACK_REREAD, Inner, lease_gone};
 use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class, validity};
 use crate::watch::WatchEvent;
 
@@ -94,6 +95,13 @@ impl LeaseKind {
     }
 }
 
+/// The kept-alive lease a key rides now: `extend` to another TTL class moves the key.
+type Carrier = Arc<Mutex<Arc<SessionLease>>>;
+
+fn current(carrier: &Carrier) -> Arc<SessionLease> {
+    carrier.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// A held key.
 #[derive(Debug)]
 pub(crate) struct EtcdLease {
@@ -102,6 +110,10 @@ pub(crate) struct EtcdLease {
     key: String,
     revision: i64,
     kind: LeaseKind,
+    /// For a key on a kept-alive lease: that lease, which `extend` may change.
+    carrier: Option<Carrier>,
+    /// One move between leases at a time, so the guard is attached to exactly one.
+    moving: tokio::sync::Mutex<()>,
     state: Arc<LeaseState>,
     released: AtomicBool,
 }
@@ -122,11 +134,12 @@ impl EtcdLease {
                 RenewedBy::Nobody,
             ),
         };
+        let carrier: Option<Carrier> = kind.session().map(|l| Arc::new(Mutex::new(l.clone())));
         let watch = inner.watcher.watch(&key, revision + 1);
         tokio::spawn(watch_own_key(
             inner.clone(),
             state.clone(),
-            kind.session().cloned(),
+            carrier.clone(),
             key.clone(),
             revision,
             watch,
@@ -137,6 +150,8 @@ impl EtcdLease {
             key,
             revision,
             kind,
+            carrier,
+            moving: tokio::sync::Mutex::new(()),
             state: state.clone(),
             released: AtomicBool::new(false),
         });
@@ -155,6 +170,70 @@ impl EtcdLease {
         let txn = if_still_ours(&self.key, self.revision, vec![move_to_lease(&self.key, to)]);
         Ok(self.inner.txn(txn).await?.succeeded())
     }
+
+    /// `extend` on a kept-alive lease: the key moves to the kept-alive lease of `ttl`'s class
+    /// if it is on another one, then that lease is renewed now.
+    async fn extend_session(&self, carrier: &Carrier, ttl: Duration) -> Result<Instant> {
+        let timeout = self.inner.config.command_timeout;
+        let from = current(carrier);
+        let (lease, moved) = if ttl_class(ttl) == from.class {
+            (from, false)
+        } else {
+            (self.move_to_class(carrier, ttl).await?, true)
+        };
+        // A successful move has just shown the key is ours; otherwise check it with the renewal.
+        let check = async {
+            match moved {
+                true => Ok(true),
+                false => self.move_key_check().await,
+            }
+        };
+        let (renewed, still) =
+            tokio::join!(lease.keep_alive_once(&self.inner.client, timeout), check);
+        if !still? {
+            return Err(self.not_held());
+        }
+        renewed.map_err(|e| match e {
+            LockError::Lost { reason, .. } => LockError::Lost {
+                name: self.name.to_string(),
+                reason,
+            },
+            e => e,
+        })
+    }
+
+    /// Moves the key onto the client's kept-alive lease of `ttl`'s class, guarded by the create
+    /// revision, and makes that lease carry the guard. A lease the server no longer knows is
+    /// replaced once.
+    async fn move_to_class(&self, carrier: &Carrier, ttl: Duration) -> Result<Arc<SessionLease>> {
+        let _one_move = self.moving.lock().await;
+        let from = current(carrier);
+        if ttl_class(ttl) == from.class {
+            // A concurrent extend moved it here already.
+            return Ok(from);
+        }
+        let mut tries = 0;
+        loop {
+            let to = self.inner.session_lease(ttl).await?;
+            // An answer that never came leaves the guard on the old lease: both are this
+            // client's, and if the one that really carries the key ends, the key's watch (or the
+            // fallback re-read) tells the guard.
+            match self.move_key(to.id).await {
+                Ok(true) => {
+                    to.attach(&self.state);
+                    from.detach(&self.state);
+                    *carrier.lock().unwrap_or_else(|e| e.into_inner()) = to.clone();
+                    return Ok(to);
+                }
+                Ok(false) => return Err(self.not_held()),
+                Err(e) if tries == 0 && lease_gone(&e) => {
+                    self.inner.drop_session(&to).await;
+                    tries += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
 
 /// Marks the guard lost when its key goes (its lease ended, or someone deleted it). A watch
@@ -164,7 +243,7 @@ impl EtcdLease {
 async fn watch_own_key(
     inner: Arc<Inner>,
     state: Arc<LeaseState>,
-    session: Option<Arc<SessionLease>>,
+    carrier: Option<Carrier>,
     key: String,
     revision: i64,
     mut watch: crate::watch::WatchHandle,
@@ -188,7 +267,7 @@ async fn watch_own_key(
         }
         let Some(inner) = inner.upgrade() else { return };
         if let Some(WatchEvent::Deleted(_)) = event {
-            key_gone(&inner, &state, session.as_ref()).await;
+            key_gone(&inner, &state, carrier.as_ref().map(current)).await;
             return;
         }
         let key_now = key.clone();
@@ -206,7 +285,7 @@ async fn watch_own_key(
                     .first()
                     .is_some_and(|kv| kv.create_revision() == revision);
                 if !mine {
-                    key_gone(&inner, &state, session.as_ref()).await;
+                    key_gone(&inner, &state, carrier.as_ref().map(current)).await;
                     return;
                 }
                 if rewatch {
@@ -226,8 +305,8 @@ async fn watch_own_key(
 }
 
 /// Our key is gone: marks the guard lost, saying why (the lease ended, or only the key went).
-async fn key_gone(inner: &Inner, state: &LeaseState, session: Option<&Arc<SessionLease>>) {
-    if let Some(session) = session {
+async fn key_gone(inner: &Inner, state: &LeaseState, session: Option<Arc<SessionLease>>) {
+    if let Some(session) = &session {
         let id = session.id;
         let alive = inner
             .idempotent(|client| async move { client.lease_client().time_to_live(id, None).await })
@@ -240,7 +319,7 @@ async fn key_gone(inner: &Inner, state: &LeaseState, session: Option<&Arc<Sessio
     if state.is_closed() {
         return;
     }
-    let reason = match session.map(|s| s.session.status()) {
+    let reason = match session.as_ref().map(|s| s.session.status()) {
         Some(SessionStatus::Ended(reason)) => reason,
         Some(_) => LostReason::TakenOver,
         None if state.valid_until().is_some_and(|u| Instant::now() >= u) => LostReason::Expired,
@@ -266,23 +345,15 @@ impl RawLease for EtcdLease {
 
     async fn extend(&self, ttl: Duration) -> Result<Instant> {
         match &self.kind {
-            // A kept-alive lease: renew it now (its TTL is the class's), and check the key.
-            LeaseKind::Session(lease) => {
-                let (renewed, still) = tokio::join!(
-                    lease.keep_alive_once(&self.inner.client, self.inner.config.command_timeout),
-                    self.move_key_check()
-                );
-                if !still? {
-                    return Err(self.not_held());
-                }
-                renewed.map_err(|e| match e {
-                    LockError::Lost { reason, .. } => LockError::Lost {
-                        name: self.name.to_string(),
-                        reason,
-                    },
-                    e => e,
-                })
-            }
+            // A kept-alive lease: renew it now (its TTL is the class's), after moving the key
+            // onto the lease of `ttl`'s class if it is another.
+            LeaseKind::Session(_) => match &self.carrier {
+                Some(carrier) => self.extend_session(carrier, ttl).await,
+                None => Err(LockError::unexpected(
+                    BACKEND,
+                    "a session key without its lease",
+                )),
+            },
             // A lease of its own: move the key onto a new lease of `ttl`, guarded by the create
             // revision, and let the old one go.
             LeaseKind::Own {
@@ -346,7 +417,7 @@ impl Drop for EtcdLease {
         if self.released.load(Ordering::SeqCst) {
             return;
         }
-        let LeaseKind::Session(session) = &self.kind else {
+        let Some(carrier) = &self.carrier else {
             return;
         };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -356,7 +427,7 @@ impl Drop for EtcdLease {
             self.inner.clone(),
             self.key.clone(),
             self.revision,
-            session.class,
+            current(carrier).class,
         );
         handle.spawn(async move {
             let timeout = inner.config.command_timeout;

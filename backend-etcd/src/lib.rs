@@ -60,10 +60,12 @@
 //!   release can never remove a newer key. A dropped acquire deletes its key (also when the
 //!   create's reply was lost), a dropped guard is released in the background, and a forgotten
 //!   guard's key moves onto a lease nobody renews, so it ends within its TTL.
-//! - **Extend**: on a kept-alive lease, one keep-alive (the validity is the lease's TTL); on a
-//!   lease of its own, the key moves onto a new lease of the asked TTL in a transaction guarded
-//!   by the create revision (`put` with `ignore_value`), which keeps the create revision: the
-//!   fence and the queue place do not change.
+//! - **Extend**: in the same TTL class, one keep-alive of the kept-alive lease (the validity is
+//!   the lease's TTL). To another class, the key moves onto the client's kept-alive lease of
+//!   that class, and on a lease of its own onto a new lease of the asked TTL, in a transaction
+//!   guarded by the create revision (`put` with `ignore_value`), which keeps the create
+//!   revision: the fence and the queue place do not change. A moved guard follows its new
+//!   lease: its suspension, its end and its validity.
 //!
 //! ## Connecting
 //! `etcd://[user:password@]host[:port][,host[:port]…][/prefix][?option=value…]`, or `etcds://`

@@ -276,7 +276,7 @@ impl Inner {
 
     /// The kept-alive lease for `ttl`'s class, granted on first use (or after the last one
     /// ended).
-    async fn session_lease(&self, ttl: Duration) -> Result<Arc<SessionLease>> {
+    pub(crate) async fn session_lease(&self, ttl: Duration) -> Result<Arc<SessionLease>> {
         let class = ttl_class(ttl);
         let mut sessions = self.sessions.lock().await;
         if let Some(lease) = sessions.get(&class) {
@@ -297,7 +297,7 @@ impl Inner {
     }
 
     /// Forgets a session lease the server no longer knows.
-    async fn drop_session(&self, lease: &SessionLease) {
+    pub(crate) async fn drop_session(&self, lease: &SessionLease) {
         lease.end(LostReason::SessionExpired);
         let mut sessions = self.sessions.lock().await;
         if sessions.get(&lease.class).is_some_and(|l| l.id == lease.id) {
@@ -437,7 +437,7 @@ fn queue_from(kvs: &[KeyValue], key: &str, revision: i64, seen: i64) -> Queue {
 }
 
 /// Whether a failed create says the lease is gone on the server.
-fn lease_gone(error: &LockError) -> bool {
+pub(crate) fn lease_gone(error: &LockError) -> bool {
     matches!(
         error,
         LockError::Backend { .. } | LockError::Unavailable { .. }

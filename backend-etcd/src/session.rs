@@ -12,6 +12,10 @@
 //! deadline, while the loop reopens the stream with back-off (possibly on another member). An
 //! answer in time resumes it. The deadline passing, or an answer with TTL 0 (the lease was
 //! revoked or expired on the server), ends it with [`LostReason::SessionExpired`].
+//!
+//! Each guard has a [`Session`] of its own that mirrors the lease's: `extend` to another TTL
+//! class moves a key onto another lease, and the guard's state (whose session is fixed when it
+//! is made) must then follow the new lease's suspension and end, not the old one's.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -50,7 +54,8 @@ pub(crate) struct SessionLease {
     granted: Mutex<i64>,
     pub(crate) session: Arc<Session>,
     valid_until: Mutex<Instant>,
-    /// Guards on this lease: their validity moves with every acknowledged keep-alive.
+    /// Guards on this lease: their validity moves with every acknowledged keep-alive, and their
+    /// own sessions follow this one's suspension and end.
     guards: Mutex<Vec<Weak<LeaseState>>>,
     /// Stops the keep-alive loop (the client is gone).
     stop: CancellationToken,
@@ -99,12 +104,50 @@ impl SessionLease {
     pub(crate) fn new_guard_state(&self) -> Arc<LeaseState> {
         let state = Arc::new(LeaseState::on_session(
             Some(self.valid_until()),
-            self.session.clone(),
+            Arc::new(Session::new()),
         ));
-        let mut guards = self.guards.lock().unwrap_or_else(|e| e.into_inner());
-        guards.retain(|g| g.strong_count() > 0);
-        guards.push(Arc::downgrade(&state));
+        self.attach(&state);
         state
+    }
+
+    /// Makes this lease carry `state` from now on: its validity, suspension and end follow this
+    /// lease's, starting with where the lease stands now.
+    pub(crate) fn attach(&self, state: &Arc<LeaseState>) {
+        {
+            let mut guards = self.guards.lock().unwrap_or_else(|e| e.into_inner());
+            guards.retain(|g| g.strong_count() > 0);
+            guards.push(Arc::downgrade(state));
+        }
+        state.set_valid_until(Some(self.valid_until()));
+        let Some(mirror) = state.session() else {
+            return;
+        };
+        match self.session.status() {
+            SessionStatus::Active => {
+                state.set_renewal_failing(false);
+                mirror.resume();
+            }
+            SessionStatus::Suspended { until } => {
+                state.set_renewal_failing(true);
+                mirror.suspend(until);
+            }
+            SessionStatus::Ended(reason) => {
+                mirror.end(reason);
+            }
+        }
+    }
+
+    /// Stops carrying `state` (its key moved to another lease).
+    pub(crate) fn detach(&self, state: &Arc<LeaseState>) {
+        let mut guards = self.guards.lock().unwrap_or_else(|e| e.into_inner());
+        guards.retain(|g| g.strong_count() > 0 && !std::ptr::eq(g.as_ptr(), Arc::as_ptr(state)));
+    }
+
+    /// The live guards' states.
+    fn guards(&self) -> Vec<Arc<LeaseState>> {
+        let mut guards = self.guards.lock().unwrap_or_else(|e| e.into_inner());
+        guards.retain(|g| g.upgrade().is_some_and(|state| !state.is_closed()));
+        guards.iter().filter_map(Weak::upgrade).collect()
     }
 
     /// Records an acknowledged keep-alive sent at `sent` that renewed the lease to `ttl`.
@@ -118,15 +161,13 @@ impl SessionLease {
         }
         *self.granted.lock().unwrap_or_else(|e| e.into_inner()) = ttl;
         let until = self.valid_until();
-        let mut guards = self.guards.lock().unwrap_or_else(|e| e.into_inner());
-        guards.retain(|g| match g.upgrade() {
-            Some(state) if !state.is_closed() => {
-                state.set_renewal_failing(false);
-                state.set_valid_until(Some(until));
-                true
+        for state in self.guards() {
+            state.set_renewal_failing(false);
+            state.set_valid_until(Some(until));
+            if let Some(mirror) = state.session() {
+                mirror.resume();
             }
-            _ => false,
-        });
+        }
         self.session.resume();
         until
     }
@@ -139,17 +180,34 @@ impl SessionLease {
         if !matches!(self.session.status(), SessionStatus::Suspended { .. }) {
             tracing::debug!(lease = self.id, "etcd keep-alive failing; guards suspended");
         }
-        let guards = self.guards.lock().unwrap_or_else(|e| e.into_inner());
-        for state in guards.iter().filter_map(Weak::upgrade) {
+        let until = self.valid_until();
+        self.session.suspend(until);
+        // The lease's first failure dates the suspension; the guards take that deadline.
+        let until = match self.session.status() {
+            SessionStatus::Suspended { until } => until,
+            _ => until,
+        };
+        for state in self.guards() {
             state.set_renewal_failing(true);
+            if let Some(mirror) = state.session() {
+                mirror.suspend(until);
+            }
         }
-        self.session.suspend(self.valid_until());
     }
 
     /// Ends the session (every guard on it is lost) and stops the loop.
     pub(crate) fn end(&self, reason: LostReason) {
         if self.session.end(reason) {
             tracing::debug!(lease = self.id, %reason, "etcd session lease ended");
+        }
+        let reason = match self.session.status() {
+            SessionStatus::Ended(first) => first,
+            _ => reason,
+        };
+        for state in self.guards() {
+            if let Some(mirror) = state.session() {
+                mirror.end(reason);
+            }
         }
         self.stop.cancel();
     }
@@ -230,10 +288,12 @@ async fn keep_alive_loop(client: Client, lease: Arc<SessionLease>, command_timeo
         _ = lease.session.ended() => {}
         _ = run(&client, &lease, command_timeout) => {}
     }
-    lease.stop.cancel();
-    if !matches!(lease.session.status(), SessionStatus::Ended(_)) {
-        // The client went away: its guards end with it, and the lease goes at once.
-        lease.session.end(LostReason::SessionClosed);
+    let client_gone = !matches!(lease.session.status(), SessionStatus::Ended(_));
+    // The client went away (its guards end with it), or the session ended (a suspension ran
+    // out: the guards' own sessions ran out with it, but say so at once).
+    lease.end(LostReason::SessionClosed);
+    if client_gone {
+        // The lease goes at once.
         let _ = tokio::time::timeout(command_timeout, client.lease_client().revoke(lease.id)).await;
     }
 }

@@ -124,6 +124,109 @@ async fn lost_watch_events_are_caught_by_the_fallback_rereads() {
     next.release().await.unwrap();
 }
 
+/// The oldest key under `name` (its holder's): key, lease, create revision.
+async fn holder_key(
+    raw: &mut etcd_client::Client,
+    url: &str,
+    name: &LockName,
+) -> (Vec<u8>, i64, i64) {
+    let found = raw
+        .get(
+            common::name_range(url, name),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_sort(
+                        etcd_client::SortTarget::Create,
+                        etcd_client::SortOrder::Ascend,
+                    )
+                    .with_limit(1),
+            ),
+        )
+        .await
+        .unwrap();
+    let kv = &found.kvs()[0];
+    (kv.key().to_vec(), kv.lease(), kv.create_revision())
+}
+
+/// `extend` to another TTL class on a renewed guard moves its key onto the client's kept-alive
+/// lease of that class, keeping its create revision (fence and queue place), and the guard
+/// follows the new lease from then on: the old lease's end spares it, the new one's loses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_to_another_ttl_class_moves_the_key_and_the_guard_follows_its_new_lease() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let (name, neighbour) = (name("extend-class"), name("extend-class-neighbour"));
+    let short = LockOptions::new().with_ttl(Duration::from_secs(3));
+    let guard = a.acquire(&name, &short).await.unwrap();
+    let stays = a.acquire(&neighbour, &short).await.unwrap();
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let (key, old_lease, revision) = holder_key(&mut raw, &url, &name).await;
+    guard.extend(Duration::from_secs(10)).await.unwrap();
+    let (moved_key, new_lease, moved_revision) = holder_key(&mut raw, &url, &name).await;
+    assert_eq!(
+        (moved_key, moved_revision),
+        (key, revision),
+        "the key or its place changed"
+    );
+    assert_ne!(new_lease, old_lease, "the key stayed on the 3 s lease");
+    let granted = raw
+        .lease_time_to_live(new_lease, None)
+        .await
+        .unwrap()
+        .granted_ttl();
+    assert_eq!(granted, 10);
+    assert_eq!(
+        holder_key(&mut raw, &url, &neighbour).await.1,
+        old_lease,
+        "the neighbour moved too"
+    );
+    // The 3 s lease ends: the guard left on it is lost, the moved one is not.
+    raw.lease_revoke(old_lease).await.unwrap();
+    let reason = within("the guard left on the old lease to be lost", stays.lost()).await;
+    assert_eq!(reason, LostReason::SessionExpired);
+    assert!(
+        matches!(guard.status(), LockStatus::Held { .. }),
+        "the moved guard followed its old lease: {:?}",
+        guard.status()
+    );
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.acquire(&name, &wait()).await }
+    });
+    let range = common::name_range(&url, &name);
+    within("the waiter to queue", async {
+        while raw
+            .get(
+                range.as_str(),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .unwrap()
+            .count()
+            < 2
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The 10 s lease ends: now the moved guard is lost, and its waiter moves up.
+    raw.lease_revoke(new_lease).await.unwrap();
+    let reason = within("the moved guard to be lost", guard.lost()).await;
+    assert_eq!(reason, LostReason::SessionExpired);
+    let next = within("the waiter", waiter).await.unwrap().unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    next.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tasks_of_one_client_on_one_name_are_never_both_held() {
     let etcd = dlock_test_servers::shared_etcd();
