@@ -103,7 +103,7 @@ mod session;
 mod watch;
 
 pub use config::{DEFAULT_PORT, EtcdConfig};
-pub use floor::raw_floor;
+pub use floor::{raw_floor, raw_handoff_floor};
 pub use lock::EtcdLock;
 
 dlock_api::impl_distributed_lock!(EtcdLock);
