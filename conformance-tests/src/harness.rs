@@ -212,6 +212,14 @@ pub trait Amnesia: Send + Sync {
     /// Makes the deployment forget the lock held on `name`; returns once it has (the lock's
     /// key is gone from wherever clients will look next).
     async fn forget(&self, name: &LockName) -> std::result::Result<(), String>;
+
+    /// What the checker must find once the act is done and a second client took the lock. The
+    /// default, [`Expect::NEGATIVE_CONTROL`](crate::history::Expect::NEGATIVE_CONTROL): an
+    /// overlap, and no stale write accepted. A deployment whose act also loses the fencing
+    /// counter (Redlock nodes restarted empty) asks for the token regression too.
+    fn expect(&self) -> crate::history::Expect {
+        crate::history::Expect::NEGATIVE_CONTROL
+    }
 }
 
 /// A client's session, under a case's control: lose the connection, get it back, or lose the
@@ -287,13 +295,20 @@ pub struct Timing {
     pub short_ttl: Duration,
     /// The generous upper bound for any awaited event. Reaching it fails the case.
     pub bound: Duration,
+    /// How long a lock that a killed client process held (or was being handed) may stay taken:
+    /// the lease TTL where leases run out ([`short_ttl`](Self::short_ttl), the default), the
+    /// session timeout where the server waits a dead client's session out (ZooKeeper), and at
+    /// most that where a closed connection ends it at once (SQL sessions).
+    pub crash_bound: Duration,
 }
 
 impl Default for Timing {
     fn default() -> Self {
+        let short_ttl = Duration::from_secs(2);
         Self {
-            short_ttl: Duration::from_secs(2),
+            short_ttl,
             bound: Duration::from_secs(30),
+            crash_bound: short_ttl,
         }
     }
 }

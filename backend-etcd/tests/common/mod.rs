@@ -99,8 +99,10 @@ impl Harness for EtcdHarness {
     /// Leases of 3 s rather than 2: every grant, extend and release is a raft write with an
     /// fsync, and with the whole suite's servers on 2 cores one can take most of a second.
     fn timing(&self) -> Timing {
+        let short_ttl = std::time::Duration::from_secs(3);
         Timing {
-            short_ttl: std::time::Duration::from_secs(3),
+            short_ttl,
+            crash_bound: short_ttl,
             ..Timing::default()
         }
     }

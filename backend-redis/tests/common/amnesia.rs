@@ -1,6 +1,8 @@
 //! The two ways a Redis deployment forgets a lock it granted, for the fault suite's negative
 //! control (`faults::server_that_forgets_a_lock_is_caught`): a single node evicting the lock key
-//! under memory pressure, and a Sentinel failover to a replica the grant never reached.
+//! under memory pressure, and a Sentinel failover to a replica the grant never reached; and each
+//! configured as the docs advise (`noeviction`; `wait_replicas` with the replication link up),
+//! for the mitigated counterpart (`faults::mitigated_server_keeps_the_lock`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -137,19 +139,39 @@ impl Amnesia for EvictingNode {
 /// A primary, a replica and three Sentinels; arming points the replica at a blackholed proxy
 /// (the replication link is cut, both nodes still serve), so the grant stays on the primary;
 /// forgetting kills the primary and waits for the Sentinels to promote the replica.
+///
+/// [`start_mitigated`](Self::start_mitigated) is the same deployment and the same failover with
+/// the link left up and clients that `WAIT` for the replica before they report a grant: the
+/// promoted replica then has the lock.
 pub struct FailoverWithoutTheGrant {
     deployment: RedisSentinel,
     cut_link: std::sync::Mutex<Option<FaultProxy>>,
     harness: Arc<RedisHarness>,
+    /// Clients wait for the replica's acknowledgement, and arming cuts nothing.
+    mitigated: bool,
 }
 
 impl FailoverWithoutTheGrant {
     pub async fn start() -> Result<Self, String> {
+        Self::start_with(false).await
+    }
+
+    /// Clients with `wait_replicas=1`, the replication link kept up.
+    pub async fn start_mitigated() -> Result<Self, String> {
+        Self::start_with(true).await
+    }
+
+    async fn start_with(mitigated: bool) -> Result<Self, String> {
         let deployment = tokio::task::spawn_blocking(RedisSentinel::start)
             .await
             .map_err(text)?
             .map_err(text)?;
-        let url = super::sentinel_url(&deployment);
+        let mut url = super::sentinel_url(&deployment);
+        if mitigated {
+            // A second's allowance: the replica answers in a millisecond on loopback, but the
+            // whole suite shares two cores.
+            url.push_str("?wait_replicas=1&wait_replicas_timeout=1s");
+        }
         let harness = Arc::new(RedisHarness::at(
             "redis-sentinel",
             url,
@@ -159,6 +181,7 @@ impl FailoverWithoutTheGrant {
             deployment,
             cut_link: std::sync::Mutex::new(None),
             harness,
+            mitigated,
         })
     }
 }
@@ -170,10 +193,17 @@ impl Amnesia for FailoverWithoutTheGrant {
     }
 
     fn hazard(&self) -> String {
-        "the primary dies after a grant its replica never received, and Sentinel promotes the replica".into()
+        if self.mitigated {
+            "the primary dies after a grant its replica acknowledged (WAIT), and Sentinel promotes the replica".into()
+        } else {
+            "the primary dies after a grant its replica never received, and Sentinel promotes the replica".into()
+        }
     }
 
     async fn arm(&self) -> Result<(), String> {
+        if self.mitigated {
+            return Ok(());
+        }
         let primary = self.deployment.primary();
         let proxy = FaultProxy::start(primary.addr()).map_err(text)?;
         proxy.set_mode(ProxyMode::Blackhole);
@@ -205,7 +235,13 @@ impl Amnesia for FailoverWithoutTheGrant {
         let deployment = &self.deployment;
         let promoted = tokio::task::block_in_place(|| deployment.kill_primary()).map_err(text)?;
         let mut conn = connect(&format!("redis://{promoted}")).await?;
-        if lock_key_exists(&mut conn, &prefix, name).await? {
+        let kept = lock_key_exists(&mut conn, &prefix, name).await?;
+        if self.mitigated && !kept {
+            return Err(format!(
+                "the promoted replica {promoted} lacks a grant it acknowledged"
+            ));
+        }
+        if !self.mitigated && kept {
             return Err(format!(
                 "the promoted replica {promoted} has the lock: the replication link was not cut in time"
             ));

@@ -131,7 +131,7 @@ impl Faults for RedisHarness {
             // A single node only: the other topologies have their own failover tests.
             Fault::OwnServer => self.deployment.url_var() == SINGLE_URL_VAR,
             Fault::Amnesia => self.deployment.url_var() != "DLOCK_TEST_REDIS_CLUSTER_URL",
-            Fault::AmnesiaMitigated => self.deployment.url_var() == SINGLE_URL_VAR,
+            Fault::AmnesiaMitigated => self.deployment.url_var() != "DLOCK_TEST_REDIS_CLUSTER_URL",
             _ => false,
         }
     }
@@ -156,9 +156,16 @@ impl Faults for RedisHarness {
         }
     }
 
-    /// A single node under `noeviction`, filled up the same way.
+    /// A single node under `noeviction`, filled up the same way; a Sentinel deployment whose
+    /// clients `WAIT` for the replica (`wait_replicas=1`), failed over with the link up.
     async fn amnesia_mitigated(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
-        Ok(Box::new(amnesia::EvictingNode::start("noeviction").await?))
+        if self.deployment.url_var() == "DLOCK_TEST_REDIS_SENTINEL_URL" {
+            Ok(Box::new(
+                amnesia::FailoverWithoutTheGrant::start_mitigated().await?,
+            ))
+        } else {
+            Ok(Box::new(amnesia::EvictingNode::start("noeviction").await?))
+        }
     }
 
     /// Once a waiter is queued for `name`, `CLIENT KILL`s the connections of waiting clients, as
@@ -215,6 +222,10 @@ fn sentinel_url(deployment: &RedisSentinel) -> String {
 
 /// The URL of every data node of the deployment `url` names (the primary, for Sentinel).
 async fn node_urls(url: &str) -> std::result::Result<Vec<String>, String> {
+    // Client options (`?wait_replicas=1`) are not part of any node's address.
+    let url = url
+        .split_once('?')
+        .map_or(url, |(deployment, _options)| deployment);
     if let Some(hosts) = url.strip_prefix("redis+cluster://") {
         return Ok(hosts.split(',').map(|h| format!("redis://{h}")).collect());
     }

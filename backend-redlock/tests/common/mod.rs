@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
+use dlock_conformance::history::{Count, Expect};
 use dlock_conformance::{Amnesia, Deployment, Fault, Faults, Harness};
 use dlock_redis::LockKeys;
 use dlock_redlock::{Redlock, RedlockConfig};
@@ -238,6 +239,16 @@ impl Amnesia for RestartedNodes {
         } else {
             "3 of 5 nodes restart at once without persistence (no appendfsync, no delayed restart)"
                 .into()
+        }
+    }
+
+    /// The fence counters restart with the nodes, so the second holder's quorum (the three
+    /// restarted nodes: the other two still hold the first's value) draws a token no higher than
+    /// the first holder's: the inversion that makes Redlock's fencing best effort must show.
+    fn expect(&self) -> Expect {
+        Expect {
+            token_issues: Count::AtLeast(1),
+            ..Expect::NEGATIVE_CONTROL
         }
     }
 

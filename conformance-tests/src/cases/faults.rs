@@ -250,6 +250,86 @@ pub async fn killed_holder_process_frees_the_lock(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// Waves of workers killed at random points, and the workers in each.
+const KILL_WAVES: u32 = 6;
+const VICTIMS_PER_WAVE: u32 = 3;
+
+/// **Workers killed at random points** of acquire, read, write, release and the next
+/// acquire: in each of six waves, three worker processes run quick rounds on one name and each
+/// is killed (`SIGKILL`) between 0 and 30 ms (drawn from the run's seed) after it starts asking
+/// for the lock; then a prober takes the name. Whatever the kills interrupted, the name must
+/// come free within the crash bound, no two holds may overlap, and nothing may be left on the
+/// server. The bound is the harness's [crash bound](crate::Timing::crash_bound) per dead worker
+/// of the wave, plus one: a backend that queues waiters on the server (Redis's grant queue) may
+/// hand the lock to a waiter that died in line, whose grant then runs out like any other
+/// unrenewed lease.
+pub async fn killed_at_random_points_leaves_nothing(ctx: Ctx) -> CaseResult {
+    use rand::{Rng, SeedableRng};
+    let run = Run::start(&ctx).await?;
+    let timing = ctx.timing();
+    let ttl = timing.short_ttl;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(run.seed);
+    let names: Vec<LockName> = (0..KILL_WAVES)
+        .map(|wave| ctx.name(&format!("wave{wave}")))
+        .collect();
+    // The waves run side by side, each on its name: a wave's victims are workers
+    // `wave * (VICTIMS_PER_WAVE + 1) + 1..`, its prober the last of its ids.
+    let waves = names.iter().zip(0..).map(|(name, wave)| {
+        let delays: Vec<Duration> = (0..VICTIMS_PER_WAVE)
+            .map(|_| Duration::from_millis(rng.random_range(0..=30)))
+            .collect();
+        let (ctx, run) = (&ctx, &run);
+        async move {
+            let wave_names = std::slice::from_ref(name);
+            let first_id = wave * (VICTIMS_PER_WAVE + 1) + 1;
+            let mut kills = Vec::new();
+            for (id, delay) in (first_id..).zip(delays) {
+                let mut spec = run.spec(
+                    id,
+                    wave_names,
+                    4,
+                    ttl,
+                    timing.bound,
+                    Duration::from_millis(5),
+                );
+                spec.announce = true;
+                let mut victim = run.spawn(&spec)?;
+                kills.push(async move {
+                    announced(ctx, &mut victim, "acquiring").await?;
+                    tokio::time::sleep(delay).await;
+                    run.kill(victim).await
+                });
+            }
+            futures::future::try_join_all(kills).await?;
+            let prober_id = first_id + VICTIMS_PER_WAVE;
+            let prober =
+                run.spawn(&run.spec(prober_id, wave_names, 1, ttl, timing.bound, THINK))?;
+            ctx.within("the prober after the kills", prober.finish())
+                .await?
+        }
+    });
+    futures::future::try_join_all(waves).await?;
+    let residue = ctx.settled_residue(&names).await?;
+    let report = verify(
+        &run,
+        &Expect {
+            // A worker killed between its fenced and its shadow write leaves the shadow short.
+            shadow_lost: Count::Any,
+            recovery_within: Some(timing.crash_bound * (VICTIMS_PER_WAVE + 1)),
+            ..Expect::CLEAN
+        },
+        &run.input(residue)?,
+    )?;
+    let probers = usize::try_from(KILL_WAVES).unwrap_or(usize::MAX);
+    ensure!(
+        report.liveness.granted >= probers,
+        "{} grants, fewer than the {probers} probers': {report}",
+        report.liveness.granted
+    );
+    run.discard();
+    Ok(())
+}
+
 /// A case's own server, or the reason the harness cannot give one.
 async fn own_server(ctx: &Ctx) -> Result<crate::OwnServer, Failure> {
     ctx.require_faults()?.own_server().await.map_err(Failure)
@@ -612,6 +692,51 @@ pub async fn lost_acquire_reply_leaves_nothing(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// **A lost release reply**: a worker behind a fault proxy holds the lock; its link starts
+/// dropping every reply just before it releases, so its release reaches the server but the
+/// answer never comes back, and whatever the client retries (a reconnect, the same request
+/// again, a background clean-up) happens while **another worker already holds the lock**. A
+/// retry must never release that newer hold: a third worker waits for the lock meanwhile, and
+/// would be let in early (an overlap the checker sees) if the newer hold were deleted.
+pub async fn lost_release_reply_spares_the_next_holder(ctx: Ctx) -> CaseResult {
+    let (target, proxy) = proxied(&ctx).await?;
+    let run = Run::start(&ctx).await?;
+    let names = [ctx.name("lock")];
+    let timing = ctx.timing();
+    let ttl = timing.short_ttl;
+    let mut linked_spec = run.spec(1, &names, 1, ttl, timing.bound, THINK * 10);
+    linked_spec.announce = true;
+    let mut linked = run.spawn_via(&linked_spec, &*(target.reach_at)(proxy.addr()))?;
+    holding(&ctx, &mut linked).await?;
+    // It thinks for a while yet, then writes (the register is reached directly) and releases.
+    proxy.set_mode(dlock_test_servers::ProxyMode::DropReplies);
+    run.log(
+        crate::history::Edge::Start,
+        "drop the replies on worker 1's link, before its release",
+    );
+    // The next holder keeps the lock (renewing it) long enough for any retry to land.
+    let mut next_spec = run.spec(2, &names, 1, ttl, ttl * 4 + timing.bound, ttl * 2);
+    next_spec.announce = true;
+    let mut next = run.spawn_via(&next_spec, &*target.harness)?;
+    holding(&ctx, &mut next).await?;
+    let third_spec = run.spec(3, &names, 1, ttl, ttl * 4 + timing.bound, THINK);
+    let third = run.spawn_via(&third_spec, &*target.harness)?;
+    ctx.within("the worker whose release reply is lost", linked.finish())
+        .await??;
+    proxy.heal();
+    run.log(crate::history::Edge::Stop, "heal worker 1's link");
+    ctx.within("the next holder", next.finish()).await??;
+    ctx.within("the third worker", third.finish()).await??;
+    let residue = ctx.settled_residue_on(&*target.harness, &names).await?;
+    let report = verify(&run, &SURVIVED, &run.input(residue)?)?;
+    ensure!(
+        report.liveness.granted == 3,
+        "expected each of the three workers to hold the lock once: {report}"
+    );
+    run.discard();
+    Ok(())
+}
+
 /// **A reply held back past most of the lease** (the network delays the grant): the server
 /// grants the lock at once, but the reply reaches the worker three quarters of a TTL later, and
 /// every later reply is held again (its renewals fail). Its guard is valid only until the
@@ -768,7 +893,7 @@ pub async fn server_that_forgets_a_lock_is_caught(ctx: Ctx) -> CaseResult {
     ctx.within("the forgotten holder", holder.finish())
         .await??;
     let residue = ctx.settled_residue_on(&*harness, &names).await?;
-    let report = verify(&run, &Expect::NEGATIVE_CONTROL, &run.input(residue)?)?;
+    let report = verify(&run, &amnesia.expect(), &run.input(residue)?)?;
     // What the checker found is the point of a negative control: show it.
     eprintln!("{}: {hazard}; the checker reports:\n{report}", ctx.case());
     run.discard();

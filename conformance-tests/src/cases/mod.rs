@@ -147,6 +147,10 @@ static CASES: &[Case] = &[
         faults::killed_holder_process_frees_the_lock,
         FENCED_CHILDREN
     ),
+    case!(
+        faults::killed_at_random_points_leaves_nothing,
+        FENCED_CHILDREN
+    ),
     case!(faults::tokens_rise_across_server_restarts, OWN_SERVER),
     case!(
         faults::server_restart_while_held_is_lost_or_kept,
@@ -155,6 +159,10 @@ static CASES: &[Case] = &[
     case!(faults::partitioned_holder_is_fenced_off, PROXY_CHILDREN),
     case!(faults::slow_link_keeps_exclusion, PROXY_CHILDREN),
     case!(faults::lost_acquire_reply_leaves_nothing, PROXY_CHILDREN),
+    case!(
+        faults::lost_release_reply_spares_the_next_holder,
+        PROXY_CHILDREN
+    ),
     case!(
         faults::frozen_server_holds_no_one_twice,
         OWN_SERVER_CHILDREN

@@ -193,6 +193,26 @@ fn lost_signal_and_death_end_holds() {
     assert_eq!(recoveries[0].next_grant, Some(60 * MS));
     assert_eq!(recoveries[1].after, "worker 2 died");
     assert_eq!(recoveries[1].next_grant, Some(50 * MS));
+
+    // The liveness bound judges each recovery that a grant followed.
+    let lenient = Expect {
+        residue: Count::Any,
+        shadow_lost: Count::Any,
+        overlaps: Count::Any,
+        recovery_within: Some(std::time::Duration::from_millis(60)),
+        ..Expect::CLEAN
+    };
+    assert_eq!(lenient.check(&report), Ok(()));
+    let strict = Expect {
+        recovery_within: Some(std::time::Duration::from_millis(55)),
+        ..lenient
+    };
+    let unmet = strict.check(&report).unwrap_err();
+    assert!(
+        unmet.contains("recovery: expected the next grant within 55ms after heal fr-proxy"),
+        "{unmet}"
+    );
+    assert!(!unmet.contains("worker 2 died"), "{unmet}");
 }
 
 #[test]
@@ -319,6 +339,7 @@ fn a_register_breaking_its_own_rule_fails_every_profile() {
         token_issues: Count::Any,
         residue: Count::Any,
         shadow_lost: Count::Any,
+        recovery_within: None,
     };
     let unmet = any.check(&report).unwrap_err();
     assert_eq!(unmet, "register integrity faults: expected 0, found 2");

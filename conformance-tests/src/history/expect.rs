@@ -17,6 +17,7 @@
 
 use std::fmt;
 use std::path::Path;
+use std::time::Duration;
 
 use super::checker::{Input, Report, check};
 use super::dump::dump;
@@ -81,6 +82,10 @@ pub struct Expect {
     /// Accepted elements missing from the shadow register's final sets: the updates fencing
     /// saved. Anything but [`Count::Any`] needs a shadow register.
     pub shadow_lost: Count,
+    /// The liveness bound: after each heal and each death the nemesis logged, the next grant
+    /// (of any worker) came within this. `None`: measured and reported only. A recovery that no
+    /// grant followed (the run ended first) is not judged.
+    pub recovery_within: Option<Duration>,
 }
 
 impl Expect {
@@ -95,6 +100,7 @@ impl Expect {
         token_issues: Count::Zero,
         residue: Count::Zero,
         shadow_lost: Count::Zero,
+        recovery_within: None,
     };
 
     /// A fault the lock must survive, and that must have bitten: no overlap, fencing refused
@@ -117,6 +123,7 @@ impl Expect {
         token_issues: Count::Any,
         residue: Count::Any,
         shadow_lost: Count::Any,
+        recovery_within: None,
     };
 
     /// `Ok` if `report` meets every count, else one line per unmet check.
@@ -151,7 +158,7 @@ impl Expect {
                 Some(register.integrity_faults()),
             ),
         ];
-        let unmet: Vec<String> = checks
+        let mut unmet: Vec<String> = checks
             .into_iter()
             .filter_map(|(what, want, found)| match found {
                 _ if want == Count::Any => None,
@@ -160,6 +167,23 @@ impl Expect {
                 Some(n) => Some(format!("{what}: expected {want}, found {n}")),
             })
             .collect();
+        if let Some(bound) = self.recovery_within {
+            let bound_ns = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
+            unmet.extend(
+                report
+                    .liveness
+                    .recoveries
+                    .iter()
+                    .filter(|r| r.next_grant.is_some_and(|ns| ns > bound_ns))
+                    .map(|r| {
+                        format!(
+                            "recovery: expected the next grant within {bound:?} after {}, took {:?}",
+                            r.after,
+                            Duration::from_nanos(r.next_grant.unwrap_or_default())
+                        )
+                    }),
+            );
+        }
         if unmet.is_empty() {
             Ok(())
         } else {
