@@ -143,6 +143,36 @@ impl Node {
         })
     }
 
+    /// Why this node is not an independent primary, or `None` when it is: a replica (`role:
+    /// slave`: it refuses writes, and its data is another node's), or a primary with replicas
+    /// attached (`connected_slaves` above 0: a failover can put a replica that missed a grant in
+    /// its place). A server that denies `INFO` cannot be judged and is taken as it is.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] if the node does not answer
+    /// within the command timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn replication_hazard(&self) -> Result<Option<String>> {
+        let info: String = match self
+            .conn
+            .query(
+                self.config.command_timeout,
+                redis::cmd("INFO").arg("replication"),
+            )
+            .await
+        {
+            Ok(info) => info,
+            Err(error @ LockError::Unavailable { .. }) => return Err(error),
+            Err(error) => {
+                tracing::info!(%error, "redis: cannot read the replication role; not checked");
+                return Ok(None);
+            }
+        };
+        Ok(replication_hazard(&info))
+    }
+
     /// The configuration this node was connected with.
     pub fn config(&self) -> &RedisConfig {
         &self.config
@@ -322,5 +352,45 @@ impl fmt::Debug for Node {
         f.debug_struct("Node")
             .field("config", &self.config)
             .finish_non_exhaustive()
+    }
+}
+
+/// What an `INFO replication` answer says against using the node as an independent one.
+fn replication_hazard(info: &str) -> Option<String> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+    };
+    match field("role") {
+        Some("master") => {}
+        Some(role) => return Some(format!("it is a replica (role {role})")),
+        None => return None,
+    }
+    let replicas: u64 = field("connected_slaves")?.parse().ok()?;
+    (replicas > 0).then(|| {
+        format!(
+            "it has {replicas} replica(s) attached, which a failover could promote without a grant"
+        )
+    })
+}
+
+#[cfg(test)]
+mod replication_tests {
+    use super::replication_hazard;
+
+    #[test]
+    fn only_an_unreplicated_primary_is_independent() {
+        let primary =
+            "# Replication\r\nrole:master\r\nconnected_slaves:0\r\nmaster_repl_offset:0\r\n";
+        assert_eq!(replication_hazard(primary), None);
+        let replicated = "# Replication\r\nrole:master\r\nconnected_slaves:1\r\n";
+        assert!(
+            replication_hazard(replicated)
+                .unwrap()
+                .contains("1 replica")
+        );
+        let replica = "# Replication\r\nrole:slave\r\nmaster_host:127.0.0.1\r\n";
+        assert!(replication_hazard(replica).unwrap().contains("replica"));
+        assert_eq!(replication_hazard(""), None);
     }
 }

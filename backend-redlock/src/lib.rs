@@ -32,6 +32,9 @@
 //!   policy or a TTL touch the `…:fence` keys. A node that restarts empty can hand a later holder
 //!   a lower token than an earlier one (this crate's tests show the checker catching exactly
 //!   that).
+//! - **Independent nodes only**: connect refuses (with [`LockError::Config`](dlock_api::LockError::Config), naming the node) a
+//!   node that is a replica or a primary with replicas attached, since a failover could put a
+//!   copy that missed a grant in its place; and a Sentinel or Cluster URL is never a node.
 //! - Not FIFO: waiters woken together race for the nodes; a split vote (no one wins a quorum)
 //!   makes them retry after a random delay.
 //!

@@ -50,6 +50,18 @@ impl Slot {
             return Ok(());
         }
         let node = Node::connect_with_events(self.config.clone(), self.events.clone()).await?;
+        // Redlock's safety rests on nodes that fail independently and never hand a key to a
+        // stand-in: a replica, or a primary a replica could replace, is a deployment mistake.
+        if let Some(hazard) = node.replication_hazard().await? {
+            return Err(LockError::Config {
+                backend: BACKEND,
+                reason: format!(
+                    "node {} cannot be a Redlock node: {hazard}; use independent primaries \
+                     without replicas or Sentinel",
+                    self.addr()
+                ),
+            });
+        }
         let _ = self.node.set(Arc::new(node));
         Ok(())
     }

@@ -325,3 +325,48 @@ fn quorum_below_a_majority_is_refused_before_any_network_call() {
         );
     }
 }
+
+/// A node that is a replica, or a primary with a replica attached, is not an independent
+/// Redlock node (a failover can put a copy that missed a grant in its place): connect refuses
+/// it with a config error naming the node, and the same nodes, once independent again, connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_node_is_refused_at_connect() {
+    let nodes = tokio::task::block_in_place(|| start_nodes(3));
+    let primary = nodes.node(0).addr();
+    let port = primary.port().to_string();
+    nodes
+        .node(2)
+        .command(&["REPLICAOF", "127.0.0.1", &port])
+        .unwrap();
+    let url = redlock_url(&nodes, "");
+    // The replica names itself at once; the primary counts it once the link is up.
+    let refused = Redlock::connect_url(&url).await;
+    match &refused {
+        Err(LockError::Config { reason, .. }) => {
+            assert!(
+                reason.contains(&nodes.node(2).addr().to_string())
+                    || reason.contains(&primary.to_string()),
+                "{reason}"
+            );
+        }
+        other => panic!("expected a config error for a replicated node, got {other:?}"),
+    }
+    nodes.node(2).command(&["REPLICAOF", "NO", "ONE"]).unwrap();
+    let give_up = Instant::now() + BOUND;
+    let locks = loop {
+        match Redlock::connect_url(&url).await {
+            Ok(locks) => break locks,
+            // The primary may still count its former replica for a moment.
+            Err(LockError::Config { reason, .. }) if Instant::now() < give_up => {
+                assert!(reason.contains("replica"), "{reason}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("independent nodes refused: {error}"),
+        }
+    };
+    let guard = locks
+        .acquire(&name("independent-again"), &opts(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}

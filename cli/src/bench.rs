@@ -296,6 +296,7 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
         feature = "redis",
         feature = "mysql",
         feature = "postgres",
+        feature = "etcd",
         feature = "zookeeper"
     )),
     allow(unused_variables)
@@ -319,6 +320,11 @@ async fn raw_handoff_floor(
         BackendScheme::Postgres => Some((
             "pg_advisory_unlock, then the waiter's blocking pg_advisory_lock answers",
             dlock_postgres::raw_handoff_floor(url, duration).await?,
+        )),
+        #[cfg(feature = "etcd")]
+        BackendScheme::Etcd => Some((
+            "guarded delete, then the waiter's watch (from the read's revision + 1) fires",
+            dlock_etcd::raw_handoff_floor(url, duration).await?,
         )),
         #[cfg(feature = "zookeeper")]
         BackendScheme::ZooKeeper => Some((
