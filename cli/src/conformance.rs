@@ -20,8 +20,9 @@ pub struct ConformanceArgs {
     /// Also run the fault cases that need only client-side powers: worker processes (this
     /// program, re-executed) that take locks and write to a fenced register while they are
     /// paused and killed, or reach the server through a fault proxy started here (a partition,
-    /// lost and late replies, a slow link), judged by the history checker. The proxy cases need
-    /// `--backend` to name one `host:port`. Not for `memory://`, whose locks live in one process.
+    /// lost and late replies, a slow link), judged by the history checker: one proxy per server
+    /// the URL names (Redlock's nodes, a cluster's members), so the proxy cases need `--backend`
+    /// to spell out each `host:port`. Not for `memory://`, whose locks live in one process.
     #[arg(long)]
     faults: bool,
 }
@@ -63,34 +64,62 @@ impl Harness for DeployedHarness {
     }
 }
 
-impl DeployedHarness {
-    /// The one server `--backend` names, if it names exactly one `host:port` (a config file or a
-    /// list of hosts cannot be pointed at a proxy).
-    fn single_server(&self) -> Option<(url::Url, std::net::SocketAddr)> {
+/// A `--backend` URL split around its servers: `scheme://[user@]` + `host:port,…` + the rest.
+#[derive(Clone, Debug)]
+struct ServerList {
+    head: String,
+    servers: Vec<std::net::SocketAddr>,
+    tail: String,
+}
+
+impl ServerList {
+    /// The servers `url` names, if each is an explicit `host:port` that resolves (a default port
+    /// left out cannot be pointed at a proxy without knowing the backend's default).
+    fn parse(url: &str) -> Option<Self> {
         use std::net::ToSocketAddrs;
+        let (scheme, rest) = url.split_once("://")?;
+        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(authority_end);
+        let (user, hosts) = match authority.rsplit_once('@') {
+            Some((user, hosts)) => (format!("{user}@"), hosts),
+            None => (String::new(), authority),
+        };
+        let servers = hosts
+            .split(',')
+            .map(|host| host.to_socket_addrs().ok()?.next())
+            .collect::<Option<Vec<_>>>()?;
+        (!servers.is_empty()).then(|| Self {
+            head: format!("{scheme}://{user}"),
+            servers,
+            tail: tail.to_owned(),
+        })
+    }
+
+    /// The same URL with `at` in place of the servers, in order.
+    fn reached_at(&self, at: &[std::net::SocketAddr]) -> String {
+        let hosts: Vec<String> = at.iter().map(ToString::to_string).collect();
+        format!("{}{}{}", self.head, hosts.join(","), self.tail)
+    }
+}
+
+impl DeployedHarness {
+    /// The servers `--backend` names, each as an explicit `host:port` (a config file cannot be
+    /// pointed at proxies).
+    fn servers(&self) -> Option<ServerList> {
         if self.backend.config.is_some() {
             return None;
         }
-        let url = url::Url::parse(&self.backend.backend).ok()?;
-        let addr = (url.host_str()?, url.port()?)
-            .to_socket_addrs()
-            .ok()?
-            .next()?;
-        Some((url, addr))
+        ServerList::parse(&self.backend.backend)
     }
 
-    /// The same deployment reached at `at` instead.
-    fn reached_at(&self, url: &url::Url, at: std::net::SocketAddr) -> Arc<dyn Harness> {
-        let mut url = url.clone();
-        // Neither fails for a URL that has a host and a port, as `single_server` checked.
-        let _ = url.set_ip_host(at.ip());
-        let _ = url.set_port(Some(at.port()));
+    /// The same deployment reached through proxies at `at` instead.
+    fn reached_at(&self, servers: &ServerList, at: &[std::net::SocketAddr]) -> Arc<dyn Harness> {
         Arc::new(DeployedHarness {
             backend: BackendArgs {
-                backend: url.to_string(),
+                backend: servers.reached_at(at),
                 config: None,
             },
-            label: format!("{} via a fault proxy", self.label),
+            label: format!("{} via fault proxies", self.label),
             workers: true,
         })
     }
@@ -100,7 +129,7 @@ impl DeployedHarness {
 impl Faults for DeployedHarness {
     /// Only a proxy in front of the deployed server: the rest needs power over the server.
     fn supports(&self, fault: Fault) -> bool {
-        fault == Fault::ProxyLink && self.workers && self.single_server().is_some()
+        fault == Fault::ProxyLink && self.workers && self.servers().is_some()
     }
 
     async fn kill_holder(&self, _name: &dlock_api::LockName) -> Result<(), String> {
@@ -108,9 +137,9 @@ impl Faults for DeployedHarness {
     }
 
     async fn proxy_target(&self) -> Result<ProxyTarget, String> {
-        let (url, upstream) = self
-            .single_server()
-            .ok_or("--backend names no single host:port")?;
+        let servers = self
+            .servers()
+            .ok_or("--backend names no explicit host:port list")?;
         let direct = Arc::new(DeployedHarness {
             backend: BackendArgs {
                 backend: self.backend.backend.clone(),
@@ -124,9 +153,13 @@ impl Faults for DeployedHarness {
             label: self.label.clone(),
             workers: true,
         };
-        Ok(ProxyTarget::deployed(upstream, direct, move |at| {
-            this.reached_at(&url, at)
-        }))
+        let upstreams = servers.servers.clone();
+        Ok(ProxyTarget::owned(
+            upstreams,
+            direct,
+            move |at: &[std::net::SocketAddr]| this.reached_at(&servers, at),
+            (),
+        ))
     }
 }
 
@@ -212,4 +245,34 @@ pub(super) async fn conformance(args: ConformanceArgs) -> Result<ExitCode, LockE
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ServerList;
+
+    #[test]
+    fn every_server_of_a_url_is_put_behind_its_proxy() {
+        let list =
+            ServerList::parse("redlock://127.0.0.1:7001,127.0.0.1:7002/dlock?quorum=2").unwrap();
+        assert_eq!(list.servers.len(), 2);
+        let at = [
+            "127.0.0.1:9001".parse().unwrap(),
+            "127.0.0.1:9002".parse().unwrap(),
+        ];
+        assert_eq!(
+            list.reached_at(&at),
+            "redlock://127.0.0.1:9001,127.0.0.1:9002/dlock?quorum=2"
+        );
+        let one = ServerList::parse("mysql://root:pw@127.0.0.1:3306/test").unwrap();
+        assert_eq!(
+            one.reached_at(&at[..1]),
+            "mysql://root:pw@127.0.0.1:9001/test"
+        );
+        assert!(
+            ServerList::parse("redis://127.0.0.1/0").is_none(),
+            "no explicit port"
+        );
+        assert!(ServerList::parse("memory://").is_none());
+    }
 }

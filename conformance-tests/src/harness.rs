@@ -137,44 +137,66 @@ impl std::fmt::Debug for OwnServer {
     }
 }
 
-/// A deployment a case reaches through a fault proxy of its own (a partition, lost or late
-/// replies, a slow link): where the proxy forwards to, clients that connect directly, and
-/// clients that connect through a proxy listening at a given address. No power over the server
-/// itself, so a deployed server can be the target too.
+/// Makes a harness whose clients reach a deployment through proxies at the given addresses.
+pub type ReachThrough = Box<dyn Fn(&[std::net::SocketAddr]) -> Arc<dyn Harness> + Send + Sync>;
+
+/// A deployment a case reaches through fault proxies of its own (a partition, lost or late
+/// replies, a slow link): where the proxies forward to (one per server a client talks to:
+/// usually one, Redlock's N nodes), clients that connect directly, and clients that connect
+/// through proxies listening at given addresses. No power over the servers themselves, so a
+/// deployed server can be the target too.
 pub struct ProxyTarget {
-    /// The address the proxy forwards to.
-    pub upstream: std::net::SocketAddr,
+    /// The addresses the proxies forward to, one proxy each.
+    pub upstreams: Vec<std::net::SocketAddr>,
     /// Clients that connect directly.
     pub harness: Arc<dyn Harness>,
-    /// Clients (and child processes) that connect to the proxy at the given address instead.
-    pub reach_at: Box<dyn Fn(std::net::SocketAddr) -> Arc<dyn Harness> + Send + Sync>,
-    /// A server of the case's own, kept running for the case.
-    _server: Option<Box<dyn dlock_test_servers::ServerProcess>>,
+    /// Clients (and child processes) that connect through proxies at the given addresses
+    /// instead, one per upstream and in the same order.
+    pub reach_at: ReachThrough,
+    /// Servers of the case's own, kept running for the case.
+    _servers: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl ProxyTarget {
-    /// A target of a server the harness does not own (a deployed one).
+    /// A target of one server the harness does not own (a deployed one).
     pub fn deployed(
         upstream: std::net::SocketAddr,
         harness: Arc<dyn Harness>,
         reach_at: impl Fn(std::net::SocketAddr) -> Arc<dyn Harness> + Send + Sync + 'static,
     ) -> Self {
         Self {
-            upstream,
+            upstreams: vec![upstream],
+            harness,
+            reach_at: Box::new(move |at| reach_at(at[0])),
+            _servers: None,
+        }
+    }
+
+    /// A target of several servers of the case's own (`servers`, kept running while the target
+    /// lives), each behind a proxy of its own: Redlock's nodes, a cluster's members.
+    pub fn owned(
+        upstreams: Vec<std::net::SocketAddr>,
+        harness: Arc<dyn Harness>,
+        reach_at: impl Fn(&[std::net::SocketAddr]) -> Arc<dyn Harness> + Send + Sync + 'static,
+        servers: impl std::any::Any + Send + Sync,
+    ) -> Self {
+        Self {
+            upstreams,
             harness,
             reach_at: Box::new(reach_at),
-            _server: None,
+            _servers: Some(Box::new(servers)),
         }
     }
 }
 
 impl From<OwnServer> for ProxyTarget {
     fn from(own: OwnServer) -> Self {
+        let reach_at = own.reach_at;
         Self {
-            upstream: own.process.addr(),
+            upstreams: vec![own.process.addr()],
             harness: own.harness,
-            reach_at: own.reach_at,
-            _server: Some(own.process),
+            reach_at: Box::new(move |at| reach_at(at[0])),
+            _servers: Some(Box::new(own.process)),
         }
     }
 }
@@ -182,7 +204,7 @@ impl From<OwnServer> for ProxyTarget {
 impl std::fmt::Debug for ProxyTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProxyTarget")
-            .field("upstream", &self.upstream)
+            .field("upstreams", &self.upstreams)
             .field("harness", &self.harness.label())
             .finish_non_exhaustive()
     }

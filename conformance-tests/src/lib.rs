@@ -88,7 +88,7 @@ pub use case::{Case, CaseResult, Ctx, Failure, Needs};
 pub use cases::cases;
 pub use deployment::Deployment;
 pub use harness::{
-    Amnesia, Fault, Faults, Harness, OwnServer, ProxyTarget, SessionControl, Timing,
+    Amnesia, Fault, Faults, Harness, OwnServer, ProxyTarget, ReachThrough, SessionControl, Timing,
 };
 pub use memory::MemoryHarness;
 pub use runner::{CaseReport, Outcome, Report, main, main_paused, run_all};

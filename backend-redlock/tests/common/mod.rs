@@ -3,13 +3,14 @@
 //! node, and fault hooks that delete a holder's key everywhere and cut waiters' connections.
 #![allow(dead_code, unreachable_pub)]
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
 use dlock_conformance::history::{Count, Expect};
-use dlock_conformance::{Amnesia, Deployment, Fault, Faults, Harness};
+use dlock_conformance::{Amnesia, Deployment, Fault, Faults, Harness, ProxyTarget};
 use dlock_redis::LockKeys;
 use dlock_redlock::{Redlock, RedlockConfig};
 use dlock_test_servers::{RedisNodes, subscribed_client_ids};
@@ -117,8 +118,40 @@ impl Faults for RedlockHarness {
     fn supports(&self, fault: Fault) -> bool {
         matches!(
             fault,
-            Fault::KillHolder | Fault::KillWaiters | Fault::Amnesia | Fault::AmnesiaMitigated
+            Fault::KillHolder
+                | Fault::KillWaiters
+                | Fault::Amnesia
+                | Fault::AmnesiaMitigated
+                | Fault::ProxyLink
         )
+    }
+
+    /// Five nodes of the case's own, each reached through a proxy of its own: a link fault
+    /// then cuts, drops or delays the client's traffic to every node at once.
+    async fn proxy_target(&self) -> std::result::Result<ProxyTarget, String> {
+        let nodes = tokio::task::spawn_blocking(|| RedisNodes::start(5))
+            .await
+            .map_err(text)?
+            .map_err(text)?;
+        let upstreams: Vec<SocketAddr> = nodes.nodes().iter().map(|n| n.addr()).collect();
+        let harness = Arc::new(RedlockHarness {
+            deployment: Deployment::at("redlock-5", URL_VAR, redlock_url(&nodes, "")),
+        });
+        Ok(ProxyTarget::owned(
+            upstreams,
+            harness,
+            |proxies: &[SocketAddr]| -> Arc<dyn Harness> {
+                let hosts: Vec<String> = proxies.iter().map(SocketAddr::to_string).collect();
+                Arc::new(RedlockHarness {
+                    deployment: Deployment::at(
+                        "redlock-5 via fault proxies",
+                        URL_VAR,
+                        format!("redlock://{}", hosts.join(",")),
+                    ),
+                })
+            },
+            nodes,
+        ))
     }
 
     /// Five nodes of the case's own, persistence off; three of them restart (empty) at once.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use dlock_api::{LeaseKind, LockName};
 
 use crate::history::{Count, Expect, Input, Report};
+use crate::nemesis::link::Link;
 use crate::nemesis::{Run, WorkerProcess};
 use crate::{CaseResult, Ctx, Failure, ensure};
 
@@ -335,18 +336,15 @@ async fn own_server(ctx: &Ctx) -> Result<crate::OwnServer, Failure> {
     ctx.require_faults()?.own_server().await.map_err(Failure)
 }
 
-/// A deployment to reach through a fault proxy, and the proxy in front of it.
-async fn proxied(
-    ctx: &Ctx,
-) -> Result<(crate::ProxyTarget, dlock_test_servers::FaultProxy), Failure> {
+/// A deployment to reach through fault proxies, and the link of proxies in front of it.
+async fn proxied(ctx: &Ctx) -> Result<(crate::ProxyTarget, Link), Failure> {
     let target = ctx
         .require_faults()?
         .proxy_target()
         .await
         .map_err(Failure)?;
-    let proxy = dlock_test_servers::FaultProxy::start(target.upstream)
-        .map_err(|e| Failure(format!("cannot start a fault proxy: {e}")))?;
-    Ok((target, proxy))
+    let link = Link::start(&target.upstreams)?;
+    Ok((target, link))
 }
 
 /// Acquires `name` on `harness`'s deployment, riding out the moments a restarted server is not
@@ -496,7 +494,7 @@ pub async fn server_restart_while_held_is_lost_or_kept(ctx: Ctx) -> CaseResult {
 ///   connection closes; the other worker waits. No overlap, nothing stale accepted.
 pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
     let (target, proxy) = proxied(&ctx).await?;
-    let linked = (target.reach_at)(proxy.addr());
+    let linked = (target.reach_at)(&proxy.addrs());
     let client = target.harness.client().await?;
     let ttl_lease = client.capabilities().lease == LeaseKind::Ttl;
     let run = Run::start(&ctx).await?;
@@ -542,12 +540,11 @@ pub async fn slow_link_keeps_exclusion(ctx: Ctx) -> CaseResult {
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
     proxy.set_mode(dlock_test_servers::ProxyMode::Latency(ttl / 20));
-    let jittery_proxy = dlock_test_servers::FaultProxy::start(target.upstream)
-        .map_err(|e| Failure(format!("cannot start a fault proxy: {e}")))?;
+    let jittery_proxy = Link::start(&target.upstreams)?;
     let (min, max) = (ttl / 40, ttl / 10);
     jittery_proxy.set_mode(dlock_test_servers::ProxyMode::Jitter { min, max });
-    let slow = (target.reach_at)(proxy.addr());
-    let jittery = (target.reach_at)(jittery_proxy.addr());
+    let slow = (target.reach_at)(&proxy.addrs());
+    let jittery = (target.reach_at)(&jittery_proxy.addrs());
     let run = Run::start(&ctx).await?;
     run.log(
         crate::history::Edge::Start,
@@ -597,7 +594,7 @@ async fn ready(ctx: &Ctx, worker: &mut WorkerProcess) -> Result<(), Failure> {
 /// has connected and before it asks for the lock.
 struct LinkedPair {
     target: crate::ProxyTarget,
-    proxy: dlock_test_servers::FaultProxy,
+    proxy: Link,
     run: Run,
     names: [LockName; 1],
     linked: WorkerProcess,
@@ -617,7 +614,7 @@ async fn linked_pair(
     let mut linked_spec = run.spec(1, &names, 1, ttl, timing.bound, think);
     linked_spec.announce = true;
     linked_spec.ready_pause = Some(READY_PAUSE);
-    let mut linked = run.spawn_via(&linked_spec, &*(target.reach_at)(proxy.addr()))?;
+    let mut linked = run.spawn_via(&linked_spec, &*(target.reach_at)(&proxy.addrs()))?;
     ready(ctx, &mut linked).await?;
     proxy.set_mode(mode);
     run.log(
@@ -706,7 +703,7 @@ pub async fn lost_release_reply_spares_the_next_holder(ctx: Ctx) -> CaseResult {
     let ttl = timing.short_ttl;
     let mut linked_spec = run.spec(1, &names, 1, ttl, timing.bound, THINK * 10);
     linked_spec.announce = true;
-    let mut linked = run.spawn_via(&linked_spec, &*(target.reach_at)(proxy.addr()))?;
+    let mut linked = run.spawn_via(&linked_spec, &*(target.reach_at)(&proxy.addrs()))?;
     holding(&ctx, &mut linked).await?;
     // It thinks for a while yet, then writes (the register is reached directly) and releases.
     proxy.set_mode(dlock_test_servers::ProxyMode::DropReplies);

@@ -9,6 +9,7 @@
 //! [`Run::input`] gathers everything for the [history checker](crate::history).
 
 pub mod clock;
+pub mod link;
 pub mod worker;
 
 use std::collections::BTreeMap;
