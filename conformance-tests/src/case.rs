@@ -50,6 +50,9 @@ pub struct Needs {
     pub fault: Option<Fault>,
     /// A harness a child process can reach ([`Harness::child_env`]).
     pub child_process: bool,
+    /// Fault-suite workers: child processes, or tasks of this process where the deployment lives
+    /// in it ([`Fault::TaskWorkers`]).
+    pub workers: bool,
 }
 
 impl Needs {
@@ -57,6 +60,12 @@ impl Needs {
     pub fn unmet(&self, caps: &Capabilities, harness: &dyn Harness) -> Option<&'static str> {
         if self.child_process && harness.child_env().is_none() {
             return Some("needs a harness that a child process can reach");
+        }
+        let task_workers = harness
+            .faults()
+            .is_some_and(|f| f.supports(Fault::TaskWorkers));
+        if self.workers && harness.child_env().is_none() && !task_workers {
+            return Some("needs a harness that worker processes or tasks can reach");
         }
         if self.extend && !caps.extend {
             return Some("backend cannot extend leases");
@@ -84,6 +93,7 @@ impl Needs {
                         Fault::ProxyLink => {
                             "harness can neither start a server nor reach its own through a proxy"
                         }
+                        Fault::TaskWorkers => "harness runs no worker tasks",
                         Fault::AmnesiaMitigated => {
                             "harness has no mitigated configuration of a hazard that forgets locks"
                         }

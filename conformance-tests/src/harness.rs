@@ -81,6 +81,21 @@ pub enum Fault {
     /// [`Faults::proxy_target`]: offered by every harness with [`Fault::OwnServer`], and by
     /// harnesses of a deployed server that can rewrite its address.
     ProxyLink,
+    /// [`Faults::task_client`]: the fault suite's workers run as tasks of this process.
+    TaskWorkers,
+}
+
+/// A worker task's client, and its link to the deployment.
+pub type TaskClient = (Arc<dyn DistributedLock>, Box<dyn ClientLink>);
+
+/// A client's link to an in-process deployment, which a case can cut (see
+/// [`Faults::task_client`]).
+pub trait ClientLink: Send + Sync {
+    /// The client's requests stop reaching the deployment (they fail), and its renewals with
+    /// them: what a paused or killed process looks like from the store.
+    fn cut(&self);
+    /// They reach it again.
+    fn restore(&self);
 }
 
 /// A server of one case's own, which the case may crash, restart and pause, and reach through a
@@ -282,6 +297,15 @@ pub trait Faults: Send + Sync {
         &self,
     ) -> std::result::Result<(Arc<dyn DistributedLock>, Box<dyn SessionControl>), String> {
         Err("this harness cannot control sessions".into())
+    }
+
+    /// For a deployment that lives in this process (the memory backend), where no child process
+    /// can reach it: a fresh client for a fault case's worker **task**, and its link. The suite
+    /// then simulates what it does to worker processes: a paused worker is not polled and its
+    /// link is cut (its renewals fail, as a stopped process's do); a killed one is aborted with
+    /// its link cut for good (its dropped guards cannot release, as a dead process's cannot).
+    fn task_client(&self) -> std::result::Result<TaskClient, String> {
+        Err("this harness runs no worker tasks".into())
     }
 
     /// Starts a server of the case's own (see [`OwnServer`]).

@@ -64,6 +64,14 @@
 //! ([`nemesis::clock::SteppedClock`]) and steps their wall clock an hour each way mid-hold;
 //! it needs only what `exclusion_is_history_checked` needs, plus the `faketime` package.
 //!
+//! A deployment that lives in the test's own process (the memory backend: no child process can
+//! reach it) runs the worker cases with worker **tasks** instead ([`Faults::task_client`]): a
+//! paused worker is not polled and its client is cut off from the store (its renewals fail, as
+//! a stopped process's do), a killed one is aborted with its client cut off for good (its
+//! dropped guards cannot release). The histories are the same, so is the checker; run it on
+//! real time ([`main`], with [`MemoryHarness::with_task_workers`]), since every record is stamped
+//! with the host's clock. The link and server cases need a server, and do not apply.
+//!
 //! ## Writing cases
 //! - Names come from [`Ctx::name`] (`dlock-test/<run>/<case>/…`): isolation by name, never by
 //!   flushing a server.
@@ -88,7 +96,8 @@ pub use case::{Case, CaseResult, Ctx, Failure, Needs};
 pub use cases::cases;
 pub use deployment::Deployment;
 pub use harness::{
-    Amnesia, Fault, Faults, Harness, OwnServer, ProxyTarget, ReachThrough, SessionControl, Timing,
+    Amnesia, ClientLink, Fault, Faults, Harness, OwnServer, ProxyTarget, ReachThrough,
+    SessionControl, TaskClient, Timing,
 };
 pub use memory::MemoryHarness;
 pub use runner::{CaseReport, Outcome, Report, main, main_paused, run_all};

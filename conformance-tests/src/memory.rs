@@ -6,18 +6,42 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, MemoryLock, Result};
 
-use crate::harness::{Fault, Faults, Harness, SessionControl};
+use crate::harness::{ClientLink, Fault, Faults, Harness, SessionControl};
 
 /// Runs the suite against a private [`MemoryLock`] store; faults evict holders.
 #[derive(Debug, Default)]
 pub struct MemoryHarness {
     store: MemoryLock,
+    task_workers: bool,
 }
 
 impl MemoryHarness {
-    /// A harness over a new store.
+    /// A harness over a new store, for tokio's paused time: the fault suite's worker cases do
+    /// not run (their histories are stamped with the host's clock).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A harness over a new store whose fault cases run their workers as tasks of this process
+    /// (paused by not polling them and cutting their client off, killed by aborting them): for
+    /// a runtime on real time ([`main`](crate::main)).
+    pub fn with_task_workers() -> Self {
+        Self {
+            task_workers: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// A memory client's link to its store.
+struct MemoryLink(MemoryLock);
+
+impl ClientLink for MemoryLink {
+    fn cut(&self) {
+        self.0.cut_off();
+    }
+    fn restore(&self) {
+        self.0.reconnect();
     }
 }
 
@@ -66,7 +90,19 @@ impl SessionControl for MemorySession {
 #[async_trait]
 impl Faults for MemoryHarness {
     fn supports(&self, fault: Fault) -> bool {
-        matches!(fault, Fault::KillHolder | Fault::SuspendSession)
+        match fault {
+            Fault::KillHolder | Fault::SuspendSession => true,
+            Fault::TaskWorkers => self.task_workers,
+            _ => false,
+        }
+    }
+
+    fn task_client(&self) -> std::result::Result<crate::TaskClient, String> {
+        if !self.task_workers {
+            return Err("this memory harness runs on paused time: no worker tasks".into());
+        }
+        let client = self.store.client();
+        Ok((Arc::new(client.clone()), Box::new(MemoryLink(client))))
     }
 
     async fn session_client(

@@ -24,6 +24,7 @@ const NONE: Needs = Needs {
     fencing: false,
     fault: None,
     child_process: false,
+    workers: false,
 };
 const TTL: Needs = Needs {
     ttl_lease: true,
@@ -53,6 +54,11 @@ const CHILD: Needs = Needs {
 };
 const FENCED_CHILDREN: Needs = Needs {
     child_process: true,
+    fencing: true,
+    ..NONE
+};
+const FENCED_WORKERS: Needs = Needs {
+    workers: true,
     fencing: true,
     ..NONE
 };
@@ -140,16 +146,13 @@ static CASES: &[Case] = &[
     ),
     case!(lost::expired_session_loses_every_guard, SESSION),
     case!(crash::crashed_holder_process_frees_the_lock, CHILD),
-    case!(faults::exclusion_is_history_checked, FENCED_CHILDREN),
-    case!(faults::paused_holder_is_fenced_off, FENCED_CHILDREN),
-    case!(faults::paused_waiter_takes_no_stale_grant, FENCED_CHILDREN),
-    case!(
-        faults::killed_holder_process_frees_the_lock,
-        FENCED_CHILDREN
-    ),
+    case!(faults::exclusion_is_history_checked, FENCED_WORKERS),
+    case!(faults::paused_holder_is_fenced_off, FENCED_WORKERS),
+    case!(faults::paused_waiter_takes_no_stale_grant, FENCED_WORKERS),
+    case!(faults::killed_holder_process_frees_the_lock, FENCED_WORKERS),
     case!(
         faults::killed_at_random_points_leaves_nothing,
-        FENCED_CHILDREN
+        FENCED_WORKERS
     ),
     case!(faults::tokens_rise_across_server_restarts, OWN_SERVER),
     case!(

@@ -10,6 +10,7 @@
 
 pub mod clock;
 pub mod link;
+mod task;
 pub mod worker;
 
 use std::collections::BTreeMap;
@@ -38,7 +39,8 @@ pub struct Run {
     shadow: RegisterServer,
     nemesis: HistoryWriter,
     deaths: Mutex<BTreeMap<u32, u64>>,
-    env: Vec<(String, String)>,
+    /// What its workers are: processes with this environment, or tasks of this process.
+    workers: Workers,
     /// The seed of the run's random choices.
     pub seed: u64,
 }
@@ -53,9 +55,20 @@ impl Run {
     /// # Errors
     /// When the harness has no child environment, or the directory or registers cannot be made.
     pub async fn start(ctx: &Ctx) -> Result<Self, Failure> {
-        let env = ctx
-            .child_env()
-            .ok_or_else(|| Failure("the harness runs no child processes".into()))?;
+        let workers = match ctx.child_env() {
+            Some(env) => Workers::Processes(env),
+            None if ctx
+                .faults()
+                .is_some_and(|f| f.supports(crate::Fault::TaskWorkers)) =>
+            {
+                Workers::Tasks(ctx.harness().clone())
+            }
+            None => {
+                return Err(Failure(
+                    "the harness runs no worker processes or tasks".into(),
+                ));
+            }
+        };
         let seed: u64 = rand::random();
         let id = format!("{}-{seed:016x}", ctx.case().replace("::", "-"));
         let dir = std::env::temp_dir().join("dlock-faults").join(&id);
@@ -75,7 +88,7 @@ impl Run {
             shadow,
             nemesis,
             deaths: Mutex::new(BTreeMap::new()),
-            env,
+            workers,
             seed,
         })
     }
@@ -112,7 +125,10 @@ impl Run {
     /// # Errors
     /// When the test binary cannot be re-executed.
     pub fn spawn(&self, spec: &WorkerSpec) -> Result<WorkerProcess, Failure> {
-        self.spawn_on(spec, &self.env)
+        match &self.workers {
+            Workers::Processes(env) => self.spawn_on(spec, env),
+            Workers::Tasks(harness) => task::spawn(&**harness, spec),
+        }
     }
 
     /// [`spawn`](Self::spawn) with `extra` set in the worker's environment (a
@@ -125,7 +141,12 @@ impl Run {
         spec: &WorkerSpec,
         extra: &[(String, String)],
     ) -> Result<WorkerProcess, Failure> {
-        let env: Vec<_> = self.env.iter().chain(extra).cloned().collect();
+        let Workers::Processes(env) = &self.workers else {
+            return Err(Failure(
+                "an environment is for worker processes, and this run's workers are tasks".into(),
+            ));
+        };
+        let env: Vec<_> = env.iter().chain(extra).cloned().collect();
         self.spawn_on(spec, &env)
     }
 
@@ -172,9 +193,11 @@ impl Run {
             .ok_or_else(|| Failure("the worker exited at once".into()))?;
         Ok(WorkerProcess {
             worker: spec.worker,
-            pid,
-            child,
-            lines: BufReader::new(stdout).lines(),
+            body: Body::Process(Box::new(ProcessBody {
+                pid,
+                child,
+                lines: BufReader::new(stdout).lines(),
+            })),
         })
     }
 
@@ -195,11 +218,25 @@ impl Run {
     /// # Errors
     /// When the signal cannot be sent.
     pub fn pause(&self, worker: &WorkerProcess) -> Result<(), Failure> {
-        worker.signal(libc::SIGSTOP)?;
-        self.log(
-            Edge::Start,
-            format!("pause worker {} (pid {})", worker.worker, worker.pid),
-        );
+        match &worker.body {
+            Body::Process(process) => {
+                worker.signal(libc::SIGSTOP)?;
+                self.log(
+                    Edge::Start,
+                    format!("pause worker {} (pid {})", worker.worker, process.pid),
+                );
+            }
+            Body::Task(task) => {
+                task.pause();
+                self.log(
+                    Edge::Start,
+                    format!(
+                        "pause worker {} (a task: not polled, link cut)",
+                        worker.worker
+                    ),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -208,7 +245,10 @@ impl Run {
     /// # Errors
     /// When the signal cannot be sent.
     pub fn resume(&self, worker: &WorkerProcess) -> Result<(), Failure> {
-        worker.signal(libc::SIGCONT)?;
+        match &worker.body {
+            Body::Process(_) => worker.signal(libc::SIGCONT)?,
+            Body::Task(task) => task.resume(),
+        }
         self.log(Edge::Stop, format!("resume worker {}", worker.worker));
         Ok(())
     }
@@ -220,8 +260,14 @@ impl Run {
     /// When the signal cannot be sent.
     pub async fn kill(&self, mut worker: WorkerProcess) -> Result<(), Failure> {
         let t = now_ns();
-        worker.signal(libc::SIGKILL)?;
-        let _ = worker.child.wait().await;
+        if let Body::Task(task) = &worker.body {
+            task.kill().await;
+        } else {
+            worker.signal(libc::SIGKILL)?;
+            if let Body::Process(process) = &mut worker.body {
+                let _ = process.child.wait().await;
+            }
+        }
         self.log(Edge::Start, format!("kill worker {}", worker.worker));
         self.deaths
             .lock()
@@ -263,19 +309,38 @@ impl Run {
     }
 }
 
-/// A running worker process.
+/// A running worker: a process, or (where the deployment lives in this process) a task.
 pub struct WorkerProcess {
     /// Its id in the run.
     pub worker: u32,
-    /// Its process id.
-    pub pid: u32,
+    body: Body,
+}
+
+enum Body {
+    Process(Box<ProcessBody>),
+    Task(task::WorkerTask),
+}
+
+struct ProcessBody {
+    pid: u32,
     child: Child,
     lines: Lines<BufReader<ChildStdout>>,
 }
 
+/// What a run's workers are.
+enum Workers {
+    /// Processes (the test binary re-executed) with this environment.
+    Processes(Vec<(String, String)>),
+    /// Tasks of this process, on clients of this harness.
+    Tasks(std::sync::Arc<dyn crate::Harness>),
+}
+
 impl WorkerProcess {
     fn signal(&self, signal: libc::c_int) -> Result<(), Failure> {
-        let pid = libc::pid_t::try_from(self.pid).map_err(|e| Failure(e.to_string()))?;
+        let Body::Process(process) = &self.body else {
+            return Err(Failure(format!("worker {} is a task", self.worker)));
+        };
+        let pid = libc::pid_t::try_from(process.pid).map_err(|e| Failure(e.to_string()))?;
         // SAFETY: `kill` has no memory effects; the pid is our own child's, which we have not
         // reaped (we hold its `Child`), so it cannot name another process.
         if unsafe { libc::kill(pid, signal) } != 0 {
@@ -293,10 +358,14 @@ impl WorkerProcess {
     /// # Errors
     /// When its output cannot be read.
     pub async fn next_line(&mut self) -> Result<Option<String>, Failure> {
-        self.lines
-            .next_line()
-            .await
-            .map_err(failure("reading a worker's output"))
+        match &mut self.body {
+            Body::Process(process) => process
+                .lines
+                .next_line()
+                .await
+                .map_err(failure("reading a worker's output")),
+            Body::Task(task) => Ok(task.next_line().await),
+        }
     }
 
     /// Waits for the worker to finish its rounds.
@@ -306,18 +375,26 @@ impl WorkerProcess {
     /// it could not reach).
     pub async fn finish(mut self) -> Result<(), Failure> {
         while self.next_line().await?.is_some() {}
-        let status = self
-            .child
-            .wait()
-            .await
-            .map_err(failure("waiting for a worker"))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(Failure(format!(
-                "worker {} exited with {status}",
-                self.worker
-            )))
+        match self.body {
+            Body::Process(mut process) => {
+                let status = process
+                    .child
+                    .wait()
+                    .await
+                    .map_err(failure("waiting for a worker"))?;
+                if status.success() {
+                    Ok(())
+                } else {
+                    Err(Failure(format!(
+                        "worker {} exited with {status}",
+                        self.worker
+                    )))
+                }
+            }
+            Body::Task(task) => task
+                .finish()
+                .await
+                .map_err(|e| Failure(format!("worker {}: {e}", self.worker))),
         }
     }
 }
@@ -333,9 +410,11 @@ impl std::fmt::Debug for Run {
 
 impl std::fmt::Debug for WorkerProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerProcess")
-            .field("worker", &self.worker)
-            .field("pid", &self.pid)
-            .finish_non_exhaustive()
+        let mut out = f.debug_struct("WorkerProcess");
+        out.field("worker", &self.worker);
+        if let Body::Process(process) = &self.body {
+            out.field("pid", &process.pid);
+        }
+        out.finish_non_exhaustive()
     }
 }

@@ -62,11 +62,14 @@ fn element(hold: HoldId) -> u64 {
     (u64::from(hold.worker) << 32) | (hold.handle & 0xffff_ffff)
 }
 
-/// Runs `spec` against a client of `harness`. Errors are of the harness (a register that does
-/// not answer, a history that cannot be written), not of the lock: those are recorded.
+/// Where a worker tells the harness where it is: its stdout (a worker process), or a channel (a
+/// worker task).
+pub(crate) type Say = dyn Fn(&str) -> Result<(), String> + Send + Sync;
+
+/// Runs `spec` against a client of `harness`, announcing on stdout: a worker process's body.
+/// Errors are of the harness (a register that does not answer, a history that cannot be
+/// written), not of the lock: those are recorded.
 pub async fn run_worker(harness: Arc<dyn Harness>, spec: WorkerSpec) -> Result<(), String> {
-    let history = HistoryWriter::open(&spec.history).map_err(|e| e.to_string())?;
-    let log = |event: Event| history.append(&event).map_err(|e| e.to_string());
     // A server that is down or frozen when the worker starts is waited for, as a service
     // would, up to the worker's wait.
     let give_up = tokio::time::Instant::now() + spec.wait;
@@ -79,6 +82,17 @@ pub async fn run_worker(harness: Arc<dyn Harness>, spec: WorkerSpec) -> Result<(
             Err(e) => return Err(format!("connect: {e}")),
         }
     };
+    run_rounds(client, spec, &say).await
+}
+
+/// The worker's rounds on `client`, announcing through `say`.
+pub(crate) async fn run_rounds(
+    client: Arc<dyn DistributedLock>,
+    spec: WorkerSpec,
+    say: &Say,
+) -> Result<(), String> {
+    let history = HistoryWriter::open(&spec.history).map_err(|e| e.to_string())?;
+    let log = |event: Event| history.append(&event).map_err(|e| e.to_string());
     let mut fenced = RegisterClient::connect(spec.register)
         .await
         .map_err(|e| e.to_string())?;
@@ -220,9 +234,9 @@ async fn acquire(
     client.acquire(&LockName::new(name)?, options).await
 }
 
-/// Tells the harness where this worker is: `ready` (connected), `acquiring <handle>` (asking
-/// for a lock), or `holding <handle> <token>` (holds it, has read the registers, is about to
-/// think; with its wall clock in Unix milliseconds).
+/// Tells the harness where this worker process is: `ready` (connected), `acquiring <handle>`
+/// (asking for a lock), or `holding <handle> <token>` (holds it, has read the registers, is about
+/// to think; with its wall clock in Unix milliseconds).
 fn say(line: &str) -> Result<(), String> {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();

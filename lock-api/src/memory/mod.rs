@@ -4,6 +4,7 @@ mod store;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -25,7 +26,10 @@ const BACKEND: &str = "memory";
 /// testing code that uses dlock.
 ///
 /// It keeps the whole contract within the process: TTL expiry, renewal, strictly increasing
-/// fencing tokens, FIFO waiters woken on release, the lost signal, cancel safety. Time is tokio's,
+/// fencing tokens, FIFO waiters woken on release, the lost signal, cancel safety. A freed lock
+/// is held at once for the first waiter, for the lease it asked for, dated from then: a waiter
+/// whose task is not polled when its turn comes (a stalled task holding a pending acquire) holds
+/// the queue up for that lease at most, then queues again at the back. Time is tokio's,
 /// so tests under `#[tokio::test(start_paused = true)]` see TTLs pass instantly.
 ///
 /// Clients of one *store* see each other's locks: [`MemoryLock::new`] makes a new store,
@@ -48,6 +52,8 @@ pub struct MemoryLock {
     label: Arc<str>,
     /// This client's session (shared by its clones; replaced when it expires).
     session: Arc<Mutex<Arc<Session>>>,
+    /// Whether this client is cut off from the store (shared by its clones).
+    cut_off: Arc<AtomicBool>,
 }
 
 impl MemoryLock {
@@ -57,6 +63,7 @@ impl MemoryLock {
             store: Arc::default(),
             label: "private".into(),
             session: Arc::default(),
+            cut_off: Arc::default(),
         }
     }
 
@@ -78,6 +85,7 @@ impl MemoryLock {
             store,
             label: name.into(),
             session: Arc::default(),
+            cut_off: Arc::default(),
         }
     }
 
@@ -88,6 +96,7 @@ impl MemoryLock {
             store: self.store.clone(),
             label: self.label.clone(),
             session: Arc::default(),
+            cut_off: Arc::default(),
         }
     }
 
@@ -114,6 +123,26 @@ impl MemoryLock {
                 client.end_session(&session, reason);
             });
         }
+    }
+
+    /// Cuts this client (and its clones) off from the store, as a network partition, or a
+    /// paused process whose requests stop, would: its acquires, renewals and releases fail with
+    /// [`LockError::Unavailable`] until [`reconnect`](Self::reconnect), and what it holds stays
+    /// in the store until its lease runs out (its guards are then lost with
+    /// [`LostReason::Expired`](crate::LostReason::Expired) or fail to renew). For testing how
+    /// code copes with a lease that runs out under it; the fault suite simulates a paused or
+    /// killed worker with it.
+    pub fn cut_off(&self) {
+        self.cut_off.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends [`cut_off`](Self::cut_off): the client's requests reach the store again.
+    pub fn reconnect(&self) {
+        self.cut_off.store(false, Ordering::SeqCst);
+    }
+
+    fn reachable(&self) -> Result<()> {
+        unreachable_if(&self.cut_off)
     }
 
     /// The suspended session is back: its guards are held again.
@@ -170,6 +199,7 @@ impl MemoryLock {
         self.store.attach(name, id, &state);
         let lease = Arc::new(MemoryLease {
             store: self.store.clone(),
+            cut_off: self.cut_off.clone(),
             name: name.clone(),
             id,
         });
@@ -220,12 +250,12 @@ impl RawLock for MemoryLock {
     }
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
-        let started = Instant::now();
+        self.reachable()?;
         Ok(match self.store.try_take(name, options.ttl(), None) {
-            Attempt::Granted { id, token } => {
-                Some(self.grant(name, id, token, started, options.ttl()))
+            Attempt::Granted { id, token, at } => {
+                Some(self.grant(name, id, token, at, options.ttl()))
             }
-            Attempt::Busy { .. } => None,
+            Attempt::Busy { .. } | Attempt::Lapsed => None,
         })
     }
 
@@ -239,22 +269,34 @@ impl RawLock for MemoryLock {
         if let Some(grant) = self.try_grant(name, options).await? {
             return Ok(Some(grant));
         }
-        let (waiter, wake) = self.store.enqueue(name);
+        let (first, mut wake) = self.store.enqueue(name, ttl);
+        // The place in the queue changes when an offer lapses and the wait queues again.
+        let place = Arc::new(AtomicU64::new(first));
         let pending = {
-            let (store, name) = (self.store.clone(), name.clone());
-            PendingAcquire::arm(move || store.dequeue(&name, waiter))
+            let (store, name, place) = (self.store.clone(), name.clone(), place.clone());
+            PendingAcquire::arm(move || store.dequeue(&name, place.load(Ordering::SeqCst)))
         };
         loop {
-            let notified = wake.notified();
+            let current = wake.clone();
+            let notified = current.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let attempt_started = Instant::now();
-            let until = match self.store.try_take(name, ttl, Some(waiter)) {
-                Attempt::Granted { id, token } => {
+            self.reachable()?;
+            let until = match self
+                .store
+                .try_take(name, ttl, Some(place.load(Ordering::SeqCst)))
+            {
+                Attempt::Granted { id, token, at } => {
                     pending.disarm();
-                    return Ok(Some(self.grant(name, id, token, attempt_started, ttl)));
+                    return Ok(Some(self.grant(name, id, token, at, ttl)));
                 }
                 Attempt::Busy { until } => until,
+                Attempt::Lapsed => {
+                    let (again, woken_by) = self.store.enqueue(name, ttl);
+                    place.store(again, Ordering::SeqCst);
+                    wake = woken_by;
+                    continue;
+                }
             };
             let wake_at = match (until, deadline) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -269,10 +311,12 @@ impl RawLock for MemoryLock {
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 // One last try, so a lock freed exactly at the deadline is not missed.
-                if let Attempt::Granted { id, token } = self.store.try_take(name, ttl, Some(waiter))
+                if let Attempt::Granted { id, token, at } =
+                    self.store
+                        .try_take(name, ttl, Some(place.load(Ordering::SeqCst)))
                 {
                     pending.disarm();
-                    return Ok(Some(self.grant(name, id, token, Instant::now(), ttl)));
+                    return Ok(Some(self.grant(name, id, token, at, ttl)));
                 }
                 drop(pending);
                 return Ok(None);
@@ -284,6 +328,8 @@ impl RawLock for MemoryLock {
 #[derive(Debug)]
 struct MemoryLease {
     store: Arc<Store>,
+    /// Its client's link to the store.
+    cut_off: Arc<AtomicBool>,
     name: LockName,
     id: u64,
 }
@@ -291,6 +337,7 @@ struct MemoryLease {
 #[async_trait]
 impl RawLease for MemoryLease {
     async fn release(&self) -> Result<()> {
+        unreachable_if(&self.cut_off)?;
         if self.store.release(&self.name, self.id) {
             Ok(())
         } else {
@@ -301,6 +348,7 @@ impl RawLease for MemoryLease {
     }
 
     async fn extend(&self, ttl: Duration) -> Result<Instant> {
+        unreachable_if(&self.cut_off)?;
         let started = Instant::now();
         if self.store.extend(&self.name, self.id, ttl) {
             Ok(after(started, ttl))
@@ -309,5 +357,17 @@ impl RawLease for MemoryLease {
                 name: self.name.to_string(),
             })
         }
+    }
+}
+
+/// `Unavailable` while the client is cut off from its store.
+fn unreachable_if(cut_off: &AtomicBool) -> Result<()> {
+    if cut_off.load(Ordering::SeqCst) {
+        Err(LockError::unavailable_because(
+            BACKEND,
+            "this client is cut off from its store (MemoryLock::cut_off)",
+        ))
+    } else {
+        Ok(())
     }
 }

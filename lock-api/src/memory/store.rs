@@ -22,9 +22,7 @@ pub(super) struct Store {
 #[derive(Debug, Default)]
 struct Inner {
     locks: HashMap<LockName, Entry>,
-    /// One counter for all names: strictly increasing per name, and nothing to keep per name.
-    last_token: u64,
-    last_id: u64,
+    counters: Counters,
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +34,7 @@ struct Entry {
 #[derive(Debug)]
 struct Holder {
     id: u64,
+    token: u64,
     expires_at: Instant,
     state: Weak<LeaseState>,
 }
@@ -43,37 +42,91 @@ struct Holder {
 #[derive(Debug)]
 struct Waiter {
     id: u64,
+    /// The lease it asked for: an offer holds the lock in its name this long.
+    ttl: Duration,
     wake: Arc<Notify>,
+    /// The hold the store made in its name when the lock came free, and when: the waiter claims
+    /// it when it next looks, with its lease dated from then.
+    offer: Option<(u64, Instant)>,
 }
 
 /// What an attempt to take a lock found.
 pub(super) enum Attempt {
-    Granted {
-        id: u64,
-        token: u64,
-    },
+    /// The caller holds it, with a lease that started at `at`.
+    Granted { id: u64, token: u64, at: Instant },
     /// Someone holds it (until `until`), or a waiter ahead of the caller is about to take it (`None`).
-    Busy {
-        until: Option<Instant>,
-    },
+    Busy { until: Option<Instant> },
+    /// The caller's place in the queue is gone: the lock was offered to it and the offer ran out
+    /// before it looked (its task was not polled). It must queue again.
+    Lapsed,
+}
+
+/// The store's counters, apart from the entries so both can be borrowed at once.
+#[derive(Debug, Default)]
+struct Counters {
+    /// One counter for all names: strictly increasing per name, and nothing to keep per name.
+    last_token: u64,
+    last_id: u64,
+}
+
+impl Counters {
+    fn next_id(&mut self) -> u64 {
+        // u64 counters: saturating is only for form; they never come near the top.
+        self.last_id = self.last_id.saturating_add(1);
+        self.last_id
+    }
+
+    fn next_token(&mut self) -> u64 {
+        self.last_token = self.last_token.saturating_add(1);
+        self.last_token
+    }
 }
 
 impl Entry {
-    /// Drops a holder whose lease has ended, telling its guard.
+    /// Drops a holder whose lease has ended, telling its guard. A waiter that was offered that
+    /// hold and never claimed it loses its place: a waiter that is not polled (a stalled task)
+    /// must not keep everyone behind it waiting.
     fn expire(&mut self, now: Instant) {
         if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
-            if let Some(state) = self.holder.take().and_then(|h| h.state.upgrade()) {
-                state.mark_lost(LostReason::Expired);
+            if let Some(holder) = self.holder.take() {
+                if let Some(state) = holder.state.upgrade() {
+                    state.mark_lost(LostReason::Expired);
+                }
+                self.waiters
+                    .retain(|w| w.offer.is_none_or(|(id, _)| id != holder.id));
             }
         }
     }
 
-    fn wake_front(&self) {
-        if self.holder.is_none() {
-            if let Some(front) = self.waiters.front() {
-                front.wake.notify_one();
-            }
+    /// A free lock is held at once in the name of the first waiter, for its TTL, and the waiter
+    /// is woken to claim it: the hand-off does not wait for the waiter's task to run, and if it
+    /// never runs, the offer runs out like any unrenewed lease.
+    fn offer_front(&mut self, counters: &mut Counters, now: Instant) {
+        if self.holder.is_some() {
+            return;
         }
+        let Some(front) = self.waiters.front_mut() else {
+            return;
+        };
+        let id = counters.next_id();
+        self.holder = Some(Holder {
+            id,
+            token: counters.next_token(),
+            expires_at: after(now, front.ttl),
+            state: Weak::new(),
+        });
+        front.offer = Some((id, now));
+        front.wake.notify_one();
+    }
+
+    /// Expires what ran out, then offers a free lock to the next waiter.
+    fn settle(&mut self, counters: &mut Counters, now: Instant) {
+        self.expire(now);
+        self.offer_front(counters, now);
+    }
+
+    fn unused(&self) -> bool {
+        self.holder.is_none() && self.waiters.is_empty()
     }
 }
 
@@ -82,44 +135,49 @@ impl Store {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn next_id(inner: &mut Inner) -> u64 {
-        inner.last_id = inner.last_id.saturating_add(1);
-        inner.last_id
-    }
-
     /// Takes `name` for `ttl` if it is free and no earlier waiter is queued (`waiter`: the caller's
-    /// own place in the queue, which it leaves on success).
+    /// own place in the queue, which it leaves on success, claiming the hold offered to it).
     pub(super) fn try_take(&self, name: &LockName, ttl: Duration, waiter: Option<u64>) -> Attempt {
         let now = Instant::now();
         let mut inner = self.lock();
-        let inner = &mut *inner;
-        let entry = inner.locks.entry(name.clone()).or_default();
-        entry.expire(now);
+        let Inner { locks, counters } = &mut *inner;
+        let entry = locks.entry(name.clone()).or_default();
+        entry.settle(counters, now);
+        if let Some(waiter) = waiter {
+            let Some(place) = entry.waiters.iter().position(|w| w.id == waiter) else {
+                return Attempt::Lapsed;
+            };
+            let offered = entry.waiters[place].offer;
+            if let (Some((offer, at)), Some(holder)) = (offered, &entry.holder) {
+                if holder.id == offer {
+                    let token = holder.token;
+                    entry.waiters.remove(place);
+                    return Attempt::Granted {
+                        id: offer,
+                        token,
+                        at,
+                    };
+                }
+            }
+        }
         if let Some(holder) = &entry.holder {
             return Attempt::Busy {
                 until: Some(holder.expires_at),
             };
         }
-        let first_in_line = entry.waiters.front().is_none_or(|w| Some(w.id) == waiter);
-        if !first_in_line {
+        if !entry.waiters.is_empty() {
+            // Queued waiters go first (an offer is made whenever the lock is free).
             return Attempt::Busy { until: None };
         }
-        if waiter.is_some() {
-            entry.waiters.pop_front();
-        }
-        // u64 counters: saturating is only for form; they never come near the top.
-        inner.last_id = inner.last_id.saturating_add(1);
-        inner.last_token = inner.last_token.saturating_add(1);
-        let id = inner.last_id;
+        let id = counters.next_id();
+        let token = counters.next_token();
         entry.holder = Some(Holder {
             id,
+            token,
             expires_at: after(now, ttl),
             state: Weak::new(),
         });
-        Attempt::Granted {
-            id,
-            token: inner.last_token,
-        }
+        Attempt::Granted { id, token, at: now }
     }
 
     /// Links a granted holder to its guard's state, so expiry and eviction can fire `lost`.
@@ -132,49 +190,62 @@ impl Store {
         }
     }
 
-    /// Queues a waiter at the back; returns its id and wake-up.
-    pub(super) fn enqueue(&self, name: &LockName) -> (u64, Arc<Notify>) {
+    /// Queues a waiter for a lease of `ttl` at the back; returns its id and wake-up.
+    pub(super) fn enqueue(&self, name: &LockName, ttl: Duration) -> (u64, Arc<Notify>) {
         let mut inner = self.lock();
-        let id = Self::next_id(&mut inner);
+        let Inner { locks, counters } = &mut *inner;
+        let id = counters.next_id();
         let wake = Arc::new(Notify::new());
-        inner
-            .locks
+        locks
             .entry(name.clone())
             .or_default()
             .waiters
             .push_back(Waiter {
                 id,
+                ttl,
                 wake: wake.clone(),
+                offer: None,
             });
         (id, wake)
     }
 
-    /// Leaves the queue (a cancelled or timed-out wait); wakes the next waiter if the lock is free.
+    /// Leaves the queue (a cancelled or timed-out wait), handing back a hold offered to it;
+    /// offers a free lock to the next waiter.
     pub(super) fn dequeue(&self, name: &LockName, waiter: u64) {
         let mut inner = self.lock();
-        if let MapEntry::Occupied(mut entry) = inner.locks.entry(name.clone()) {
-            entry.get_mut().waiters.retain(|w| w.id != waiter);
-            entry.get_mut().expire(Instant::now());
-            entry.get().wake_front();
-            if entry.get().holder.is_none() && entry.get().waiters.is_empty() {
+        let Inner { locks, counters } = &mut *inner;
+        if let MapEntry::Occupied(mut entry) = locks.entry(name.clone()) {
+            let e = entry.get_mut();
+            if let Some(place) = e.waiters.iter().position(|w| w.id == waiter) {
+                let left = e.waiters.remove(place);
+                let offered = left.and_then(|w| w.offer).map(|(id, _)| id);
+                if offered.is_some() && e.holder.as_ref().map(|h| h.id) == offered {
+                    e.holder = None;
+                }
+            }
+            e.settle(counters, Instant::now());
+            if e.unused() {
                 entry.remove();
             }
         }
     }
 
-    /// Releases `name` if `id` still holds it; wakes the next waiter.
+    /// Releases `name` if `id` still holds it; offers it to the next waiter.
     pub(super) fn release(&self, name: &LockName, id: u64) -> bool {
         let mut inner = self.lock();
-        let MapEntry::Occupied(mut entry) = inner.locks.entry(name.clone()) else {
+        let Inner { locks, counters } = &mut *inner;
+        let MapEntry::Occupied(mut entry) = locks.entry(name.clone()) else {
             return false;
         };
-        entry.get_mut().expire(Instant::now());
-        let held = entry.get().holder.as_ref().is_some_and(|h| h.id == id);
+        let now = Instant::now();
+        let e = entry.get_mut();
+        e.expire(now);
+        let held = e.holder.as_ref().is_some_and(|h| h.id == id);
         if held {
-            entry.get_mut().holder = None;
-            entry.get().wake_front();
+            e.holder = None;
         }
-        if entry.get().holder.is_none() && entry.get().waiters.is_empty() {
+        e.offer_front(counters, now);
+        if e.unused() {
             entry.remove();
         }
         held
@@ -184,10 +255,11 @@ impl Store {
     pub(super) fn extend(&self, name: &LockName, id: u64, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut inner = self.lock();
-        let Some(entry) = inner.locks.get_mut(name) else {
+        let Inner { locks, counters } = &mut *inner;
+        let Some(entry) = locks.get_mut(name) else {
             return false;
         };
-        entry.expire(now);
+        entry.settle(counters, now);
         match entry.holder.as_mut() {
             Some(holder) if holder.id == id => {
                 holder.expires_at = after(now, ttl);
@@ -200,7 +272,8 @@ impl Store {
     /// Ends the current holder's lease now, as a crashed server or expired session would.
     pub(super) fn evict(&self, name: &LockName) -> bool {
         let mut inner = self.lock();
-        let Some(entry) = inner.locks.get_mut(name) else {
+        let Inner { locks, counters } = &mut *inner;
+        let Some(entry) = locks.get_mut(name) else {
             return false;
         };
         let Some(holder) = entry.holder.take() else {
@@ -209,15 +282,21 @@ impl Store {
         if let Some(state) = holder.state.upgrade() {
             state.mark_lost(LostReason::SessionClosed);
         }
-        entry.wake_front();
+        // An evicted offer takes its waiter's place with it, as its expiry would.
+        entry
+            .waiters
+            .retain(|w| w.offer.is_none_or(|(id, _)| id != holder.id));
+        entry.offer_front(counters, Instant::now());
         true
     }
 
     /// Ends every hold whose guard is on `session` (an expired client session), telling the
-    /// guards and waking the next waiters.
+    /// guards and offering the locks to the next waiters.
     pub(super) fn evict_session(&self, session: &Arc<Session>, reason: LostReason) {
         let mut inner = self.lock();
-        for entry in inner.locks.values_mut() {
+        let Inner { locks, counters } = &mut *inner;
+        let now = Instant::now();
+        for entry in locks.values_mut() {
             let on_session = entry
                 .holder
                 .as_ref()
@@ -227,7 +306,7 @@ impl Store {
                 if let Some(state) = entry.holder.take().and_then(|h| h.state.upgrade()) {
                     state.mark_lost(reason);
                 }
-                entry.wake_front();
+                entry.offer_front(counters, now);
             }
         }
     }
@@ -236,20 +315,20 @@ impl Store {
     pub(super) fn active_names(&self) -> usize {
         let now = Instant::now();
         let mut inner = self.lock();
-        inner.locks.values_mut().for_each(|e| e.expire(now));
-        inner
-            .locks
-            .retain(|_, e| e.holder.is_some() || !e.waiters.is_empty());
-        inner.locks.len()
+        let Inner { locks, counters } = &mut *inner;
+        locks.values_mut().for_each(|e| e.settle(counters, now));
+        locks.retain(|_, e| !e.unused());
+        locks.len()
     }
 
     /// Whether `name` is held or waited for.
     pub(super) fn in_use(&self, name: &LockName) -> bool {
         let now = Instant::now();
         let mut inner = self.lock();
-        inner.locks.get_mut(name).is_some_and(|e| {
-            e.expire(now);
-            e.holder.is_some() || !e.waiters.is_empty()
+        let Inner { locks, counters } = &mut *inner;
+        locks.get_mut(name).is_some_and(|e| {
+            e.settle(counters, now);
+            !e.unused()
         })
     }
 }
