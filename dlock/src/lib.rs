@@ -23,6 +23,30 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## `#[locked]`: a lock around an async fn
+//! [`locked`] is `@DistributedLock(key, waitTime, leaseTime)` for Rust: the body of an `async fn`
+//! runs under [`with_lock`](DistributedLockExt::with_lock) (stopped if the lock is lost, released
+//! only after the body, commit included, returns), with the lock name formatted from the
+//! function's arguments and the durations checked at compile time. The function returns
+//! `Result<T, E>` with `E: From<LockError>`, so a timeout or a lost lock reaches the caller.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use dlock::DistributedLock;
+//!
+//! struct Coupons {
+//!     locks: Arc<dyn DistributedLock>,
+//! }
+//!
+//! impl Coupons {
+//!     #[dlock::locked(locks = self.locks, name = "coupon:{coupon_id}", wait = "5s", ttl = "30s")]
+//!     async fn take(&self, coupon_id: u64) -> dlock::Result<u32> {
+//!         // read the stock, write stock - 1, commit
+//!         Ok(99)
+//!     }
+//! }
+//! ```
+//!
 //! ## Backends
 //! Each backend is a cargo feature of this crate and its own crate (`dlock-redis`, …); the memory
 //! backend is always compiled in. See [`connect`] for the URL forms and [`dlock_api`]'s guide,
@@ -51,6 +75,8 @@ struct ReadmeDoctests;
 pub use config::{Config, LockDefaults};
 pub use connect::{connect, connect_with};
 pub use scheme::BackendScheme;
+
+pub use dlock_macros::locked;
 #[doc(hidden)]
 pub use scheme::redact;
 
@@ -90,3 +116,48 @@ pub use dlock_api::{
     FencingGate, FencingToken, KeyMapper, LeaseKind, LockContext, LockError, LockGuard, LockName,
     LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy, error_chain, raw,
 };
+
+/// What `#[locked]`'s expansion calls; not an API. The traits exist for their compile errors:
+/// rustc shows their `on_unimplemented` text, which says the fix, where a bare
+/// `From<LockError>` bound would only say what is missing.
+#[doc(hidden)]
+pub mod __private {
+    use dlock_api::LockError;
+
+    /// A return type that has room for an error: `Result<T, E>`.
+    #[diagnostic::on_unimplemented(
+        message = "a `#[locked]` fn must return `Result<T, E>`, not `{Self}`, so a lock error (timeout, lost lock, backend down) can reach the caller",
+        label = "`{Self}` cannot carry a `dlock::LockError`",
+        note = "return `Result<{Self}, E>` where `E: From<dlock::LockError>`, such as `dlock::Result<{Self}>` or `anyhow::Result<{Self}>`"
+    )]
+    pub trait LockedReturn {
+        /// The error half.
+        type Error;
+        /// `Err(error)`.
+        fn from_error(error: Self::Error) -> Self;
+    }
+
+    impl<T, E> LockedReturn for Result<T, E> {
+        type Error = E;
+        fn from_error(error: E) -> Self {
+            Err(error)
+        }
+    }
+
+    /// An error type a [`LockError`] converts into.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot carry a `dlock::LockError`: a `#[locked]` fn's error type must implement `From<dlock::LockError>`",
+        label = "a lock error (timeout, lost lock, backend down) has no way into `{Self}`",
+        note = "add `impl From<dlock::LockError> for {Self}` (with thiserror, a `#[from] dlock::LockError` variant), or return `dlock::Result<T>` or `anyhow::Result<T>`"
+    )]
+    pub trait CarriesLockError: Sized {
+        /// `E::from(error)`.
+        fn from_lock_error(error: LockError) -> Self;
+    }
+
+    impl<E: From<LockError>> CarriesLockError for E {
+        fn from_lock_error(error: LockError) -> Self {
+            E::from(error)
+        }
+    }
+}

@@ -1,0 +1,6 @@
+#[dlock::locked(locks = locks, name = "coupon:{coupon_id}")]
+async fn take(locks: &dlock::MemoryLock, coupon_id: u64) {
+    let _ = coupon_id;
+}
+
+fn main() {}
