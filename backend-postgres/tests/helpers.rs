@@ -328,3 +328,48 @@ async fn the_raw_handoff_floor_hands_off_through_the_server_queue() {
             .unwrap();
     assert!(!samples.is_empty(), "no hand-off was measured");
 }
+
+/// A row-lock holder that goes idle in its transaction past the server's
+/// `idle_in_transaction_session_timeout` (a paused process, a forgotten transaction) is ended by
+/// the server: the row goes to the next locker, and the stale holder's write can never commit
+/// after the new holder's, because its lock and its writes die with the same transaction. This
+/// is why row locks need no fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_in_transaction_kill_frees_the_row_and_the_stale_write_never_commits() {
+    let pool = pool().await;
+    let table = table(&pool).await;
+    let rows = RowLock::new(&table).unwrap();
+    let mut stale = pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL idle_in_transaction_session_timeout = '500ms'")
+        .execute(&mut *stale)
+        .await
+        .unwrap();
+    assert_eq!(
+        rows.lock(&mut stale, 1).await.unwrap(),
+        RowLockOutcome::Locked
+    );
+    // The next locker waits for the row (no limit): the server's kill is what frees it.
+    let mut next = pool.begin().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(30), rows.lock(&mut next, 1))
+        .await
+        .expect("the idle holder's session was ended and the row handed on")
+        .unwrap();
+    assert_eq!(got, RowLockOutcome::Locked);
+    sqlx::query(&format!("UPDATE {table} SET code = 'next' WHERE id = 1"))
+        .execute(&mut *next)
+        .await
+        .unwrap();
+    next.commit().await.unwrap();
+    // The stale holder wakes and writes as if it still held the row: its session is gone.
+    let late = sqlx::query(&format!("UPDATE {table} SET code = 'stale' WHERE id = 1"))
+        .execute(&mut *stale)
+        .await;
+    assert!(late.is_err(), "a write in a killed transaction succeeded");
+    assert!(stale.commit().await.is_err());
+    let code: String = sqlx::query(&format!("SELECT code FROM {table} WHERE id = 1"))
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(code, "next");
+}
