@@ -1,15 +1,30 @@
-//! Opening a client of the ensemble: the one place that builds the client library's connector.
+//! Opening a client of the ensemble: the one place that builds the client library's connector,
+//! so every session (the lock's own, and the one `expire_session` attaches to) gets the same
+//! credentials and TLS.
 
 use dlock_api::{LockError, Result};
-use zookeeper_client::Client;
+use zookeeper_client::{Client, Connector};
 
 use crate::BACKEND;
 use crate::config::ZkConfig;
 use crate::error::map_err;
 
-/// Connects a new client (a new session) within the connect timeout. The connector fails fast
-/// when every host refuses, instead of cycling until the session timeout.
+/// Connects a new client (a new session) within the connect timeout.
 pub(crate) async fn client(config: &ZkConfig) -> Result<Client> {
+    let hosts = config.connect_string();
+    let connecting = dial(connector(config)?, config, &hosts);
+    tokio::time::timeout(config.connect_timeout, connecting)
+        .await
+        .map_err(|_| LockError::command_timeout(BACKEND, config.connect_timeout))?
+        .map_err(connect_error)
+}
+
+/// A connector with the configuration's session timeout, credentials and TLS. It fails fast
+/// when every host refuses, instead of cycling until the session timeout.
+///
+/// # Errors
+/// [`LockError::Config`] for a TLS file that cannot be read or used.
+pub(crate) fn connector(config: &ZkConfig) -> Result<Connector> {
     let mut connector = Client::connector()
         .with_session_timeout(config.session_timeout)
         .with_fail_eagerly();
@@ -17,21 +32,27 @@ pub(crate) async fn client(config: &ZkConfig) -> Result<Client> {
         let auth = format!("{user}:{}", password.expose());
         connector = connector.with_auth("digest", auth.as_bytes());
     }
-    let hosts = config.connect_string();
-    let connecting = async {
-        #[cfg(feature = "tls")]
-        if config.tls {
-            return connector
-                .with_tls(tls_options(config)?)
-                .secure_connect(&hosts)
-                .await
-                .map_err(connect_error);
-        }
-        connector.connect(&hosts).await.map_err(connect_error)
-    };
-    tokio::time::timeout(config.connect_timeout, connecting)
-        .await
-        .map_err(|_| LockError::command_timeout(BACKEND, config.connect_timeout))?
+    #[cfg(feature = "tls")]
+    if config.tls {
+        connector = connector.with_tls(tls_options(config)?);
+    }
+    Ok(connector)
+}
+
+/// Connects `connector` (from [`connector`]) to `hosts`, over TLS if the configuration says so;
+/// no timeout of its own.
+pub(crate) async fn dial(
+    connector: Connector,
+    config: &ZkConfig,
+    hosts: &str,
+) -> std::result::Result<Client, zookeeper_client::Error> {
+    #[cfg(feature = "tls")]
+    if config.tls {
+        return connector.secure_connect(hosts).await;
+    }
+    // Without the feature `zks://` is refused when the configuration is parsed.
+    let _ = config.tls;
+    connector.connect(hosts).await
 }
 
 fn connect_error(error: zookeeper_client::Error) -> LockError {

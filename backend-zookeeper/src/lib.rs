@@ -76,6 +76,12 @@
 //! `digest` scheme and creates its nodes readable and deletable by that identity only. The
 //! prefix is a plain node path created on demand, not a chroot (which must exist beforehand).
 //!
+//! `zks://` talks to the servers' `secureClientPort` (served by `NettyServerCnxnFactory`),
+//! trusting only the CA in `ca_cert` (the client library loads no system roots), and presents
+//! `cert`/`key` if the server asks for a client certificate. Tested against ZooKeeper 3.8 with
+//! PEM key and trust stores (`ssl.keyStore.type=PEM`); Debian's package needs
+//! `/usr/share/java/netty-codec.jar` added to the server's class path for TLS.
+//!
 //! ## Fault model
 //! A lock is as safe as ZooKeeper's ordering and the session timeout: a holder cut off (GC
 //! pause, partition) past its session finds its guard lost, and by then the server may have

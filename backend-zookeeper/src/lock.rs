@@ -367,15 +367,9 @@ impl ZkLock {
         let config = &self.inner.config;
         let give_up = after(Instant::now(), config.connect_timeout * 3);
         loop {
-            let mut connector = Client::connector()
-                .with_session(info.clone())
-                .with_session_timeout(config.session_timeout)
-                .with_fail_eagerly();
-            if let (Some(user), Some(password)) = (&config.username, &config.password) {
-                let auth = format!("{user}:{}", password.expose());
-                connector = connector.with_auth("digest", auth.as_bytes());
-            }
-            match tokio::time::timeout(config.connect_timeout, connector.connect(&hosts)).await {
+            let connector = crate::connect::connector(config)?.with_session(info.clone());
+            let attach = crate::connect::dial(connector, config, &hosts);
+            match tokio::time::timeout(config.connect_timeout, attach).await {
                 // The server refuses the session: it is over.
                 Ok(Err(ZkError::SessionExpired)) => return Ok(()),
                 // Reattached: dropping this client closes the session. Look again.

@@ -9,7 +9,6 @@ mod common;
 
 use std::time::Duration;
 
-use dlock_api::raw::SessionStatus;
 use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, LostReason};
 use dlock_conformance::wait_for;
 use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper, ZooKeeperEnsemble};
@@ -450,7 +449,8 @@ async fn a_held_node_deleted_by_someone_else_loses_the_guard_at_once() {
         }
     })
     .await;
-    assert_eq!(nodes[0].1, a.session_id().unwrap());
+    let session = a.session_id().unwrap();
+    assert_eq!(nodes[0].1, session);
     // An operator deletes the holder's node with a client of their own; the holder's session
     // stays healthy throughout, so only a watch on the node can tell.
     let admin = common::raw_client(&hosts).await.unwrap();
@@ -459,7 +459,9 @@ async fn a_held_node_deleted_by_someone_else_loses_the_guard_at_once() {
     admin.delete(&path, None).await.unwrap();
     let reason = within("the holder's lost signal", guard.lost()).await;
     assert_eq!(reason, LostReason::TakenOver);
-    assert_eq!(a.session_status(), Some(SessionStatus::Active));
+    // Lost on the node's account, the session untouched (a late heartbeat on a busy machine may
+    // suspend it for a moment, which is not what this is about).
+    assert_eq!(a.session_id(), Some(session));
     let next = within("the waiter", waiter).await.unwrap().unwrap();
     assert!(next.fencing_token() > guard.fencing_token());
     assert!(matches!(
@@ -515,7 +517,11 @@ async fn a_change_to_a_held_node_keeps_the_guard_and_the_watch_is_set_again() {
         watched_by(zk, &path, session)
     })
     .await;
-    assert!(guard.is_held(), "a change to the node lost the guard");
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "a change to the node lost the guard"
+    );
     admin.delete(&path, None).await.unwrap();
     let reason = within("the lost signal through the re-set watch", guard.lost()).await;
     assert_eq!(reason, LostReason::TakenOver);

@@ -72,7 +72,7 @@ fn wait_for<T>(
 }
 
 /// A CA (`ca.pem`) and a server certificate for `127.0.0.1` (`server.pem`, `server.key`) in `dir`.
-fn make_certificates(dir: &std::path::Path) -> Result<()> {
+pub(crate) fn make_certificates(dir: &std::path::Path) -> Result<()> {
     let openssl = find_program(KIND, "openssl")?;
     let ext = dir.join("server.ext");
     fs::write(

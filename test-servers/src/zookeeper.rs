@@ -4,19 +4,24 @@ use std::fmt;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::control::process_control;
 use crate::error::{INSTALL_HINT, Result, ServerError};
 use crate::ports::free_port;
 use crate::process::{Launch, Proc, find_program, temp_dir};
+use crate::redis::make_certificates;
 
 const KIND: &str = "zookeeper";
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
 /// A logging backend for slf4j, so the server's log reaches its log file (optional).
 const SLF4J_SIMPLE_JAR: &str = "/usr/share/java/slf4j-simple.jar";
+/// Netty's codecs: its TLS handler is a decoder from this jar, which the class path in Debian's
+/// `zookeeper.jar` manifest leaves out (without it every TLS connection is closed at once with
+/// `NoClassDefFoundError: io/netty/handler/codec/ByteToMessageDecoder`).
+const NETTY_CODEC_JAR: &str = "/usr/share/java/netty-codec.jar";
 
 /// The ZooKeeper tick: session timeouts are checked on tick boundaries.
 pub const ZOOKEEPER_TICK: Duration = Duration::from_millis(500);
@@ -77,6 +82,8 @@ impl Node {
 pub struct ZooKeeper {
     proc: Proc,
     client: u16,
+    /// The TLS client port, for a server from [`ZooKeeper::start_tls`].
+    secure: Option<u16>,
 }
 
 process_control!(ZooKeeper);
@@ -98,13 +105,38 @@ impl ZooKeeper {
     /// log.
     pub fn start() -> Result<Self> {
         let node = Node::new(0)?;
-        let zk = Self::prepare(&node, &[])?;
+        let zk = Self::prepare(&node, &[], None)?;
         zk.proc.start()?;
         Ok(zk)
     }
 
-    /// Writes `zoo.cfg` (and `myid` in an ensemble) and prepares the process.
-    fn prepare(node: &Node, ensemble: &[Node]) -> Result<Self> {
+    /// Starts a standalone server that also serves **TLS** on a second port, through Netty
+    /// (`NettyServerCnxnFactory`), with PEM files from a private CA made by `openssl` (a
+    /// certificate for `127.0.0.1`; clients are not asked for one). The plain port stays open for
+    /// readiness checks and for reading the server. Clients connect to
+    /// [`tls_url`](Self::tls_url), which names [`ca_cert`](Self::ca_cert).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start); [`ServerError::NotInstalled`] without `openssl` or Netty's
+    /// codec jar; [`ServerError::CommandFailed`] if a certificate cannot be made.
+    pub fn start_tls() -> Result<Self> {
+        if !Path::new(NETTY_CODEC_JAR).is_file() {
+            return Err(ServerError::NotInstalled {
+                server: KIND,
+                missing: NETTY_CODEC_JAR.to_owned(),
+                hint: INSTALL_HINT,
+            });
+        }
+        let node = Node::new(0)?;
+        let secure = free_port().map_err(ServerError::io(KIND, "cannot find a free port"))?;
+        let zk = Self::prepare(&node, &[], Some(secure))?;
+        zk.proc.start()?;
+        Ok(zk)
+    }
+
+    /// Writes `zoo.cfg` (and `myid` in an ensemble, the certificates with a TLS port) and
+    /// prepares the process.
+    fn prepare(node: &Node, ensemble: &[Node], secure: Option<u16>) -> Result<Self> {
         let java = find_program(KIND, "java")?;
         if !Path::new(ZOOKEEPER_JAR).is_file() {
             return Err(ServerError::NotInstalled {
@@ -127,6 +159,24 @@ impl ZooKeeper {
             min = ZOOKEEPER_MIN_SESSION_TIMEOUT.as_millis(),
             max = ZOOKEEPER_MAX_SESSION_TIMEOUT.as_millis(),
         );
+        if let Some(port) = secure {
+            make_certificates(dir.path())?;
+            // A PEM key store is the key and its certificate in one file.
+            let key = fs::read_to_string(dir.path().join("server.key"))
+                .map_err(ServerError::io(KIND, "cannot read server.key"))?;
+            let cert = fs::read_to_string(dir.path().join("server.pem"))
+                .map_err(ServerError::io(KIND, "cannot read server.pem"))?;
+            let key_store = dir.path().join("keystore.pem");
+            fs::write(&key_store, format!("{key}{cert}")).map_err(io_err("keystore.pem"))?;
+            config.push_str(&format!(
+                "secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n\
+                 serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                 ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+                 ssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth=none\n",
+                key_store.display(),
+                dir.path().join("ca.pem").display(),
+            ));
+        }
         if !ensemble.is_empty() {
             config.push_str("standaloneEnabled=false\nreconfigEnabled=false\n");
             for peer in ensemble {
@@ -143,6 +193,9 @@ impl ZooKeeper {
         let mut classpath = ZOOKEEPER_JAR.to_owned();
         if Path::new(SLF4J_SIMPLE_JAR).is_file() {
             classpath = format!("{classpath}:{SLF4J_SIMPLE_JAR}");
+        }
+        if secure.is_some() {
+            classpath = format!("{classpath}:{NETTY_CODEC_JAR}");
         }
         let launch = Launch::new(java)
             // Small heap, and a JIT and GC tuned for a fast start on a small machine.
@@ -186,7 +239,28 @@ impl ZooKeeper {
         Ok(ZooKeeper {
             proc,
             client: node.client,
+            secure,
         })
+    }
+
+    /// `zks://127.0.0.1:TLS_PORT?ca_cert=CA` for a server from [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> Option<String> {
+        Some(format!(
+            "zks://{}?ca_cert={}",
+            self.tls_addr()?,
+            self.ca_cert()?.display()
+        ))
+    }
+
+    /// The TLS client address of a server from [`start_tls`](Self::start_tls).
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.secure
+            .map(|port| SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+    }
+
+    /// The PEM file of the private CA that signed the TLS certificate, for clients to trust.
+    pub fn ca_cert(&self) -> Option<PathBuf> {
+        self.secure.map(|_| self.proc.dir().join("ca.pem"))
     }
 
     /// A `zk://` client URL for this server.
@@ -240,7 +314,7 @@ impl ZooKeeperEnsemble {
         let specs = (1..=3).map(Node::new).collect::<Result<Vec<_>>>()?;
         let nodes = specs
             .iter()
-            .map(|node| ZooKeeper::prepare(node, &specs))
+            .map(|node| ZooKeeper::prepare(node, &specs, None))
             .collect::<Result<Vec<_>>>()?;
         let spawned = nodes
             .iter()

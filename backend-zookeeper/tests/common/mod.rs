@@ -1,5 +1,6 @@
-//! The ZooKeeper conformance harness: a standalone server (or a three-node ensemble) started by
-//! dlock-test-servers, or the deployment `DLOCK_TEST_ZOOKEEPER_URL` names; fresh clients; fault
+//! The ZooKeeper conformance harness: a standalone server (plain or TLS), or a three-node
+//! ensemble, started by dlock-test-servers, or the deployment `DLOCK_TEST_ZOOKEEPER_URL` (or
+//! `…_TLS_URL`, `…_ENSEMBLE_URL`) names; fresh clients; fault
 //! hooks that expire a holder's session and cut a client off through a fault proxy; and a
 //! residue check that lists the nodes under each case's names.
 #![allow(dead_code, unreachable_pub)]
@@ -11,8 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::raw::SessionStatus;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Deployment, Fault, Faults, Harness, OwnServer, SessionControl};
-use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper, ZooKeeperEnsemble};
+use dlock_conformance::{Deployment, Fault, Faults, Harness, OwnServer, SessionControl, Timing};
+use dlock_test_servers::{FaultProxy, ProxyMode, ServerProcess, ZooKeeper, ZooKeeperEnsemble};
 use dlock_zookeeper::{ZkConfig, ZkLock};
 use zookeeper_client::Client;
 
@@ -24,6 +25,7 @@ pub struct ZkHarness {
 }
 
 const STANDALONE_URL_VAR: &str = "DLOCK_TEST_ZOOKEEPER_URL";
+const TLS_URL_VAR: &str = "DLOCK_TEST_ZOOKEEPER_TLS_URL";
 
 fn text(e: impl ToString) -> String {
     e.to_string()
@@ -47,6 +49,16 @@ impl ZkHarness {
         Self::new(deployment, single)
     }
 
+    /// A standalone server serving TLS (`zks://`): `DLOCK_TEST_ZOOKEEPER_TLS_URL` if set, else
+    /// a private one with a private CA.
+    pub fn tls() -> Self {
+        let deployment = Deployment::from_env_or_start("zookeeper-tls", TLS_URL_VAR, || {
+            ZooKeeper::start_tls().map(|server| (server.tls_url().expect("a TLS server"), server))
+        });
+        let single = deployment.started();
+        Self::new(deployment, single)
+    }
+
     /// Three nodes: `DLOCK_TEST_ZOOKEEPER_ENSEMBLE_URL` if set, else a private ensemble.
     pub fn ensemble() -> Self {
         let deployment = Deployment::from_env_or_start(
@@ -62,10 +74,12 @@ impl ZkHarness {
 
     /// A harness for a server of a case's own at `url`.
     fn own(url: String) -> Arc<Self> {
-        Arc::new(Self::new(
-            Deployment::at("zookeeper", STANDALONE_URL_VAR, url),
-            true,
-        ))
+        let var = if url.starts_with("zks:") {
+            TLS_URL_VAR
+        } else {
+            STANDALONE_URL_VAR
+        };
+        Arc::new(Self::new(Deployment::at("zookeeper", var, url), true))
     }
 
     fn url(&self) -> &str {
@@ -89,10 +103,50 @@ impl ZkHarness {
         Ok(client)
     }
 
-    /// A plain client of the library, for reading the server.
+    /// A plain client of the library, for reading the server (over TLS to a TLS server).
     async fn raw(&self) -> std::result::Result<Client, String> {
+        let config = self.config();
+        if config.tls {
+            return raw_tls_client(&config).await;
+        }
         raw_client(&self.hosts()).await
     }
+
+    /// The harness's URL with its hosts replaced by `hosts` (credentials, prefix and options
+    /// kept).
+    fn url_via(&self, hosts: &str) -> String {
+        let url = self.url();
+        let start = url.find("://").map_or(0, |i| i + 3);
+        let end = url[start..]
+            .find(['/', '?'])
+            .map_or(url.len(), |i| start + i);
+        let user = url[start..end].rfind('@').map_or(start, |i| start + i + 1);
+        format!("{}{hosts}{}", &url[..user], &url[end..])
+    }
+}
+
+#[cfg(feature = "tls")]
+async fn raw_tls_client(config: &ZkConfig) -> std::result::Result<Client, String> {
+    let ca = config
+        .tls_files
+        .ca_cert
+        .as_ref()
+        .ok_or("zks:// without a CA")?;
+    let ca = std::fs::read_to_string(ca).map_err(text)?;
+    let tls = zookeeper_client::TlsOptions::new()
+        .with_pem_ca(&ca)
+        .map_err(text)?;
+    Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .with_tls(tls)
+        .secure_connect(&config.hosts.join(","))
+        .await
+        .map_err(text)
+}
+
+#[cfg(not(feature = "tls"))]
+async fn raw_tls_client(_: &ZkConfig) -> std::result::Result<Client, String> {
+    Err("zks:// needs the feature `tls`".into())
 }
 
 pub async fn raw_client(hosts: &str) -> std::result::Result<Client, String> {
@@ -147,6 +201,15 @@ impl Harness for ZkHarness {
         self.deployment.child_env()
     }
 
+    /// A killed client's session lives on at the server until its timeout, plus the server's
+    /// expiry tick: that, not a lease TTL, is how long its lock stays taken.
+    fn timing(&self) -> Timing {
+        Timing {
+            crash_bound: self.config().session_timeout + Duration::from_secs(2),
+            ..Timing::default()
+        }
+    }
+
     /// Every node under each name's node: a holder's or a waiter's.
     async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
         let client = self.raw().await?;
@@ -161,6 +224,31 @@ impl Harness for ZkHarness {
             }
         }
         Ok(left)
+    }
+}
+
+/// A TLS server seen from its TLS port: its URL and address are the ones clients and fault
+/// proxies use (the plain port stays open for reading the server).
+struct TlsPort(ZooKeeper);
+
+impl ServerProcess for TlsPort {
+    fn addr(&self) -> SocketAddr {
+        self.0.tls_addr().expect("a TLS server")
+    }
+    fn url(&self) -> String {
+        self.0.tls_url().expect("a TLS server")
+    }
+    fn kill(&self) {
+        self.0.kill();
+    }
+    fn restart(&self) -> dlock_test_servers::Result<()> {
+        self.0.restart()
+    }
+    fn pause(&self) {
+        self.0.pause();
+    }
+    fn resume(&self) {
+        self.0.resume();
     }
 }
 
@@ -329,7 +417,7 @@ impl Faults for ZkHarness {
         }
         let through: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
         let client = self
-            .new_client(&format!("zk://{}", through.join(",")))
+            .new_client(&self.url_via(&through.join(",")))
             .await
             .map_err(text)?;
         let control = ProxiedSession {
@@ -341,11 +429,14 @@ impl Faults for ZkHarness {
         Ok((client, Box::new(control)))
     }
 
-    /// A private standalone server (its data survives restarts).
+    /// A private standalone server (its data survives restarts), serving TLS if this
+    /// harness's does.
     async fn own_server(&self) -> std::result::Result<OwnServer, String> {
-        OwnServer::start(ZooKeeper::start, |url| {
-            ZkHarness::own(url) as Arc<dyn Harness>
-        })
-        .await
+        let harness = |url| ZkHarness::own(url) as Arc<dyn Harness>;
+        if self.config().tls {
+            let start = || ZooKeeper::start_tls().map(TlsPort);
+            return OwnServer::start(start, harness).await;
+        }
+        OwnServer::start(ZooKeeper::start, harness).await
     }
 }
