@@ -10,6 +10,7 @@ use crate::control::process_control;
 use crate::error::{Result, ServerError};
 use crate::ports::free_port;
 use crate::process::{Launch, Proc, find_program, temp_dir};
+use crate::redis::make_certificates;
 
 const KIND: &str = "etcd";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -68,6 +69,13 @@ pub struct Etcd {
     proc: Proc,
     client: u16,
     etcdctl: Option<PathBuf>,
+    tls: Option<Tls>,
+}
+
+/// The TLS side of a member from [`Etcd::start_tls`]: its port and its private CA.
+struct Tls {
+    port: u16,
+    dir: tempfile::TempDir,
 }
 
 process_control!(Etcd);
@@ -94,9 +102,54 @@ impl Etcd {
             &cluster,
             &cluster_token(member.client),
             SOLO_TIMING,
+            None,
         )?;
         etcd.proc.start()?;
         Ok(etcd)
+    }
+
+    /// Starts a single member that also serves clients over **TLS** on a second port
+    /// (certificates from a private CA made with `openssl`, valid for `127.0.0.1`), besides its
+    /// plain port, which readiness checks and [`etcdctl`](Self::etcdctl) keep using. Clients
+    /// connect to [`tls_url`](Self::tls_url) and trust [`ca_cert`](Self::ca_cert).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start); [`ServerError::NotInstalled`] without `openssl`;
+    /// [`ServerError::CommandFailed`] if a certificate cannot be made.
+    pub fn start_tls() -> Result<Self> {
+        let member = Member::new("solo".to_owned())?;
+        let cluster = member.initial_cluster_entry();
+        let dir = temp_dir(KIND)?;
+        make_certificates(dir.path())?;
+        let tls = Tls {
+            port: free_port().map_err(ServerError::io(KIND, "cannot find a free port"))?,
+            dir,
+        };
+        let etcd = Self::prepare(
+            &member,
+            &cluster,
+            &cluster_token(member.client),
+            SOLO_TIMING,
+            Some(tls),
+        )?;
+        etcd.proc.start()?;
+        Ok(etcd)
+    }
+
+    /// `https://127.0.0.1:TLS_PORT` for a member from [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls.as_ref().map(|tls| {
+            format!(
+                "https://{}",
+                SocketAddr::from((Ipv4Addr::LOCALHOST, tls.port))
+            )
+        })
+    }
+
+    /// The PEM file of the private CA that signed the TLS certificate of a member from
+    /// [`start_tls`](Self::start_tls), for clients to trust.
+    pub fn ca_cert(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(|tls| tls.dir.path().join("ca.pem"))
     }
 
     /// Starts a single-member etcd with authentication on: user `root` with `password`, and
@@ -113,7 +166,13 @@ impl Etcd {
         let ttl = token_ttl.as_secs().max(1).to_string();
         let mut extra = SOLO_TIMING.to_vec();
         extra.extend(["--auth-token", "simple", "--auth-token-ttl", &ttl]);
-        let etcd = Self::prepare(&member, &cluster, &cluster_token(member.client), &extra)?;
+        let etcd = Self::prepare(
+            &member,
+            &cluster,
+            &cluster_token(member.client),
+            &extra,
+            None,
+        )?;
         etcd.proc.start()?;
         etcd.etcdctl(&["user", "add", &format!("root:{password}")])?;
         etcd.etcdctl(&["auth", "enable"])?;
@@ -125,20 +184,26 @@ impl Etcd {
         initial_cluster: &str,
         token: &str,
         extra: &[&str],
+        tls: Option<Tls>,
     ) -> Result<Self> {
         let program = find_program(KIND, "etcd")?;
         let dir = temp_dir(KIND)?;
         let client_url = format!("http://127.0.0.1:{}", member.client);
         let peer_url = format!("http://127.0.0.1:{}", member.peer);
-        let launch = Launch::new(program)
+        // A TLS member listens on its plain port too: the readiness probe and etcdctl use it.
+        let client_urls = match &tls {
+            Some(tls) => format!("{client_url},https://127.0.0.1:{}", tls.port),
+            None => client_url.clone(),
+        };
+        let mut launch = Launch::new(program)
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(dir.path().join("data"))
             .args([
                 "--listen-client-urls",
-                &client_url,
+                &client_urls,
                 "--advertise-client-urls",
-                &client_url,
+                &client_urls,
             ])
             .args([
                 "--listen-peer-urls",
@@ -156,6 +221,13 @@ impl Etcd {
             .args(["--logger", "zap", "--log-outputs", "stderr"])
             .args(extra)
             .cwd(dir.path());
+        if let Some(tls) = &tls {
+            launch = launch
+                .arg("--cert-file")
+                .arg(tls.dir.path().join("server.pem"))
+                .arg("--key-file")
+                .arg(tls.dir.path().join("server.key"));
+        }
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, member.client));
         let proc = Proc::new(
             KIND,
@@ -170,6 +242,7 @@ impl Etcd {
             proc,
             client: member.client,
             etcdctl: find_program(KIND, "etcdctl").ok(),
+            tls,
         })
     }
 
@@ -248,7 +321,7 @@ impl EtcdCluster {
         let token = cluster_token(specs[0].client);
         let members = specs
             .iter()
-            .map(|m| Etcd::prepare(m, &initial, &token, &[]))
+            .map(|m| Etcd::prepare(m, &initial, &token, &[], None))
             .collect::<Result<Vec<_>>>()?;
         let spawned = members
             .iter()
