@@ -1,6 +1,6 @@
 //! Faults specific to MariaDB sessions, each against its own server: the holder's connection
-//! killed, a client cut off by the fault proxy, a cancelled blocking wait, and a pool under
-//! pressure. (A frozen, dead or restarted server is the fault suite's: `faults::dead_or_frozen_server_answers_unavailable`,
+//! killed, a client cut off by the fault proxy, a cancelled blocking wait, a pool under
+//! pressure, and the server's wall clock stepped (tokens are floored by it). (A frozen, dead or restarted server is the fault suite's: `faults::dead_or_frozen_server_answers_unavailable`,
 //! `faults::server_restart_while_held_is_lost_or_kept`.)
 
 mod common;
@@ -277,4 +277,68 @@ async fn pool_under_pressure_neither_deadlocks_nor_mixes_connections() {
             g.release().await.unwrap();
         }
     }
+}
+
+/// The server's wall clock stepped an hour back, then forward, then back to the true time (an
+/// NTP step, a VM restored from a snapshot), with libfaketime preloaded into `mariadbd`: fencing
+/// tokens are floored by the server's clock (`UNIX_TIMESTAMP(NOW(6))` in microseconds) but raised
+/// past the last one a name had, so each grant's token is still above the one before, whichever
+/// way the clock went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_rising_when_the_server_clock_steps() {
+    use dlock_conformance::nemesis::clock::SteppedClock;
+    let dir = std::env::temp_dir().join(format!("dlock-mysql-clock-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let clock = SteppedClock::in_dir(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let server =
+        tokio::task::block_in_place(|| dlock_test_servers::MariaDb::start_with_env(&clock.env()))
+            .unwrap_or_else(|e| panic!("cannot start MariaDB under libfaketime: {e}"));
+    let locks = MySqlLock::connect_url(&server.url()).await.unwrap();
+    let n = name("clock");
+    let mut conn = raw(&server.url()).await;
+    let mut last = 0;
+    for offset in ["+0", "-1h", "+1h", "+0", "-2h"] {
+        clock.set(offset).unwrap();
+        let expected: i64 = match offset {
+            "+0" => 0,
+            "-1h" => -3600,
+            "+1h" => 3600,
+            _ => -7200,
+        };
+        // libfaketime re-reads the offset file at most once a second: wait until the server's
+        // clock shows the step.
+        let give_up = Instant::now() + BOUND;
+        loop {
+            let server_now: i64 = conn
+                .fetch_one("SELECT CAST(UNIX_TIMESTAMP() AS SIGNED)")
+                .await
+                .unwrap()
+                .get(0);
+            let true_now = i64::try_from(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs(),
+            )
+            .unwrap();
+            if (server_now - true_now - expected).abs() <= 5 {
+                break;
+            }
+            assert!(
+                Instant::now() < give_up,
+                "the server's clock did not step to {offset}: {} s off",
+                server_now - true_now
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let guard = locks.acquire(&n, &wait(BOUND)).await.unwrap();
+        let token = guard.fencing_token().get();
+        assert!(
+            token > last,
+            "token {token} after {last}: the server clock's step to {offset} took it back"
+        );
+        last = token;
+        guard.release().await.unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -60,6 +60,15 @@ impl MariaDb {
     /// [`ServerError::NotInstalled`] without the binaries; [`ServerError::CommandFailed`] when
     /// `mariadb-install-db` or the `create database` fails; [`ServerError::StartFailed`] with the server's log.
     pub fn start() -> Result<Self> {
+        Self::start_with_env(&[])
+    }
+
+    /// [`start`](Self::start), with `env` set in the server's environment only (not the
+    /// bootstrap's): a preloaded libfaketime, say, to step the server's wall clock.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_with_env(env: &[(String, String)]) -> Result<Self> {
         let server = find_program(KIND, "mariadbd")?;
         let install = find_program(KIND, "mariadb-install-db")?;
         let client = find_program(KIND, "mariadb")?;
@@ -112,6 +121,9 @@ impl MariaDb {
             .arg(&tmpdir)
             .args(COMMON)
             .cwd(dir.path());
+        let launch = env
+            .iter()
+            .fold(launch, |launch, (key, value)| launch.env(key, value));
         let ready = Self::client_command(&client, port, "select 1");
         let proc = Proc::new(
             KIND,

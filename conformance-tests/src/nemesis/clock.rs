@@ -36,6 +36,15 @@ impl SteppedClock {
     /// Without libfaketime (the message says how to install it), or when the file cannot be
     /// written.
     pub fn new(run: &Run) -> Result<Self, Failure> {
+        Self::in_dir(&run.dir)
+    }
+
+    /// A clock whose offset file lives in `dir`: for a process the harness starts itself (a
+    /// server), outside a run.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn in_dir(dir: &Path) -> Result<Self, Failure> {
         let library = LIBRARY_DIRS
             .iter()
             .map(|dir| Path::new(dir).join(LIBRARY))
@@ -47,10 +56,10 @@ impl SteppedClock {
                 ))
             })?;
         let clock = Self {
-            file: run.dir.join("wall-clock-offset"),
+            file: dir.join("wall-clock-offset"),
             library,
         };
-        clock.write("+0")?;
+        clock.set("+0")?;
         Ok(clock)
     }
 
@@ -74,7 +83,7 @@ impl SteppedClock {
     /// # Errors
     /// When the file cannot be written.
     pub fn step(&self, run: &Run, offset: &str) -> Result<(), Failure> {
-        self.write(offset)?;
+        self.set(offset)?;
         let edge = if offset == "+0" {
             Edge::Stop
         } else {
@@ -84,8 +93,12 @@ impl SteppedClock {
         Ok(())
     }
 
-    /// Writes beside and renames over, so a worker never reads half a line.
-    fn write(&self, offset: &str) -> Result<(), Failure> {
+    /// Sets the offset (`+1h`, `-1h`, `+0`) without logging it: for a clock outside a run.
+    /// Writes beside and renames over, so a process never reads half a line.
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub fn set(&self, offset: &str) -> Result<(), Failure> {
         let next = self.file.with_extension("next");
         std::fs::write(&next, format!("{offset}\n"))
             .and_then(|()| std::fs::rename(&next, &self.file))
