@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Deployment, Fault, Faults, Harness, OwnServer, Timing};
+use dlock_conformance::{Deployment, Fault, Faults, Harness, OwnServer, ProxyTarget, Timing};
 use dlock_etcd::{EtcdConfig, EtcdLock};
 use dlock_test_servers::{Etcd, EtcdCluster};
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
@@ -36,10 +36,9 @@ impl EtcdHarness {
 
     /// Three members: `DLOCK_TEST_ETCD_CLUSTER_URL` if set, else a private cluster.
     pub fn cluster() -> Self {
-        let deployment =
-            Deployment::from_env_or_start("etcd-3", "DLOCK_TEST_ETCD_CLUSTER_URL", || {
-                EtcdCluster::start().map(|cluster| (etcd_url(&cluster.endpoints()), cluster))
-            });
+        let deployment = Deployment::from_env_or_start("etcd-3", CLUSTER_URL_VAR, || {
+            EtcdCluster::start().map(|cluster| (etcd_url(&cluster.endpoints()), cluster))
+        });
         Self { deployment }
     }
 
@@ -54,6 +53,7 @@ impl EtcdHarness {
 }
 
 const SINGLE_URL_VAR: &str = "DLOCK_TEST_ETCD_URL";
+const CLUSTER_URL_VAR: &str = "DLOCK_TEST_ETCD_CLUSTER_URL";
 
 pub async fn raw_client(url: &str) -> std::result::Result<Client, String> {
     let config = EtcdConfig::from_url(url).map_err(text)?;
@@ -147,8 +147,43 @@ impl Faults for EtcdHarness {
             Fault::KillHolder => true,
             // One member only: the cluster has its own leader-change tests.
             Fault::OwnServer => self.deployment.url_var() == SINGLE_URL_VAR,
+            // One member: through its own server's proxy; a cluster: a proxy per member.
+            Fault::ProxyLink => true,
             _ => false,
         }
+    }
+
+    /// One member: a server of the case's own. A cluster: the shared one, each member behind a
+    /// proxy of its own, so a link fault cuts a client off from every member at once (a cut
+    /// to one member only is a failover, which the cluster's own tests cover).
+    async fn proxy_target(&self) -> std::result::Result<ProxyTarget, String> {
+        if self.deployment.url_var() == SINGLE_URL_VAR {
+            return Ok(self.own_server().await?.into());
+        }
+        let config = EtcdConfig::from_url(self.url()).map_err(text)?;
+        let members = config
+            .endpoints
+            .iter()
+            .map(|e| e.parse::<std::net::SocketAddr>().map_err(text))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let direct: Arc<dyn Harness> = Arc::new(EtcdHarness {
+            deployment: Deployment::at("etcd-3", CLUSTER_URL_VAR, self.url().to_owned()),
+        });
+        Ok(ProxyTarget::owned(
+            members,
+            direct,
+            |proxies: &[std::net::SocketAddr]| -> Arc<dyn Harness> {
+                let endpoints: Vec<String> = proxies.iter().map(ToString::to_string).collect();
+                Arc::new(EtcdHarness {
+                    deployment: Deployment::at(
+                        "etcd-3 via fault proxies",
+                        CLUSTER_URL_VAR,
+                        etcd_url(&endpoints),
+                    ),
+                })
+            },
+            (),
+        ))
     }
 
     /// A private single-member etcd (its data survives restarts).
