@@ -31,6 +31,10 @@ pub struct Capabilities {
     /// One client can hold the same name twice. No dlock backend is: a second acquire by the same
     /// client waits like any other client.
     pub reentrant: bool,
+    /// [`DistributedLock::inspect`](crate::DistributedLock::inspect) answers who holds a name,
+    /// with what token and lease left, and how many wait (each backend documents which of these
+    /// its server can tell).
+    pub inspect: bool,
     /// The longest name the backend keeps readable before mapping it to a digest key, if limited.
     pub max_name_bytes: Option<usize>,
     /// The longest lease the backend accepts, if limited.
@@ -65,7 +69,8 @@ pub enum LeaseKind {
 
 impl Capabilities {
     /// A lease that ends at its TTL, extended by its guard; waiters woken on release, loss
-    /// signalled. Without fencing, FIFO order, failover or limits: a backend names what it adds.
+    /// signalled. Without fencing, FIFO order, failover, inspection or limits: a backend names
+    /// what it adds.
     pub const TTL_LEASE: Self = Self {
         fencing: Fencing::None,
         lease: LeaseKind::Ttl,
@@ -75,6 +80,7 @@ impl Capabilities {
         lost_signal: true,
         survives_failover: false,
         reentrant: false,
+        inspect: false,
         max_name_bytes: None,
         max_ttl: None,
         min_ttl: None,

@@ -51,6 +51,8 @@
 //! - [`LockGuard`]: a held lock; [`LockOptions`]: TTL, wait, renewal, max hold, retry.
 //! - [`LockName`]: validated names; [`KeyMapper`]: names into narrower key spaces.
 //! - [`Capabilities`]: what a backend promises beyond the contract.
+//! - [`Inspection`]: who holds a name, with what token and lease left, and how many wait
+//!   ([`DistributedLock::inspect`], on backends with [`Capabilities::inspect`]).
 //! - [`raw`]: the implementor API (leases, the shared watchdog, cancel-safety guards).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Bad input must never panic: arithmetic on instants, durations and counters is checked or
@@ -61,6 +63,7 @@ mod capabilities;
 mod error;
 mod fencing;
 mod guard;
+mod inspect;
 mod lock;
 mod memory;
 mod name;
@@ -73,6 +76,7 @@ pub use capabilities::{Capabilities, Fencing, LeaseKind};
 pub use error::{BoxError, CommandTimeout, LockError, Result, error_chain};
 pub use fencing::FencingGate;
 pub use guard::{LockGuard, Lost};
+pub use inspect::Inspection;
 pub use lock::{DistributedLock, DistributedLockExt, DynDistributedLock, LockContext};
 pub use memory::MemoryLock;
 pub use name::{KeyMapper, LockName};

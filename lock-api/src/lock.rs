@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
+use crate::inspect::Inspection;
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::token::FencingToken;
@@ -76,6 +77,24 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
     /// registered, and no client that refuses the name later (`cancel::dropped_acquire_leaves_nothing`,
     /// `cancel::storm_leaves_every_name_free`); the caller loses its place in the queue.
     async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard>;
+
+    /// Asks the server who holds `name` right now: whether it is held, the holder's fencing
+    /// token, its remaining lease and how many wait, as far as the backend can know (see
+    /// [`Inspection`] and [`Capabilities::inspect`]). A snapshot for operators (`dlock status`),
+    /// stale as soon as it arrives: never a reason to skip an acquire.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`](crate::LockError::Unsupported) before any network call on a
+    /// backend that cannot inspect (the default); [`LockError::Unavailable`](crate::LockError::Unavailable)
+    /// / [`LockError::Backend`](crate::LockError::Backend) when the server fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads, so dropping the future at any await point changes nothing on
+    /// the server.
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        let _ = name;
+        Err(crate::inspect::unsupported("this backend"))
+    }
 }
 
 /// A lock service behind a pointer: `Arc<DynDistributedLock>`.
@@ -97,6 +116,9 @@ impl<T: DistributedLock + ?Sized> DistributedLock for Arc<T> {
     async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
         (**self).acquire(name, options).await
     }
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        (**self).inspect(name).await
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -114,6 +136,9 @@ impl<T: DistributedLock + ?Sized> DistributedLock for Box<T> {
     }
     async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
         (**self).acquire(name, options).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        (**self).inspect(name).await
     }
 }
 

@@ -14,6 +14,7 @@ use tokio::time::{Instant, sleep_until};
 use self::store::{Attempt, Store};
 use crate::capabilities::{Capabilities, Fencing};
 use crate::error::{LockError, Result};
+use crate::inspect::Inspection;
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::raw::time::after;
@@ -31,6 +32,9 @@ const BACKEND: &str = "memory";
 /// whose task is not polled when its turn comes (a stalled task holding a pending acquire) holds
 /// the queue up for that lease at most, then queues again at the back. Time is tokio's,
 /// so tests under `#[tokio::test(start_paused = true)]` see TTLs pass instantly.
+///
+/// [`inspect`](crate::DistributedLock::inspect) reports everything: holder (`hold N`), token,
+/// remaining lease and the number of queued waiters.
 ///
 /// Clients of one *store* see each other's locks: [`MemoryLock::new`] makes a new store,
 /// [`client`](Self::client) another client of the same store, and [`MemoryLock::shared`] (what
@@ -245,8 +249,23 @@ impl RawLock for MemoryLock {
         Capabilities {
             fencing: Fencing::Strict,
             fifo: true,
+            inspect: true,
             ..Capabilities::TTL_LEASE
         }
+    }
+
+    /// The store's holder (its token, the lease it has left, its hold id as `hold N`) and the
+    /// number of queued waiters.
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        self.reachable()?;
+        let (holder, waiting) = self.store.inspect(name);
+        Ok(match holder {
+            Some((id, token, expires_at)) => Inspection::held(Some(FencingToken::new(token)))
+                .with_remaining(expires_at.saturating_duration_since(Instant::now()))
+                .with_waiters(waiting)
+                .with_holder(format!("hold {id}")),
+            None => Inspection::free(Some(waiting)),
+        })
     }
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {

@@ -321,6 +321,26 @@ impl Store {
         locks.len()
     }
 
+    /// Who holds `name` (its hold id and token, and when its lease ends) and how many wait
+    /// behind it. A hold offered to the first waiter is that waiter's: it no longer counts as
+    /// waiting.
+    pub(super) fn inspect(&self, name: &LockName) -> (Option<(u64, u64, Instant)>, usize) {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let Inner { locks, counters } = &mut *inner;
+        let Some(entry) = locks.get_mut(name) else {
+            return (None, 0);
+        };
+        entry.settle(counters, now);
+        let holder = entry.holder.as_ref().map(|h| (h.id, h.token, h.expires_at));
+        let offered = |w: &Waiter| {
+            w.offer
+                .is_some_and(|(id, _)| holder.is_some_and(|(held, _, _)| held == id))
+        };
+        let waiting = entry.waiters.iter().filter(|w| !offered(w)).count();
+        (holder, waiting)
+    }
+
     /// Whether `name` is held or waited for.
     pub(super) fn in_use(&self, name: &LockName) -> bool {
         let now = Instant::now();

@@ -110,6 +110,18 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>>;
+
+    /// Reads who holds `name` on the server, for
+    /// [`DistributedLock::inspect`](crate::DistributedLock::inspect); called only when
+    /// [`capabilities`](Self::capabilities) says `inspect`. The default answers
+    /// [`LockError::Unsupported`].
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: it only reads.
+    async fn inspect(&self, name: &LockName) -> Result<crate::Inspection> {
+        let _ = name;
+        Err(crate::inspect::unsupported(self.backend()))
+    }
 }
 
 /// [`DistributedLock::try_acquire`](crate::DistributedLock::try_acquire) for a [`RawLock`].
@@ -228,6 +240,13 @@ macro_rules! impl_distributed_lock {
                 options: &$crate::LockOptions,
             ) -> $crate::Result<$crate::LockGuard> {
                 $crate::raw::acquire(self, name, options).await
+            }
+
+            async fn inspect(
+                &self,
+                name: &$crate::LockName,
+            ) -> $crate::Result<$crate::Inspection> {
+                $crate::raw::inspect(self, name).await
             }
         }
     };

@@ -15,6 +15,8 @@
 //!   the guard is assembled here and the shared watchdog started when the guard renews its own
 //!   lease. Backend entry points with their own key types (Postgres integer keys) use
 //!   [`try_acquire_by`] and [`acquire_by`].
+//! - Optionally [`RawLock::inspect`] (a read-only query of who holds a name), with `inspect: true`
+//!   in its capabilities; otherwise [`inspect`] refuses before any network call.
 //!
 //! ## The three lease models
 //! - **TTL per lock** (Redis, memory): the state carries a deadline measured from before the
@@ -58,6 +60,7 @@ mod subscriptions;
 pub mod time;
 pub(crate) mod watchdog;
 
+pub use crate::inspect::inspect;
 pub use detach::Detach;
 pub use engine::{Grant, RawLock, acquire, acquire_by, try_acquire, try_acquire_by};
 pub use lease::{RawLease, RenewedBy, spawn_release};
