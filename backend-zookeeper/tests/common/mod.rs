@@ -12,7 +12,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::raw::SessionStatus;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Deployment, Fault, Faults, Harness, OwnServer, SessionControl, Timing};
+use dlock_conformance::{
+    Deployment, Fault, Faults, Harness, OwnServer, ProxyTarget, SessionControl, Timing,
+};
 use dlock_test_servers::{FaultProxy, ProxyMode, ServerProcess, ZooKeeper, ZooKeeperEnsemble};
 use dlock_zookeeper::{ZkConfig, ZkLock};
 use zookeeper_client::Client;
@@ -26,6 +28,7 @@ pub struct ZkHarness {
 
 const STANDALONE_URL_VAR: &str = "DLOCK_TEST_ZOOKEEPER_URL";
 const TLS_URL_VAR: &str = "DLOCK_TEST_ZOOKEEPER_TLS_URL";
+const ENSEMBLE_URL_VAR: &str = "DLOCK_TEST_ZOOKEEPER_ENSEMBLE_URL";
 
 fn text(e: impl ToString) -> String {
     e.to_string()
@@ -61,14 +64,10 @@ impl ZkHarness {
 
     /// Three nodes: `DLOCK_TEST_ZOOKEEPER_ENSEMBLE_URL` if set, else a private ensemble.
     pub fn ensemble() -> Self {
-        let deployment = Deployment::from_env_or_start(
-            "zk-ensemble",
-            "DLOCK_TEST_ZOOKEEPER_ENSEMBLE_URL",
-            || {
-                ZooKeeperEnsemble::start()
-                    .map(|ensemble| (format!("zk://{}", ensemble.connect_string()), ensemble))
-            },
-        );
+        let deployment = Deployment::from_env_or_start("zk-ensemble", ENSEMBLE_URL_VAR, || {
+            ZooKeeperEnsemble::start()
+                .map(|ensemble| (format!("zk://{}", ensemble.connect_string()), ensemble))
+        });
         Self::new(deployment, false)
     }
 
@@ -332,8 +331,48 @@ impl Faults for ZkHarness {
         match fault {
             Fault::KillHolder | Fault::KillWaiters | Fault::SuspendSession => true,
             Fault::OwnServer => self.single,
+            // A standalone server: through its own server's proxy; an ensemble: a proxy per
+            // member.
+            Fault::ProxyLink => true,
             _ => false,
         }
+    }
+
+    /// A standalone server: one of the case's own. An ensemble: the shared one, each member
+    /// behind a proxy of its own, so a link fault cuts a client off from every member at once
+    /// (a cut to one member only makes the client move to another, which the ensemble's own
+    /// tests cover).
+    async fn proxy_target(&self) -> std::result::Result<ProxyTarget, String> {
+        if self.single {
+            return Ok(self.own_server().await?.into());
+        }
+        let members = self
+            .config()
+            .hosts
+            .iter()
+            .map(|h| h.parse::<std::net::SocketAddr>().map_err(text))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        // The deployment's own variable: child processes of this test binary read it.
+        let var = self.deployment.url_var();
+        let direct: Arc<dyn Harness> = Arc::new(Self::new(
+            Deployment::at("zk-ensemble", var, self.url().to_owned()),
+            false,
+        ));
+        let url = self.url().to_owned();
+        Ok(ProxyTarget::owned(
+            members,
+            direct,
+            move |proxies: &[std::net::SocketAddr]| -> Arc<dyn Harness> {
+                let hosts: Vec<String> = proxies.iter().map(ToString::to_string).collect();
+                let via = Self::new(Deployment::at("zk-ensemble", var, url.clone()), false);
+                let url = via.url_via(&hosts.join(","));
+                Arc::new(Self::new(
+                    Deployment::at("zk-ensemble via fault proxies", var, url),
+                    false,
+                ))
+            },
+            (),
+        ))
     }
 
     /// Expires the holder's session on the server (the owner of the first node in the queue),
