@@ -31,6 +31,10 @@
 //! - **Renewal**: the shared dlock watchdog extends the lease every TTL/3; when the key is gone or
 //!   someone else's, or the server stays unreachable until the lease ends, the guard's `lost`
 //!   fires.
+//! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) is one
+//!   read-only script: the holder's owner value and remaining lease (`PTTL`), its fencing token
+//!   (the fence counter, raised in the script that granted the lock) and the live waiters in the
+//!   queue: everything [`Inspection`](dlock_api::Inspection) asks is known.
 //!
 //! ## URLs
 //! `redis://[user:pass@]host:port[/db]`, `rediss://…` (TLS, feature `tls-rustls`; add

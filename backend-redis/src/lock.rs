@@ -7,7 +7,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{Grant, LeaseState, PendingAcquire, RawLock, RenewedBy};
-use dlock_api::{Capabilities, Fencing, FencingToken, LockError, LockName, LockOptions, Result};
+use dlock_api::{
+    Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
+};
 use tokio::time::{Instant, sleep_until};
 
 use crate::BACKEND;
@@ -228,8 +230,34 @@ impl RawLock for RedisLock {
         Capabilities {
             fencing: Fencing::BestEffort,
             fifo: true,
+            inspect: true,
             ..Capabilities::TTL_LEASE
         }
+    }
+
+    /// One read-only script: the lock key's owner and PTTL, the fence counter (the holder's
+    /// token) and the live waiters in the queue.
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        let inner = &self.inner;
+        let view = crate::node::inspect_on(
+            &inner.conn,
+            &inner.scripts.inspect,
+            &self.keys(name),
+            inner.config.command_timeout,
+        )
+        .await?;
+        Ok(match view.holder {
+            Some(owner) => {
+                let held = Inspection::held(view.fence.map(FencingToken::new))
+                    .with_waiters(view.waiters)
+                    .with_holder(owner);
+                match view.pttl {
+                    Some(pttl) => held.with_remaining(pttl),
+                    None => held,
+                }
+            }
+            None => Inspection::free(Some(view.waiters)),
+        })
     }
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {

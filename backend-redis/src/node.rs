@@ -32,7 +32,7 @@ use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::LockKeys;
 use crate::scripts::{
-    EXTEND, NODE_ACQUIRE, NODE_RAISE_FENCE, NODE_RAISE_FENCE_HELD, NODE_RELEASE,
+    EXTEND, INSPECT, NODE_ACQUIRE, NODE_RAISE_FENCE, NODE_RAISE_FENCE_HELD, NODE_RELEASE,
     NODE_RELEASE_ANNOUNCED,
 };
 
@@ -46,6 +46,7 @@ pub struct Node {
     extend: Script,
     raise: Script,
     raise_held: Script,
+    inspect: Script,
 }
 
 /// What a node tells its event handler ([`Node::connect_with_events`]).
@@ -62,6 +63,55 @@ pub enum NodeEvent<'a> {
     /// The connection was lost: messages sent meanwhile were missed. The connection comes back
     /// by itself and subscribes again.
     Disconnected,
+}
+
+/// What [`Node::inspect`] read of one name on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeView {
+    /// The holder's owner value, if the lock is held on this node.
+    pub holder: Option<String>,
+    /// The lock's remaining TTL on this node; `None` when free or when the key has no TTL (not a
+    /// dlock key).
+    pub pttl: Option<Duration>,
+    /// The node's fence counter for the name (the last token it handed out); `None` if it never
+    /// handed one out.
+    pub fence: Option<u64>,
+    /// Live waiters in the name's queue on this node (only the single-node backend queues).
+    pub waiters: usize,
+}
+
+/// Runs the inspect script for `keys` on `conn`.
+pub(crate) async fn inspect_on(
+    conn: &Conn,
+    script: &Script,
+    keys: &LockKeys,
+    timeout: Duration,
+) -> Result<NodeView> {
+    let reply: Vec<Value> = conn
+        .run_script(
+            timeout,
+            script,
+            &[&keys.lock, &keys.fence, &keys.queue, &keys.waiters],
+            &[],
+        )
+        .await?;
+    match reply.as_slice() {
+        [holder, Value::Int(pttl), fence, Value::Int(waiters)] => {
+            let holder = text(holder).unwrap_or_default();
+            let fence = text(fence).unwrap_or_default();
+            Ok(NodeView {
+                holder: (!holder.is_empty()).then(|| holder.to_owned()),
+                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+                fence: fence.parse().ok(),
+                waiters: usize::try_from(*waiters).unwrap_or(0),
+            })
+        }
+        other => Err(LockError::unexpected(
+            crate::BACKEND,
+            format!("unexpected inspect reply {other:?}"),
+        )),
+    }
 }
 
 /// Receives a node's [`NodeEvent`]s; called on the connection's task, so it must not block.
@@ -140,6 +190,7 @@ impl Node {
             extend: Script::new(EXTEND),
             raise: Script::new(NODE_RAISE_FENCE),
             raise_held: Script::new(NODE_RAISE_FENCE_HELD),
+            inspect: Script::new(INSPECT),
         })
     }
 
@@ -321,6 +372,18 @@ impl Node {
             )
             .await?;
         Ok(held == 1)
+    }
+
+    /// Reads who holds the lock on this node, its remaining TTL and the fence counter, in one
+    /// script that writes nothing.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] on a timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn inspect(&self, keys: &LockKeys, timeout: Duration) -> Result<NodeView> {
+        inspect_on(&self.conn, &self.inspect, keys, timeout).await
     }
 
     /// Subscribes to `channel` (a name's [`LockKeys::channel`]); its messages reach the event

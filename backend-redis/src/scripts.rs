@@ -209,6 +209,27 @@ end
 return 1
 ";
 
+/// Inspect (read only). KEYS: lock, fence, queue, waiters.
+///
+/// Returns `{holder, pttl, fence, waiters}`: the holder's owner value (`''` when free), its
+/// PTTL (`-2` free, `-1` a key without TTL), the name's fence counter (the holder's token: a
+/// grant sets the lock and raises the fence in one script; `''` when the name never had one),
+/// and how many queued waiters are live (presence deadline not passed). On a node without the
+/// queue (Redlock's) the last is 0.
+pub(crate) const INSPECT: &str = r"
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local live = 0
+for _, owner in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
+  local entry = redis.call('HGET', KEYS[4], owner)
+  if entry and tonumber(string.match(entry, '^(%d+):') or '0') > now_ms then
+    live = live + 1
+  end
+end
+return {redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]),
+  redis.call('GET', KEYS[2]) or '', live}
+";
+
 /// The scripts, hashed once per client.
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -216,6 +237,7 @@ pub(crate) struct Scripts {
     pub(crate) release: Script,
     pub(crate) cancel: Script,
     pub(crate) extend: Script,
+    pub(crate) inspect: Script,
 }
 
 impl Scripts {
@@ -225,6 +247,7 @@ impl Scripts {
             release: Script::new(RELEASE),
             cancel: Script::new(CANCEL),
             extend: Script::new(EXTEND),
+            inspect: Script::new(INSPECT),
         }
     }
 }
