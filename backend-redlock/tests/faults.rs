@@ -2,7 +2,7 @@
 //! majority killed (fails fast, nothing left held), two nodes frozen during an acquire (granted
 //! after the per-node timeout, with the time spent taken off the validity), a failed renewal
 //! (nothing deleted, suspended, then lost), every subset of nodes clogged by a foreign value,
-//! and many clients contending for one name.
+//! many clients contending for one name, a replicated node refused, and nodes whose clocks jump.
 
 mod common;
 
@@ -369,4 +369,62 @@ async fn a_replicated_node_is_refused_at_connect() {
         .await
         .unwrap();
     guard.release().await.unwrap();
+}
+
+/// Cuts the remaining TTL of `name`'s key on node `i` to 1 ms: what a forward jump of that
+/// node's wall clock does (Redis keeps a key's expiry as an absolute wall-clock time, so the
+/// key expires early). libfaketime cannot be preloaded into this redis-server (jemalloc calls
+/// the clock before libfaketime has set itself up, and the server never starts), so the jump's
+/// effect on the key is applied directly.
+async fn jump_clock_on(nodes: &RedisNodes, i: usize, name: &LockName) {
+    let key = common::keys(&redlock_url(nodes, ""), name).lock;
+    let client = redis::Client::open(nodes.node(i).url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let cut: i64 = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(cut, 1, "node {i} had no key to expire early");
+}
+
+/// One node's clock jumps forward: its copy of the key expires early, the holder keeps its
+/// quorum (renewals go on, nobody else gets in). Then two more nodes jump: a majority of the
+/// copies is gone, so the next renewal reports the loss (`TakenOver`) and another client gets
+/// the lock with a higher token. Redlock's safety assumes clocks that agree on their rate;
+/// this shows what the library does when they do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_clock_jump_expires_its_key_early_and_a_majority_of_jumps_loses_the_lock() {
+    let nodes = start_nodes(5);
+    let (holder, other) = (client(&nodes, "").await, client(&nodes, "").await);
+    let lock = name("clock-jump");
+    let ttl = Duration::from_secs(3);
+    let guard = holder.acquire(&lock, &opts(ttl)).await.unwrap();
+    jump_clock_on(&nodes, 0, &lock).await;
+    let settle = Instant::now() + ttl;
+    while Instant::now() < settle {
+        // Through a renewal or two (every third of the TTL): still held, still exclusive.
+        assert!(guard.is_held(), "one node's clock jump lost the lock");
+        let intruder = other
+            .try_acquire(&lock, &LockOptions::new().with_ttl(ttl))
+            .await
+            .unwrap();
+        assert!(
+            intruder.is_none(),
+            "another client got in past a single jump"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for i in [1, 2] {
+        jump_clock_on(&nodes, i, &lock).await;
+    }
+    let reason = timeout(BOUND, guard.lost())
+        .await
+        .expect("the next renewal notices a majority of the copies gone");
+    assert_eq!(reason, LostReason::TakenOver);
+    let next = other.acquire(&lock, &opts(ttl)).await.unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    next.release().await.unwrap();
+    settles_empty(&nodes, &[0, 1, 2, 3, 4], &lock).await;
 }
