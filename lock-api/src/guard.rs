@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{LockError, Result};
 use crate::name::LockName;
+use crate::observability::{End, GuardLabels, GuardProbe};
 use crate::options::LockOptions;
 use crate::raw::detach::Detach;
 use crate::raw::lease::{RawLease, RenewedBy, spawn_release};
@@ -39,6 +40,8 @@ pub struct LockGuard {
     token: FencingToken,
     lease: Option<Arc<dyn RawLease>>,
     state: Arc<LeaseState>,
+    backend: &'static str,
+    probe: GuardProbe,
 }
 
 impl LockGuard {
@@ -46,6 +49,7 @@ impl LockGuard {
     /// starts the watchdog if `options` ask for renewal (and the guard renews its own lease) or a
     /// maximum hold time.
     pub(crate) fn assemble(
+        backend: &'static str,
         name: LockName,
         token: FencingToken,
         lease: Arc<dyn RawLease>,
@@ -53,6 +57,12 @@ impl LockGuard {
         renewed_by: RenewedBy,
         options: &LockOptions,
     ) -> Self {
+        // Before the watchdog starts, so that its first failure is reported as this guard's.
+        state.label(GuardLabels {
+            backend,
+            name: name.clone(),
+            token,
+        });
         start_watchdog(
             watchdog_settings(&name, options, renewed_by == RenewedBy::Guard),
             lease.clone(),
@@ -63,6 +73,8 @@ impl LockGuard {
             token,
             lease: Some(lease),
             state,
+            backend,
+            probe: GuardProbe::start(backend),
         }
     }
 
@@ -198,6 +210,11 @@ impl LockGuard {
         let lost_before = (!self.state.is_held())
             .then(|| self.state.lost_reason())
             .flatten();
+        self.probe.set_end(if lost_before.is_some() {
+            End::Lost
+        } else {
+            End::Released
+        });
         let released = Detach::new(async move { lease.release().await }).await;
         match (lost_before, released) {
             (Some(reason), _) => Err(LockError::Lost {
@@ -212,6 +229,7 @@ impl LockGuard {
     /// TTL ends (a session backend's connection is closed, which frees it at once). Useful for
     /// handing a lock over to expiry on purpose, and for testing crash liveness.
     pub fn forget(mut self) {
+        self.probe.set_end(End::Forgotten);
         self.state.close();
         self.lease.take();
     }
@@ -231,8 +249,18 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
+            // Looked at before closing: a lease that ran out, or a session that ended, unnoticed
+            // while held is reported as lost here rather than never.
+            let lost = !self.state.is_held();
+            self.probe
+                .set_end(if lost { End::Lost } else { End::Dropped });
             self.state.close();
-            tracing::warn!(lock = %self.name, "lock guard dropped without release(); releasing in the background");
+            tracing::warn!(
+                backend = self.backend,
+                name = %self.name,
+                token = self.token.get(),
+                "lock guard dropped without release(); releasing in the background"
+            );
             spawn_release(self.name.as_str(), lease);
         }
     }

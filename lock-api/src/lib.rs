@@ -53,6 +53,8 @@
 //! - [`Capabilities`]: what a backend promises beyond the contract.
 //! - [`Inspection`]: who holds a name, with what token and lease left, and how many wait
 //!   ([`DistributedLock::inspect`], on backends with [`Capabilities::inspect`]).
+//! - [`observability`]: the spans, events and metrics (feature `metrics`) every backend reports,
+//!   with their fields and labels.
 //! - [`raw`]: the implementor API (leases, the shared watchdog, cancel-safety guards).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Bad input must never panic: arithmetic on instants, durations and counters is checked or
@@ -67,6 +69,7 @@ mod inspect;
 mod lock;
 mod memory;
 mod name;
+pub mod observability;
 mod options;
 pub mod raw;
 mod status;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::lease::{RawLease, RenewedBy, spawn_release};
 use super::state::LeaseState;
@@ -17,6 +18,7 @@ use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
 use crate::name::LockName;
+use crate::observability::{AcquireProbe, Op, Outcome};
 use crate::options::LockOptions;
 use crate::token::FencingToken;
 
@@ -55,10 +57,18 @@ impl Grant {
         }
     }
 
-    /// The guard for this grant, with renewal and the maximum hold time as `options` ask.
-    pub(crate) fn into_guard(mut self, options: &LockOptions) -> LockGuard {
+    /// The guard for this grant, with renewal and the maximum hold time as `options` ask; the
+    /// acquire's span and metrics record the grant.
+    fn into_guard(
+        mut self,
+        backend: &'static str,
+        options: &LockOptions,
+        probe: &mut AcquireProbe,
+    ) -> LockGuard {
+        probe.acquired(&self.name, self.token);
         let lease = self.lease.take().expect("a grant's lease is taken once");
         LockGuard::assemble(
+            backend,
             self.name.clone(),
             self.token,
             lease,
@@ -136,9 +146,13 @@ pub async fn try_acquire<B: RawLock + ?Sized>(
     name: &LockName,
     options: &LockOptions,
 ) -> Result<Option<LockGuard>> {
-    try_acquire_by(backend.capabilities(), backend.backend(), options, async {
-        backend.try_grant(name, options).await
-    })
+    try_acquire_engine(
+        backend.capabilities(),
+        backend.backend(),
+        Some(name),
+        options,
+        backend.try_grant(name, options),
+    )
     .await
 }
 
@@ -166,7 +180,8 @@ pub async fn acquire<B: RawLock + ?Sized>(
 
 /// The engine's non-blocking acquire for a backend's own entry points (an acquire by integer
 /// key, say): checks `options` against `capabilities` before `attempt` runs, and turns the grant
-/// into a guard.
+/// into a guard. Its `dlock.acquire` span takes the lock name from the grant, so a busy attempt
+/// has none.
 ///
 /// # Errors
 /// [`LockError::InvalidArgument`] / [`LockError::Unsupported`] for options refused before any
@@ -180,8 +195,37 @@ pub async fn try_acquire_by(
     options: &LockOptions,
     attempt: impl Future<Output = Result<Option<Grant>>>,
 ) -> Result<Option<LockGuard>> {
-    capabilities.check(backend, options)?;
-    Ok(attempt.await?.map(|grant| grant.into_guard(options)))
+    try_acquire_engine(capabilities, backend, None, options, attempt).await
+}
+
+async fn try_acquire_engine(
+    capabilities: Capabilities,
+    backend: &'static str,
+    name: Option<&LockName>,
+    options: &LockOptions,
+    attempt: impl Future<Output = Result<Option<Grant>>>,
+) -> Result<Option<LockGuard>> {
+    let mut probe = AcquireProbe::start(backend, Op::TryAcquire, name);
+    let span = probe.span().clone();
+    async {
+        let granted = match capabilities.check(backend, options) {
+            Ok(()) => attempt.await,
+            Err(error) => Err(error),
+        };
+        match granted {
+            Ok(Some(grant)) => Ok(Some(grant.into_guard(backend, options, &mut probe))),
+            Ok(None) => {
+                probe.finish(Outcome::Busy);
+                Ok(None)
+            }
+            Err(error) => {
+                probe.failed(&error);
+                Err(error)
+            }
+        }
+    }
+    .instrument(span)
+    .await
 }
 
 /// The engine's blocking acquire for a backend's own entry points: checks `options`, computes
@@ -204,15 +248,33 @@ where
     F: FnOnce(Option<Instant>) -> Fut,
     Fut: Future<Output = Result<Option<Grant>>>,
 {
-    capabilities.check(backend, options)?;
-    let started = Instant::now();
-    match wait(deadline(started, options.wait_timeout())).await? {
-        Some(grant) => Ok(grant.into_guard(options)),
-        None => Err(LockError::Timeout {
-            name: name.to_string(),
-            waited: started.elapsed(),
-        }),
+    let mut probe = AcquireProbe::start(backend, Op::Acquire, Some(name));
+    let span = probe.span().clone();
+    async {
+        let granted = match capabilities.check(backend, options) {
+            Ok(()) => {
+                let started = probe.waiting();
+                match wait(deadline(started, options.wait_timeout())).await {
+                    Ok(Some(grant)) => Ok(grant),
+                    Ok(None) => Err(LockError::Timeout {
+                        name: name.to_string(),
+                        waited: started.elapsed(),
+                    }),
+                    Err(error) => Err(error),
+                }
+            }
+            Err(error) => Err(error),
+        };
+        match granted {
+            Ok(grant) => Ok(grant.into_guard(backend, options, &mut probe)),
+            Err(error) => {
+                probe.failed(&error);
+                Err(error)
+            }
+        }
     }
+    .instrument(span)
+    .await
 }
 
 /// Implements [`DistributedLock`](crate::DistributedLock) for a type that implements

@@ -60,12 +60,12 @@ pub fn spawn_release(name: &str, lease: Arc<dyn RawLease>) {
             let name = name.to_owned();
             handle.spawn(async move {
                 if let Err(error) = lease.release().await {
-                    tracing::warn!(lock = %name, %error, "background release of a dropped guard failed; the lease will end on its own");
+                    tracing::warn!(name = %name, %error, "background release of a dropped guard failed; the lease will end on its own");
                 }
             });
         }
         Err(_) => {
-            tracing::warn!(lock = %name, "guard dropped outside a tokio runtime; the lock ends when its lease or session does");
+            tracing::warn!(name = %name, "guard dropped outside a tokio runtime; the lock ends when its lease or session does");
         }
     }
 }

@@ -6,6 +6,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
+use crate::observability;
 use crate::status::LostReason;
 
 /// One client session that carries many guards: a SQL connection, an etcd lease kept alive by
@@ -27,6 +28,9 @@ pub struct Session {
     /// Why the session ends when a suspension reaches its deadline.
     expiry_reason: Mutex<Option<LostReason>>,
     changed: Notify,
+    /// The backend of the guards it carries, once it carries one: only such a session reports
+    /// its suspension (a backend's spare or mirror sessions would double the count).
+    backend: OnceLock<&'static str>,
 }
 
 /// Where a [`Session`] stands.
@@ -60,14 +64,20 @@ impl Session {
     /// until `until`. A later suspension keeps the earlier deadline: the session timeout runs from
     /// the last heartbeat, not from the latest failure.
     pub fn suspend(&self, until: Instant) {
-        {
+        let started = {
             let mut suspended = self
                 .suspended_until
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            if suspended.is_none() {
+            if suspended.is_some() {
+                false
+            } else {
                 *suspended = Some(until);
+                true
             }
+        };
+        if let Some(backend) = self.backend.get().filter(|_| started) {
+            observability::suspended(backend, until);
         }
         self.changed.notify_waiters();
     }
@@ -83,10 +93,17 @@ impl Session {
 
     /// The connection is back within the deadline: guards on the session are held again.
     pub fn resume(&self) {
-        *self
+        let was_suspended = self
             .suspended_until
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .is_some();
+        // An ended session does not come back, whatever its backend says afterwards.
+        let back = was_suspended && self.reason.get().is_none();
+        if let Some(backend) = self.backend.get().filter(|_| back) {
+            observability::resumed(backend);
+        }
         self.changed.notify_waiters();
     }
 
@@ -99,6 +116,10 @@ impl Session {
             self.changed.notify_waiters();
         }
         first
+    }
+
+    pub(crate) fn label(&self, backend: &'static str) {
+        let _ = self.backend.set(backend);
     }
 
     /// Where the session stands now. A suspension past its deadline ends the session here

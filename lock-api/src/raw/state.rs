@@ -6,6 +6,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::session::{Session, SessionStatus};
+use crate::observability::{self, GuardLabels};
 use crate::status::{LockStatus, LostReason};
 
 /// The shared record of one held lock's validity and loss.
@@ -24,6 +25,8 @@ pub struct LeaseState {
     renewal_failing: AtomicBool,
     /// The session carrying the lock, if the backend has one: its suspension and end apply here.
     session: Option<Arc<Session>>,
+    /// Whose lease this is, once it belongs to a guard: a loss is reported with these.
+    labels: OnceLock<GuardLabels>,
 }
 
 impl LeaseState {
@@ -38,6 +41,7 @@ impl LeaseState {
             deadline_watched: AtomicBool::new(false),
             renewal_failing: AtomicBool::new(false),
             session: None,
+            labels: OnceLock::new(),
         }
     }
 
@@ -83,6 +87,19 @@ impl LeaseState {
         }
     }
 
+    /// Ties the lease to the guard made from it, so its loss is reported with the guard's fields;
+    /// its session, if any, reports its suspensions from now on too.
+    pub(crate) fn label(&self, labels: GuardLabels) {
+        if let Some(session) = &self.session {
+            session.label(labels.backend);
+        }
+        let _ = self.labels.set(labels);
+    }
+
+    pub(crate) fn labels(&self) -> Option<&GuardLabels> {
+        self.labels.get()
+    }
+
     /// True the first time it is called: whoever gets true starts the one task that turns a
     /// passed deadline into a fired lost token.
     pub(crate) fn claim_deadline_watch(&self) -> bool {
@@ -95,6 +112,9 @@ impl LeaseState {
         let first = self.reason.set(reason).is_ok();
         if first {
             self.lost.cancel();
+            if let Some(labels) = self.labels.get() {
+                observability::lost(labels, reason);
+            }
         }
         first
     }

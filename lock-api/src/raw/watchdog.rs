@@ -9,6 +9,7 @@ use super::lease::{RawLease, spawn_release};
 use super::state::LeaseState;
 use super::time::{after, deadline};
 use crate::error::LockError;
+use crate::observability;
 use crate::status::LostReason;
 
 /// The watchdog's settings for one guard.
@@ -30,7 +31,7 @@ pub(crate) fn start_watchdog(watch: Watch, lease: Arc<dyn RawLease>, state: Arc<
         return;
     }
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(lock = %watch.name, "no tokio runtime: the lock will not be renewed");
+        tracing::warn!(name = %watch.name, "no tokio runtime: the lock will not be renewed");
         return;
     };
     handle.spawn(async move {
@@ -50,8 +51,8 @@ async fn run(watch: &Watch, lease: &Arc<dyn RawLease>, state: &LeaseState) {
         let wake = next_renewal.unwrap_or(far).min(max_hold_until);
         sleep_until(wake).await;
         if Instant::now() >= max_hold_until {
+            // The loss event says why; the release needs no event of its own.
             if state.mark_lost(LostReason::MaxHoldExceeded) {
-                tracing::warn!(lock = %watch.name, "maximum hold time reached; releasing the lock");
                 spawn_release(&watch.name, lease.clone());
             }
             return;
@@ -67,12 +68,13 @@ async fn run(watch: &Watch, lease: &Arc<dyn RawLease>, state: &LeaseState) {
         state.set_renewal_failing(true);
         match timeout_at(deadline, lease.extend(watch.ttl)).await {
             Ok(Ok(valid_until)) => {
+                observability::renewal(state, None);
                 state.set_renewal_failing(false);
                 state.set_valid_until(Some(valid_until));
                 next_renewal = Some(after(started, every));
             }
             Ok(Err(error)) if error.is_retryable() && Instant::now() < deadline => {
-                tracing::debug!(lock = %watch.name, %error, "renewal failed; retrying");
+                observability::renewal(state, Some((&error, true)));
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 next_renewal = Some(after(
                     Instant::now(),
@@ -88,12 +90,16 @@ async fn run(watch: &Watch, lease: &Arc<dyn RawLease>, state: &LeaseState) {
                     LockError::Lost { reason, .. } => *reason,
                     _ => LostReason::RenewalFailed,
                 };
-                tracing::warn!(lock = %watch.name, %error, "renewal failed; the lock is lost");
+                observability::renewal(state, Some((&error, false)));
                 state.mark_lost(reason);
                 return;
             }
             Err(_elapsed) => {
-                tracing::warn!(lock = %watch.name, "renewal did not finish before the lease ended; the lock is lost");
+                let error = LockError::unavailable_because(
+                    state.labels().map_or("", |labels| labels.backend),
+                    "the renewal did not finish before the lease ended",
+                );
+                observability::renewal(state, Some((&error, false)));
                 state.mark_lost(LostReason::RenewalFailed);
                 return;
             }
