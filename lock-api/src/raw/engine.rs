@@ -304,10 +304,7 @@ macro_rules! impl_distributed_lock {
                 $crate::raw::acquire(self, name, options).await
             }
 
-            async fn inspect(
-                &self,
-                name: &$crate::LockName,
-            ) -> $crate::Result<$crate::Inspection> {
+            async fn inspect(&self, name: &$crate::LockName) -> $crate::Result<$crate::Inspection> {
                 $crate::raw::inspect(self, name).await
             }
         }
