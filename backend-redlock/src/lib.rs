@@ -72,6 +72,13 @@
 //!   extend **never deletes anything**. When the key is gone from so many nodes that a quorum is
 //!   out of reach, the lock is lost (`NotHeld`, reported as [`LostReason::TakenOver`]).
 //! - **Release** deletes the key (owner-checked) on every node at once and announces it.
+//! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) reads every
+//!   node at once (one read-only script each) and reports what a quorum says: held when one owner
+//!   holds the key on a quorum, with that owner, the highest fence counter among those nodes as
+//!   the token, and the quorum-th longest TTL left as the remaining lease; free when no owner
+//!   could hold a quorum even counting the nodes that did not answer; otherwise
+//!   [`Unavailable`](dlock_api::LockError::Unavailable) (it cannot be told). Waiters are not
+//!   known: there is no queue, only subscriptions to the release channel.
 //!
 //! ## Connecting
 //! `redlock://[[user]:password@]h1[:port],h2[:port],…[/db][?option=value…]`, or `redlocks://`

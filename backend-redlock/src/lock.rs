@@ -10,9 +10,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{Grant, LeaseState, PendingAcquire, RawLock, RenewedBy, Session};
-use dlock_api::{Capabilities, Fencing, FencingToken, LockError, LockName, LockOptions, Result};
+use dlock_api::{
+    Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
+};
 use dlock_redis::LockKeys;
-use dlock_redis::node::NodeAttempt;
+use dlock_redis::node::{NodeAttempt, NodeView};
 use futures::future::join_all;
 use rand::Rng;
 use tokio::time::{Instant, sleep_until};
@@ -395,6 +397,41 @@ pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: LockKeys, owner: Stri
     }
 }
 
+/// What the nodes that answered say together (see [`Redlock`]'s `inspect`): `failures` names
+/// the nodes that did not.
+fn quorum_view(views: &[NodeView], failures: Vec<String>, quorum: usize) -> Result<Inspection> {
+    let silent = failures.len();
+    let mut by_owner: HashMap<&str, Vec<&NodeView>> = HashMap::new();
+    for view in views {
+        if let Some(owner) = &view.holder {
+            by_owner.entry(owner).or_default().push(view);
+        }
+    }
+    if let Some((owner, held)) = by_owner.iter().find(|(_, held)| held.len() >= quorum) {
+        // The lock lasts while a quorum keeps the key: the quorum-th longest TTL left.
+        let mut ttls: Vec<Duration> = held.iter().filter_map(|v| v.pttl).collect();
+        ttls.sort_unstable_by(|a, b| b.cmp(a));
+        let token = held.iter().filter_map(|v| v.fence).max();
+        let inspection = Inspection::held(token.map(FencingToken::new)).with_holder(*owner);
+        return Ok(match quorum.checked_sub(1).and_then(|i| ttls.get(i)) {
+            Some(left) => inspection.with_remaining(*left),
+            None => inspection,
+        });
+    }
+    let most = by_owner.values().map(Vec::len).max().unwrap_or(0);
+    if most + silent < quorum {
+        return Ok(Inspection::free(None));
+    }
+    Err(LockError::unavailable_because(
+        BACKEND,
+        format!(
+            "cannot tell whether the lock is held: one owner holds {most} node(s), {silent} did \
+             not answer, {quorum} make a quorum ({})",
+            failures.join("; ")
+        ),
+    ))
+}
+
 fn owner_token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
@@ -410,8 +447,32 @@ impl RawLock for Redlock {
             fencing: Fencing::BestEffort,
             survives_failover: true,
             min_ttl: Some(self.inner.config.min_ttl()),
+            inspect: true,
             ..Capabilities::TTL_LEASE
         }
+    }
+
+    /// Asks every node at once (one read-only script each) and reports what a quorum says:
+    /// held when one owner holds the key on a quorum, free when no owner could (even counting
+    /// the nodes that did not answer); anything between cannot be told and is `Unavailable`.
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        let inner = &self.inner;
+        let keys = self.keys(name);
+        let timeout = inner.config.command_timeout;
+        let replies = join_all(inner.slots.iter().map(|slot| {
+            let keys = &keys;
+            async move { slot.get()?.inspect(keys, timeout).await }
+        }))
+        .await;
+        let mut views = Vec::new();
+        let mut failures = Vec::new();
+        for (slot, reply) in inner.slots.iter().zip(replies) {
+            match reply {
+                Ok(view) => views.push(view),
+                Err(error) => failures.push(format!("{}: {error}", slot.addr())),
+            }
+        }
+        quorum_view(&views, failures, inner.config.quorum())
     }
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
