@@ -50,6 +50,14 @@
 //! - **No TTL**: the lease is the connection ([`LeaseKind::Session`](dlock_api::LeaseKind)).
 //!   A maximum hold time ([`LockOptions::with_max_hold`](dlock_api::LockOptions::with_max_hold))
 //!   is enforced by the client; `extend` is unsupported.
+//! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) reads
+//!   `IS_USED_LOCK(key)` (the holder's connection id), the fence row (the holder's token: it is
+//!   written in the statement that granted the lock; none with `fencing=false`) and, where
+//!   `performance_schema` instruments metadata locks (`wait/lock/metadata/sql/mdl`, on by default
+//!   in MySQL 8, off in MariaDB), the connections waiting in `GET_LOCK` for the key: waiting
+//!   *clients*, since a client's other waiters for a name queue in the client. Without that
+//!   instrument the waiters are unknown. There is no remaining lease: the connection is the
+//!   lease. One connection is kept for it, opened on first use.
 //!
 //! ## URLs
 //! `mysql://[user[:password]@]host[:port]/database[?option=value…]`; `mariadb://` is the same.
@@ -96,6 +104,7 @@ mod config;
 mod driver;
 mod error;
 mod floor;
+mod inspect;
 mod lock;
 mod sql;
 

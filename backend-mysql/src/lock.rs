@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::raw::{Grant, RawLock, SessionPool};
-use dlock_api::{Capabilities, Fencing, KeyMapper, LockName, LockOptions, Result};
+use dlock_api::{Capabilities, Fencing, Inspection, KeyMapper, LockName, LockOptions, Result};
 use tokio::time::Instant;
 
 use crate::BACKEND;
 use crate::config::MySqlConfig;
 use crate::driver::MySqlDriver;
+use crate::inspect::Inspector;
 use crate::sql::Cmd;
 
 /// The server's limit on lock names, in characters.
@@ -34,6 +35,7 @@ fn key_char(c: char) -> bool {
 pub struct MySqlLock {
     pool: SessionPool<MySqlDriver>,
     keys: Arc<KeyMapper>,
+    inspector: Arc<Inspector>,
 }
 
 impl MySqlLock {
@@ -58,6 +60,7 @@ impl MySqlLock {
         Ok(Self {
             pool,
             keys: Arc::new(keys),
+            inspector: Arc::default(),
         })
     }
 
@@ -138,8 +141,17 @@ impl RawLock for MySqlLock {
                 Fencing::None
             },
             max_name_bytes: Some(MAX_KEY_CHARS - self.config().prefix.len()),
+            inspect: true,
             ..Capabilities::SESSION_LEASE
         }
+    }
+
+    /// `IS_USED_LOCK` (the holder's connection id), the connections waiting in `GET_LOCK`
+    /// (performance_schema), and the fence row (the holder's token), on a connection kept for it.
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        self.inspector
+            .inspect(self.pool.driver(), &self.raw_key(name))
+            .await
     }
 
     async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {

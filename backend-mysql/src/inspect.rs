@@ -1,0 +1,111 @@
+//! Holder inspection: `IS_USED_LOCK`, the waiters performance_schema shows, the fence row.
+
+use dlock_api::raw::SessionDriver;
+use dlock_api::{FencingToken, Inspection, Result};
+use sqlx::Row;
+use sqlx::mysql::MySqlConnection;
+use tokio::sync::Mutex;
+
+use crate::driver::MySqlDriver;
+use crate::error::{error_number, map_err, timed_out};
+
+const ER_NO_SUCH_TABLE: u16 = 1146;
+
+/// The holder's connection id and, where performance_schema instruments metadata locks, the
+/// connections waiting in `GET_LOCK` for the key.
+const HOLDER_AND_WAITERS: &str = "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), \
+     (SELECT CAST(COUNT(*) AS SIGNED) FROM performance_schema.metadata_locks \
+      WHERE OBJECT_TYPE = 'USER LEVEL LOCK' AND LOCK_STATUS = 'PENDING' AND OBJECT_NAME = ?), \
+     (SELECT CAST(ENABLED = 'YES' AS SIGNED) FROM performance_schema.setup_instruments \
+      WHERE NAME = 'wait/lock/metadata/sql/mdl')";
+
+const HOLDER: &str = "SELECT CAST(IS_USED_LOCK(?) AS SIGNED)";
+
+/// One connection kept for inspection (opened on first use), so `dlock status --watch` does not
+/// connect every second. It is taken out while in use and put back only after a clean answer:
+/// an inspection dropped or failed mid-statement closes it.
+#[derive(Debug, Default)]
+pub(crate) struct Inspector {
+    conn: Mutex<Option<MySqlConnection>>,
+}
+
+impl Inspector {
+    /// What the server says about `key`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; a dropped call closes the connection it was using.
+    pub(crate) async fn inspect(&self, driver: &MySqlDriver, key: &str) -> Result<Inspection> {
+        let mut slot = self.conn.lock().await;
+        let mut conn = match slot.take() {
+            Some(conn) => conn,
+            None => driver.open().await?.0,
+        };
+        let within = driver.config.command_timeout;
+        let fenced = driver.config.fencing.then(|| driver.config.quoted_table());
+        let read = tokio::time::timeout(within, read(&mut conn, key, fenced.as_deref()))
+            .await
+            .map_err(|_| timed_out(within))??;
+        *slot = Some(conn);
+        Ok(read)
+    }
+}
+
+async fn read(conn: &mut MySqlConnection, key: &str, table: Option<&str>) -> Result<Inspection> {
+    let (holder, waiters) = match sqlx::query(HOLDER_AND_WAITERS)
+        .bind(key)
+        .bind(key)
+        .fetch_one(&mut *conn)
+        .await
+    {
+        Ok(row) => {
+            let holder: Option<i64> = row.try_get(0).map_err(map_err)?;
+            let pending: Option<i64> = row.try_get(1).map_err(map_err)?;
+            let instrumented: Option<i64> = row.try_get(2).map_err(map_err)?;
+            let waiters = pending
+                .filter(|_| instrumented == Some(1))
+                .and_then(|n| usize::try_from(n).ok());
+            (holder, waiters)
+        }
+        // No performance_schema access (privileges): holders only.
+        Err(sqlx::Error::Database(_)) => {
+            let row = sqlx::query(HOLDER)
+                .bind(key)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(map_err)?;
+            (row.try_get(0).map_err(map_err)?, None)
+        }
+        Err(e) => return Err(map_err(e)),
+    };
+    let Some(holder) = holder else {
+        return Ok(Inspection::free(waiters));
+    };
+    let token = match table {
+        Some(table) => fence_token(conn, table, key).await?,
+        None => None,
+    };
+    let held = Inspection::held(token).with_holder(format!("connection {holder}"));
+    Ok(match waiters {
+        Some(waiters) => held.with_waiters(waiters),
+        None => held,
+    })
+}
+
+/// The fence row of `key`: the token of its last grant, which is the holder's.
+async fn fence_token(
+    conn: &mut MySqlConnection,
+    table: &str,
+    key: &str,
+) -> Result<Option<FencingToken>> {
+    let sql = format!("SELECT token FROM {table} WHERE name = ?");
+    match sqlx::query(&sql).bind(key).fetch_optional(&mut *conn).await {
+        Ok(row) => Ok(row
+            .map(|row| row.try_get::<u64, _>(0))
+            .transpose()
+            .map_err(map_err)?
+            .map(FencingToken::new)),
+        // Never acquired with fencing on this server: no token yet.
+        Err(e) if error_number(&e) == Some(ER_NO_SUCH_TABLE) => Ok(None),
+        Err(e) => Err(map_err(e)),
+    }
+}
