@@ -69,6 +69,13 @@
 //!   connection is used again (or the connection is closed). A dropped non-blocking attempt
 //!   queues the same unlock on its session. A waiter whose connection is killed opens a new
 //!   one and keeps waiting within its wait timeout.
+//! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`;
+//!   [`PostgresLock::inspect_key`] for integer keys) reads the key's rows in `pg_locks` for this
+//!   database: the holder's backend pid and how many wait at the server (waiting *clients*,
+//!   since a client's other waiters for a key queue in the client). The holder's fencing token
+//!   is not known (the fence sequence is shared by every name, so the server keeps no token per
+//!   key), and there is no remaining lease (the connection is the lease). One connection is kept
+//!   for it, opened on first use.
 //!
 //! ## URL
 //! `postgres://[user[:password]@]host[:port][/database][?option=value…]` (or `postgresql://`);
@@ -108,6 +115,7 @@ mod config;
 mod driver;
 mod error;
 mod floor;
+mod inspect;
 mod key;
 mod lock;
 mod pooler;

@@ -1,10 +1,11 @@
 //! `PostgresLock`: session advisory locks behind the `DistributedLock` trait.
 
 use std::fmt;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::raw::{Grant, RawLock, SessionPool, acquire_by, try_acquire_by};
-use dlock_api::{Capabilities, Fencing, LockGuard, LockName, LockOptions, Result};
+use dlock_api::{Capabilities, Fencing, Inspection, LockGuard, LockName, LockOptions, Result};
 use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Row};
 use tokio::time::{Duration, Instant, timeout};
@@ -13,6 +14,7 @@ use crate::BACKEND;
 use crate::config::{PostgresConfig, config_error};
 use crate::driver::{PgDriver, open_connection};
 use crate::error::{map_err, sqlstate, timed_out};
+use crate::inspect::Inspector;
 use crate::key::AdvisoryKey;
 use crate::pooler::ensure_own_sessions;
 use crate::sql::{Sql, create_sequence};
@@ -28,6 +30,7 @@ use crate::sql::{Sql, create_sequence};
 #[derive(Clone)]
 pub struct PostgresLock {
     pool: SessionPool<PgDriver>,
+    inspector: Arc<Inspector>,
 }
 
 impl PostgresLock {
@@ -67,7 +70,10 @@ impl PostgresLock {
         let pool_config = driver.pool_config();
         let pool = SessionPool::new(driver, pool_config);
         pool.adopt_idle(conn, pid);
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            inspector: Arc::default(),
+        })
     }
 
     /// Parses `url` ([`PostgresConfig::from_url`]) and connects.
@@ -146,6 +152,18 @@ impl PostgresLock {
         })
         .await
     }
+
+    /// [`inspect`](dlock_api::DistributedLock::inspect) with an [`AdvisoryKey`]: who holds the
+    /// key (`pid N`) and how many wait for it, from `pg_locks`.
+    ///
+    /// # Errors
+    /// As [`inspect`](dlock_api::DistributedLock::inspect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn inspect_key(&self, key: &AdvisoryKey) -> Result<Inspection> {
+        self.inspector.inspect(self.config(), key).await
+    }
 }
 
 /// The fence sequence's cache size, or `None` if it does not exist.
@@ -221,8 +239,17 @@ impl RawLock for PostgresLock {
             } else {
                 Fencing::None
             },
+            inspect: true,
             ..Capabilities::SESSION_LEASE
         }
+    }
+
+    /// The name's advisory key in `pg_locks`: the holder's backend pid and how many wait. No
+    /// token: the fence sequence is shared by every name.
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        self.inspector
+            .inspect(self.config(), &AdvisoryKey::Name(name.clone()))
+            .await
     }
 
     async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {

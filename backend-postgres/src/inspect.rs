@@ -1,0 +1,70 @@
+//! Holder inspection: the advisory key's rows in `pg_locks`.
+
+use dlock_api::{Inspection, Result};
+use sqlx::Row;
+use sqlx::postgres::PgConnection;
+use tokio::sync::Mutex;
+
+use crate::config::PostgresConfig;
+use crate::driver::open_connection;
+use crate::error::{map_err, timed_out};
+use crate::key::AdvisoryKey;
+
+/// The granted row's backend pid and the number of rows waiting, for one advisory key in this
+/// database (advisory locks of other databases are other locks).
+const HOLDER_AND_WAITERS: &str = "SELECT \
+     min(pid) FILTER (WHERE granted), \
+     count(*) FILTER (WHERE NOT granted) \
+     FROM pg_locks WHERE locktype = 'advisory' \
+     AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3";
+
+/// One connection kept for inspection (opened on first use), so `dlock status --watch` does not
+/// connect every second. It is taken out while in use and put back only after a clean answer:
+/// an inspection dropped or failed mid-statement closes it.
+#[derive(Debug, Default)]
+pub(crate) struct Inspector {
+    conn: Mutex<Option<PgConnection>>,
+}
+
+impl Inspector {
+    /// What `pg_locks` says about `key`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; a dropped call closes the connection it was using.
+    pub(crate) async fn inspect(
+        &self,
+        config: &PostgresConfig,
+        key: &AdvisoryKey,
+    ) -> Result<Inspection> {
+        let mut slot = self.conn.lock().await;
+        let mut conn = match slot.take() {
+            Some(conn) => conn,
+            None => open_connection(config).await?,
+        };
+        let (classid, objid, objsubid) = key.pg_locks_ids();
+        let within = config.command_timeout;
+        let row = tokio::time::timeout(
+            within,
+            sqlx::query(HOLDER_AND_WAITERS)
+                .bind(i64::from(classid))
+                .bind(i64::from(objid))
+                .bind(objsubid)
+                .fetch_one(&mut conn),
+        )
+        .await
+        .map_err(|_| timed_out(within))?
+        .map_err(map_err)?;
+        let holder: Option<i32> = row.try_get(0).map_err(map_err)?;
+        let waiting: i64 = row.try_get(1).map_err(map_err)?;
+        *slot = Some(conn);
+        let waiters = usize::try_from(waiting).unwrap_or(0);
+        // The fence sequence is shared by every name: the holder's token is not on the server.
+        Ok(match holder {
+            Some(pid) => Inspection::held(None)
+                .with_waiters(waiters)
+                .with_holder(format!("pid {pid}")),
+            None => Inspection::free(Some(waiters)),
+        })
+    }
+}
