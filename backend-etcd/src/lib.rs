@@ -66,6 +66,10 @@
 //!   guarded by the create revision (`put` with `ignore_value`), which keeps the create
 //!   revision: the fence and the queue place do not change. A moved guard follows its new
 //!   lease: its suspension, its end and its validity.
+//! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) is a
+//!   linearizable read of the name's oldest key (the holder: its create revision is the token,
+//!   its lease the holder's identity) and of how many keys the name has (the others wait), then
+//!   the lease's time to live (`LeaseTimeToLive`, whole seconds) as the remaining lease.
 //!
 //! ## Connecting
 //! `etcd://[user:password@]host[:port][,host[:port]…][/prefix][?option=value…]`, or `etcds://`

@@ -9,8 +9,8 @@ use std::time::Duration;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{Detach, Grant, PendingAcquire, RawLock, WaitRecovery};
 use dlock_api::{
-    Capabilities, Fencing, FencingToken, LockError, LockName, LockOptions, LostReason, Renewal,
-    Result,
+    Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, LostReason,
+    Renewal, Result,
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
@@ -551,8 +551,49 @@ impl RawLock for EtcdLock {
             fifo: true,
             survives_failover: true,
             min_ttl: Some(MIN_TTL),
+            inspect: true,
             ..Capabilities::TTL_LEASE
         }
+    }
+
+    /// A linearizable read of the name's oldest key (the holder: the queue is ordered by create
+    /// revision) and of how many keys the name has (the rest wait), then the holder's lease's
+    /// time to live.
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        let inner = &self.inner;
+        let range = NameKeys::new(&inner.config.prefix, name).range;
+        let oldest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1)
+            .with_keys_only();
+        let response = inner
+            .idempotent(|mut client| {
+                let (range, oldest) = (range.clone(), oldest.clone());
+                async move { client.get(range, Some(oldest)).await }
+            })
+            .await?;
+        let keys = usize::try_from(response.count()).unwrap_or(0);
+        let Some(holder) = response.kvs().first() else {
+            return Ok(Inspection::free(Some(keys)));
+        };
+        let token = u64::try_from(holder.create_revision()).ok();
+        let held = Inspection::held(token.map(FencingToken::new))
+            .with_waiters(keys.saturating_sub(1))
+            .with_holder(format!("lease {:016x}", holder.lease()));
+        let lease = holder.lease();
+        if lease == 0 {
+            return Ok(held);
+        }
+        let ttl = inner
+            .idempotent(|mut client| async move { client.lease_time_to_live(lease, None).await })
+            .await?
+            .ttl();
+        // -1: the lease ended since the read; its key goes with it.
+        Ok(match u64::try_from(ttl) {
+            Ok(seconds) => held.with_remaining(Duration::from_secs(seconds)),
+            Err(_) => held,
+        })
     }
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
