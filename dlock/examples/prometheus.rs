@@ -7,7 +7,7 @@
 //!
 //! In a service, serve `handle.render()` on your `/metrics` route (or use the exporter's own
 //! HTTP listener, its `http-listener` feature) instead of printing it. The metrics and their
-//! labels are documented in `dlock_api::observability`.
+//! labels are documented in `dlock::observability`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
         ])?
         .install_recorder()?;
-    dlock_api::observability::describe_metrics();
+    dlock::observability::describe_metrics();
 
     let locks = MemoryLock::new();
     let options = LockOptions::new().with_wait_timeout(Duration::from_secs(10));

@@ -114,7 +114,8 @@ pub use dlock_zookeeper::{NodeAcl, ZkConfig, ZkLock};
 pub use dlock_api::{
     BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,
     FencingGate, FencingToken, KeyMapper, LeaseKind, LockContext, LockError, LockGuard, LockName,
-    LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy, error_chain, raw,
+    LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy, error_chain,
+    observability, raw,
 };
 
 /// What `#[locked]`'s expansion calls; not an API. The traits exist for their compile errors:

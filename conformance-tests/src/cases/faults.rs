@@ -528,6 +528,68 @@ pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// **A late release after a partition**: a worker behind a fault proxy holds the lock and is
+/// cut off (blackholed) while it thinks; another worker takes the lock once the lease runs out
+/// and keeps it, renewing; then the link heals (its stuck connections reset, as a client's
+/// would be) while the cut-off worker still thinks, so its write and its **release arrive at
+/// the server while the other worker holds**. The release must not free the other's lock (a
+/// release without the owner check would): a third worker waiting for the lock would be let
+/// in early, an overlap the checker sees. The late write is refused by its token. On session
+/// leases the cut-off worker keeps the lock until its connection closes; nothing unsafe may
+/// happen either way.
+pub async fn late_release_after_a_partition_spares_the_next_holder(ctx: Ctx) -> CaseResult {
+    let (target, proxy) = proxied(&ctx).await?;
+    let run = Run::start(&ctx).await?;
+    let names = [ctx.name("lock")];
+    let timing = ctx.timing();
+    let ttl = timing.short_ttl;
+    let mut cut_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl * 3);
+    cut_spec.announce = true;
+    let mut cut = run.spawn_via(&cut_spec, &*(target.reach_at)(&proxy.addrs()))?;
+    holding(&ctx, &mut cut).await?;
+    proxy.set_mode(dlock_test_servers::ProxyMode::Blackhole);
+    run.log(crate::history::Edge::Start, "blackhole worker 1's link");
+    // The next holder keeps the lock well past the cut-off worker's release.
+    let mut next_spec = run.spec(2, &names, 1, ttl, ttl * 4 + timing.bound, ttl * 4);
+    next_spec.announce = true;
+    let mut next = run.spawn_via(&next_spec, &*target.harness)?;
+    let next_holds = tokio::time::timeout(ttl * 2, holding(&ctx, &mut next)).await;
+    // Where the lease is a session, the server still counts the cut-off worker as holding:
+    // the next holder waits for the heal.
+    proxy.reset();
+    proxy.heal();
+    run.log(
+        crate::history::Edge::Stop,
+        "heal worker 1's link (its connections reset)",
+    );
+    let third_spec = run.spec(3, &names, 1, ttl, ttl * 8 + timing.bound, THINK);
+    let third = run.spawn_via(&third_spec, &*target.harness)?;
+    ctx.within("the cut-off worker's late write and release", cut.finish())
+        .await??;
+    if next_holds.is_err() {
+        holding(&ctx, &mut next).await?;
+    }
+    ctx.within("the next holder", next.finish()).await??;
+    ctx.within("the third worker", third.finish()).await??;
+    let residue = ctx.settled_residue_on(&*target.harness, &names).await?;
+    let expect = Expect {
+        // The cut-off worker writes before the next holder's first write (which comes after a
+        // long think, so that the late release lands during that hold): the register has seen
+        // no newer token yet and takes it, and the next holder's write, made from its earlier
+        // read, drops that element. Fencing refuses only a token older than one the resource
+        // has seen; the release, not the write, is under test here.
+        lost_updates: Count::Any,
+        ..SURVIVED
+    };
+    let report = verify(&run, &expect, &run.input(residue)?)?;
+    ensure!(
+        report.liveness.granted == 3,
+        "expected each of the three workers to hold the lock once: {report}"
+    );
+    run.discard();
+    Ok(())
+}
+
 /// **A slow link, and a jittery one**: one worker reaches the server through a fault proxy that
 /// delays every chunk by a twentieth of the lease TTL each way (a round trip of a tenth of the
 /// lease, 200 ms for a 2 s lease: a congested WAN link), one through a proxy whose delay is drawn

@@ -160,6 +160,10 @@ static CASES: &[Case] = &[
         OWN_SERVER
     ),
     case!(faults::partitioned_holder_is_fenced_off, PROXY_CHILDREN),
+    case!(
+        faults::late_release_after_a_partition_spares_the_next_holder,
+        PROXY_CHILDREN
+    ),
     case!(faults::slow_link_keeps_exclusion, PROXY_CHILDREN),
     case!(faults::lost_acquire_reply_leaves_nothing, PROXY_CHILDREN),
     case!(

@@ -48,6 +48,14 @@ impl Link {
         }
     }
 
+    /// Closes every connection through the link (held replies discarded), as a client's
+    /// reconnect after a timeout would; the mode stays.
+    pub fn reset(&self) {
+        for proxy in &self.proxies {
+            proxy.reset();
+        }
+    }
+
     /// Back to passing traffic, everything held delivered.
     pub fn heal(&self) {
         for proxy in &self.proxies {
