@@ -12,20 +12,24 @@
 //! - `dlock conformance --backend URL [--faults]`: the conformance suite (and the client-side
 //!   fault cases) against a deployed backend: a way to certify one's own deployment;
 //! - `dlock bench --backend URL`: acquire/release pairs and contended hand-off, each against the
-//!   raw protocol floor measured in the same run.
+//!   raw protocol floor measured in the same run;
+//! - `dlock status --backend URL NAME…`: who holds each name, with its fencing token, the lease
+//!   it has left and how many wait, as the server says (`--json`; `--watch` refreshes). A backend
+//!   that cannot tell (ZooKeeper, for now) is named, with exit code 64.
 //!
 //! The backend is a URL (`--backend`, or `DLOCK_URL`) or a TOML config file (`--config`,
 //! `DLOCK_CONFIG`), as [`dlock::connect`] and [`dlock::Config`] take them.
 //!
 //! Exit codes follow sysexits(3) where one fits: 0 success; the command's own status for
-//! `dlock run`; 1 a conformance case failed; 64 bad usage or configuration; 69 backend
-//! unavailable; 74 the lock was lost while the command ran; 75 the lock was busy (timed out).
+//! `dlock run`; 1 a conformance case failed; 64 bad usage or configuration (also `dlock status`
+//! on a backend that cannot inspect); 69 backend unavailable; 74 the lock was lost while the command ran; 75 the lock was busy (timed out).
 
 mod bench;
 mod conformance;
 mod demo;
 mod flood;
 mod run;
+mod status;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -38,6 +42,7 @@ pub use bench::BenchArgs;
 pub use conformance::{ConformanceArgs, run_worker_if_asked};
 pub use demo::DemoArgs;
 pub use run::RunArgs;
+pub use status::StatusArgs;
 
 /// dlock: distributed locks over Redis, Redlock, MySQL, Postgres, etcd, ZooKeeper or memory.
 #[derive(Debug, Parser)]
@@ -60,6 +65,8 @@ pub enum Command {
     Conformance(ConformanceArgs),
     /// Measure acquire/release latency and contended hand-off.
     Bench(BenchArgs),
+    /// Show who holds each lock: fencing token, lease left, waiters (--json, --watch).
+    Status(StatusArgs),
 }
 
 /// Where the backend is: a URL, or a config file.
@@ -102,6 +109,7 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Run(args) => run::run(args).await,
         Command::Conformance(args) => conformance::conformance(args).await,
         Command::Bench(args) => bench::bench(args).await,
+        Command::Status(args) => status::status(args).await,
     };
     match result {
         Ok(code) => code,

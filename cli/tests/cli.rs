@@ -163,3 +163,59 @@ fn bench_flood_reports_acquired_and_timed_out() {
         "{text}"
     );
 }
+
+#[test]
+fn status_on_memory_prints_a_line_per_name_and_json() {
+    // A new process has a new memory store: every name is free.
+    let out = dlock(&["status", "cli-a", "cli-b"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("dlock status: memory:// at "),
+        "{text}"
+    );
+    assert_eq!(
+        lines[1].split_whitespace().collect::<Vec<_>>(),
+        [
+            "NAME", "STATE", "TOKEN", "LEASE", "LEFT", "WAITERS", "HOLDER"
+        ]
+    );
+    for (line, name) in lines[2..].iter().zip(["cli-a", "cli-b"]) {
+        assert_eq!(
+            line.split_whitespace().collect::<Vec<_>>(),
+            [name, "free", "-", "-", "0", "-"],
+            "{text}"
+        );
+    }
+
+    let out = dlock(&["status", "--json", "cli-a"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    for field in [
+        "\"backend\":\"memory://\"",
+        "\"held\":false",
+        "\"token\":null",
+        "\"remaining_ms\":null",
+        "\"waiters\":0",
+    ] {
+        assert!(text.contains(field), "missing {field}: {text}");
+    }
+
+    // --watch refreshes (bounded by --count); without --watch, --count is a usage error.
+    let out = dlock(&[
+        "status",
+        "--watch",
+        "--interval",
+        "10ms",
+        "--count",
+        "2",
+        "cli-a",
+    ]);
+    assert!(out.status.success());
+    assert_eq!(stdout(&out).matches("dlock status: ").count(), 2);
+    let out = dlock(&["status", "--count", "2", "cli-a"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = dlock(&["status", ""]);
+    assert_eq!(out.status.code(), Some(64));
+}

@@ -1,5 +1,6 @@
-//! The CLI against a real Redis: `dlock run` stops the command when the lock is lost, and
-//! `dlock conformance --faults` certifies a server it does not own.
+//! The CLI against a real Redis: `dlock run` stops the command when the lock is lost,
+//! `dlock conformance --faults` certifies a server it does not own, and `dlock status` shows the
+//! holder, its token and the lease it has left.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -133,4 +134,86 @@ fn conformance_with_faults_runs_the_proxy_cases_against_a_deployed_server() {
         stdout.contains("skipped  faults::frozen_server_holds_no_one_twice"),
         "{stdout}"
     );
+}
+
+/// `dlock status` against a server that needs a password: the line of a held name shows the
+/// holder's token and a lease at most the TTL, a free name shows free, `--json` carries the
+/// same, `--watch --count` refreshes, and the password is never printed.
+#[test]
+fn status_shows_the_holder_token_and_lease_left() {
+    let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    redis
+        .command(&["CONFIG", "SET", "requirepass", "s3cret"])
+        .unwrap();
+    let url = format!("redis://:s3cret@{}", redis.addr());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let ttl = Duration::from_secs(20);
+    let (locks, guard) = runtime.block_on(async {
+        use dlock_api::DistributedLockExt;
+        let locks = dlock::connect(&url).await.unwrap();
+        let opts = dlock_api::LockOptions::new().with_ttl(ttl);
+        let guard = locks
+            .try_acquire_str("cli-status/held", &opts)
+            .await
+            .unwrap()
+            .unwrap();
+        (locks, guard)
+    });
+    let status = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .args(["status", "--backend", &url])
+            .args(extra)
+            .args(["cli-status/held", "cli-status/free"])
+            .env_remove("DLOCK_URL")
+            .output()
+            .expect("run dlock");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        assert!(
+            !stdout.contains("s3cret") && !stderr.contains("s3cret"),
+            "{stdout}{stderr}"
+        );
+        stdout
+    };
+
+    let table = status(&[]);
+    let line = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no line for {name}: {table}"))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    assert!(table.starts_with("dlock status: redis://:***@"), "{table}");
+    let held = line("cli-status/held");
+    assert_eq!(held[1], "held", "{table}");
+    assert_eq!(held[2], guard.fencing_token().to_string(), "{table}");
+    let left: f64 = held[3].trim_end_matches('s').parse().unwrap();
+    assert!(left > 0.0 && left <= ttl.as_secs_f64(), "{table}");
+    assert_eq!(held[4], "0", "{table}");
+    assert_eq!(held[5].len(), 32, "the owner value: {table}");
+    assert_eq!(
+        line("cli-status/free"),
+        ["cli-status/free", "free", "-", "-", "0", "-"]
+    );
+
+    let json: serde_json::Value = serde_json::from_str(&status(&["--json"])).unwrap();
+    assert_eq!(json["lease"], "ttl");
+    let held = &json["locks"][0];
+    assert_eq!(held["name"], "cli-status/held");
+    assert_eq!(held["held"], true);
+    assert_eq!(held["token"], guard.fencing_token().get());
+    let left = held["remaining_ms"].as_u64().unwrap();
+    assert!(left > 0 && left <= 20_000, "{json}");
+    assert_eq!(held["waiters"], 0);
+    assert_eq!(json["locks"][1]["held"], false);
+
+    let watched = status(&["--json", "--watch", "--interval", "50ms", "--count", "3"]);
+    assert_eq!(watched.lines().count(), 3, "{watched}");
+
+    runtime.block_on(guard.release()).unwrap();
+    drop(locks);
 }

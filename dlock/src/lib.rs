@@ -113,8 +113,8 @@ pub use dlock_zookeeper::{NodeAcl, ZkConfig, ZkLock};
 #[doc(inline)]
 pub use dlock_api::{
     BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,
-    FencingGate, FencingToken, KeyMapper, LeaseKind, LockContext, LockError, LockGuard, LockName,
-    LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy, error_chain,
+    FencingGate, FencingToken, Inspection, KeyMapper, LeaseKind, LockContext, LockError, LockGuard,
+    LockName, LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy, error_chain,
     observability, raw,
 };
 

@@ -1,0 +1,281 @@
+//! `dlock status`: who holds each name, with what token and lease left, and how many wait.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use dlock_api::{DistributedLock, Inspection, LeaseKind, LockError, LockName};
+
+use crate::{BackendArgs, parse_duration};
+
+/// The backends whose servers can answer `dlock status`, for the message of one that cannot.
+const INSPECTING: &str = "memory, redis, redlock, mysql/mariadb, postgres and etcd";
+
+/// Arguments of `dlock status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Print JSON (one document per refresh, one line each) instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Refresh until Ctrl-C (or --count refreshes).
+    #[arg(long)]
+    watch: bool,
+    /// Time between refreshes with --watch.
+    #[arg(long, value_parser = parse_duration, default_value = "1s", requires = "watch")]
+    interval: Duration,
+    /// Stop after this many refreshes with --watch.
+    #[arg(long, requires = "watch")]
+    count: Option<u64>,
+    /// The lock names.
+    #[arg(required = true)]
+    names: Vec<String>,
+}
+
+pub(super) async fn status(args: StatusArgs) -> Result<ExitCode, LockError> {
+    let names = args
+        .names
+        .iter()
+        .map(LockName::new)
+        .collect::<Result<Vec<_>, _>>()?;
+    if args.interval.is_zero() {
+        return Err(LockError::invalid("interval", "must be above 0"));
+    }
+    let shown = dlock::redact(&args.backend.url()?);
+    let locks = args.backend.connect().await?;
+    let mut out = std::io::stdout();
+    let mut round: u64 = 0;
+    loop {
+        match report(&*locks, &shown, &names, args.json, &mut out).await {
+            Ok(()) => {}
+            Err(LockError::Unsupported { backend, .. }) => {
+                eprintln!(
+                    "dlock: {backend} cannot tell who holds a lock (no holder inspection on this \
+                     backend); dlock status works on {INSPECTING}"
+                );
+                return Ok(ExitCode::from(64));
+            }
+            // A watch rides out a server that stops answering for a while.
+            Err(error) if args.watch => eprintln!("dlock: {}", crate::error_chain(&error)),
+            Err(error) => return Err(error),
+        }
+        round = round.saturating_add(1);
+        if !args.watch || args.count.is_some_and(|count| round >= count) {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(args.interval) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+        }
+        if !args.json {
+            println!();
+        }
+    }
+}
+
+/// Inspects every name, then prints them together (a table, or one JSON line).
+async fn report(
+    locks: &dyn DistributedLock,
+    shown: &str,
+    names: &[LockName],
+    json: bool,
+    out: &mut impl Write,
+) -> Result<(), LockError> {
+    let mut seen = Vec::with_capacity(names.len());
+    for name in names {
+        seen.push((name, locks.inspect(name).await?));
+    }
+    let session = locks.capabilities().lease == LeaseKind::Session;
+    let at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+    let written = if json {
+        writeln!(out, "{}", to_json(shown, &at, session, &seen))
+    } else {
+        write!(out, "{}", to_table(shown, &at, session, &seen))
+    };
+    written
+        .and_then(|()| out.flush())
+        .map_err(|e| LockError::backend("dlock", e))
+}
+
+fn to_json(shown: &str, at: &str, session: bool, seen: &[(&LockName, Inspection)]) -> String {
+    let locks: Vec<serde_json::Value> = seen
+        .iter()
+        .map(|(name, state)| {
+            serde_json::json!({
+                "name": name.as_str(),
+                "held": state.held,
+                "token": state.token.map(|t| t.get()),
+                "remaining_ms": state.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                "waiters": state.waiters,
+                "holder": state.holder,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "backend": shown,
+        "at": at,
+        "lease": if session { "session" } else { "ttl" },
+        "locks": locks,
+    })
+    .to_string()
+}
+
+/// A header line, then one aligned line per name: `-` where a free lock has nothing to show,
+/// `unknown` where the backend cannot know, `session` for a lease without a TTL.
+fn to_table(shown: &str, at: &str, session: bool, seen: &[(&LockName, Inspection)]) -> String {
+    let rows: Vec<[String; 6]> = seen
+        .iter()
+        .map(|(name, state)| {
+            let unknown = || "unknown".to_owned();
+            let absent = |known: Option<String>| match (state.held, known) {
+                (_, Some(text)) => text,
+                (true, None) => unknown(),
+                (false, None) => "-".to_owned(),
+            };
+            let lease = if session && state.held && state.remaining.is_none() {
+                "session".to_owned()
+            } else {
+                absent(state.remaining.map(|d| format!("{:.3}s", d.as_secs_f64())))
+            };
+            [
+                name.to_string(),
+                if state.held { "held" } else { "free" }.to_owned(),
+                absent(state.token.map(|t| t.to_string())),
+                lease,
+                state.waiters.map_or_else(unknown, |n| n.to_string()),
+                absent(state.holder.clone()),
+            ]
+        })
+        .collect();
+    let header = ["NAME", "STATE", "TOKEN", "LEASE LEFT", "WAITERS", "HOLDER"].map(String::from);
+    let mut widths = header.each_ref().map(|h| h.chars().count());
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut text = format!("dlock status: {shown} at {at}\n");
+    for row in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        text.push_str(cells.join("  ").trim_end());
+        text.push('\n');
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_api::{FencingToken, LockGuard, LockOptions, MemoryLock};
+
+    fn name(text: &str) -> LockName {
+        LockName::new(text).unwrap()
+    }
+
+    #[test]
+    fn the_table_says_unknown_only_for_what_the_backend_cannot_know() {
+        let (a, b, c) = (name("a"), name("coupon:42"), name("c"));
+        let seen = [
+            (&a, Inspection::free(Some(0))),
+            (
+                &b,
+                Inspection::held(Some(FencingToken::new(17)))
+                    .with_remaining(Duration::from_millis(8_250))
+                    .with_waiters(2)
+                    .with_holder("abc"),
+            ),
+            (&c, Inspection::held(None)),
+        ];
+        let table = to_table("redis://:***@h:1", "now", false, &seen);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[0], "dlock status: redis://:***@h:1 at now");
+        let cells = |line: &str| {
+            line.split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(cells(lines[2]), ["a", "free", "-", "-", "0", "-"]);
+        assert_eq!(
+            cells(lines[3]),
+            ["coupon:42", "held", "17", "8.250s", "2", "abc"]
+        );
+        assert_eq!(
+            cells(lines[4]),
+            ["c", "held", "unknown", "unknown", "unknown", "unknown"]
+        );
+        let session = to_table("pg", "now", true, &seen[2..]);
+        assert!(
+            session.lines().nth(2).unwrap().contains(" session "),
+            "{session}"
+        );
+    }
+
+    /// A backend that keeps the trait's default `inspect`.
+    #[derive(Debug)]
+    struct Blind;
+
+    impl std::fmt::Display for Blind {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("blind")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl DistributedLock for Blind {
+        fn capabilities(&self) -> dlock_api::Capabilities {
+            dlock_api::Capabilities::SESSION_LEASE
+        }
+        async fn try_acquire(
+            &self,
+            _: &LockName,
+            _: &LockOptions,
+        ) -> dlock_api::Result<Option<LockGuard>> {
+            Ok(None)
+        }
+        async fn acquire(&self, name: &LockName, _: &LockOptions) -> dlock_api::Result<LockGuard> {
+            Err(LockError::Timeout {
+                name: name.to_string(),
+                waited: Duration::ZERO,
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_backend_that_cannot_inspect_says_so_before_printing() {
+        let mut out = Vec::new();
+        let error = report(&Blind, "blind://", &[name("x")], false, &mut out)
+            .await
+            .unwrap_err();
+        assert!(matches!(error, LockError::Unsupported { .. }), "{error}");
+        assert!(out.is_empty());
+    }
+
+    #[tokio::test]
+    async fn json_carries_every_field() {
+        let locks = MemoryLock::new();
+        let x = name("x");
+        let guard = locks
+            .try_acquire(&x, &LockOptions::new())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut out = Vec::new();
+        report(&locks, "memory://", &[x.clone(), name("y")], true, &mut out)
+            .await
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(doc["backend"], "memory://");
+        assert_eq!(doc["lease"], "ttl");
+        assert_eq!(doc["locks"][0]["held"], true);
+        assert_eq!(doc["locks"][0]["token"], guard.fencing_token().get());
+        assert!(doc["locks"][0]["remaining_ms"].as_u64().unwrap() <= 30_000);
+        assert_eq!(doc["locks"][1]["held"], false);
+        assert_eq!(doc["locks"][1]["token"], serde_json::Value::Null);
+        guard.release().await.unwrap();
+    }
+}
