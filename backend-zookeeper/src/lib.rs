@@ -68,6 +68,10 @@
 //!   own connection, so it is the node that went, not the session.
 //! - **Release** deletes our node guarded by its version; a dropped guard's node is deleted in
 //!   the background.
+//! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) lists
+//!   the name's node after a `sync` (the lowest sequence holds, the others wait) and reads the
+//!   holder's node: its `czxid` is the token, its ephemeral owner (`session 0x…`) the holder.
+//!   No remaining lease: the lease is the session.
 //!
 //! ## Connecting
 //! `zk://[user:password@]host[:port][,host[:port]…][/prefix][?option=value…]`, or `zks://`

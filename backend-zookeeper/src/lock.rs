@@ -9,7 +9,9 @@ use dlock_api::raw::time::after;
 use dlock_api::raw::{
     Detach, Grant, PendingAcquire, RawLock, RenewedBy, SessionStatus, WaitRecovery,
 };
-use dlock_api::{Capabilities, Fencing, FencingToken, LockError, LockName, LockOptions, Result};
+use dlock_api::{
+    Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
+};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
@@ -508,7 +510,56 @@ impl RawLock for ZkLock {
             fencing: Fencing::Strict,
             fifo: true,
             survives_failover: true,
+            inspect: true,
             ..Capabilities::SESSION_LEASE
+        }
+    }
+
+    /// The queue under the name's node, after a `sync` (sent with the listing, so the server
+    /// answering has seen every write before it): the lowest sequence holds, the rest wait. The
+    /// holder's node's stat gives the token (its `czxid`, as its guard reports it) and the
+    /// holder (its ephemeral owner, the session id). No remaining lease: the lease is the
+    /// session. A holder gone between the listing and the stat sends it round again.
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        let session = self.inner.session().await?;
+        let client = session.client()?;
+        let timeout = session.command_timeout;
+        let parent = self.inner.config.name_path(name);
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let sync = client.sync(&parent);
+            let list = client.list_children(&parent);
+            let (_, listed) = tokio::time::timeout(timeout, futures::future::join(sync, list))
+                .await
+                .map_err(|_| LockError::from(Fail::TimedOut(timeout)))?;
+            let children = match listed {
+                Ok(children) => children,
+                // No node: nobody has queued (or the server removed the empty container).
+                Err(ZkError::NoNode) => return Ok(Inspection::free(Some(0))),
+                Err(error) => return Err(Fail::Zk(error).into()),
+            };
+            let queue = queue(&children);
+            let Some((_, first)) = queue.first() else {
+                return Ok(Inspection::free(Some(0)));
+            };
+            let path = format!("{parent}/{first}");
+            match timed(timeout, client.check_stat(&path)).await? {
+                Some(stat) => {
+                    let token = u64::try_from(stat.czxid).ok().map(FencingToken::new);
+                    return Ok(Inspection::held(token)
+                        .with_waiters(queue.len() - 1)
+                        .with_holder(format!("session {:#x}", stat.ephemeral_owner)));
+                }
+                // Released since the listing: look again, a few times under churn.
+                None if rounds < 5 => {}
+                None => {
+                    return Err(LockError::unavailable_because(
+                        BACKEND,
+                        "the queue kept changing under inspection",
+                    ));
+                }
+            }
         }
     }
 

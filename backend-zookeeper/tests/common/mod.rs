@@ -102,6 +102,12 @@ impl ZkHarness {
         Ok(client)
     }
 
+    /// A fresh client as its own type (its session id readable), registered like
+    /// [`Harness::client`]'s.
+    pub async fn zk_client(&self) -> Result<Arc<ZkLock>> {
+        self.new_client(self.url()).await
+    }
+
     /// A plain client of the library, for reading the server (over TLS to a TLS server).
     async fn raw(&self) -> std::result::Result<Client, String> {
         let config = self.config();
