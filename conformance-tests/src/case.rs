@@ -53,6 +53,8 @@ pub struct Needs {
     /// Fault-suite workers: child processes, or tasks of this process where the deployment lives
     /// in it ([`Fault::TaskWorkers`]).
     pub workers: bool,
+    /// Holder inspection ([`Capabilities::inspect`]).
+    pub inspect: bool,
 }
 
 impl Needs {
@@ -66,6 +68,9 @@ impl Needs {
             .is_some_and(|f| f.supports(Fault::TaskWorkers));
         if self.workers && harness.child_env().is_none() && !task_workers {
             return Some("needs a harness that worker processes or tasks can reach");
+        }
+        if self.inspect && !caps.inspect {
+            return Some("backend cannot inspect holders");
         }
         if self.extend && !caps.extend {
             return Some("backend cannot extend leases");

@@ -1,68 +1,11 @@
-//! Holder inspection on the memory backend: free, held (token, lease left, waiters), released.
+//! Holder inspection on the memory backend beyond the shared suite's `inspect::follows_a_hand_off`
+//! (which the memory backend runs): through a trait object, on a backend without it, and from a
+//! client cut off from its store.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_api::{
-    DistributedLock, Inspection, LockError, LockGuard, LockName, LockOptions, MemoryLock,
-};
-
-#[tokio::test]
-async fn inspect_follows_a_hold_and_its_waiters() {
-    let locks = MemoryLock::new();
-    assert!(DistributedLock::capabilities(&locks).inspect);
-    let name = LockName::new("inspect/memory").unwrap();
-    let ttl = Duration::from_secs(10);
-    let opts = LockOptions::new().with_ttl(ttl);
-
-    assert_eq!(
-        locks.inspect(&name).await.unwrap(),
-        Inspection::free(Some(0))
-    );
-
-    let guard = locks.try_acquire(&name, &opts).await.unwrap().unwrap();
-    let seen = locks.inspect(&name).await.unwrap();
-    assert!(seen.held);
-    assert_eq!(seen.token, Some(guard.fencing_token()));
-    let left = seen.remaining.expect("a TTL lease has time left");
-    assert!(left > Duration::ZERO && left <= ttl, "{left:?}");
-    assert_eq!(seen.waiters, Some(0));
-    assert!(seen.holder.is_some());
-
-    // Two waiters from other clients of the store.
-    let waiting: Vec<_> = (0..2)
-        .map(|_| {
-            let client = locks.client();
-            let (name, opts) = (name.clone(), opts.clone());
-            tokio::spawn(async move { client.acquire(&name, &opts).await })
-        })
-        .collect();
-    let mut counted = None;
-    for _ in 0..500 {
-        counted = locks.inspect(&name).await.unwrap().waiters;
-        if counted == Some(2) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    assert_eq!(counted, Some(2));
-
-    // Released: the first waiter holds it, with a higher token; one still waits.
-    let first = guard.fencing_token();
-    guard.release().await.unwrap();
-    let seen = locks.inspect(&name).await.unwrap();
-    assert!(seen.held);
-    assert!(seen.token.unwrap() > first);
-    assert_eq!(seen.waiters, Some(1));
-
-    for task in waiting {
-        task.await.unwrap().unwrap().release().await.unwrap();
-    }
-    assert_eq!(
-        locks.inspect(&name).await.unwrap(),
-        Inspection::free(Some(0))
-    );
-}
+use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions, MemoryLock};
 
 #[tokio::test]
 async fn inspect_through_a_trait_object_and_on_a_backend_without_it() {

@@ -8,6 +8,7 @@ pub mod expiry;
 pub mod faults;
 pub mod fencing;
 pub mod input;
+pub mod inspect;
 pub mod lost;
 pub mod names;
 pub mod ownership;
@@ -25,6 +26,11 @@ const NONE: Needs = Needs {
     fault: None,
     child_process: false,
     workers: false,
+    inspect: false,
+};
+const INSPECT: Needs = Needs {
+    inspect: true,
+    ..NONE
 };
 const TTL: Needs = Needs {
     ttl_lease: true,
@@ -194,6 +200,7 @@ static CASES: &[Case] = &[
         clock::client_wall_clock_steps_change_nothing,
         FENCED_CHILDREN
     ),
+    case!(inspect::follows_a_hand_off, INSPECT),
     case!(cancel::dropped_acquire_leaves_nothing, NONE),
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),
     case!(cancel::storm_leaves_every_name_free, NONE),
