@@ -304,6 +304,12 @@ impl Conn {
         }
     }
 
+    /// Whether a failed command makes this connection look for a new primary (Sentinel), so
+    /// that an idempotent command may be sent once more.
+    pub(crate) fn follows_failover(&self) -> bool {
+        matches!(self, Self::Sentinel(_))
+    }
+
     /// Runs `script` (EVALSHA, or EVAL when the server does not know it).
     pub(crate) async fn run_script<T: FromRedisValue>(
         &self,

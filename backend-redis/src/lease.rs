@@ -37,15 +37,27 @@ impl RedisLease {
         keys: &LockKeys,
         owner: &str,
     ) -> Result<i64> {
-        inner
-            .conn
-            .run_script(
-                inner.config.command_timeout,
-                script,
-                &[&keys.lock, &keys.fence, &keys.queue, &keys.waiters],
-                &[owner, &keys.channel],
-            )
-            .await
+        let (names, args) = (
+            [
+                keys.lock.as_str(),
+                keys.fence.as_str(),
+                keys.queue.as_str(),
+                keys.waiters.as_str(),
+            ],
+            [owner, keys.channel.as_str()],
+        );
+        let attempt = || {
+            inner
+                .conn
+                .run_script(inner.config.command_timeout, script, &names, &args)
+        };
+        match attempt().await {
+            // A Sentinel connection that found its primary gone has switched to the new one:
+            // both scripts check the owner, so running one again there is safe, and a release
+            // that would otherwise fail leaves the lock held until its TTL.
+            Err(error) if error.is_retryable() && inner.conn.follows_failover() => attempt().await,
+            done => done,
+        }
     }
 
     /// Releases `owner`'s hold, handing the lock to the next live waiter. True if it was held.

@@ -233,7 +233,35 @@ impl Amnesia for FailoverWithoutTheGrant {
             .map_err(text)?
             .prefix;
         let deployment = &self.deployment;
+        let old = deployment.primary_addr().map_err(text)?;
         let promoted = tokio::task::block_in_place(|| deployment.kill_primary()).map_err(text)?;
+        if self.mitigated {
+            // `WAIT` needs a replica after the failover too: the old primary comes back and
+            // Sentinel makes it the new primary's replica, as an operator's restart would.
+            tokio::task::block_in_place(|| {
+                [deployment.primary(), deployment.replica()]
+                    .into_iter()
+                    .find(|server| server.addr() == old)
+                    .map_or(Ok(()), |server| server.restart())
+            })
+            .map_err(text)?;
+            let new_primary = if deployment.primary().addr() == promoted {
+                deployment.primary()
+            } else {
+                deployment.replica()
+            };
+            let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+            while new_primary
+                .info_field("replication", "connected_slaves")
+                .map_err(text)?
+                == "0"
+            {
+                if tokio::time::Instant::now() >= give_up {
+                    return Err("the old primary did not rejoin as a replica within 30 s".into());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         let mut conn = connect(&format!("redis://{promoted}")).await?;
         let kept = lock_key_exists(&mut conn, &prefix, name).await?;
         if self.mitigated && !kept {
