@@ -64,9 +64,19 @@ fn connect_error(error: zookeeper_client::Error) -> LockError {
     }
 }
 
+/// Picks ring as rustls's provider unless the process has one: a build that enables two
+/// providers (another crate's TLS) leaves rustls unable to choose, and it panics.
+#[cfg(feature = "tls")]
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 #[cfg(feature = "tls")]
 fn tls_options(config: &ZkConfig) -> Result<zookeeper_client::TlsOptions> {
     use dlock_api::raw::config::config_error;
+    install_crypto_provider();
     let pem = config.tls_files.read(BACKEND)?;
     let bad = |e: zookeeper_client::Error| config_error(BACKEND, e.to_string());
     let mut tls = zookeeper_client::TlsOptions::new();

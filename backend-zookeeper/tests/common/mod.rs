@@ -138,6 +138,11 @@ async fn raw_tls_client(config: &ZkConfig) -> std::result::Result<Client, String
         .as_ref()
         .ok_or("zks:// without a CA")?;
     let ca = std::fs::read_to_string(ca).map_err(text)?;
+    // As the library does: a workspace build enables two rustls providers, and rustls then
+    // cannot choose one by itself.
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
     let tls = zookeeper_client::TlsOptions::new()
         .with_pem_ca(&ca)
         .map_err(text)?;
