@@ -107,6 +107,31 @@ async fn look(session: &Weak<ZkSession>, path: &str, czxid: i64) -> Look {
     }
 }
 
+/// Whether the session still lives, asked over it (retried while the connection is down, until
+/// the session's own account says it ended).
+async fn session_lives(session: &Weak<ZkSession>, raw: &Session) -> bool {
+    loop {
+        let asked = {
+            let Some(session) = session.upgrade() else {
+                return false;
+            };
+            let Ok(client) = session.client() else {
+                return false;
+            };
+            timed(session.command_timeout, client.check_stat("/")).await
+        };
+        match asked {
+            Ok(_) => return true,
+            Err(fail) if fail.session_over() => return false,
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = raw.ended() => return false,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
 /// Loses the guard when its node goes while the session lives (an operator's or another
 /// client's delete), which the session's own account never sees: without the watch the guard
 /// would look held until the next reconnect. Any other event on the node sets the watch again.
@@ -161,6 +186,13 @@ async fn watch_own_node(
         }
     }
     if state.is_closed() || state.lost_reason().is_some() {
+        return;
+    }
+    // The server removes an ended session's nodes too, and that deletion can reach us before
+    // the session's end does: only a session shown alive by a round trip over it makes the
+    // loss the node's. Otherwise the session's own account loses the guard, with its reason.
+    if !session_lives(&session, &raw).await {
+        let _ = state.status();
         return;
     }
     // The session's own end, if it came meanwhile, is the better reason: it marks first.

@@ -441,8 +441,21 @@ pub async fn server_restart_while_held_is_lost_or_kept(ctx: Ctx) -> CaseResult {
         tokio::task::block_in_place(|| process.restart())
             .map_err(|e| Failure(format!("the server did not come back: {e}")))?;
         // A lost hold must be reported within two lease TTLs (a renewal finds it gone); one
-        // kept that long survived the restart.
-        let lost = tokio::time::timeout(timing.short_ttl * 2, guard.lost()).await;
+        // kept that long survived the restart. A session lease may still be suspended then
+        // (reconnecting, checking its nodes): wait, within the bound, until it is one or the
+        // other.
+        let mut lost = tokio::time::timeout(timing.short_ttl * 2, guard.lost()).await;
+        if lost.is_err() {
+            ctx.within("a suspended guard to be held again or lost", async {
+                while matches!(guard.status(), dlock_api::LockStatus::Suspended { .. }) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await?;
+            if let dlock_api::LockStatus::Lost(reason) = guard.status() {
+                lost = Ok(reason);
+            }
+        }
         match lost {
             Ok(reason) => {
                 eprintln!(
