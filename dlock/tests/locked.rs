@@ -20,7 +20,7 @@ impl From<LockError> for ShopError {
     }
 }
 
-/// The seeds' coupon table: a stock read and written in two steps, as a row read and then
+/// The coupon scenario's table: a stock read and written in two steps, as a row read and then
 /// updated would be, with a suspension point between them where another request can run.
 struct Shop {
     locks: Arc<dyn DistributedLock>,
