@@ -163,21 +163,14 @@ pub async fn raw_handoff_floor(url: &str, duration: Duration) -> Result<Vec<Dura
         }
         Ok(answered.saturating_duration_since(sent.map_err(map_err)?))
     };
-    let mut samples = Vec::new();
-    let warm_until = Instant::now() + Duration::from_millis(300).min(duration);
-    let until = warm_until + duration;
-    let mut turn = 0usize;
-    while Instant::now() < until {
-        let took = if turn % 2 == 0 {
-            handoff(&mut first, &mut second, ids[1]).await?
+    let samples = dlock_api::raw::floor::sample_handoffs(duration, async |forward| {
+        if forward {
+            handoff(&mut first, &mut second, ids[1]).await
         } else {
-            handoff(&mut second, &mut first, ids[0]).await?
-        };
-        turn += 1;
-        if Instant::now() > warm_until {
-            samples.push(took);
+            handoff(&mut second, &mut first, ids[0]).await
         }
-    }
+    })
+    .await?;
     let _ = timeout(within, first.close()).await;
     let _ = timeout(within, second.close()).await;
     Ok(samples)

@@ -34,3 +34,32 @@ pub async fn sample(
     }
     Ok(samples)
 }
+
+/// Runs `handoff` (one hand-off of the lock between two connections, returning its latency),
+/// alternating direction (`true`: the first connection hands to the second), warming up for
+/// 300 ms (at most `duration`), then for `duration`, and returns the measured latencies: the
+/// hand-off floor loop of the backends whose servers queue waiters themselves.
+///
+/// # Errors
+/// The first error `handoff` returns.
+///
+/// # Cancel safety
+/// Cancel safe as far as `handoff` is: dropping it drops the hand-off in flight.
+pub async fn sample_handoffs(
+    duration: Duration,
+    mut handoff: impl AsyncFnMut(bool) -> Result<Duration>,
+) -> Result<Vec<Duration>> {
+    let mut samples = Vec::new();
+    let warm_until =
+        crate::raw::time::after(Instant::now(), Duration::from_millis(300).min(duration));
+    let until = crate::raw::time::after(warm_until, duration);
+    let mut forward = true;
+    while Instant::now() < until {
+        let took = handoff(forward).await?;
+        forward = !forward;
+        if Instant::now() > warm_until {
+            samples.push(took);
+        }
+    }
+    Ok(samples)
+}
