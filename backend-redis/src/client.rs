@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use dlock_api::raw::RenewalTimer;
+
 use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::scripts::Scripts;
@@ -14,4 +16,5 @@ pub(crate) struct Inner {
     pub(crate) conn: Conn,
     pub(crate) scripts: Scripts,
     pub(crate) hub: Arc<Wakeups>,
+    pub(crate) timer: RenewalTimer,
 }

@@ -120,6 +120,10 @@ impl RawLease for RedisLease {
             })
         }
     }
+
+    fn renewal_timer(&self) -> Option<&dlock_api::raw::RenewalTimer> {
+        Some(&self.inner.timer)
+    }
 }
 
 impl fmt::Debug for RedisLease {

@@ -148,6 +148,10 @@ impl RawLease for RedlockLease {
             ),
         ))
     }
+
+    fn renewal_timer(&self) -> Option<&dlock_api::raw::RenewalTimer> {
+        Some(&self.inner.timer)
+    }
 }
 
 impl fmt::Debug for RedlockLease {

@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     pub(crate) slots: Vec<Arc<Slot>>,
     pub(crate) hub: Arc<Hub>,
     stats: Counters,
+    /// Starts this client's watchdogs when their first renewal comes due.
+    pub(crate) timer: dlock_api::raw::RenewalTimer,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +105,7 @@ impl Redlock {
                 slots,
                 hub,
                 stats: Counters::default(),
+                timer: dlock_api::raw::RenewalTimer::new(),
             }),
         })
     }

@@ -17,6 +17,7 @@ use crate::options::LockOptions;
 use crate::raw::detach::Detach;
 use crate::raw::lease::{RawLease, RenewedBy, spawn_release};
 use crate::raw::state::LeaseState;
+use crate::raw::timer::Scheduled;
 use crate::raw::watchdog::{start_watchdog, watchdog_settings};
 use crate::status::{LockStatus, LostReason};
 use crate::token::FencingToken;
@@ -42,6 +43,9 @@ pub struct LockGuard {
     state: Arc<LeaseState>,
     backend: &'static str,
     probe: GuardProbe,
+    /// The watchdog's start, while it waits on the client's renewal timer: dropped with the
+    /// guard, so a released guard leaves nothing scheduled.
+    _watchdog: Option<Scheduled>,
 }
 
 impl LockGuard {
@@ -63,7 +67,7 @@ impl LockGuard {
             name: name.clone(),
             token,
         });
-        start_watchdog(
+        let watchdog = start_watchdog(
             watchdog_settings(&name, options, renewed_by == RenewedBy::Guard),
             lease.clone(),
             state.clone(),
@@ -75,6 +79,7 @@ impl LockGuard {
             state,
             backend,
             probe: GuardProbe::start(backend),
+            _watchdog: watchdog,
         }
     }
 

@@ -18,7 +18,9 @@ use crate::inspect::Inspection;
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::raw::time::after;
-use crate::raw::{Grant, LeaseState, PendingAcquire, RawLease, RawLock, RenewedBy, Session};
+use crate::raw::{
+    Grant, LeaseState, PendingAcquire, RawLease, RawLock, RenewalTimer, RenewedBy, Session,
+};
 use crate::token::FencingToken;
 
 const BACKEND: &str = "memory";
@@ -58,6 +60,8 @@ pub struct MemoryLock {
     session: Arc<Mutex<Arc<Session>>>,
     /// Whether this client is cut off from the store (shared by its clones).
     cut_off: Arc<AtomicBool>,
+    /// Starts this client's watchdogs when their first renewal comes due.
+    timer: Arc<RenewalTimer>,
 }
 
 impl MemoryLock {
@@ -68,6 +72,7 @@ impl MemoryLock {
             label: "private".into(),
             session: Arc::default(),
             cut_off: Arc::default(),
+            timer: Arc::default(),
         }
     }
 
@@ -90,6 +95,7 @@ impl MemoryLock {
             label: name.into(),
             session: Arc::default(),
             cut_off: Arc::default(),
+            timer: Arc::default(),
         }
     }
 
@@ -101,6 +107,7 @@ impl MemoryLock {
             label: self.label.clone(),
             session: Arc::default(),
             cut_off: Arc::default(),
+            timer: Arc::default(),
         }
     }
 
@@ -204,6 +211,7 @@ impl MemoryLock {
         let lease = Arc::new(MemoryLease {
             store: self.store.clone(),
             cut_off: self.cut_off.clone(),
+            timer: self.timer.clone(),
             name: name.clone(),
             id,
         });
@@ -349,6 +357,7 @@ struct MemoryLease {
     store: Arc<Store>,
     /// Its client's link to the store.
     cut_off: Arc<AtomicBool>,
+    timer: Arc<RenewalTimer>,
     name: LockName,
     id: u64,
 }
@@ -376,6 +385,10 @@ impl RawLease for MemoryLease {
                 name: self.name.to_string(),
             })
         }
+    }
+
+    fn renewal_timer(&self) -> Option<&RenewalTimer> {
+        Some(&self.timer)
     }
 }
 

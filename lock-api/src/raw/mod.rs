@@ -21,7 +21,10 @@
 //! ## The three lease models
 //! - **TTL per lock** (Redis, memory): the state carries a deadline measured from before the
 //!   request; [`RenewedBy::Guard`] makes the watchdog call [`RawLease::extend`] every renewal
-//!   interval and move the deadline to the validity it returns.
+//!   interval and move the deadline to the validity it returns. Such a backend keeps one
+//!   [`RenewalTimer`] per client and returns it from [`RawLease::renewal_timer`]: a guard's
+//!   watchdog task then starts only when its first renewal comes due, so the many locks released
+//!   before that cost no task at all.
 //! - **Session** (MySQL, Postgres): the state has no deadline; the connection is the lease
 //!   ([`RenewedBy::Session`]). Every guard on one connection shares its [`Session`]
 //!   ([`LeaseState::on_session`]); the connection's keepalive ends that session when the
@@ -58,6 +61,7 @@ mod session;
 pub(crate) mod state;
 mod subscriptions;
 pub mod time;
+pub(crate) mod timer;
 pub(crate) mod watchdog;
 
 pub use crate::inspect::inspect;
@@ -71,6 +75,7 @@ pub use recovery::WaitRecovery;
 pub use session::{Session, SessionStatus};
 pub use state::LeaseState;
 pub use subscriptions::{Subscription, Subscriptions};
+pub use timer::RenewalTimer;
 
 #[doc(hidden)]
 pub use async_trait::async_trait;

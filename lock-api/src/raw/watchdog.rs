@@ -8,6 +8,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use super::lease::{RawLease, spawn_release};
 use super::state::LeaseState;
 use super::time::{after, deadline};
+use super::timer::Scheduled;
 use crate::error::LockError;
 use crate::observability;
 use crate::status::LostReason;
@@ -20,33 +21,66 @@ pub(crate) struct Watch {
     pub(crate) max_hold_until: Option<Instant>,
 }
 
-/// Starts the watchdog task if `watch` asks for renewal or a maximum hold time.
+/// Starts the watchdog if `watch` asks for renewal or a maximum hold time: at once, or, where
+/// the lease has a [`RenewalTimer`](super::RenewalTimer), when the first renewal or the maximum
+/// hold time comes due (the returned handle cancels that when the guard lets go first).
 ///
 /// It renews every `renew_every` (a third of the TTL by default). A renewal that fails with a
 /// retryable error is retried quickly until the lease's validity runs out, then the lock is marked
 /// lost (`RenewalFailed`); any other failure marks it lost at once (`TakenOver` when the server says
 /// someone else holds it). At the maximum hold time it marks the lock lost and releases it.
-pub(crate) fn start_watchdog(watch: Watch, lease: Arc<dyn RawLease>, state: Arc<LeaseState>) {
-    if watch.renew_every.is_none() && watch.max_hold_until.is_none() {
-        return;
+pub(crate) fn start_watchdog(
+    watch: Watch,
+    lease: Arc<dyn RawLease>,
+    state: Arc<LeaseState>,
+) -> Option<Scheduled> {
+    let first_renewal = watch.renew_every.map(|every| after(Instant::now(), every));
+    let first_wake = match (first_renewal, watch.max_hold_until) {
+        (None, None) => return None,
+        (Some(renewal), Some(max_hold)) => renewal.min(max_hold),
+        (renewal, max_hold) => renewal.or(max_hold)?,
+    };
+    if let Some(timer) = lease.renewal_timer() {
+        let start = {
+            let (lease, state) = (lease.clone(), state.clone());
+            Box::new(move || {
+                if !state.is_closed() {
+                    tokio::spawn(watch_until_closed(watch, first_renewal, lease, state));
+                }
+            })
+        };
+        return timer.schedule(first_wake, start);
     }
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(name = %watch.name, "no tokio runtime: the lock will not be renewed");
-        return;
+        return None;
     };
-    handle.spawn(async move {
-        tokio::select! {
-            _ = state.closed() => {}
-            _ = state.lost_token().cancelled() => {}
-            _ = run(&watch, &lease, &state) => {}
-        }
-    });
+    handle.spawn(watch_until_closed(watch, first_renewal, lease, state));
+    None
 }
 
-async fn run(watch: &Watch, lease: &Arc<dyn RawLease>, state: &LeaseState) {
+async fn watch_until_closed(
+    watch: Watch,
+    first_renewal: Option<Instant>,
+    lease: Arc<dyn RawLease>,
+    state: Arc<LeaseState>,
+) {
+    tokio::select! {
+        _ = state.closed() => {}
+        _ = state.lost_token().cancelled() => {}
+        _ = run(&watch, first_renewal, &lease, &state) => {}
+    }
+}
+
+async fn run(
+    watch: &Watch,
+    first_renewal: Option<Instant>,
+    lease: &Arc<dyn RawLease>,
+    state: &LeaseState,
+) {
     let far = after(Instant::now(), Duration::from_secs(365 * 24 * 3600));
     let max_hold_until = watch.max_hold_until.unwrap_or(far);
-    let mut next_renewal = watch.renew_every.map(|every| after(Instant::now(), every));
+    let mut next_renewal = first_renewal;
     loop {
         let wake = next_renewal.unwrap_or(far).min(max_hold_until);
         sleep_until(wake).await;

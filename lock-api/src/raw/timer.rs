@@ -1,0 +1,265 @@
+//! [`RenewalTimer`]: one task per client that starts a guard's watchdog when its first renewal
+//! (or its maximum hold time) comes due, instead of a task per guard from the moment it is
+//! granted.
+//!
+//! Most locks are released long before their first renewal (a third of the TTL: 10 s by
+//! default). A task spawned per guard costs a spawn, two wake-ups and, on a multi-thread runtime,
+//! the unparking of another worker thread: on a short hold that is a large part of the acquire
+//! and release pair. With a timer, a grant is one map insertion and a release one removal, under
+//! a lock nobody holds for long; the timer task is woken only when a grant comes due earlier than
+//! the timer next looks, which it never does when every lock has the same TTL.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::{Instant, sleep_until};
+
+use super::time::after;
+
+/// How long the timer keeps looking once a second after its last grant, before it sleeps until
+/// the next grant: a grant due later than the timer's next look needs no wake-up.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Starts the watchdogs of one client's guards when they come due. A backend whose guards renew
+/// their own lease ([`RenewedBy::Guard`](super::RenewedBy::Guard)) keeps one per client and
+/// returns it from [`RawLease::renewal_timer`](super::RawLease::renewal_timer).
+///
+/// The timer's task runs on the runtime of the first guard that needs it (started again there
+/// if that runtime has shut down) and ends when the timer is dropped. It keeps time with tokio's
+/// clock, so paused time in tests moves it as it moves everything else.
+pub struct RenewalTimer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Notify,
+    /// Set when the `RenewalTimer` is dropped: the task ends.
+    closed: AtomicBool,
+}
+
+type Start = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct State {
+    due: BTreeMap<(Instant, u64), Start>,
+    next_id: u64,
+    /// When the task will next look without being woken (`None`: only when woken).
+    looks_at: Option<Instant>,
+    /// A grant was scheduled since the task last looked.
+    busy: bool,
+    /// The task is alive (it clears this if its runtime drops it).
+    running: bool,
+}
+
+/// A scheduled start, cancelled when dropped (the guard was released first).
+pub(crate) struct Scheduled {
+    shared: Weak<Shared>,
+    key: (Instant, u64),
+}
+
+impl RenewalTimer {
+    /// A timer with no task yet: the first guard scheduled starts it.
+    pub fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                wake: Notify::new(),
+                closed: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Runs `start` at `at` on the timer's task, unless the returned handle is dropped first.
+    /// `None` outside a tokio runtime (nothing could run it).
+    pub(crate) fn schedule(&self, at: Instant, start: Start) -> Option<Scheduled> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let mut state = self.shared.lock();
+        let key = (at, state.next_id);
+        state.next_id = state.next_id.wrapping_add(1);
+        state.due.insert(key, start);
+        state.busy = true;
+        if !state.running {
+            state.running = true;
+            state.looks_at = Some(at);
+            drop(state);
+            runtime.spawn(run(self.shared.clone()));
+        } else if state.looks_at.is_none_or(|looks_at| at < looks_at) {
+            state.looks_at = Some(at);
+            drop(state);
+            self.shared.wake.notify_one();
+        }
+        Some(Scheduled {
+            shared: Arc::downgrade(&self.shared),
+            key,
+        })
+    }
+}
+
+impl Default for RenewalTimer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for RenewalTimer {
+    fn drop(&mut self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_one();
+    }
+}
+
+impl fmt::Debug for RenewalTimer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.shared.lock();
+        f.debug_struct("RenewalTimer")
+            .field("scheduled", &state.due.len())
+            .field("running", &state.running)
+            .finish()
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Scheduled {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            // Dropped outside the lock: a start may hold the last reference to a client.
+            let removed = shared.lock().due.remove(&self.key);
+            drop(removed);
+        }
+    }
+}
+
+/// Clears `running` however the task ends, so the next grant starts a new one.
+struct Running(Arc<Shared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.running = false;
+        state.looks_at = None;
+    }
+}
+
+async fn run(shared: Arc<Shared>) {
+    let running = Running(shared);
+    let shared = &running.0;
+    loop {
+        if shared.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let notified = shared.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let now = Instant::now();
+        let (starts, looks_at) = {
+            let mut state = shared.lock();
+            let later = state.due.split_off(&(now, u64::MAX));
+            let starts = std::mem::replace(&mut state.due, later);
+            state.looks_at = match state.due.keys().next() {
+                Some(&(at, _)) => Some(at.min(after(now, LINGER))),
+                None if state.busy => Some(after(now, LINGER)),
+                None => None,
+            };
+            state.busy = false;
+            (starts, state.looks_at)
+        };
+        for (_, start) in starts {
+            start();
+        }
+        match looks_at {
+            Some(at) => {
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = sleep_until(at) => {}
+                }
+            }
+            None => notified.await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn counter() -> (Arc<AtomicUsize>, impl Fn() -> Start) {
+        let count = Arc::new(AtomicUsize::new(0));
+        let make = {
+            let count = count.clone();
+            move || -> Start {
+                let count = count.clone();
+                Box::new(move || {
+                    count.fetch_add(1, Ordering::SeqCst);
+                })
+            }
+        };
+        (count, make)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn runs_what_comes_due_and_nothing_cancelled() {
+        let timer = RenewalTimer::new();
+        let (count, start) = counter();
+        let now = Instant::now();
+        let kept = timer.schedule(now + Duration::from_secs(10), start());
+        let cancelled = timer.schedule(now + Duration::from_secs(5), start());
+        drop(cancelled);
+        let early = timer.schedule(now + Duration::from_secs(2), start());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(count.load(Ordering::SeqCst), 1, "the 2 s start ran");
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            2,
+            "the 10 s start ran, the 5 s one never"
+        );
+        drop((kept, early));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_earlier_grant_wakes_a_sleeping_timer() {
+        let timer = RenewalTimer::new();
+        let (count, start) = counter();
+        let _late = timer.schedule(Instant::now() + Duration::from_secs(60), start());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let _soon = timer.schedule(Instant::now() + Duration::from_millis(100), start());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn starts_again_on_a_new_runtime() {
+        let timer = RenewalTimer::new();
+        let (count, start) = counter();
+        for _ in 0..2 {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let _s = timer.schedule(Instant::now() + Duration::from_secs(1), start());
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            });
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn outside_a_runtime_nothing_is_scheduled() {
+        let timer = RenewalTimer::new();
+        let (_, start) = counter();
+        assert!(timer.schedule(Instant::now(), start()).is_none());
+    }
+}
