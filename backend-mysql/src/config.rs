@@ -22,9 +22,9 @@ use crate::BACKEND;
 /// | `max_connections` | `10` | connections one client opens at most (sessions holding locks, blocked waiters, idle ones); at least 2 |
 /// | `keepalive` | `1s` | how often a session connection is pinged: the bound on noticing a killed or broken session |
 /// | `session_timeout` | `30s` | `SET SESSION wait_timeout`: the server drops a connection silent for this long, freeing its locks (the bound for a half-open connection of a vanished client); must exceed `keepalive` |
-/// | `table` | `dlock_fence` | the fencing counter table (`name` or `database.name`) |
-/// | `fencing` | `true` | fencing tokens from the counter table; `false`: plain `GET_LOCK`, every token 0, no table (about 10 µs less server time per acquire) |
-/// | `create_table` | `true` | create the table on first use; `false`: call [`MySqlLock::migrate`](crate::MySqlLock::migrate) or create it yourself |
+/// | `table` | `dlock_fence` | the fencing counter table on MySQL; on MariaDB the fencing sequence is this name with `_seq` (`name` or `database.name`) |
+/// | `fencing` | `true` | fencing tokens (a sequence on MariaDB, a counter table on MySQL); `false`: plain `GET_LOCK`, every token 0, no table |
+/// | `create_table` | `true` | create the table (or sequence) on first use; `false`: call [`MySqlLock::migrate`](crate::MySqlLock::migrate) or create it yourself |
 /// | `prefix` | *(empty)* | prepended to every `GET_LOCK` key, to keep dlock's names apart from other users of named locks on the server |
 ///
 /// `Debug` and `Display` never show the password.
@@ -222,12 +222,21 @@ impl MySqlConfig {
 
     /// The fencing table, quoted for SQL.
     pub(crate) fn quoted_table(&self) -> String {
-        self.table
-            .split('.')
-            .map(|part| format!("`{part}`"))
-            .collect::<Vec<_>>()
-            .join(".")
+        quote_path(&self.table)
     }
+
+    /// The fencing sequence (MariaDB): the table's name with `_seq`, quoted for SQL.
+    pub(crate) fn quoted_sequence(&self) -> String {
+        quote_path(&format!("{}_seq", self.table))
+    }
+}
+
+/// `name` or `database.name`, quoted for SQL (the parts were checked to need no escaping).
+fn quote_path(path: &str) -> String {
+    path.split('.')
+        .map(|part| format!("`{part}`"))
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 impl fmt::Display for MySqlConfig {

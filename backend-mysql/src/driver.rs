@@ -1,7 +1,7 @@
 //! [`MySqlDriver`]: the statements the shared session pool runs on MySQL / MariaDB connections.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,7 +13,7 @@ use sqlx::{ConnectOptions, Connection, Executor, Row};
 use crate::BACKEND;
 use crate::config::MySqlConfig;
 use crate::error::{is_connection_error, map_err};
-use crate::sql::{Cmd, Reply, Sql, exec};
+use crate::sql::{Cmd, Fence, HELLO, Reply, Sql, exec, raise_sequence};
 
 /// `GET_LOCK` named locks for a [`SessionPool`](dlock_api::raw::SessionPool). Keys are mapped
 /// names (with the prefix); tokens come from the fencing table in the same statement.
@@ -22,6 +22,8 @@ pub(crate) struct MySqlDriver {
     sql: Sql,
     connect: MySqlConnectOptions,
     init: String,
+    /// Where tokens come from: decided by the first connection's server.
+    fence: OnceLock<Fence>,
 }
 
 impl MySqlDriver {
@@ -44,7 +46,17 @@ impl MySqlDriver {
             init: Sql::init(&config),
             connect,
             config,
+            fence: OnceLock::new(),
         }
+    }
+
+    /// Where this client's tokens come from (`Row` until a connection has met the server).
+    pub(crate) fn fence(&self) -> Fence {
+        self.fence.get().copied().unwrap_or(if self.config.fencing {
+            Fence::Row
+        } else {
+            Fence::Off
+        })
     }
 
     /// The pool limits this client's options ask for.
@@ -70,19 +82,21 @@ impl MySqlDriver {
         Cmd::Acquire {
             key: key.clone(),
             wait,
+            fence: self.fence(),
             create_table: self.config.create_table,
         }
     }
 
-    /// Runs a one-off command on a connection of its own (migrations).
-    pub(crate) async fn one_off(&self, cmd: Cmd) -> dlock_api::Result<Reply> {
+    /// Creates the fencing table, or sequence, on a connection of its own.
+    pub(crate) async fn migrate(&self) -> dlock_api::Result<()> {
         let (mut conn, _) = self.open().await?;
+        let cmd = Cmd::CreateTable(self.fence());
         let reply = tokio::time::timeout(self.config.command_timeout, self.run(&mut conn, &cmd))
             .await
             .map_err(|_| LockError::command_timeout(BACKEND, self.config.command_timeout))?
             .map_err(|f| f.error);
         let _ = tokio::time::timeout(self.config.command_timeout, conn.close()).await;
-        reply
+        reply.map(drop)
     }
 }
 
@@ -117,11 +131,21 @@ impl SessionDriver for MySqlDriver {
         conn.execute(sqlx::raw_sql(&self.init))
             .await
             .map_err(map_err)?;
-        let row = sqlx::query("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+        let row = sqlx::query(HELLO)
             .fetch_one(&mut conn)
             .await
             .map_err(map_err)?;
         let server_id = row.try_get::<i64, _>(0).map_err(map_err)?;
+        let version = row.try_get::<String, _>(1).map_err(map_err)?;
+        let now_micros = row.try_get::<u64, _>(2).map_err(map_err)?;
+        let fence = *self
+            .fence
+            .get_or_init(|| Fence::for_server(self.config.fencing, &version));
+        if fence == Fence::Sequence {
+            raise_sequence(&mut conn, &self.sql, now_micros, self.config.create_table)
+                .await
+                .map_err(map_err)?;
+        }
         Ok((conn, server_id.unsigned_abs()))
     }
 

@@ -8,6 +8,7 @@ use tokio::sync::Mutex;
 
 use crate::driver::MySqlDriver;
 use crate::error::{error_number, map_err, timed_out};
+use crate::sql::Fence;
 
 const ER_NO_SUCH_TABLE: u16 = 1146;
 
@@ -41,7 +42,8 @@ impl Inspector {
             None => driver.open().await?.0,
         };
         let within = driver.config.command_timeout;
-        let fenced = driver.config.fencing.then(|| driver.config.quoted_table());
+        // A sequence's tokens are not kept per key: the holder's is not known.
+        let fenced = (driver.fence() == Fence::Row).then(|| driver.config.quoted_table());
         let read = tokio::time::timeout(within, read(&mut conn, key, fenced.as_deref()))
             .await
             .map_err(|_| timed_out(within))??;

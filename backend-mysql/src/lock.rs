@@ -13,7 +13,6 @@ use crate::BACKEND;
 use crate::config::MySqlConfig;
 use crate::driver::MySqlDriver;
 use crate::inspect::Inspector;
-use crate::sql::Cmd;
 
 /// The server's limit on lock names, in characters.
 const MAX_KEY_CHARS: usize = 64;
@@ -107,8 +106,8 @@ impl MySqlLock {
         self.pool.connections()
     }
 
-    /// Creates the fencing table if it does not exist (what the first acquire does when
-    /// `create_table` is on).
+    /// Creates the fencing table (MySQL) or sequence (MariaDB) if it does not exist (what the
+    /// first acquire does when `create_table` is on).
     ///
     /// # Errors
     /// [`LockError::Backend`](dlock_api::LockError::Backend) if the server refuses (no `CREATE` privilege);
@@ -117,11 +116,7 @@ impl MySqlLock {
     /// # Cancel safety
     /// Cancel safe: the statement runs on a connection of its own, closed when dropped.
     pub async fn migrate(&self) -> Result<()> {
-        self.pool
-            .driver()
-            .one_off(Cmd::CreateTable)
-            .await
-            .map(|_| ())
+        self.pool.driver().migrate().await
     }
 }
 
@@ -147,7 +142,8 @@ impl RawLock for MySqlLock {
     }
 
     /// `IS_USED_LOCK` (the holder's connection id), the connections waiting in `GET_LOCK`
-    /// (performance_schema), and the fence row (the holder's token), on a connection kept for it.
+    /// (performance_schema), and on MySQL the fence row (the holder's token; MariaDB's sequence
+    /// keeps no token per key), on a connection kept for it.
     async fn inspect(&self, name: &LockName) -> Result<Inspection> {
         self.inspector
             .inspect(self.pool.driver(), &self.raw_key(name))

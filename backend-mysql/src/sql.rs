@@ -10,10 +10,40 @@ use sqlx::{Connection, Executor, Row};
 use crate::config::MySqlConfig;
 use crate::error::error_number;
 
+/// Where this client's fencing tokens come from, decided by the server it meets first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fence {
+    /// `fencing=false`: plain `GET_LOCK`, every token 0.
+    Off,
+    /// MySQL: a counter row per key, written by the acquire's own statement.
+    Row,
+    /// MariaDB 10.3+: `NEXTVAL` of one sequence, taken in the acquire's statement after the grant.
+    Sequence,
+}
+
+impl Fence {
+    /// The token source for a server whose `VERSION()` is `version`.
+    pub(crate) fn for_server(fencing: bool, version: &str) -> Self {
+        if !fencing {
+            return Self::Off;
+        }
+        let mut numbers = version.split(['.', '-']).map(|n| n.parse::<u32>().ok());
+        let major_minor = (numbers.next().flatten(), numbers.next().flatten());
+        match major_minor {
+            (Some(major), Some(minor))
+                if version.contains("MariaDB") && (major, minor) >= (10, 3) =>
+            {
+                Self::Sequence
+            }
+            _ => Self::Row,
+        }
+    }
+}
+
 /// The statements of one client, built once from its config.
 #[derive(Debug)]
 pub(crate) struct Sql {
-    /// Lock and fence in one statement. Parameters: key, key, wait seconds.
+    /// Lock and fence in one statement (MySQL). Parameters: key, key, wait seconds.
     ///
     /// `GET_LOCK` sits in the `WHERE` of an `INSERT … SELECT … FROM DUAL`, so it runs once, and the
     /// counter row is written only when the lock was granted. `LAST_INSERT_ID(expr)` makes the new
@@ -21,8 +51,17 @@ pub(crate) struct Sql {
     /// clock in microseconds, so it keeps rising even if a crash lost the last counter writes
     /// (`innodb_flush_log_at_trx_commit` other than 1).
     acquire: String,
+    /// Lock and fence in one statement (MariaDB). Parameters: key, wait seconds.
+    ///
+    /// `IF` evaluates `GET_LOCK` first and `NEXTVAL` only when it granted, so each token is taken
+    /// after its grant and before its holder can release: tokens rise in grant order. A sequence
+    /// keeps its values in memory and writes its table once per `CACHE` values, so there is no
+    /// write transaction (and, with `innodb_flush_log_at_trx_commit=1`, no log flush) per acquire.
+    acquire_sequence: String,
+    /// The fencing sequence, quoted.
+    sequence: String,
     /// Without fencing: `GET_LOCK` alone. Parameters: key, wait seconds.
-    acquire_plain: Option<&'static str>,
+    acquire_plain: &'static str,
     /// Parameter: key. Returns 1, 0 or NULL.
     release: &'static str,
     /// The fencing table.
@@ -31,16 +70,23 @@ pub(crate) struct Sql {
 
 const NOW_MICROS: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED)";
 
+/// What a new connection asks first: its id, the server's version and clock (µs).
+pub(crate) const HELLO: &str = "SELECT CAST(CONNECTION_ID() AS SIGNED), VERSION(), \
+     CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED)";
+
 impl Sql {
     pub(crate) fn new(config: &MySqlConfig) -> Self {
         let table = config.quoted_table();
+        let sequence = config.quoted_sequence();
         Self {
             acquire: format!(
                 "INSERT INTO {table} (name, token) \
                  SELECT ?, LAST_INSERT_ID({NOW_MICROS}) FROM DUAL WHERE GET_LOCK(?, ?) = 1 \
                  ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(token + 1, {NOW_MICROS}))"
             ),
-            acquire_plain: (!config.fencing).then_some("SELECT GET_LOCK(?, ?)"),
+            acquire_sequence: format!("SELECT IF(GET_LOCK(?, ?) = 1, NEXTVAL({sequence}), NULL)"),
+            sequence,
+            acquire_plain: "SELECT GET_LOCK(?, ?)",
             release: "SELECT RELEASE_LOCK(?)",
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {table} (\
@@ -61,6 +107,44 @@ impl Sql {
     }
 }
 
+/// Raises the fencing sequence to at least `now_micros`, the server's clock when `conn` opened
+/// (`SETVAL` never lowers it); creates it, starting there, if it is missing and `create` allows.
+///
+/// Every connection does this before its first acquire. Within one server run the sequence only
+/// rises; after a restart every connection is new, so the first token is at least the clock
+/// then, above every token of the run before even if a crash lost the sequence's last
+/// reservation (`innodb_flush_log_at_trx_commit` other than 1) and as long as the server's clock
+/// did not go back. Starting at the clock also keeps tokens above those of a counter table.
+pub(crate) async fn raise_sequence(
+    conn: &mut MySqlConnection,
+    sql: &Sql,
+    now_micros: u64,
+    create: bool,
+) -> sqlx::Result<()> {
+    // `SETVAL` takes a literal, not a parameter.
+    let raise = format!("SELECT SETVAL({}, {now_micros})", sql.sequence);
+    match conn.execute(sqlx::raw_sql(&raise)).await {
+        Err(e) if create && error_number(&e) == Some(ER_UNKNOWN_SEQUENCES) => {
+            conn.execute(sqlx::raw_sql(&format!(
+                "CREATE SEQUENCE IF NOT EXISTS {} START WITH {now_micros} CACHE 1000",
+                sql.sequence
+            )))
+            .await?;
+            // Someone may have created it a moment earlier, starting lower.
+            conn.execute(sqlx::raw_sql(&raise)).await.map(drop)
+        }
+        other => other.map(drop),
+    }
+}
+
+/// The server's clock in microseconds.
+async fn now_micros(conn: &mut MySqlConnection) -> sqlx::Result<u64> {
+    sqlx::query(&format!("SELECT {NOW_MICROS}"))
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)
+}
+
 /// One command on a connection.
 #[derive(Clone, Debug)]
 pub(crate) enum Cmd {
@@ -68,6 +152,7 @@ pub(crate) enum Cmd {
     Acquire {
         key: std::sync::Arc<str>,
         wait: Duration,
+        fence: Fence,
         create_table: bool,
     },
     /// `RELEASE_LOCK(key)`.
@@ -76,8 +161,8 @@ pub(crate) enum Cmd {
     Ping,
     /// `KILL QUERY id`: interrupts another connection's statement.
     KillQuery(u64),
-    /// Creates the fencing table if missing.
-    CreateTable,
+    /// Creates the fencing table (or sequence) if missing.
+    CreateTable(Fence),
 }
 
 /// What a command returned.
@@ -92,6 +177,8 @@ pub(crate) enum Reply {
 }
 
 const ER_NO_SUCH_TABLE: u16 = 1146;
+/// MariaDB's "Unknown SEQUENCE".
+const ER_UNKNOWN_SEQUENCES: u16 = 4091;
 
 async fn acquire_once(
     conn: &mut MySqlConnection,
@@ -107,23 +194,57 @@ async fn acquire_once(
         .await
 }
 
+/// `GET_LOCK` alone (`statement` without fencing) or with `NEXTVAL`: the one value it returns.
+async fn select_once(
+    conn: &mut MySqlConnection,
+    statement: &str,
+    key: &str,
+    wait: Duration,
+) -> sqlx::Result<Option<i64>> {
+    sqlx::query(statement)
+        .bind(key)
+        .bind(wait.as_secs_f64())
+        .fetch_one(conn)
+        .await?
+        .try_get(0)
+}
+
 /// Runs `cmd` on `conn`.
 pub(crate) async fn exec(conn: &mut MySqlConnection, sql: &Sql, cmd: &Cmd) -> sqlx::Result<Reply> {
     match cmd {
         Cmd::Acquire {
             key,
             wait,
+            fence: Fence::Off,
+            ..
+        } => {
+            let granted = select_once(conn, sql.acquire_plain, key, *wait).await? == Some(1);
+            Ok(Reply::Acquired(granted.then_some(0)))
+        }
+        Cmd::Acquire {
+            key,
+            wait,
+            fence: Fence::Sequence,
             create_table,
         } => {
-            if let Some(plain) = sql.acquire_plain {
-                let row = sqlx::query(plain)
-                    .bind(&**key)
-                    .bind(wait.as_secs_f64())
-                    .fetch_one(&mut *conn)
-                    .await?;
-                let granted = row.try_get::<Option<i64>, _>(0)? == Some(1);
-                return Ok(Reply::Acquired(granted.then_some(0)));
-            }
+            let token = match select_once(conn, &sql.acquire_sequence, key, *wait).await {
+                // The sequence is opened before `GET_LOCK` runs, so a missing one never leaves a
+                // lock behind: create it and try again.
+                Err(e) if *create_table && error_number(&e) == Some(ER_UNKNOWN_SEQUENCES) => {
+                    let now = now_micros(conn).await?;
+                    raise_sequence(conn, sql, now, true).await?;
+                    select_once(conn, &sql.acquire_sequence, key, *wait).await?
+                }
+                other => other?,
+            };
+            Ok(Reply::Acquired(token.map(i64::unsigned_abs)))
+        }
+        Cmd::Acquire {
+            key,
+            wait,
+            fence: Fence::Row,
+            create_table,
+        } => {
             let done = match acquire_once(conn, sql, key, *wait).await {
                 // The table is opened before `GET_LOCK` runs, so a missing table never leaves a
                 // lock behind: create it and try again.
@@ -153,9 +274,35 @@ pub(crate) async fn exec(conn: &mut MySqlConnection, sql: &Sql, cmd: &Cmd) -> sq
                 .await?;
             Ok(Reply::Done)
         }
-        Cmd::CreateTable => {
+        Cmd::CreateTable(Fence::Sequence) => {
+            let now = now_micros(conn).await?;
+            raise_sequence(conn, sql, now, true).await?;
+            Ok(Reply::Done)
+        }
+        Cmd::CreateTable(_) => {
             conn.execute(sqlx::raw_sql(&sql.create)).await?;
             Ok(Reply::Done)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fence;
+
+    #[test]
+    fn mariadb_since_10_3_fences_with_a_sequence() {
+        assert_eq!(
+            Fence::for_server(true, "10.11.6-MariaDB-0+deb12u1"),
+            Fence::Sequence
+        );
+        assert_eq!(Fence::for_server(true, "11.4.2-MariaDB"), Fence::Sequence);
+        assert_eq!(
+            Fence::for_server(true, "10.3.39-MariaDB-log"),
+            Fence::Sequence
+        );
+        assert_eq!(Fence::for_server(true, "10.2.44-MariaDB"), Fence::Row);
+        assert_eq!(Fence::for_server(true, "8.0.36"), Fence::Row);
+        assert_eq!(Fence::for_server(false, "10.11.6-MariaDB"), Fence::Off);
     }
 }
