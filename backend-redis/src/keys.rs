@@ -34,12 +34,23 @@ impl LockKeys {
                 c => tag.push(c),
             }
         }
-        let lock = format!("{prefix}:{{{tag}}}");
+        let mut lock = String::with_capacity(prefix.len() + tag.len() + 3);
+        lock.push_str(prefix);
+        lock.push_str(":{");
+        lock.push_str(&tag);
+        lock.push('}');
+        // On every acquire: plain concatenation, not the formatting machinery.
+        let suffixed = |suffix: &str| {
+            let mut key = String::with_capacity(lock.len() + suffix.len());
+            key.push_str(&lock);
+            key.push_str(suffix);
+            key
+        };
         Self {
-            fence: format!("{lock}:fence"),
-            queue: format!("{lock}:queue"),
-            waiters: format!("{lock}:waiters"),
-            channel: format!("{lock}:released"),
+            fence: suffixed(":fence"),
+            queue: suffixed(":queue"),
+            waiters: suffixed(":waiters"),
+            channel: suffixed(":released"),
             lock,
         }
     }

@@ -16,12 +16,17 @@ use crate::keys::LockKeys;
 pub(crate) struct RedisLease {
     inner: Arc<Inner>,
     name: LockName,
-    keys: LockKeys,
-    owner: String,
+    keys: Arc<LockKeys>,
+    owner: Arc<str>,
 }
 
 impl RedisLease {
-    pub(crate) fn new(inner: Arc<Inner>, name: LockName, keys: LockKeys, owner: String) -> Self {
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        name: LockName,
+        keys: Arc<LockKeys>,
+        owner: Arc<str>,
+    ) -> Self {
         Self {
             inner,
             name,
@@ -75,7 +80,7 @@ impl RedisLease {
 
     /// The cleanup of a cancelled acquire: whatever the server did with `owner` (took the lock,
     /// queued it, granted it the lock), undo it.
-    pub(crate) fn spawn_cleanup(inner: Arc<Inner>, keys: LockKeys, owner: String) {
+    pub(crate) fn spawn_cleanup(inner: Arc<Inner>, keys: Arc<LockKeys>, owner: Arc<str>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };

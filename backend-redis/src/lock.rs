@@ -93,8 +93,8 @@ impl RedisLock {
     fn guard(
         &self,
         name: &LockName,
-        keys: &LockKeys,
-        owner: &str,
+        keys: &Arc<LockKeys>,
+        owner: &Arc<str>,
         token: i64,
         valid_until: Instant,
     ) -> Grant {
@@ -103,7 +103,7 @@ impl RedisLock {
             self.inner.clone(),
             name.clone(),
             keys.clone(),
-            owner.to_owned(),
+            owner.clone(),
         ));
         Grant::new(
             name.clone(),
@@ -119,8 +119,8 @@ impl RedisLock {
     async fn attempt(
         &self,
         name: &LockName,
-        keys: &LockKeys,
-        owner: &str,
+        keys: &Arc<LockKeys>,
+        owner: &Arc<str>,
         options: &LockOptions,
         enqueue: bool,
     ) -> Result<Attempt> {
@@ -130,7 +130,7 @@ impl RedisLock {
         let started = Instant::now();
         // The script may take effect even if this future is dropped or the reply is lost.
         let pending = {
-            let (inner, keys, owner) = (inner.clone(), keys.clone(), owner.to_owned());
+            let (inner, keys, owner) = (inner.clone(), keys.clone(), owner.clone());
             PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner))
         };
         let reply: Vec<i64> = inner
@@ -141,7 +141,7 @@ impl RedisLock {
                 &[&keys.lock, &keys.fence, &keys.queue, &keys.waiters],
                 &[
                     owner,
-                    &ttl_ms,
+                    &*ttl_ms,
                     if enqueue { "1" } else { "0" },
                     &presence_ms,
                     &keys.channel,
@@ -208,8 +208,17 @@ impl RedisLock {
     }
 }
 
-fn owner_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
+/// A random owner value: 32 hex digits.
+fn owner_token() -> Arc<str> {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut bits = rand::random::<u128>();
+    let mut digits = [0u8; 32];
+    for digit in digits.iter_mut().rev() {
+        *digit = HEX[(bits & 0xf) as usize];
+        bits >>= 4;
+    }
+    // The digits are ASCII.
+    String::from_utf8_lossy(&digits).into()
 }
 
 /// How much earlier than `ttl` after its last busy attempt was sent a waiter granted the lock
@@ -262,7 +271,7 @@ impl RawLock for RedisLock {
     }
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
-        let keys = self.keys(name);
+        let keys = Arc::new(self.keys(name));
         match self
             .attempt(name, &keys, &owner_token(), options, false)
             .await?
@@ -278,7 +287,7 @@ impl RawLock for RedisLock {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        let keys = self.keys(name);
+        let keys = Arc::new(self.keys(name));
         let owner = owner_token();
         if let Attempt::Granted(grant) = self.attempt(name, &keys, &owner, options, false).await? {
             return Ok(Some(grant));

@@ -14,8 +14,9 @@
 
 use redis::Script;
 
-/// Helpers shared by the scripts (Lua has no includes, so each script carries them).
-macro_rules! lua_helpers {
+/// Helpers shared by the scripts (Lua has no includes, so each script carries the ones it uses:
+/// a helper is a closure made on every call).
+macro_rules! lua_fence_helpers {
     () => {
         r"
 local function now_us()
@@ -31,7 +32,14 @@ local function raise_fence(fence, now)
   redis.call('SET', fence, string.format('%.0f', token))
   return token
 end
+"
+    };
+}
 
+/// `grant_next`, for the scripts that free a lock (after `lua_fence_helpers`).
+macro_rules! lua_grant_helper {
+    () => {
+        r"
 -- Gives the free lock to the first live waiter and tells it; or, if the queue held only waiters
 -- whose presence lapsed, announces the lock free (one of them may still be alive and re-queue).
 -- With nobody queued there is nobody to tell: a waiter not yet queued re-checks after subscribing.
@@ -69,7 +77,7 @@ end
 /// made after this answer, whose token is higher, from one made before). With enqueue, a busy
 /// answer also queues the caller (or refreshes its presence).
 const ACQUIRE: &str = concat!(
-    lua_helpers!(),
+    lua_fence_helpers!(),
     r"
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = ARGV[1]
@@ -114,7 +122,8 @@ return {0, redis.call('PTTL', lock), tonumber(redis.call('GET', fence) or '0')}
 /// Release. KEYS: lock, fence, queue, waiters. ARGV: owner, channel. Deletes the lock only if the
 /// caller owns it and hands it to the next live waiter. Returns 1 or 0.
 const RELEASE: &str = concat!(
-    lua_helpers!(),
+    lua_fence_helpers!(),
+    lua_grant_helper!(),
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
@@ -127,7 +136,8 @@ return 1
 /// release granted the lock to the caller meanwhile, releases it onward (returns 2); otherwise
 /// leaves the queue (returns 1), waking the next waiter if the lock is free.
 const CANCEL: &str = concat!(
-    lua_helpers!(),
+    lua_fence_helpers!(),
+    lua_grant_helper!(),
     r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
