@@ -1,4 +1,6 @@
-//! `dlock bench`: uncontended acquire+release latency and throughput, and contended hand-off.
+//! `dlock bench`: uncontended acquire+release latency and throughput, contended hand-off, and
+//! many names on one client, each next to the backend's raw protocol floor measured in the
+//! same run (see [`crate::floor`]).
 //!
 //! Definitions: a *pair* is acquire + release on one name
 //! by one client, back to back; *hand-off* is the time from the holder issuing its release to the
@@ -9,10 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
-
-use dlock::BackendScheme;
+use serde_json::{Value, json};
 use tokio::sync::Notify;
 
+use crate::floor::{self, Floors, Ops, Pairs, WarmUp};
 use crate::{BackendArgs, parse_duration};
 
 /// Arguments of `dlock bench`.
@@ -30,7 +32,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_duration, default_value = "2ms")]
     hold: Duration,
     /// Task counts for the many-names phase: that many tasks share one client, each locking its
-    /// own name.
+    /// own name (and as many tasks share one raw client of the backend's driver, for the floor).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     parallel: Vec<usize>,
     /// Print one JSON object instead of a table.
@@ -142,45 +144,124 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    // dlock and the raw floor run in alternating slices, so drift in the machine's speed over the
-    // run (common on shared VMs) affects both alike and the ratio stays fair.
-    let url = args.backend.url()?;
-    let name = LockName::new(format!("{run}/uncontended"))?;
-    let slice = args.duration / SLICES;
-    let mut uncontended_samples = Samples::default();
-    let mut floor: Option<(&'static str, Samples)> = None;
-    for _ in 0..SLICES {
-        uncontended_samples.extend(uncontended(&client, &name, slice).await?);
-        if let Some((op, samples)) = raw_floor(&url, slice).await? {
-            floor
-                .get_or_insert((op, Samples::default()))
-                .1
-                .extend(samples);
-        }
-    }
-    let uncontended = uncontended_samples;
+    // dlock and the raw floors run interleaved (the uncontended phase in alternating slices),
+    // so drift in the machine's speed over the run (common on shared VMs) affects both alike
+    // and the ratios stay fair.
+    let floors = Floors::for_url(&args.backend.url()?)?;
     let mut clients = Vec::with_capacity(args.waiters);
     for _ in 0..args.waiters {
         clients.push(args.backend.connect().await?);
     }
+    let ops = floors.as_ref().map(Floors::ops);
+    let round = measure(&args, &client, &clients, floors.as_ref(), &run).await?;
+    let mut report = round.to_json(&args, ops.as_ref());
+    if args.json {
+        report["backend"] = json!(label);
+        println!("{report}");
+    } else {
+        print!("{}", Report { figures: &report }.render(&args, &label));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What the phases measured.
+struct Round {
+    uncontended: Samples,
+    floor: Option<Samples>,
+    handoff: Samples,
+    handoff_floor: Option<Samples>,
+    /// Per task count: dlock's pairs/s, and the raw floor's.
+    parallel: Vec<(usize, f64, Option<f64>)>,
+}
+
+/// Every phase of dlock, each followed (or, uncontended, interleaved) by its floor.
+async fn measure(
+    args: &BenchArgs,
+    client: &Arc<dyn DistributedLock>,
+    clients: &[Arc<dyn DistributedLock>],
+    floors: Option<&Floors>,
+    run: &str,
+) -> Result<Round, LockError> {
+    let name = LockName::new(format!("{run}/uncontended"))?;
+    let slice = args.duration / SLICES;
+    let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(10));
+    let mut uncontended = Samples::default();
+    let mut floor = floors.map(|_| Samples::default());
+    for _ in 0..SLICES {
+        let pairs = floor::sample(WarmUp::Rounds(50), slice, async || {
+            client.acquire(&name, &opts).await?.release().await
+        })
+        .await?;
+        uncontended.extend(Samples::from_durations(&pairs));
+        if let (Some(floors), Some(floor)) = (floors, floor.as_mut()) {
+            floor.extend(Samples::from_durations(&floors.pairs(slice).await?));
+        }
+    }
     let handoff = handoff(
-        clients,
+        clients.to_vec(),
         LockName::new(format!("{run}/handoff"))?,
         args.duration,
         args.hold,
     )
     .await?;
+    let handoff_floor = match floors {
+        Some(floors) => Some(Samples::from_durations(
+            &floors.handoffs(args.duration).await?,
+        )),
+        None => None,
+    };
     let mut parallel = Vec::new();
     for &tasks in &args.parallel {
+        let tasks = tasks.max(1);
         let phase = args.duration / 2;
-        parallel.push((tasks, many_names(&client, &run, tasks.max(1), phase).await?));
+        let names = (0..tasks)
+            .map(|i| LockName::new(format!("{run}/parallel/{tasks}/{i}")))
+            .collect::<Result<_, _>>()?;
+        let pairs = Arc::new(DlockPairs {
+            client: client.clone(),
+            names,
+            opts: LockOptions::new(),
+        });
+        let ours = floor::many(pairs, tasks, phase).await?;
+        let raw = match floors {
+            Some(floors) => Some(floors.parallel(tasks, phase).await?),
+            None => None,
+        };
+        parallel.push((tasks, ours, raw));
     }
-    let handoff_floor = raw_handoff_floor(&args.backend.url()?, args.duration).await?;
-    let ratio = |ours: f64, floor: f64| (ours / floor * 100.0).round() / 100.0;
+    Ok(Round {
+        uncontended,
+        floor,
+        handoff,
+        handoff_floor,
+        parallel,
+    })
+}
 
-    if args.json {
-        let json = serde_json::json!({
-            "backend": label,
+/// dlock's pairs on one client, a name per task.
+struct DlockPairs {
+    client: Arc<dyn DistributedLock>,
+    names: Vec<LockName>,
+    opts: LockOptions,
+}
+
+impl Pairs for DlockPairs {
+    async fn pair(&self, task: usize) -> Result<(), LockError> {
+        let guard = self.client.acquire(&self.names[task], &self.opts).await?;
+        guard.release().await
+    }
+}
+
+/// `ours / floor`, to two decimals.
+fn ratio(ours: f64, floor: f64) -> f64 {
+    (ours / floor * 100.0).round() / 100.0
+}
+
+impl Round {
+    /// The JSON report's fields (figures rounded as reported).
+    fn to_json(&self, args: &BenchArgs, ops: Option<&Ops>) -> Value {
+        let (uncontended, handoff) = (&self.uncontended, &self.handoff);
+        let mut json = json!({
             "uncontended": {
                 "ops_per_sec": uncontended.per_sec().round(),
                 "p50_us": uncontended.percentile(50.0).round(),
@@ -196,253 +277,206 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
                 "samples": handoff.micros.len(),
             },
         });
-        let mut json = json;
-        json["parallel_names"] = parallel
+        json["parallel_names"] = self
+            .parallel
             .iter()
-            .map(|(tasks, ops)| serde_json::json!({"tasks": tasks, "ops_per_sec": ops.round()}))
-            .collect();
-        if let Some((op, floor)) = &floor {
-            json["raw_floor"] = serde_json::json!({
-                "op": op,
-                "ops_per_sec": floor.per_sec().round(),
-                "p50_us": floor.percentile(50.0).round(),
-                "p99_us": floor.percentile(99.0).round(),
-            });
-            if let Some((op, hf)) = &handoff_floor {
-                json["raw_handoff_floor"] = serde_json::json!({
-                    "op": op,
-                    "p50_us": hf.percentile(50.0).round(),
-                    "p99_us": hf.percentile(99.0).round(),
-                });
-                json["ratios"]["handoff_p50_vs_raw_handoff_floor"] =
-                    serde_json::json!(ratio(handoff.percentile(50.0), hf.percentile(50.0)));
-            }
-            let extra = json["ratios"].take();
-            json["ratios"] = serde_json::json!({
-                "uncontended_throughput_vs_floor": ratio(uncontended.per_sec(), floor.per_sec()),
-                "handoff_p50_vs_floor_round_trip": ratio(handoff.percentile(50.0), floor.percentile(50.0) / 2.0),
-            });
-            if let serde_json::Value::Object(extra) = extra {
-                for (key, value) in extra {
-                    json["ratios"][key] = value;
+            .map(|&(tasks, ours, raw)| {
+                let mut entry = json!({"tasks": tasks, "ops_per_sec": ours.round()});
+                if let Some(raw) = raw {
+                    entry["floor_ops_per_sec"] = json!(raw.round());
+                    entry["vs_floor"] = json!(ratio(ours, raw));
                 }
-            }
+                entry
+            })
+            .collect();
+        let (Some(ops), Some(floor), Some(hf)) = (ops, &self.floor, &self.handoff_floor) else {
+            return json;
+        };
+        json["raw_floor"] = json!({
+            "op": ops.pair,
+            "ops_per_sec": floor.per_sec().round(),
+            "p50_us": floor.percentile(50.0).round(),
+            "p99_us": floor.percentile(99.0).round(),
+            "samples": floor.micros.len(),
+        });
+        json["raw_handoff_floor"] = json!({
+            "op": ops.handoff,
+            "p50_us": hf.percentile(50.0).round(),
+            "p99_us": hf.percentile(99.0).round(),
+            "samples": hf.micros.len(),
+        });
+        json["raw_parallel_floor"] = json!({"op": ops.pair, "client": ops.client});
+        json["ratios"] = json!({
+            "uncontended_throughput_vs_floor": ratio(uncontended.per_sec(), floor.per_sec()),
+            "handoff_p50_vs_raw_handoff_floor":
+                ratio(handoff.percentile(50.0), hf.percentile(50.0)),
+            "handoff_p50_vs_floor_round_trip":
+                ratio(handoff.percentile(50.0), floor.percentile(50.0) / 2.0),
+        });
+        json
+    }
+}
+
+/// The table `dlock bench` prints, from the JSON report.
+struct Report<'a> {
+    figures: &'a Value,
+}
+
+/// How a figure is shown.
+#[derive(Clone, Copy)]
+enum Unit {
+    Whole,
+    Ratio,
+}
+
+impl Report<'_> {
+    /// The figure at JSON pointer `at`.
+    fn fig(&self, at: &str, unit: Unit) -> String {
+        match (self.figures.pointer(at).and_then(Value::as_f64), unit) {
+            (Some(n), Unit::Whole) => format!("{n:.0}"),
+            (Some(n), Unit::Ratio) => format!("{n:.2}x"),
+            (None, _) => "-".to_owned(),
         }
-        println!("{json}");
-    } else {
-        println!(
-            "dlock bench against {label} ({:?} per phase)\n",
+    }
+
+    fn has(&self, at: &str) -> bool {
+        self.figures.pointer(at).is_some()
+    }
+
+    fn render(&self, args: &BenchArgs, label: &str) -> String {
+        use std::fmt::Write;
+        let whole = |at: &str| self.fig(at, Unit::Whole);
+        let text = |at: &str| {
+            self.figures
+                .pointer(at)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        let mut out = format!(
+            "dlock bench against {label} ({:?} per phase)\n\n",
             args.duration
         );
-        println!(
-            "{:<44} {:>12} {:>10} {:>10}",
-            "phase", "ops/s", "p50 µs", "p99 µs"
-        );
-        println!(
-            "{:<44} {:>12.0} {:>10.0} {:>10.0}",
-            "uncontended acquire+release",
-            uncontended.per_sec(),
-            uncontended.percentile(50.0),
-            uncontended.percentile(99.0)
-        );
-        println!(
-            "{:<44} {:>12.0} {:>10.0} {:>10.0}",
+        let mut rows = vec![row(["phase", "ops/s", "p50 µs", "p99 µs"])];
+        rows.push(vec![
+            "uncontended acquire+release".to_owned(),
+            whole("/uncontended/ops_per_sec"),
+            whole("/uncontended/p50_us"),
+            whole("/uncontended/p99_us"),
+        ]);
+        if self.has("/raw_floor") {
+            rows.push(vec![
+                format!("raw floor: {}", text("/raw_floor/op")),
+                whole("/raw_floor/ops_per_sec"),
+                whole("/raw_floor/p50_us"),
+                whole("/raw_floor/p99_us"),
+            ]);
+        }
+        rows.push(vec![
             format!("hand-off ({} clients, hold {:?})", args.waiters, args.hold),
-            handoff.per_sec(),
-            handoff.percentile(50.0),
-            handoff.percentile(99.0)
-        );
-        for (tasks, ops) in &parallel {
-            println!(
-                "{:<44} {:>12.0}",
-                format!("{tasks} tasks, one client, a name each"),
-                ops
+            whole("/handoff/acquisitions_per_sec"),
+            whole("/handoff/p50_us"),
+            whole("/handoff/p99_us"),
+        ]);
+        if self.has("/raw_handoff_floor") {
+            rows.push(vec![
+                format!("raw hand-off floor: {}", text("/raw_handoff_floor/op")),
+                String::new(),
+                whole("/raw_handoff_floor/p50_us"),
+                whole("/raw_handoff_floor/p99_us"),
+            ]);
+        }
+        out.push_str(&table(&rows));
+        let floor = self.has("/raw_parallel_floor");
+        let mut rows = vec![if floor {
+            row([
+                "many names, one client",
+                "dlock pairs/s",
+                "raw floor pairs/s",
+                "dlock / floor",
+            ])
+        } else {
+            row(["many names, one client", "dlock pairs/s"])
+        }];
+        let entries = self
+            .figures
+            .pointer("/parallel_names")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        for i in 0..entries {
+            let tasks = self.figures["parallel_names"][i]["tasks"]
+                .as_u64()
+                .unwrap_or(0);
+            let mut line = vec![
+                format!("{tasks} {}", if tasks == 1 { "task" } else { "tasks" }),
+                whole(&format!("/parallel_names/{i}/ops_per_sec")),
+            ];
+            if floor {
+                line.push(whole(&format!("/parallel_names/{i}/floor_ops_per_sec")));
+                line.push(self.fig(&format!("/parallel_names/{i}/vs_floor"), Unit::Ratio));
+            }
+            rows.push(line);
+        }
+        out.push('\n');
+        out.push_str(&table(&rows));
+        if floor {
+            let _ = writeln!(
+                out,
+                "(raw floor: {} pairs, a key per task, the tasks sharing {})",
+                text("/raw_parallel_floor/op"),
+                text("/raw_parallel_floor/client")
             );
         }
-        if let Some((op, floor)) = &floor {
-            println!(
-                "{:<44} {:>12.0} {:>10.0} {:>10.0}",
-                format!("raw floor: {op}"),
-                floor.per_sec(),
-                floor.percentile(50.0),
-                floor.percentile(99.0)
-            );
-            if let Some((op, hf)) = &handoff_floor {
-                println!(
-                    "{:<44} {:>12} {:>10.0} {:>10.0}",
-                    format!("raw hand-off floor: {op}"),
-                    "",
-                    hf.percentile(50.0),
-                    hf.percentile(99.0)
-                );
-                println!(
-                    "\nhand-off p50 = {:.2}x the raw hand-off floor",
-                    ratio(handoff.percentile(50.0), hf.percentile(50.0))
-                );
-            }
-            println!(
-                "uncontended throughput = {:.2}x the floor; hand-off p50 = {:.2}x the floor's round trip (pair p50 / 2)",
-                ratio(uncontended.per_sec(), floor.per_sec()),
-                ratio(handoff.percentile(50.0), floor.percentile(50.0) / 2.0)
+        if self.has("/ratios") {
+            let ratio = |at: &str| self.fig(at, Unit::Ratio);
+            let _ = write!(
+                out,
+                "\nuncontended throughput = {} the floor\n\
+                 hand-off p50 = {} the raw hand-off floor\n\
+                 hand-off p50 = {} the floor's round trip (pair p50 / 2)\n",
+                ratio("/ratios/uncontended_throughput_vs_floor"),
+                ratio("/ratios/handoff_p50_vs_raw_handoff_floor"),
+                ratio("/ratios/handoff_p50_vs_floor_round_trip"),
             );
         }
+        out
     }
-    Ok(ExitCode::SUCCESS)
 }
 
-/// The backend's raw hand-off floor (release → the next holder's acquire answered), if measured.
-#[cfg_attr(
-    not(any(
-        feature = "redis",
-        feature = "mysql",
-        feature = "postgres",
-        feature = "etcd",
-        feature = "zookeeper"
-    )),
-    allow(unused_variables)
-)]
-async fn raw_handoff_floor(
-    url: &str,
-    duration: Duration,
-) -> Result<Option<(&'static str, Samples)>, LockError> {
-    let floor: Option<(&'static str, Vec<Duration>)> = match BackendScheme::parse(url)? {
-        #[cfg(feature = "redis")]
-        BackendScheme::Redis => Some((
-            "DEL+PUBLISH, subscriber SET NX",
-            dlock_redis::raw_handoff_floor(url, duration).await?,
-        )),
-        #[cfg(feature = "mysql")]
-        BackendScheme::MySql => Some((
-            "RELEASE_LOCK, then the waiter's blocking GET_LOCK answers",
-            dlock_mysql::raw_handoff_floor(url, duration).await?,
-        )),
-        #[cfg(feature = "postgres")]
-        BackendScheme::Postgres => Some((
-            "pg_advisory_unlock, then the waiter's blocking pg_advisory_lock answers",
-            dlock_postgres::raw_handoff_floor(url, duration).await?,
-        )),
-        #[cfg(feature = "etcd")]
-        BackendScheme::Etcd => Some((
-            "guarded delete, then the waiter's watch (from the read's revision + 1) fires",
-            dlock_etcd::raw_handoff_floor(url, duration).await?,
-        )),
-        #[cfg(feature = "zookeeper")]
-        BackendScheme::ZooKeeper => Some((
-            "delete, then the waiter's exists-watch fires and its listing answers",
-            dlock_zookeeper::raw_handoff_floor(url, duration).await?,
-        )),
-        _ => None,
-    };
-    Ok(floor.map(|(op, pairs)| (op, Samples::from_durations(&pairs))))
+fn row<const N: usize>(cells: [&str; N]) -> Vec<String> {
+    cells.iter().map(|&c| c.to_owned()).collect()
 }
 
-/// The backend's raw protocol floor, measured in the same run (none for the memory backend).
-#[cfg_attr(
-    not(any(
-        feature = "redis",
-        feature = "redlock",
-        feature = "mysql",
-        feature = "postgres",
-        feature = "etcd",
-        feature = "zookeeper"
-    )),
-    allow(unused_variables)
-)]
-async fn raw_floor(
-    url: &str,
-    duration: Duration,
-) -> Result<Option<(&'static str, Samples)>, LockError> {
-    let floor: Option<(&'static str, Vec<Duration>)> = match BackendScheme::parse(url)? {
-        #[cfg(feature = "redis")]
-        BackendScheme::Redis => Some((
-            "SET NX PX + EVALSHA compare-and-delete",
-            dlock_redis::raw_floor(url, duration).await?,
-        )),
-        #[cfg(feature = "redlock")]
-        BackendScheme::Redlock => Some((
-            "parallel SET NX PX x N + parallel EVALSHA compare-and-delete x N",
-            dlock_redlock::raw_floor(url, duration).await?,
-        )),
-        #[cfg(feature = "mysql")]
-        BackendScheme::MySql => Some((
-            "GET_LOCK(n,0) + RELEASE_LOCK(n), prepared",
-            dlock_mysql::raw_floor(url, duration).await?,
-        )),
-        #[cfg(feature = "postgres")]
-        BackendScheme::Postgres => Some((
-            "pg_try_advisory_lock + pg_advisory_unlock, prepared",
-            dlock_postgres::raw_floor(url, duration).await?,
-        )),
-        #[cfg(feature = "etcd")]
-        BackendScheme::Etcd => Some((
-            "txn create (create_revision = 0, put on a lease) + txn delete guarded by create revision",
-            dlock_etcd::raw_floor(url, duration).await?,
-        )),
-        #[cfg(feature = "zookeeper")]
-        BackendScheme::ZooKeeper => Some((
-            "create ephemeral-sequential + delete with its version",
-            dlock_zookeeper::raw_floor(url, duration).await?,
-        )),
-        _ => None,
-    };
-    Ok(floor.map(|(op, pairs)| (op, Samples::from_durations(&pairs))))
-}
-
-async fn uncontended(
-    client: &Arc<dyn DistributedLock>,
-    name: &LockName,
-    duration: Duration,
-) -> Result<Samples, LockError> {
-    let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(10));
-    // Warm up connections and script caches before measuring.
-    for _ in 0..50 {
-        client.acquire(name, &opts).await?.release().await?;
-    }
-    let mut micros = Vec::new();
-    let started = Instant::now();
-    while started.elapsed() < duration {
-        let t = Instant::now();
-        let guard = client.acquire(name, &opts).await?;
-        guard.release().await?;
-        micros.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    Ok(Samples {
-        micros,
-        elapsed: started.elapsed(),
-    })
-}
-
-/// `tasks` tasks on one client, each acquiring and releasing its own name back to back: how
-/// throughput scales with concurrency when nothing contends.
-async fn many_names(
-    client: &Arc<dyn DistributedLock>,
-    run: &str,
-    tasks: usize,
-    duration: Duration,
-) -> Result<f64, LockError> {
-    let started = Instant::now();
-    let deadline = started + duration;
-    let mut workers = Vec::new();
-    for i in 0..tasks {
-        let (client, name) = (
-            client.clone(),
-            LockName::new(format!("{run}/parallel/{tasks}/{i}"))?,
-        );
-        workers.push(tokio::spawn(async move {
-            let opts = LockOptions::new();
-            let mut pairs = 0u64;
-            while Instant::now() < deadline {
-                client.acquire(&name, &opts).await?.release().await?;
-                pairs += 1;
+/// Lays `rows` out in columns: the first left-aligned, the others right-aligned.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for cells in rows {
+        let mut line = String::new();
+        for (c, cell) in cells.iter().enumerate() {
+            let pad = " ".repeat(widths[c] - cell.chars().count());
+            if c == 0 {
+                line.push_str(cell);
+                line.push_str(&pad);
+            } else {
+                line.push_str("  ");
+                line.push_str(&pad);
+                line.push_str(cell);
             }
-            Ok::<u64, LockError>(pairs)
-        }));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
     }
-    let mut total = 0;
-    for worker in workers {
-        total += worker.await.map_err(|e| LockError::backend("dlock", e))??;
-    }
-    Ok(total as f64 / started.elapsed().as_secs_f64())
+    out
 }
 
 /// Who holds the lock in the hand-off phase, and when the last holder let go.
@@ -508,4 +542,25 @@ async fn handoff(
         micros: samples,
         elapsed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_shows_each_figure_or_a_dash() {
+        let figures = json!({
+            "uncontended": {"ops_per_sec": 1234.4, "p50_us": 100.0, "p99_us": null},
+            "ratios": {"uncontended_throughput_vs_floor": 0.8},
+        });
+        let report = Report { figures: &figures };
+        assert_eq!(report.fig("/uncontended/ops_per_sec", Unit::Whole), "1234");
+        assert_eq!(report.fig("/uncontended/p99_us", Unit::Whole), "-");
+        assert_eq!(report.fig("/handoff/p50_us", Unit::Whole), "-");
+        assert_eq!(
+            report.fig("/ratios/uncontended_throughput_vs_floor", Unit::Ratio),
+            "0.80x"
+        );
+    }
 }

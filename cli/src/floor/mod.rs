@@ -1,0 +1,393 @@
+//! The raw protocol floors `dlock bench` compares each backend with: the same lock operations
+//! issued with the backend's driver alone (the `redis` crate, sqlx, etcd-client,
+//! zookeeper-client), with no dlock lock code on their path, measured in the same run as dlock.
+//!
+//! Each backend's file supplies its protocol ([`Protocol`]): one lock-and-unlock pair on a key,
+//! the client its tasks share, and one hand-off between two clients. The measuring loops are
+//! here, written once, and `dlock bench` runs dlock's own phases through the same loops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::BackendScheme;
+use dlock_api::{LockError, Result};
+use tokio::time::Instant;
+
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(any(feature = "redis", feature = "redlock"))]
+mod redis;
+#[cfg(feature = "redlock")]
+mod redlock;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
+
+/// What a backend's floors measure, for the report.
+#[derive(Clone, Debug)]
+pub(crate) struct Ops {
+    /// One uncontended lock-and-unlock pair.
+    pub(crate) pair: &'static str,
+    /// One hand-off: the holder's release to the waiter's acquire answered.
+    pub(crate) handoff: &'static str,
+    /// The client the many-names floor's tasks share.
+    pub(crate) client: String,
+}
+
+/// One backend's raw protocol, as the floors drive it.
+#[cfg_attr(
+    not(any(
+        feature = "redis",
+        feature = "redlock",
+        feature = "mysql",
+        feature = "postgres",
+        feature = "etcd",
+        feature = "zookeeper"
+    )),
+    allow(dead_code)
+)]
+pub(crate) trait Protocol {
+    /// What its floors measure.
+    fn ops(&self) -> Ops;
+
+    /// Lock-and-unlock pairs on one key and one client, back to back for `duration` after a
+    /// warm-up: each pair's latency.
+    async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>>;
+
+    /// Hand-offs between two clients for `duration` after a warm-up: each one's latency, from
+    /// the holder sending its release to the waiter's acquire answered.
+    async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>>;
+
+    /// `tasks` tasks sharing one client ([`Ops::client`]), each with a key of its own, running
+    /// pairs back to back for `duration` (through [`many`]): pairs per second.
+    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64>;
+}
+
+/// The floors of the backend a URL names.
+#[derive(Debug)]
+pub(crate) enum Floors {
+    #[cfg(feature = "redis")]
+    Redis(redis::Redis),
+    #[cfg(feature = "redlock")]
+    Redlock(redlock::Redlock),
+    #[cfg(feature = "mysql")]
+    MySql(mysql::MySql),
+    #[cfg(feature = "postgres")]
+    Postgres(postgres::Postgres),
+    #[cfg(feature = "etcd")]
+    Etcd(etcd::Etcd),
+    #[cfg(feature = "zookeeper")]
+    ZooKeeper(zookeeper::ZooKeeper),
+}
+
+/// Runs `$body` with `$floor` bound to the backend's [`Protocol`] and `$ty` to its type.
+macro_rules! each_protocol {
+    ($self:ident, $floor:ident, $ty:ident => $body:expr) => {
+        match *$self {
+            #[cfg(feature = "redis")]
+            Floors::Redis(ref $floor) => {
+                type $ty = redis::Redis;
+                $body
+            }
+            #[cfg(feature = "redlock")]
+            Floors::Redlock(ref $floor) => {
+                type $ty = redlock::Redlock;
+                $body
+            }
+            #[cfg(feature = "mysql")]
+            Floors::MySql(ref $floor) => {
+                type $ty = mysql::MySql;
+                $body
+            }
+            #[cfg(feature = "postgres")]
+            Floors::Postgres(ref $floor) => {
+                type $ty = postgres::Postgres;
+                $body
+            }
+            #[cfg(feature = "etcd")]
+            Floors::Etcd(ref $floor) => {
+                type $ty = etcd::Etcd;
+                $body
+            }
+            #[cfg(feature = "zookeeper")]
+            Floors::ZooKeeper(ref $floor) => {
+                type $ty = zookeeper::ZooKeeper;
+                $body
+            }
+        }
+    };
+}
+
+#[cfg_attr(
+    not(any(
+        feature = "redis",
+        feature = "redlock",
+        feature = "mysql",
+        feature = "postgres",
+        feature = "etcd",
+        feature = "zookeeper"
+    )),
+    allow(unused_variables)
+)]
+impl Floors {
+    /// The floors of the backend `url` names (its connection parameters parsed, nothing
+    /// connected); `None` for a backend without floors (memory).
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a URL the backend refuses.
+    pub(crate) fn for_url(url: &str) -> Result<Option<Self>> {
+        Ok(match BackendScheme::parse(url)? {
+            #[cfg(feature = "redis")]
+            BackendScheme::Redis => Some(Self::Redis(redis::Redis::new(url)?)),
+            #[cfg(feature = "redlock")]
+            BackendScheme::Redlock => Some(Self::Redlock(redlock::Redlock::new(url)?)),
+            #[cfg(feature = "mysql")]
+            BackendScheme::MySql => Some(Self::MySql(mysql::MySql::new(url)?)),
+            #[cfg(feature = "postgres")]
+            BackendScheme::Postgres => Some(Self::Postgres(postgres::Postgres::new(url)?)),
+            #[cfg(feature = "etcd")]
+            BackendScheme::Etcd => Some(Self::Etcd(etcd::Etcd::new(url)?)),
+            #[cfg(feature = "zookeeper")]
+            BackendScheme::ZooKeeper => Some(Self::ZooKeeper(zookeeper::ZooKeeper::new(url)?)),
+            _ => None,
+        })
+    }
+
+    /// What the floors measure.
+    pub(crate) fn ops(&self) -> Ops {
+        each_protocol!(self, floor, _P => floor.ops())
+    }
+
+    /// See [`Protocol::pairs`].
+    pub(crate) async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>> {
+        each_protocol!(self, floor, _P => floor.pairs(duration).await)
+    }
+
+    /// See [`Protocol::handoffs`].
+    pub(crate) async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>> {
+        each_protocol!(self, floor, _P => floor.handoffs(duration).await)
+    }
+
+    /// See [`Protocol::parallel`].
+    pub(crate) async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64> {
+        each_protocol!(self, floor, _P => floor.parallel(tasks, duration).await)
+    }
+}
+
+/// How a measurement warms up before its samples count.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum WarmUp {
+    /// This many operations.
+    Rounds(u32),
+    /// Operations for this long.
+    #[cfg_attr(not(any(feature = "mysql", feature = "postgres")), allow(dead_code))]
+    For(Duration),
+}
+
+/// Runs `op` (one operation that measures itself and returns its latency) through `warm_up`,
+/// then back to back for `duration`, and returns the measured latencies.
+///
+/// # Errors
+/// The first error `op` returns.
+///
+/// # Cancel safety
+/// Cancel safe as far as `op` is: dropping it drops the operation in flight.
+pub(crate) async fn sample_timed(
+    warm_up: WarmUp,
+    duration: Duration,
+    mut op: impl AsyncFnMut() -> Result<Duration>,
+) -> Result<Vec<Duration>> {
+    match warm_up {
+        WarmUp::Rounds(rounds) => {
+            for _ in 0..rounds {
+                op().await?;
+            }
+        }
+        WarmUp::For(warm) => {
+            let until = dlock_api::raw::time::after(Instant::now(), warm);
+            while Instant::now() < until {
+                op().await?;
+            }
+        }
+    }
+    let mut samples = Vec::with_capacity(4096);
+    let until = dlock_api::raw::time::after(Instant::now(), duration);
+    while Instant::now() < until {
+        samples.push(op().await?);
+    }
+    Ok(samples)
+}
+
+/// Runs `pair` (one lock-and-unlock) through `warm_up`, then back to back for `duration`, and
+/// returns each measured pair's latency.
+///
+/// # Errors
+/// The first error `pair` returns.
+///
+/// # Cancel safety
+/// Cancel safe as far as `pair` is: dropping it drops the pair in flight.
+pub(crate) async fn sample(
+    warm_up: WarmUp,
+    duration: Duration,
+    mut pair: impl AsyncFnMut() -> Result<()>,
+) -> Result<Vec<Duration>> {
+    sample_timed(warm_up, duration, async || {
+        let started = Instant::now();
+        pair().await?;
+        Ok(started.elapsed())
+    })
+    .await
+}
+
+/// Runs `handoff` (one hand-off of the lock between two connections, returning its latency),
+/// alternating direction (`true`: the first connection hands to the second), warming up for
+/// 300 ms (at most `duration`), then for `duration`: the hand-off loop of the backends whose
+/// servers queue waiters themselves.
+///
+/// # Errors
+/// The first error `handoff` returns.
+///
+/// # Cancel safety
+/// Cancel safe as far as `handoff` is: dropping it drops the hand-off in flight.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) async fn sample_handoffs(
+    duration: Duration,
+    mut handoff: impl AsyncFnMut(bool) -> Result<Duration>,
+) -> Result<Vec<Duration>> {
+    let mut forward = false;
+    let warm_up = WarmUp::For(Duration::from_millis(300).min(duration));
+    sample_timed(warm_up, duration, async || {
+        forward = !forward;
+        handoff(forward).await
+    })
+    .await
+}
+
+/// Lock-and-unlock pairs that tasks sharing one client run, each on a key of its own.
+pub(crate) trait Pairs: Send + Sync + 'static {
+    /// One pair on task `task`'s key.
+    fn pair(&self, task: usize) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// Pairs each task runs before the clock starts, so connections and caches are warm.
+const MANY_WARM_UP: u32 = 5;
+
+/// Starts `tasks` tasks sharing `pairs`, task `i` running `pairs.pair(i)`: after
+/// [`MANY_WARM_UP`] pairs each, all start together and run pairs back to back for `duration`.
+/// Returns the pairs per second of them all.
+///
+/// # Errors
+/// The first error a task returns.
+///
+/// # Cancel safety
+/// Not cancel safe: dropping it leaves the tasks running until their deadline.
+pub(crate) async fn many<P: Pairs>(pairs: Arc<P>, tasks: usize, duration: Duration) -> Result<f64> {
+    let tasks = tasks.max(1);
+    let start = Arc::new(tokio::sync::Barrier::new(tasks + 1));
+    let mut workers = Vec::with_capacity(tasks);
+    for task in 0..tasks {
+        let (pairs, start) = (pairs.clone(), start.clone());
+        workers.push(tokio::spawn(async move {
+            let warmed = async {
+                for _ in 0..MANY_WARM_UP {
+                    pairs.pair(task).await?;
+                }
+                Ok::<(), LockError>(())
+            }
+            .await;
+            // Everyone meets at the start, also a task that failed (its error ends the run).
+            start.wait().await;
+            warmed?;
+            let deadline = dlock_api::raw::time::after(Instant::now(), duration);
+            let mut done = 0u64;
+            while Instant::now() < deadline {
+                pairs.pair(task).await?;
+                done += 1;
+            }
+            Ok::<u64, LockError>(done)
+        }));
+    }
+    start.wait().await;
+    let started = Instant::now();
+    let mut total = 0;
+    let mut failed = None;
+    for worker in workers {
+        match worker.await {
+            Ok(Ok(done)) => total += done,
+            Ok(Err(error)) => {
+                failed.get_or_insert(error);
+            }
+            Err(error) => {
+                failed.get_or_insert(LockError::backend("dlock", error));
+            }
+        }
+    }
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(total as f64 / started.elapsed().as_secs_f64()),
+    }
+}
+
+/// The pairs of [`Protocol::pairs`] for a protocol whose uncontended floor runs on the same
+/// client as its many-names floor: task 0's key, warmed up with 50 pairs.
+#[cfg(any(
+    feature = "redis",
+    feature = "redlock",
+    feature = "etcd",
+    feature = "zookeeper"
+))]
+pub(crate) async fn pairs_of(pairs: &impl Pairs, duration: Duration) -> Result<Vec<Duration>> {
+    sample(WarmUp::Rounds(50), duration, async || pairs.pair(0).await).await
+}
+
+/// The least a connection pool can do, for the SQL floors' many-names phase: at most `size`
+/// connections, opened when a task finds none free, taken from and given back to a free list
+/// with nothing else on the way (no ping, no reset).
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) struct FreeList<C> {
+    free: std::sync::Mutex<Vec<C>>,
+    permits: tokio::sync::Semaphore,
+}
+
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+impl<C: Send> FreeList<C> {
+    pub(crate) fn new(size: usize) -> Self {
+        Self {
+            free: std::sync::Mutex::new(Vec::with_capacity(size)),
+            permits: tokio::sync::Semaphore::new(size.max(1)),
+        }
+    }
+
+    /// Runs `pair` on a connection of the list, waiting while `size` are taken, and opening
+    /// one with `open` when none is free; the connection goes back to the list afterwards.
+    pub(crate) async fn with<F: Future<Output = Result<C>>>(
+        &self,
+        open: impl FnOnce() -> F,
+        pair: impl AsyncFnOnce(&mut C) -> Result<()>,
+    ) -> Result<()> {
+        let _taken = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|e| LockError::backend("dlock", e))?;
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut conn = match free {
+            Some(conn) => conn,
+            None => open().await?,
+        };
+        let result = pair(&mut conn).await;
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(conn);
+        result
+    }
+
+    /// The connections opened, to close them.
+    pub(crate) fn into_connections(self) -> Vec<C> {
+        self.free.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,423 @@
+//! Redis's raw floors, with the `redis` crate alone: a `SET NX PX` and an `EVALSHA`
+//! compare-and-delete per pair, and the notified hand-off (`DEL`+`PUBLISH` in one script, the
+//! subscriber's `SET NX`). The commands, scripts and node connections here are Redlock's too.
+
+use std::future::Future;
+use std::time::Duration;
+
+use dlock_api::raw::config::Secret;
+use dlock_api::{LockError, Result};
+
+/// Deletes the key if it still holds the owner token: the release of a pair.
+pub(super) const COMPARE_AND_DELETE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// Deletes the key and announces it on channel `ARGV[1]` with message `ARGV[2]`, in one step:
+/// the release of a hand-off.
+pub(super) const DELETE_AND_PUBLISH: &str = r"
+redis.call('DEL', KEYS[1])
+return redis.call('PUBLISH', ARGV[1], ARGV[2])
+";
+
+/// The lease every floor key gets, in milliseconds.
+const LEASE_MS: u64 = 30_000;
+
+/// `SET key owner NX PX 30000`.
+pub(super) fn set_nx(key: &str, owner: &str) -> redis::Cmd {
+    let mut set = redis::cmd("SET");
+    set.arg(key).arg(owner).arg("NX").arg("PX").arg(LEASE_MS);
+    set
+}
+
+/// A fresh owner token.
+pub(super) fn token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// Waits for a driver call at most `timeout`.
+pub(super) async fn bounded<T>(
+    backend: &'static str,
+    timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result.map_err(|e| LockError::unavailable(backend, e)),
+        Err(_) => Err(LockError::command_timeout(backend, timeout)),
+    }
+}
+
+/// Where and how to reach one Redis node.
+pub(super) struct NodeAccess<'a> {
+    pub(super) tls: bool,
+    pub(super) username: Option<&'a str>,
+    pub(super) password: Option<&'a Secret>,
+    pub(super) database: i64,
+    #[cfg_attr(not(feature = "tls-rustls"), allow(dead_code))]
+    pub(super) ca_cert: Option<&'a std::path::Path>,
+}
+
+impl NodeAccess<'_> {
+    /// The `redis://` (or `rediss://`) URL of `node` for the driver: credentials, the database
+    /// (`with_db`) and RESP3, which carries pub/sub messages on the command connection.
+    fn url(&self, node: &str, with_db: bool) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let encode = |text: &str| {
+            url::form_urlencoded::byte_serialize(text.as_bytes())
+                .collect::<String>()
+                .replace('+', "%20")
+        };
+        let auth = match (self.username, self.password) {
+            (None, None) => String::new(),
+            (user, password) => format!(
+                "{}:{}@",
+                encode(user.unwrap_or("")),
+                encode(password.map_or("", Secret::expose))
+            ),
+        };
+        let db = if with_db {
+            format!("/{}", self.database)
+        } else {
+            String::new()
+        };
+        format!("{scheme}://{auth}{node}{db}?protocol=resp3")
+    }
+
+    /// The CA to trust, from the configured PEM file.
+    #[cfg(feature = "tls-rustls")]
+    fn certificates(&self, backend: &'static str) -> Result<Option<redis::TlsCertificates>> {
+        if !self.tls {
+            return Ok(None);
+        }
+        // rustls panics at the first TLS connection without a process-wide provider.
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let Some(path) = self.ca_cert else {
+            return Ok(None);
+        };
+        let root_cert = std::fs::read(path).map_err(|e| {
+            dlock_api::raw::config::config_error(
+                backend,
+                format!("cannot read ca_cert {}: {e}", path.display()),
+            )
+        })?;
+        Ok(Some(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root_cert),
+        }))
+    }
+
+    /// A driver client for `node`.
+    pub(super) fn client(&self, backend: &'static str, node: &str) -> Result<redis::Client> {
+        let url = self.url(node, true);
+        #[cfg(feature = "tls-rustls")]
+        let client = match self.certificates(backend)? {
+            Some(certificates) => redis::Client::build_with_tls(url, certificates),
+            None => redis::Client::open(url),
+        };
+        #[cfg(not(feature = "tls-rustls"))]
+        let client = redis::Client::open(url);
+        client.map_err(|e| {
+            dlock_api::raw::config::config_error(backend, format!("cannot use node {node}: {e}"))
+        })
+    }
+}
+
+#[cfg(feature = "redis")]
+pub(super) use single::Redis;
+
+#[cfg(feature = "redis")]
+mod single {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use dlock_api::{LockError, Result};
+    use dlock_redis::{RedisConfig, Topology};
+    use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+    use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+    use redis::cluster_async::ClusterConnection;
+    use redis::{FromRedisValue, PushInfo, Script};
+    use tokio::sync::mpsc::UnboundedSender;
+    use tokio::time::Instant;
+
+    use super::{COMPARE_AND_DELETE, DELETE_AND_PUBLISH, NodeAccess, bounded, set_nx, token};
+    use crate::floor::{Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
+
+    const BACKEND: &str = "redis";
+
+    /// Redis (single node, the primary behind Sentinels, or a Cluster), as a URL names it.
+    #[derive(Debug)]
+    pub(crate) struct Redis {
+        config: RedisConfig,
+    }
+
+    impl Redis {
+        pub(crate) fn new(url: &str) -> Result<Self> {
+            Ok(Self {
+                config: RedisConfig::from_url(url)?,
+            })
+        }
+
+        fn access(&self) -> NodeAccess<'_> {
+            let c = &self.config;
+            NodeAccess {
+                tls: c.tls,
+                username: c.username.as_deref(),
+                password: c.password.as_ref(),
+                database: c.database,
+                ca_cert: c.ca_cert.as_deref(),
+            }
+        }
+
+        /// A key of this run: `PREFIX:{dlock-bench-WHAT/PID}`, one hash slot.
+        fn key(&self, what: &str) -> String {
+            format!(
+                "{}:{{dlock-bench-{what}/{}}}",
+                self.config.prefix,
+                std::process::id()
+            )
+        }
+
+        /// One multiplexed RESP3 connection (the primary's, behind Sentinels; the cluster's
+        /// connection to every primary, in a Cluster), with its push messages sent to `push`.
+        async fn connect(&self, push: Option<UnboundedSender<PushInfo>>) -> Result<Conn> {
+            let config = &self.config;
+            let within = config.connect_timeout.saturating_mul(3);
+            let node = match &config.topology {
+                Topology::Single { node } => node.clone(),
+                Topology::Sentinel { sentinels, master } => {
+                    find_primary(config, sentinels, master).await?
+                }
+                Topology::Cluster { nodes } => {
+                    let access = self.access();
+                    let urls: Vec<String> = nodes.iter().map(|n| access.url(n, false)).collect();
+                    let builder = ClusterClientBuilder::new(urls);
+                    #[cfg(feature = "tls-rustls")]
+                    let builder = match access.certificates(BACKEND)? {
+                        Some(certificates) => builder.certs(certificates),
+                        None => builder,
+                    };
+                    let client = builder
+                        .use_protocol(redis::ProtocolVersion::RESP3)
+                        .connection_timeout(config.connect_timeout)
+                        .response_timeout(config.command_timeout)
+                        .build()
+                        .map_err(|e| {
+                            dlock_api::raw::config::config_error(BACKEND, e.to_string())
+                        })?;
+                    let mut cluster_config = ClusterConfig::new();
+                    if let Some(push) = push {
+                        cluster_config = cluster_config.set_push_sender(push);
+                    }
+                    let connecting = client.get_async_connection_with_config(cluster_config);
+                    return Ok(Conn::Cluster(bounded(BACKEND, within, connecting).await?));
+                }
+                other => {
+                    return Err(dlock_api::raw::config::config_error(
+                        BACKEND,
+                        format!("the raw floors do not know the topology {other:?}"),
+                    ));
+                }
+            };
+            let client = self.access().client(BACKEND, &node)?;
+            let mut manager = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(Some(config.command_timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(config.connect_timeout);
+            if let Some(push) = push {
+                manager = manager.set_push_sender(push);
+            }
+            let connecting = client.get_connection_manager_with_config(manager);
+            Ok(Conn::Single(bounded(BACKEND, within, connecting).await?))
+        }
+    }
+
+    /// Asks the Sentinels, in order, where the primary `master` is.
+    async fn find_primary(
+        config: &RedisConfig,
+        sentinels: &[String],
+        master: &str,
+    ) -> Result<String> {
+        let scheme = if config.tls { "rediss" } else { "redis" };
+        let mut last_error = None;
+        for sentinel in sentinels {
+            let asked = async {
+                let client = redis::Client::open(format!("{scheme}://{sentinel}"))?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(master)
+                    .query_async::<Option<(String, u16)>>(&mut conn)
+                    .await
+            };
+            match bounded(BACKEND, config.connect_timeout, asked).await {
+                Ok(Some((host, port))) => return Ok(format!("{host}:{port}")),
+                Ok(None) => {
+                    return Err(dlock_api::raw::config::config_error(
+                        BACKEND,
+                        format!("sentinel {sentinel} does not know a master named `{master}`"),
+                    ));
+                }
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error
+            .unwrap_or_else(|| LockError::command_timeout(BACKEND, config.connect_timeout)))
+    }
+
+    /// One multiplexed connection: a single node's (or a Sentinel-managed primary's), or a
+    /// Cluster's.
+    #[derive(Clone)]
+    enum Conn {
+        Single(ConnectionManager),
+        Cluster(ClusterConnection),
+    }
+
+    impl Conn {
+        async fn query<T: FromRedisValue>(&self, timeout: Duration, cmd: &redis::Cmd) -> Result<T> {
+            match self {
+                Self::Single(conn) => {
+                    bounded(BACKEND, timeout, cmd.query_async(&mut conn.clone())).await
+                }
+                Self::Cluster(conn) => {
+                    bounded(BACKEND, timeout, cmd.query_async(&mut conn.clone())).await
+                }
+            }
+        }
+
+        /// `EVALSHA`, or `EVAL` when the server does not know the script.
+        async fn run_script<T: FromRedisValue>(
+            &self,
+            timeout: Duration,
+            script: &Script,
+            key: &str,
+            args: &[&str],
+        ) -> Result<T> {
+            let mut invocation = script.key(key);
+            for arg in args {
+                invocation.arg(*arg);
+            }
+            match self {
+                Self::Single(conn) => {
+                    bounded(BACKEND, timeout, invocation.invoke_async(&mut conn.clone())).await
+                }
+                Self::Cluster(conn) => {
+                    bounded(BACKEND, timeout, invocation.invoke_async(&mut conn.clone())).await
+                }
+            }
+        }
+
+        async fn subscribe(&self, timeout: Duration, channel: &str) -> Result<()> {
+            match self {
+                Self::Single(conn) => {
+                    bounded(BACKEND, timeout, conn.clone().subscribe(channel)).await
+                }
+                Self::Cluster(conn) => {
+                    bounded(BACKEND, timeout, conn.clone().subscribe(channel)).await
+                }
+            }
+        }
+    }
+
+    /// Pairs on one connection, a key per task.
+    struct RedisPairs {
+        conn: Conn,
+        keys: Vec<String>,
+        script: Script,
+        timeout: Duration,
+    }
+
+    impl Pairs for RedisPairs {
+        async fn pair(&self, task: usize) -> Result<()> {
+            let key = &self.keys[task];
+            let token = token();
+            let _: Option<String> = self.conn.query(self.timeout, &set_nx(key, &token)).await?;
+            let _: i64 = self
+                .conn
+                .run_script(self.timeout, &self.script, key, &[&token])
+                .await?;
+            Ok(())
+        }
+    }
+
+    impl Redis {
+        async fn pairs_on(&self, keys: Vec<String>) -> Result<RedisPairs> {
+            Ok(RedisPairs {
+                conn: self.connect(None).await?,
+                keys,
+                script: Script::new(COMPARE_AND_DELETE),
+                timeout: self.config.command_timeout,
+            })
+        }
+    }
+
+    impl Protocol for Redis {
+        fn ops(&self) -> Ops {
+            Ops {
+                pair: "SET NX PX + EVALSHA compare-and-delete",
+                handoff: "DEL+PUBLISH, subscriber SET NX",
+                client: "one multiplexed connection".to_owned(),
+            }
+        }
+
+        async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>> {
+            let pairs = self.pairs_on(vec![self.key("floor")]).await?;
+            pairs_of(&pairs, duration).await
+        }
+
+        /// One connection holds the key, another is subscribed to a channel; the holder deletes
+        /// the key and publishes in one script, and the subscriber, on the message, takes the
+        /// key with `SET NX PX`. Each sample runs from the release being issued to the
+        /// subscriber's `SET` being answered, the span `dlock bench` measures for dlock.
+        async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>> {
+            let timeout = self.config.command_timeout;
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
+            let holder = self.connect(None).await?;
+            let waiter = self.connect(Some(tx)).await?;
+            let key = self.key("handoff");
+            let channel = format!("{key}:released");
+            waiter.subscribe(timeout, &channel).await?;
+            let release = Script::new(DELETE_AND_PUBLISH);
+            let handoff = async || -> Result<Duration> {
+                let _: Option<String> = holder.query(timeout, &set_nx(&key, "holder")).await?;
+                let sent = Instant::now();
+                let _: i64 = holder
+                    .run_script(timeout, &release, &key, &[&channel, "released"])
+                    .await?;
+                loop {
+                    let info = tokio::time::timeout(timeout, rx.recv())
+                        .await
+                        .ok()
+                        .flatten()
+                        .ok_or_else(|| LockError::command_timeout(BACKEND, timeout))?;
+                    if info.kind == redis::PushKind::Message {
+                        break;
+                    }
+                }
+                let taken: Option<String> = waiter.query(timeout, &set_nx(&key, "waiter")).await?;
+                let took = sent.elapsed();
+                if taken.is_none() {
+                    return Err(LockError::unexpected(
+                        BACKEND,
+                        "hand-off floor: the waiter's SET NX failed",
+                    ));
+                }
+                let mut del = redis::cmd("DEL");
+                del.arg(&key);
+                let _: i64 = waiter.query(timeout, &del).await?;
+                Ok(took)
+            };
+            sample_timed(WarmUp::Rounds(50), duration, handoff).await
+        }
+
+        async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64> {
+            let keys = (0..tasks)
+                .map(|i| self.key(&format!("parallel/{tasks}/{i}")))
+                .collect();
+            many(Arc::new(self.pairs_on(keys).await?), tasks, duration).await
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Redlock's raw floors on its N nodes, with the `redis` crate alone and one multiplexed
+//! connection per node: a pair is `SET NX PX` on every node in parallel, then an `EVALSHA`
+//! compare-and-delete on every node in parallel; the hand-off is the multi-node analogue of
+//! Redis's notified one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_api::{LockError, Result};
+use dlock_redlock::RedlockConfig;
+use futures::StreamExt;
+use futures::future::join_all;
+use futures::stream::FuturesUnordered;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, PushInfo, Script};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::time::Instant;
+
+use super::redis::{COMPARE_AND_DELETE, DELETE_AND_PUBLISH, NodeAccess, bounded, set_nx, token};
+use crate::floor::{Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
+
+const BACKEND: &str = "redlock";
+
+/// The nodes a `redlock://` URL names.
+#[derive(Debug)]
+pub(crate) struct Redlock {
+    config: RedlockConfig,
+}
+
+impl Redlock {
+    pub(crate) fn new(url: &str) -> Result<Self> {
+        Ok(Self {
+            config: RedlockConfig::from_url(url)?,
+        })
+    }
+
+    /// A key of this run on every node: `PREFIX:{dlock-bench-WHAT/PID}`.
+    fn key(&self, what: &str) -> String {
+        format!(
+            "{}:{{dlock-bench-{what}/{}}}",
+            self.config.prefix,
+            std::process::id()
+        )
+    }
+
+    /// One multiplexed RESP3 connection per node, in the URL's order, each sending its push
+    /// messages to `push`.
+    async fn connect(
+        &self,
+        push: Option<UnboundedSender<PushInfo>>,
+    ) -> Result<Vec<MultiplexedConnection>> {
+        let c = &self.config;
+        let access = NodeAccess {
+            tls: c.tls,
+            username: c.username.as_deref(),
+            password: c.password.as_ref(),
+            database: c.database,
+            ca_cert: c.ca_cert.as_deref(),
+        };
+        let mut options = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(c.connect_timeout))
+            .set_response_timeout(Some(c.command_timeout));
+        if let Some(push) = push {
+            options = options.set_push_sender(push);
+        }
+        let connecting = c.nodes.iter().map(|node| {
+            let client = access.client(BACKEND, node);
+            let options = &options;
+            async move {
+                let client = client?;
+                let connecting = client.get_multiplexed_async_connection_with_config(options);
+                bounded(BACKEND, c.connect_timeout, connecting).await
+            }
+        });
+        join_all(connecting).await.into_iter().collect()
+    }
+}
+
+/// Pairs on one connection per node, a key per task.
+struct RedlockPairs {
+    conns: Vec<MultiplexedConnection>,
+    keys: Vec<String>,
+    script: Script,
+    timeout: Duration,
+}
+
+impl Pairs for RedlockPairs {
+    async fn pair(&self, task: usize) -> Result<()> {
+        let (key, timeout) = (&self.keys[task], self.timeout);
+        let token = token();
+        let sets = join_all(self.conns.iter().map(|conn| {
+            let (mut conn, set) = (conn.clone(), set_nx(key, &token));
+            async move {
+                bounded(
+                    BACKEND,
+                    timeout,
+                    set.query_async::<Option<String>>(&mut conn),
+                )
+                .await
+            }
+        }))
+        .await;
+        let deletes =
+            join_all(
+                self.conns.iter().map(|conn| {
+                    let mut conn = conn.clone();
+                    let mut invocation = self.script.key(key);
+                    invocation.arg(&token);
+                    async move {
+                        bounded(BACKEND, timeout, invocation.invoke_async::<i64>(&mut conn)).await
+                    }
+                }),
+            )
+            .await;
+        for result in sets {
+            result?;
+        }
+        for result in deletes {
+            result?;
+        }
+        Ok(())
+    }
+}
+
+impl Redlock {
+    async fn pairs_on(&self, keys: Vec<String>) -> Result<RedlockPairs> {
+        Ok(RedlockPairs {
+            conns: self.connect(None).await?,
+            keys,
+            script: Script::new(COMPARE_AND_DELETE),
+            timeout: self.config.command_timeout,
+        })
+    }
+}
+
+/// `SET key owner NX PX` on the nodes `on` lists, in parallel: whether each got it.
+async fn set_on(
+    conns: &[MultiplexedConnection],
+    on: &[usize],
+    key: &str,
+    owner: &str,
+    timeout: Duration,
+) -> Result<Vec<bool>> {
+    let sets = join_all(on.iter().map(|&i| {
+        let (mut conn, set) = (conns[i].clone(), set_nx(key, owner));
+        async move {
+            bounded(
+                BACKEND,
+                timeout,
+                set.query_async::<Option<String>>(&mut conn),
+            )
+            .await
+        }
+    }))
+    .await;
+    sets.into_iter().map(|set| Ok(set?.is_some())).collect()
+}
+
+impl Protocol for Redlock {
+    fn ops(&self) -> Ops {
+        Ops {
+            pair: "parallel SET NX PX x N + parallel EVALSHA compare-and-delete x N",
+            handoff: "parallel DEL+PUBLISH x N, subscriber's parallel SET NX x N to a quorum",
+            client: "one multiplexed connection per node".to_owned(),
+        }
+    }
+
+    async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>> {
+        let pairs = self.pairs_on(vec![self.key("floor")]).await?;
+        pairs_of(&pairs, duration).await
+    }
+
+    /// The holder holds the key on every node; the waiter is subscribed to the key's channel
+    /// on every node. The holder deletes the key and publishes on every node in parallel (one
+    /// script per node); on the first announcement the waiter sends `SET NX PX` to every node
+    /// in parallel (on a later one, again to the nodes it did not get), and holds once a
+    /// quorum said yes. Each sample runs from the release being issued to the quorum's last
+    /// yes.
+    async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>> {
+        let (timeout, quorum) = (self.config.command_timeout, self.config.quorum());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
+        let holder = self.connect(None).await?;
+        let waiter = self.connect(Some(tx)).await?;
+        let every: Vec<usize> = (0..waiter.len()).collect();
+        let key = self.key("handoff");
+        let channel = format!("{key}:released");
+        for result in join_all(waiter.iter().map(|conn| {
+            let mut conn = conn.clone();
+            let channel = &channel;
+            async move { bounded(BACKEND, timeout, conn.subscribe(channel)).await }
+        }))
+        .await
+        {
+            result?;
+        }
+        let release = Script::new(DELETE_AND_PUBLISH);
+        let unexpected =
+            |what: &str| LockError::unexpected(BACKEND, format!("hand-off floor: {what}"));
+        let mut round = 0u64;
+        let handoff = async || -> Result<Duration> {
+            // Each round announces its own number, so a late message of the last one is
+            // told apart.
+            round += 1;
+            let message = round.to_string();
+            if set_on(&holder, &every, &key, "holder", timeout)
+                .await?
+                .contains(&false)
+            {
+                return Err(unexpected("the holder's SET NX failed"));
+            }
+            let sent = Instant::now();
+            let releasing =
+                join_all(holder.iter().map(|conn| {
+                    let mut conn = conn.clone();
+                    let mut invocation = release.key(&key);
+                    invocation.arg(&channel).arg(&message);
+                    async move {
+                        bounded(BACKEND, timeout, invocation.invoke_async::<i64>(&mut conn)).await
+                    }
+                }));
+            let taking = async {
+                let mut taken = vec![false; waiter.len()];
+                let mut heard = 0;
+                while heard < waiter.len() {
+                    let info = tokio::time::timeout(timeout, rx.recv())
+                        .await
+                        .ok()
+                        .flatten()
+                        .ok_or_else(|| LockError::command_timeout(BACKEND, timeout))?;
+                    let this_round = info.kind == redis::PushKind::Message
+                        && info.data.get(1).is_some_and(|payload| {
+                            redis::from_redis_value_ref::<String>(payload).ok().as_ref()
+                                == Some(&message)
+                        });
+                    if !this_round {
+                        continue;
+                    }
+                    heard += 1;
+                    // The nodes not taken yet, in parallel; held at the quorum's last yes.
+                    let mut answers: FuturesUnordered<_> = (0..waiter.len())
+                        .filter(|&i| !taken[i])
+                        .map(|i| {
+                            let (mut conn, set) = (waiter[i].clone(), set_nx(&key, "waiter"));
+                            async move {
+                                let got = set.query_async::<Option<String>>(&mut conn);
+                                (i, bounded(BACKEND, timeout, got).await)
+                            }
+                        })
+                        .collect();
+                    let mut held = None;
+                    while let Some((i, got)) = answers.next().await {
+                        taken[i] = got?.is_some();
+                        if held.is_none() && taken.iter().filter(|&&t| t).count() >= quorum {
+                            held = Some(Instant::now());
+                        }
+                    }
+                    if let Some(held) = held {
+                        return Ok(held);
+                    }
+                }
+                Err(unexpected("the waiter did not get a quorum"))
+            };
+            let (released, taken) = tokio::join!(releasing, taking);
+            for result in released {
+                result?;
+            }
+            let took = taken?.saturating_duration_since(sent);
+            // Off the clock: the waiter lets go on every node.
+            for result in join_all(waiter.iter().map(|conn| {
+                let mut conn = conn.clone();
+                let mut del = redis::cmd("DEL");
+                del.arg(&key);
+                async move { bounded(BACKEND, timeout, del.query_async::<i64>(&mut conn)).await }
+            }))
+            .await
+            {
+                result?;
+            }
+            Ok(took)
+        };
+        sample_timed(WarmUp::Rounds(50), duration, handoff).await
+    }
+
+    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64> {
+        let keys = (0..tasks)
+            .map(|i| self.key(&format!("parallel/{tasks}/{i}")))
+            .collect();
+        many(Arc::new(self.pairs_on(keys).await?), tasks, duration).await
+    }
+}

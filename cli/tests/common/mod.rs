@@ -1,0 +1,76 @@
+//! Runs `dlock bench` against a real server and checks that every raw floor it compares
+//! dlock with was measured: the uncontended pairs, the hand-offs and the many-names ceiling.
+#![allow(dead_code)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+/// `dlock bench --backend URL --json`, short phases and two task counts; the report.
+pub(crate) fn bench(url: &str) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args([
+            "bench",
+            "--backend",
+            url,
+            "--duration",
+            "300ms",
+            "--parallel",
+            "1,4",
+            "--json",
+        ])
+        .output()
+        .expect("run dlock");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// The report has each floor (samples, pairs per second) and each ratio; the hand-off floor is
+/// the one `handoff_op` names.
+pub(crate) fn assert_every_floor_measured(report: &Value, handoff_op: &str) {
+    {
+        let round = report;
+        for samples in ["/raw_floor/samples", "/raw_handoff_floor/samples"] {
+            let n = round.pointer(samples).and_then(Value::as_f64);
+            assert!(n.is_some_and(|n| n > 0.0), "no {samples}: {round}");
+        }
+        assert!(
+            round["raw_floor"]["ops_per_sec"]
+                .as_f64()
+                .is_some_and(|n| n > 0.0),
+            "{round}"
+        );
+        assert!(
+            round["raw_handoff_floor"]["p50_us"]
+                .as_f64()
+                .is_some_and(|n| n > 0.0),
+            "{round}"
+        );
+        let parallel = round["parallel_names"].as_array().expect("parallel_names");
+        assert_eq!(parallel.len(), 2, "{round}");
+        for entry in parallel {
+            for field in ["ops_per_sec", "floor_ops_per_sec", "vs_floor"] {
+                assert!(
+                    entry[field].as_f64().is_some_and(|n| n > 0.0),
+                    "{field}: {round}"
+                );
+            }
+        }
+        for ratio in [
+            "uncontended_throughput_vs_floor",
+            "handoff_p50_vs_raw_handoff_floor",
+            "handoff_p50_vs_floor_round_trip",
+        ] {
+            assert!(
+                round["ratios"][ratio].as_f64().is_some(),
+                "{ratio}: {round}"
+            );
+        }
+    }
+    assert_eq!(report["raw_handoff_floor"]["op"], handoff_op, "{report}");
+}

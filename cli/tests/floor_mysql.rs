@@ -1,0 +1,17 @@
+//! `dlock bench`'s raw floors against a real MariaDB: `GET_LOCK` + `RELEASE_LOCK` pairs on a
+//! held connection, the server queue handing a blocking `GET_LOCK` on, and many tasks on a
+//! pool as large as dlock's.
+
+mod common;
+
+use dlock_test_servers::MariaDb;
+
+#[test]
+fn bench_measures_every_raw_floor_of_mysql() {
+    let server = MariaDb::start().unwrap_or_else(|e| panic!("{e}"));
+    let report = common::bench(&server.url());
+    common::assert_every_floor_measured(
+        &report,
+        "RELEASE_LOCK, then the waiter's blocking GET_LOCK answers",
+    );
+}

@@ -1,0 +1,17 @@
+//! `dlock bench`'s raw floors against a real Redis: pairs, the notified hand-off
+//! (`DEL`+`PUBLISH` to a subscriber's `SET NX`) and many tasks on one connection.
+
+mod common;
+
+use dlock_test_servers::RedisServer;
+
+#[test]
+fn bench_measures_every_raw_floor_of_redis() {
+    let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let report = common::bench(&redis.url());
+    common::assert_every_floor_measured(&report, "DEL+PUBLISH, subscriber SET NX");
+    assert_eq!(
+        report["raw_parallel_floor"]["client"], "one multiplexed connection",
+        "{report}"
+    );
+}
