@@ -5,6 +5,8 @@
 //! Definitions: a *pair* is acquire + release on one name
 //! by one client, back to back; *hand-off* is the time from the holder issuing its release to the
 //! next holder's acquire returning, with `--waiters` clients on one name each holding `--hold`.
+//! `--rounds N` repeats the whole measurement N times and reports each figure and each ratio
+//! as the median over the rounds, with their spread (min–max).
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -25,6 +27,10 @@ pub struct BenchArgs {
     /// How long each phase runs.
     #[arg(long, value_parser = parse_duration, default_value = "3s")]
     duration: Duration,
+    /// Repeat the whole measurement (dlock's phases and their floors) this many times, and
+    /// report each figure and ratio as the median over the rounds with its spread (min–max).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
     /// Clients contending for one name in the hand-off phase.
     #[arg(long, default_value_t = 4)]
     waiters: usize,
@@ -153,18 +159,29 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
         clients.push(args.backend.connect().await?);
     }
     let ops = floors.as_ref().map(Floors::ops);
-    let round = measure(&args, &client, &clients, floors.as_ref(), &run).await?;
-    let mut report = round.to_json(&args, ops.as_ref());
+    let mut rounds = Vec::new();
+    for _ in 0..args.rounds {
+        let round = measure(&args, &client, &clients, floors.as_ref(), &run).await?;
+        rounds.push(round.to_json(&args, ops.as_ref()));
+    }
+    let mut report = Combine::Median.rounds(&rounds).unwrap_or(Value::Null);
+    let spread = Combine::Spread.rounds(&rounds);
     if args.json {
         report["backend"] = json!(label);
+        report["rounds"] = Value::Array(rounds);
+        report["spread"] = spread.unwrap_or(Value::Null);
         println!("{report}");
     } else {
-        print!("{}", Report { figures: &report }.render(&args, &label));
+        let table = Report {
+            figures: &report,
+            spread: (args.rounds > 1).then_some(spread).flatten(),
+        };
+        print!("{}", table.render(&args, &label));
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// What the phases measured.
+/// What one round measured.
 struct Round {
     uncontended: Samples,
     floor: Option<Samples>,
@@ -174,7 +191,7 @@ struct Round {
     parallel: Vec<(usize, f64, Option<f64>)>,
 }
 
-/// Every phase of dlock, each followed (or, uncontended, interleaved) by its floor.
+/// One round: every phase of dlock, each followed (or, uncontended, interleaved) by its floor.
 async fn measure(
     args: &BenchArgs,
     client: &Arc<dyn DistributedLock>,
@@ -258,7 +275,7 @@ fn ratio(ours: f64, floor: f64) -> f64 {
 }
 
 impl Round {
-    /// The JSON report's fields (figures rounded as reported).
+    /// The round as the JSON report's fields (figures rounded as reported).
     fn to_json(&self, args: &BenchArgs, ops: Option<&Ops>) -> Value {
         let (uncontended, handoff) = (&self.uncontended, &self.handoff);
         let mut json = json!({
@@ -317,9 +334,95 @@ impl Round {
     }
 }
 
-/// The table `dlock bench` prints, from the JSON report.
+/// Fields that describe the run rather than measure it: the same in every round, never spread.
+const SETTINGS: &[&str] = &["tasks", "waiters", "hold_us"];
+
+/// How the rounds' reports make one.
+#[derive(Clone, Copy)]
+enum Combine {
+    /// Each figure's median over the rounds (the mean of the middle two of an even count);
+    /// settings and text as in the first round.
+    Median,
+    /// Each figure's `[min, max]` over the rounds; no settings, no text.
+    Spread,
+}
+
+impl Combine {
+    /// Combines the rounds' reports field by field; `None` when nothing is left.
+    fn rounds(self, rounds: &[Value]) -> Option<Value> {
+        self.field(rounds, None)
+    }
+
+    fn field(self, values: &[Value], key: Option<&str>) -> Option<Value> {
+        let first = values.first()?;
+        match first {
+            Value::Object(fields) => {
+                let mut out = serde_json::Map::new();
+                for k in fields.keys() {
+                    let children: Vec<Value> = values.iter().map(|v| v[k].clone()).collect();
+                    if let Some(child) = self.field(&children, Some(k)) {
+                        out.insert(k.clone(), child);
+                    }
+                }
+                (!out.is_empty()).then_some(Value::Object(out))
+            }
+            Value::Array(items) => Some(Value::Array(
+                (0..items.len())
+                    .map(|i| {
+                        let children: Vec<Value> = values.iter().map(|v| v[i].clone()).collect();
+                        self.field(&children, None).unwrap_or(Value::Null)
+                    })
+                    .collect(),
+            )),
+            Value::Number(_) if key.is_some_and(|k| SETTINGS.contains(&k)) => {
+                matches!(self, Self::Median).then(|| first.clone())
+            }
+            Value::Number(_) | Value::Null => {
+                let numbers: Vec<f64> = values.iter().filter_map(Value::as_f64).collect();
+                if numbers.len() < values.len() {
+                    // A figure some round could not measure (no samples).
+                    return Some(Value::Null);
+                }
+                let integers = values.iter().all(|v| v.is_u64() || v.is_i64());
+                Some(self.figure(numbers, integers))
+            }
+            _ => matches!(self, Self::Median).then(|| first.clone()),
+        }
+    }
+
+    /// One figure from its per-round values: counts (`integers`) stay integers, whole figures
+    /// whole, ratios keep two decimals.
+    fn figure(self, mut numbers: Vec<f64>, integers: bool) -> Value {
+        let whole = numbers.iter().all(|n| n.fract() == 0.0);
+        let shown = |n: f64| {
+            if integers {
+                json!(n.round() as i64)
+            } else if whole {
+                json!(n.round())
+            } else {
+                json!((n * 100.0).round() / 100.0)
+            }
+        };
+        numbers.sort_by(f64::total_cmp);
+        match self {
+            Self::Median => {
+                let mid = numbers.len() / 2;
+                if numbers.len() % 2 == 1 {
+                    shown(numbers[mid])
+                } else {
+                    shown((numbers[mid - 1] + numbers[mid]) / 2.0)
+                }
+            }
+            Self::Spread => json!([shown(numbers[0]), shown(numbers[numbers.len() - 1])]),
+        }
+    }
+}
+
+/// The table `dlock bench` prints: the figures (the medians over the rounds), with their spread
+/// after several rounds.
 struct Report<'a> {
     figures: &'a Value,
+    spread: Option<Value>,
 }
 
 /// How a figure is shown.
@@ -330,12 +433,22 @@ enum Unit {
 }
 
 impl Report<'_> {
-    /// The figure at JSON pointer `at`.
+    /// The figure at JSON pointer `at`: its median, and `[min–max]` after several rounds.
     fn fig(&self, at: &str, unit: Unit) -> String {
-        match (self.figures.pointer(at).and_then(Value::as_f64), unit) {
+        let show = |value: &Value, suffix: &str| match (value.as_f64(), unit) {
             (Some(n), Unit::Whole) => format!("{n:.0}"),
-            (Some(n), Unit::Ratio) => format!("{n:.2}x"),
+            (Some(n), Unit::Ratio) => format!("{n:.2}{suffix}"),
             (None, _) => "-".to_owned(),
+        };
+        let median = self
+            .figures
+            .pointer(at)
+            .map_or_else(|| "-".to_owned(), |v| show(v, "x"));
+        match self.spread.as_ref().and_then(|s| s.pointer(at)) {
+            Some(Value::Array(range)) if range.len() == 2 => {
+                format!("{median} [{}–{}]", show(&range[0], ""), show(&range[1], ""))
+            }
+            _ => median,
         }
     }
 
@@ -353,10 +466,15 @@ impl Report<'_> {
                 .unwrap_or("")
                 .to_owned()
         };
-        let mut out = format!(
-            "dlock bench against {label} ({:?} per phase)\n\n",
-            args.duration
-        );
+        let mut out = format!("dlock bench against {label} ({:?} per phase", args.duration);
+        if args.rounds > 1 {
+            let _ = write!(
+                out,
+                "; {} rounds: medians, [min–max] over the rounds",
+                args.rounds
+            );
+        }
+        out.push_str(")\n\n");
         let mut rows = vec![row(["phase", "ops/s", "p50 µs", "p99 µs"])];
         rows.push(vec![
             "uncontended acquire+release".to_owned(),
@@ -548,19 +666,99 @@ async fn handoff(
 mod tests {
     use super::*;
 
+    fn round(ops: f64, samples: u64, ratio: f64, tasks_ops: f64) -> Value {
+        json!({
+            "uncontended": {"ops_per_sec": ops, "p50_us": 100.0, "samples": samples},
+            "handoff": {"waiters": 4, "hold_us": 2000, "p50_us": 300.0},
+            "parallel_names": [{"tasks": 16, "ops_per_sec": tasks_ops, "vs_floor": ratio}],
+            "raw_floor": {"op": "SET NX PX", "ops_per_sec": 2.0 * ops},
+            "ratios": {"uncontended_throughput_vs_floor": ratio},
+        })
+    }
+
     #[test]
-    fn the_table_shows_each_figure_or_a_dash() {
-        let figures = json!({
-            "uncontended": {"ops_per_sec": 1234.4, "p50_us": 100.0, "p99_us": null},
-            "ratios": {"uncontended_throughput_vs_floor": 0.8},
-        });
-        let report = Report { figures: &figures };
-        assert_eq!(report.fig("/uncontended/ops_per_sec", Unit::Whole), "1234");
-        assert_eq!(report.fig("/uncontended/p99_us", Unit::Whole), "-");
-        assert_eq!(report.fig("/handoff/p50_us", Unit::Whole), "-");
+    fn rounds_make_medians_and_spreads_of_every_figure_and_ratio() {
+        let rounds = [
+            round(300.0, 30, 0.9, 3000.0),
+            round(100.0, 10, 0.5, 1000.0),
+            round(200.0, 21, 0.77, 2000.0),
+        ];
+        let median = Combine::Median.rounds(&rounds).unwrap();
+        assert_eq!(median["uncontended"]["ops_per_sec"], json!(200.0));
+        assert_eq!(median["uncontended"]["samples"], json!(21));
+        assert_eq!(median["raw_floor"]["ops_per_sec"], json!(400.0));
+        assert_eq!(
+            median["ratios"]["uncontended_throughput_vs_floor"],
+            json!(0.77)
+        );
+        assert_eq!(median["parallel_names"][0]["tasks"], json!(16));
+        assert_eq!(median["parallel_names"][0]["vs_floor"], json!(0.77));
+        // Settings and text as given.
+        assert_eq!(median["handoff"]["waiters"], json!(4));
+        assert_eq!(median["raw_floor"]["op"], json!("SET NX PX"));
+
+        let spread = Combine::Spread.rounds(&rounds).unwrap();
+        assert_eq!(spread["uncontended"]["ops_per_sec"], json!([100.0, 300.0]));
+        assert_eq!(spread["uncontended"]["samples"], json!([10, 30]));
+        assert_eq!(
+            spread["ratios"]["uncontended_throughput_vs_floor"],
+            json!([0.5, 0.9])
+        );
+        assert_eq!(
+            spread["parallel_names"][0]["ops_per_sec"],
+            json!([1000.0, 3000.0])
+        );
+        // No spread of what does not vary by nature.
+        assert!(spread["handoff"].get("waiters").is_none(), "{spread}");
+        assert!(spread["raw_floor"].get("op").is_none(), "{spread}");
+        assert!(
+            spread["parallel_names"][0].get("tasks").is_none(),
+            "{spread}"
+        );
+    }
+
+    #[test]
+    fn an_even_count_of_rounds_takes_the_mean_of_the_middle_two() {
+        let rounds = [round(100.0, 10, 0.5, 1.0), round(201.0, 11, 0.6, 2.0)];
+        let median = Combine::Median.rounds(&rounds).unwrap();
+        assert_eq!(median["uncontended"]["ops_per_sec"], json!(151.0));
+        assert_eq!(median["uncontended"]["samples"], json!(11));
+        assert_eq!(
+            median["ratios"]["uncontended_throughput_vs_floor"],
+            json!(0.55)
+        );
+    }
+
+    #[test]
+    fn a_figure_a_round_could_not_measure_has_no_median() {
+        let mut empty = round(100.0, 0, 0.5, 1.0);
+        empty["uncontended"]["p50_us"] = Value::Null;
+        let rounds = [empty, round(100.0, 10, 0.5, 1.0)];
+        let median = Combine::Median.rounds(&rounds).unwrap();
+        assert_eq!(median["uncontended"]["p50_us"], Value::Null);
+    }
+
+    #[test]
+    fn the_table_shows_medians_with_their_spread_after_several_rounds() {
+        let rounds = [round(100.0, 10, 0.5, 1000.0), round(300.0, 30, 0.9, 3000.0)];
+        let median = Combine::Median.rounds(&rounds).unwrap();
+        let report = Report {
+            figures: &median,
+            spread: Combine::Spread.rounds(&rounds),
+        };
+        assert_eq!(
+            report.fig("/uncontended/ops_per_sec", Unit::Whole),
+            "200 [100–300]"
+        );
         assert_eq!(
             report.fig("/ratios/uncontended_throughput_vs_floor", Unit::Ratio),
-            "0.80x"
+            "0.70x [0.50–0.90]"
         );
+        let single = Report {
+            figures: &rounds[0],
+            spread: None,
+        };
+        assert_eq!(single.fig("/uncontended/ops_per_sec", Unit::Whole), "100");
+        assert_eq!(single.fig("/handoff/p99_us", Unit::Whole), "-");
     }
 }

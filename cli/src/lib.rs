@@ -11,9 +11,9 @@
 //!   across machines; the command is stopped if the lock is lost;
 //! - `dlock conformance --backend URL [--faults]`: the conformance suite (and the client-side
 //!   fault cases) against a deployed backend: a way to certify one's own deployment;
-//! - `dlock bench --backend URL`: acquire/release pairs, contended hand-off and many names on
-//!   one client, each against the backend's raw protocol floor (the same operations with its
-//!   driver alone) measured in the same run;
+//! - `dlock bench --backend URL [--rounds N]`: acquire/release pairs, contended hand-off and many
+//!   names on one client, each against the backend's raw protocol floor (the same operations
+//!   with its driver alone) measured in the same run; medians and spreads over N rounds;
 //! - `dlock status --backend URL NAME…`: who holds each name, with its fencing token, the lease
 //!   it has left and how many wait, as the server says (`--json`; `--watch` refreshes). A backend
 //!   that cannot tell (ZooKeeper, for now) is named, with exit code 64.

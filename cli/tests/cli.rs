@@ -108,6 +108,64 @@ fn bench_prints_json_with_the_documented_fields() {
 }
 
 #[test]
+fn bench_rounds_report_medians_each_round_and_the_spread() {
+    let out = dlock(&[
+        "bench",
+        "--duration",
+        "120ms",
+        "--rounds",
+        "2",
+        "--parallel",
+        "1,3",
+        "--json",
+    ]);
+    let text = stdout(&out);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(report["rounds"].as_array().map(Vec::len), Some(2), "{text}");
+    assert!(
+        report["uncontended"]["ops_per_sec"].as_f64().is_some(),
+        "{text}"
+    );
+    let spread = &report["spread"]["uncontended"]["ops_per_sec"];
+    assert!(
+        spread
+            .as_array()
+            .is_some_and(|s| s.len() == 2 && s[0].as_f64() <= s[1].as_f64()),
+        "{text}"
+    );
+    assert_eq!(report["parallel_names"][1]["tasks"], 3, "{text}");
+    // The memory backend has no raw floors.
+    assert!(report.get("raw_floor").is_none(), "{text}");
+
+    // The table gives the spread after the medians.
+    let out = dlock(&[
+        "bench",
+        "--duration",
+        "120ms",
+        "--rounds",
+        "2",
+        "--parallel",
+        "2",
+    ]);
+    let text = stdout(&out);
+    assert!(text.contains("2 rounds: medians, [min–max]"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("uncontended acquire+release"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains('[') && line.contains('–'), "{line}");
+
+    // At least one round.
+    let out = dlock(&["bench", "--rounds", "0"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+#[test]
 fn extreme_duration_flags_never_panic() {
     // A wait too long to reach means "no limit" (the free lock is taken at once); any grace
     // period before SIGKILL is fine.

@@ -1,12 +1,13 @@
 //! Runs `dlock bench` against a real server and checks that every raw floor it compares
-//! dlock with was measured: the uncontended pairs, the hand-offs and the many-names ceiling.
+//! dlock with was measured: the uncontended pairs, the hand-offs and the many-names ceiling,
+//! in every round.
 #![allow(dead_code)]
 
 use std::process::Command;
 
 use serde_json::Value;
 
-/// `dlock bench --backend URL --json`, short phases and two task counts; the report.
+/// `dlock bench --backend URL --json`, two short rounds and two task counts; the report.
 pub(crate) fn bench(url: &str) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
         .args([
@@ -15,6 +16,8 @@ pub(crate) fn bench(url: &str) -> Value {
             url,
             "--duration",
             "300ms",
+            "--rounds",
+            "2",
             "--parallel",
             "1,4",
             "--json",
@@ -30,11 +33,12 @@ pub(crate) fn bench(url: &str) -> Value {
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 
-/// The report has each floor (samples, pairs per second) and each ratio; the hand-off floor is
-/// the one `handoff_op` names.
+/// Every round measured each floor (samples, pairs per second) and each ratio, and the report
+/// gives their medians and spreads; the hand-off floor is the one `handoff_op` names.
 pub(crate) fn assert_every_floor_measured(report: &Value, handoff_op: &str) {
-    {
-        let round = report;
+    let rounds = report["rounds"].as_array().expect("rounds");
+    assert_eq!(rounds.len(), 2, "{report}");
+    for round in rounds.iter().chain([report]) {
         for samples in ["/raw_floor/samples", "/raw_handoff_floor/samples"] {
             let n = round.pointer(samples).and_then(Value::as_f64);
             assert!(n.is_some_and(|n| n > 0.0), "no {samples}: {round}");
@@ -73,4 +77,16 @@ pub(crate) fn assert_every_floor_measured(report: &Value, handoff_op: &str) {
         }
     }
     assert_eq!(report["raw_handoff_floor"]["op"], handoff_op, "{report}");
+    for at in [
+        "/raw_floor/ops_per_sec",
+        "/raw_handoff_floor/p50_us",
+        "/parallel_names/1/floor_ops_per_sec",
+        "/ratios/handoff_p50_vs_raw_handoff_floor",
+    ] {
+        let spread = report["spread"].pointer(at).and_then(Value::as_array);
+        assert!(
+            spread.is_some_and(|s| s.len() == 2 && s[0].as_f64() <= s[1].as_f64()),
+            "spread of {at}: {report}"
+        );
+    }
 }
