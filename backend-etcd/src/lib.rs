@@ -99,7 +99,6 @@
 
 mod config;
 mod error;
-mod floor;
 mod keys;
 mod lease;
 mod lock;
@@ -107,7 +106,6 @@ mod session;
 mod watch;
 
 pub use config::{DEFAULT_PORT, EtcdConfig};
-pub use floor::{raw_floor, raw_handoff_floor};
 pub use lock::EtcdLock;
 
 dlock_api::impl_distributed_lock!(EtcdLock);

@@ -69,7 +69,3 @@ pub(crate) fn map_err(error: sqlx::Error) -> LockError {
 pub(crate) fn timed_out(after: Duration) -> LockError {
     LockError::command_timeout(BACKEND, after)
 }
-
-pub(crate) fn unavailable(reason: impl Into<String>) -> LockError {
-    LockError::unavailable_because(BACKEND, reason)
-}

@@ -97,13 +97,11 @@
 mod config;
 mod driver;
 mod error;
-mod floor;
 mod inspect;
 mod lock;
 mod sql;
 
 pub use config::MySqlConfig;
-pub use floor::{raw_floor, raw_handoff_floor};
 pub use lock::MySqlLock;
 
 /// The URL schemes this backend serves (`mariadb://` is a `mysql://` URL).

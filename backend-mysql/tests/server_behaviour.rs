@@ -321,14 +321,3 @@ async fn fencing_off_uses_plain_get_lock() {
     guard.release().await.unwrap();
     assert!(is_free(h.url(), &locks.key(&name)).await);
 }
-
-/// `dlock bench`'s raw hand-off floor: two connections hand a `GET_LOCK` back and forth
-/// through the server's queue, and each hand-off gives a sample.
-#[tokio::test]
-async fn the_raw_handoff_floor_hands_off_through_the_server_queue() {
-    let h = MySqlHarness::shared();
-    let samples = dlock_mysql::raw_handoff_floor(h.url(), Duration::from_millis(300))
-        .await
-        .unwrap();
-    assert!(!samples.is_empty(), "no hand-off was measured");
-}

@@ -49,7 +49,3 @@ pub(crate) fn map_err(error: sqlx::Error) -> LockError {
 pub(crate) fn timed_out(after: std::time::Duration) -> LockError {
     LockError::command_timeout(BACKEND, after)
 }
-
-pub(crate) fn unavailable(message: impl Into<String>) -> LockError {
-    LockError::unavailable_because(BACKEND, message)
-}

@@ -114,7 +114,6 @@
 mod config;
 mod driver;
 mod error;
-mod floor;
 mod inspect;
 mod key;
 mod lock;
@@ -123,7 +122,6 @@ mod sql;
 mod xact;
 
 pub use config::PostgresConfig;
-pub use floor::{raw_floor, raw_handoff_floor};
 pub use key::AdvisoryKey;
 pub use lock::PostgresLock;
 pub use xact::{RowKey, RowLock, RowLockOutcome, RowWait, try_xact_lock, xact_lock};

@@ -318,17 +318,6 @@ async fn fence_sequence_is_checked_created_and_optional() {
     );
 }
 
-/// `dlock bench`'s raw hand-off floor: two connections hand a blocking `pg_advisory_lock` back
-/// and forth through the server's queue, and each hand-off gives a sample.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_raw_handoff_floor_hands_off_through_the_server_queue() {
-    let samples =
-        dlock_postgres::raw_handoff_floor(&common::shared_url(), Duration::from_millis(300))
-            .await
-            .unwrap();
-    assert!(!samples.is_empty(), "no hand-off was measured");
-}
-
 /// A row-lock holder that goes idle in its transaction past the server's
 /// `idle_in_transaction_session_timeout` (a paused process, a forgotten transaction) is ended by
 /// the server: the row goes to the next locker, and the stale holder's write can never commit

@@ -90,7 +90,6 @@
 //! queue check inside the scripts (6 and 3 server commands against the floor's 1 and 2).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod bench;
 mod client;
 mod config;
 mod conn;
@@ -103,7 +102,6 @@ pub mod node;
 mod scripts;
 mod wake;
 
-pub use bench::{raw_floor, raw_handoff_floor};
 pub use config::{RedisConfig, Topology};
 pub use eviction::EvictionCheck;
 pub use keys::LockKeys;

@@ -113,14 +113,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
-mod floor;
 mod lease;
 mod lock;
 mod nodes;
 mod wake;
 
 pub use config::{DEFAULT_PORT, RedlockConfig};
-pub use floor::raw_floor;
 pub use lock::{Redlock, RedlockStats};
 
 dlock_api::impl_distributed_lock!(Redlock);

@@ -98,14 +98,12 @@
 mod config;
 mod connect;
 mod error;
-mod floor;
 mod lease;
 mod lock;
 mod names;
 mod session;
 
 pub use config::{DEFAULT_PORT, NodeAcl, ZkConfig};
-pub use floor::{raw_floor, raw_handoff_floor};
 pub use lock::ZkLock;
 
 dlock_api::impl_distributed_lock!(ZkLock);

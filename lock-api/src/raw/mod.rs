@@ -51,7 +51,6 @@
 pub mod config;
 pub(crate) mod detach;
 mod engine;
-pub mod floor;
 pub(crate) mod lease;
 mod local_queue;
 mod pending;
