@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{LeaseState, RawLease, RenewedBy, SessionStatus};
+use dlock_api::raw::{LeaseState, RawLease, RenewedBy, Scheduled, SessionStatus};
 use dlock_api::{LockError, LockName, LostReason, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -102,6 +102,11 @@ fn current(carrier: &Carrier) -> Arc<SessionLease> {
     carrier.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
+/// How long after its grant a held key gets its watch. A lock released sooner (most are) costs
+/// no watch on the stream and no task. The watch starts from the grant's revision, so a deletion
+/// meanwhile is still delivered, at most this much later than with a watch from the start.
+pub(crate) const WATCH_HELD_AFTER: Duration = Duration::from_millis(250);
+
 /// A held key.
 #[derive(Debug)]
 pub(crate) struct EtcdLease {
@@ -116,10 +121,12 @@ pub(crate) struct EtcdLease {
     moving: tokio::sync::Mutex<()>,
     state: Arc<LeaseState>,
     released: AtomicBool,
+    /// The watch's start, until it comes due (dropped with the lease).
+    _watch: Option<Scheduled>,
 }
 
 impl EtcdLease {
-    /// The lease, state and renewal of a key just granted; starts the watch on the key.
+    /// The lease, state and renewal of a key just granted; schedules the watch on the key.
     pub(crate) fn start(
         inner: Arc<Inner>,
         name: &LockName,
@@ -135,15 +142,24 @@ impl EtcdLease {
             ),
         };
         let carrier: Option<Carrier> = kind.session().map(|l| Arc::new(Mutex::new(l.clone())));
-        let watch = inner.watcher.watch(&key, revision + 1);
-        tokio::spawn(watch_own_key(
-            inner.clone(),
-            state.clone(),
-            carrier.clone(),
-            key.clone(),
-            revision,
-            watch,
-        ));
+        let watch = {
+            let (weak, state, carrier, key) = (
+                Arc::downgrade(&inner),
+                state.clone(),
+                carrier.clone(),
+                key.clone(),
+            );
+            move || {
+                let Some(inner) = weak.upgrade() else { return };
+                if !state.is_closed() {
+                    let watch = inner.watcher.watch(&key, revision + 1);
+                    tokio::spawn(watch_own_key(inner, state, carrier, key, revision, watch));
+                }
+            }
+        };
+        let scheduled = inner
+            .timer
+            .schedule(after(Instant::now(), WATCH_HELD_AFTER), watch);
         let lease = Arc::new(Self {
             inner,
             name: name.clone(),
@@ -154,6 +170,7 @@ impl EtcdLease {
             moving: tokio::sync::Mutex::new(()),
             state: state.clone(),
             released: AtomicBool::new(false),
+            _watch: scheduled,
         });
         (lease, state, renewed_by)
     }

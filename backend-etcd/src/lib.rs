@@ -53,9 +53,11 @@
 //!   predecessor) confirms our key still exists and that no key created before it remains. A
 //!   compacted watch re-reads; a slow fallback re-read every few seconds catches any event the
 //!   server lost. One watch stream per client carries every waiter's and holder's watch.
-//! - **Holding**: each holder watches its own key; its deletion (the lease revoked or expired,
-//!   or someone deleting it) marks the guard lost. The holder also reads its key every few
-//!   seconds, so a deletion event the server lost still ends the guard.
+//! - **Holding**: each holder watches its own key, from 250 ms after its grant (a lock released
+//!   sooner costs no watch; the watch starts from the grant's revision, so nothing in between
+//!   is missed); its deletion (the lease revoked or expired, or someone deleting it) marks the
+//!   guard lost. The holder also reads its key every few seconds, so a deletion event the
+//!   server lost still ends the guard.
 //! - **Release** deletes the key in a transaction guarded by its create revision, so a stale
 //!   release can never remove a newer key. A dropped acquire deletes its key (also when the
 //!   create's reply was lost), a dropped guard is released in the background, and a forgotten

@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     /// Session leases by TTL class (whole seconds).
     sessions: tokio::sync::Mutex<HashMap<i64, Arc<SessionLease>>>,
     pub(crate) watcher: Watcher,
+    /// Starts the watch on each held key a moment after its grant.
+    pub(crate) timer: dlock_api::raw::GuardTimer,
     /// Fires when the client is dropped: stops the keep-alives (which revoke their leases) and
     /// the watch stream.
     pub(crate) shutdown: CancellationToken,
@@ -125,6 +127,7 @@ impl EtcdLock {
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
             watcher: Watcher::start(client.clone(), shutdown.clone()),
+            timer: dlock_api::raw::GuardTimer::new(),
             client,
             config,
             sessions: tokio::sync::Mutex::new(HashMap::new()),

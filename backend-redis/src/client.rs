@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use dlock_api::raw::RenewalTimer;
+use dlock_api::raw::GuardTimer;
 
 use crate::config::RedisConfig;
 use crate::conn::Conn;
@@ -16,5 +16,5 @@ pub(crate) struct Inner {
     pub(crate) conn: Conn,
     pub(crate) scripts: Scripts,
     pub(crate) hub: Arc<Wakeups>,
-    pub(crate) timer: RenewalTimer,
+    pub(crate) timer: GuardTimer,
 }

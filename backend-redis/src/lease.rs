@@ -126,7 +126,7 @@ impl RawLease for RedisLease {
         }
     }
 
-    fn renewal_timer(&self) -> Option<&dlock_api::raw::RenewalTimer> {
+    fn guard_timer(&self) -> Option<&dlock_api::raw::GuardTimer> {
         Some(&self.inner.timer)
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
-use dlock_api::raw::{Grant, LeaseState, PendingAcquire, RawLock, RenewalTimer, RenewedBy};
+use dlock_api::raw::{Grant, GuardTimer, LeaseState, PendingAcquire, RawLock, RenewedBy};
 use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
 };
@@ -57,7 +57,7 @@ impl RedisLock {
                 conn,
                 scripts: Scripts::new(),
                 hub,
-                timer: RenewalTimer::new(),
+                timer: GuardTimer::new(),
             }),
         })
     }

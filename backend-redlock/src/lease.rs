@@ -149,7 +149,7 @@ impl RawLease for RedlockLease {
         ))
     }
 
-    fn renewal_timer(&self) -> Option<&dlock_api::raw::RenewalTimer> {
+    fn guard_timer(&self) -> Option<&dlock_api::raw::GuardTimer> {
         Some(&self.inner.timer)
     }
 }

@@ -41,7 +41,7 @@ pub(crate) struct Inner {
     pub(crate) hub: Arc<Hub>,
     stats: Counters,
     /// Starts this client's watchdogs when their first renewal comes due.
-    pub(crate) timer: dlock_api::raw::RenewalTimer,
+    pub(crate) timer: dlock_api::raw::GuardTimer,
 }
 
 #[derive(Debug, Default)]
@@ -105,7 +105,7 @@ impl Redlock {
                 slots,
                 hub,
                 stats: Counters::default(),
-                timer: dlock_api::raw::RenewalTimer::new(),
+                timer: dlock_api::raw::GuardTimer::new(),
             }),
         })
     }

@@ -1,12 +1,13 @@
 //! `ZkLease`: one held node. Release deletes it, guarded by its version; a dropped guard's node
-//! is deleted in the background. A watch on the node loses the guard as soon as anyone else
-//! deletes it.
+//! is deleted in the background. A watch on the node, set [`WATCH_HELD_AFTER`] after the grant,
+//! loses the guard as soon as anyone else deletes it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use dlock_api::raw::{LeaseState, RawLease, Session, SessionStatus};
+use dlock_api::raw::time::after;
+use dlock_api::raw::{LeaseState, RawLease, Scheduled, Session, SessionStatus};
 use dlock_api::{LockError, LockName, LostReason, Result};
 use tokio::time::Instant;
 use zookeeper_client::{Error as ZkError, EventType};
@@ -37,6 +38,12 @@ pub(crate) async fn delete_node(session: &ZkSession, path: &str, version: i32) -
     Err(LockError::command_timeout(BACKEND, session.command_timeout))
 }
 
+/// How long after its grant a held node gets its watch. A lock released sooner (most are) costs
+/// no `exists` round trip and no task; a node deleted by someone else before then is found gone
+/// by the first look, so its guard is lost at most this much later than with a watch from the
+/// start.
+pub(crate) const WATCH_HELD_AFTER: Duration = Duration::from_millis(250);
+
 /// A held node.
 #[derive(Debug)]
 pub(crate) struct ZkLease {
@@ -48,6 +55,8 @@ pub(crate) struct ZkLease {
     /// someone else's (a grant dropped on its way is released without a guard to close it).
     state: Arc<LeaseState>,
     released: AtomicBool,
+    /// The watch's start, until it comes due (dropped with the lease).
+    _watch: Option<Scheduled>,
 }
 
 impl ZkLease {
@@ -60,13 +69,22 @@ impl ZkLease {
         version: i32,
         state: Arc<LeaseState>,
     ) -> Self {
-        tokio::spawn(watch_own_node(
-            Arc::downgrade(&session),
-            session.session.clone(),
-            state.clone(),
-            path.clone(),
-            czxid,
-        ));
+        let watch = {
+            let (weak, raw, state, path) = (
+                Arc::downgrade(&session),
+                session.session.clone(),
+                state.clone(),
+                path.clone(),
+            );
+            move || {
+                if !state.is_closed() {
+                    tokio::spawn(watch_own_node(weak, raw, state, path, czxid));
+                }
+            }
+        };
+        let scheduled = session
+            .timer
+            .schedule(after(Instant::now(), WATCH_HELD_AFTER), watch);
         Self {
             session,
             name: name.clone(),
@@ -74,6 +92,7 @@ impl ZkLease {
             version,
             state,
             released: AtomicBool::new(false),
+            _watch: scheduled,
         }
     }
 }

@@ -25,7 +25,7 @@
 //! - [x] **Lost signal and suspension**: a guard reports `Suspended` while its session's
 //!   connection is lost (stop writing: the session may still come back), `Held` again once it
 //!   is back and its node checked, and `Lost` when the session expires; `Lost` with
-//!   `TakenOver` as soon as anyone else deletes its node (each held node is watched).
+//!   `TakenOver` as soon as anyone else deletes its node (each node held past 250 ms is watched).
 //! - [x] **Survives failover**: a lock lives in the ensemble's log; losing a server keeps it.
 //! - [ ] **Extend**: the session is the lease; per-acquire TTLs are ignored and `extend` is
 //!   refused with `Unsupported` before any network call. A holder that dies frees its lock when
@@ -62,10 +62,12 @@
 //!   session. A dropped acquire deletes its node: the create runs to completion in the
 //!   background and the cleanup waits for it, so the delete always follows the create, also
 //!   when its answer was lost.
-//! - **Holding.** Each held node carries an exists-watch, set again after any other event: its
-//!   deletion by anyone but this guard (an operator, a stray client) loses the guard with
-//!   `TakenOver` at once, while the session stays healthy. The event arrives over the session's
-//!   own connection, so it is the node that went, not the session.
+//! - **Holding.** Each node held longer than 250 ms carries an exists-watch, set again after any
+//!   other event: its deletion by anyone but this guard (an operator, a stray client) loses the
+//!   guard with `TakenOver` at once, while the session stays healthy. The event arrives over the
+//!   session's own connection, so it is the node that went, not the session. (The watch waits
+//!   those 250 ms on the client's one timer task, so the many locks released sooner cost no
+//!   `exists` round trip; a node deleted within them is found gone when the watch is set.)
 //! - **Release** deletes our node guarded by its version; a dropped guard's node is deleted in
 //!   the background.
 //! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) lists

@@ -67,6 +67,8 @@ pub(crate) struct ZkSession {
     held: Mutex<Vec<Held>>,
     /// The node the heartbeat asks about (the prefix).
     beat_path: String,
+    /// Starts the watch on each held node a moment after its grant.
+    pub(crate) timer: dlock_api::raw::GuardTimer,
 }
 
 impl ZkSession {
@@ -84,6 +86,7 @@ impl ZkSession {
             held: Mutex::new(Vec::new()),
             beat_path: config.prefix.clone(),
             client: Mutex::new(Some(client.clone())),
+            timer: dlock_api::raw::GuardTimer::new(),
         });
         tracing::debug!(
             session = format_args!("{:#x}", session.id),

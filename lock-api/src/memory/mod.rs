@@ -19,7 +19,7 @@ use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::raw::time::after;
 use crate::raw::{
-    Grant, LeaseState, PendingAcquire, RawLease, RawLock, RenewalTimer, RenewedBy, Session,
+    Grant, GuardTimer, LeaseState, PendingAcquire, RawLease, RawLock, RenewedBy, Session,
 };
 use crate::token::FencingToken;
 
@@ -61,7 +61,7 @@ pub struct MemoryLock {
     /// Whether this client is cut off from the store (shared by its clones).
     cut_off: Arc<AtomicBool>,
     /// Starts this client's watchdogs when their first renewal comes due.
-    timer: Arc<RenewalTimer>,
+    timer: Arc<GuardTimer>,
 }
 
 impl MemoryLock {
@@ -357,7 +357,7 @@ struct MemoryLease {
     store: Arc<Store>,
     /// Its client's link to the store.
     cut_off: Arc<AtomicBool>,
-    timer: Arc<RenewalTimer>,
+    timer: Arc<GuardTimer>,
     name: LockName,
     id: u64,
 }
@@ -387,7 +387,7 @@ impl RawLease for MemoryLease {
         }
     }
 
-    fn renewal_timer(&self) -> Option<&RenewalTimer> {
+    fn guard_timer(&self) -> Option<&GuardTimer> {
         Some(&self.timer)
     }
 }

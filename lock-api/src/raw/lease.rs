@@ -48,11 +48,11 @@ pub trait RawLease: Debug + Send + Sync + 'static {
     /// leases to extend.
     async fn extend(&self, ttl: Duration) -> Result<Instant>;
 
-    /// The client's [`RenewalTimer`](super::RenewalTimer), if it keeps one: a guard that renews
+    /// The client's [`GuardTimer`](super::GuardTimer), if it keeps one: a guard that renews
     /// its own lease then starts its watchdog only when the first renewal comes due, instead of
     /// spawning a task the moment it is granted. The default (`None`) spawns at once, which is
     /// correct but costs a task per guard.
-    fn renewal_timer(&self) -> Option<&super::RenewalTimer> {
+    fn guard_timer(&self) -> Option<&super::GuardTimer> {
         None
     }
 }

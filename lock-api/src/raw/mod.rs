@@ -22,7 +22,7 @@
 //! - **TTL per lock** (Redis, memory): the state carries a deadline measured from before the
 //!   request; [`RenewedBy::Guard`] makes the watchdog call [`RawLease::extend`] every renewal
 //!   interval and move the deadline to the validity it returns. Such a backend keeps one
-//!   [`RenewalTimer`] per client and returns it from [`RawLease::renewal_timer`]: a guard's
+//!   [`GuardTimer`] per client and returns it from [`RawLease::guard_timer`]: a guard's
 //!   watchdog task then starts only when its first renewal comes due, so the many locks released
 //!   before that cost no task at all.
 //! - **Session** (MySQL, Postgres): the state has no deadline; the connection is the lease
@@ -74,7 +74,7 @@ pub use recovery::WaitRecovery;
 pub use session::{Session, SessionStatus};
 pub use state::LeaseState;
 pub use subscriptions::{Subscription, Subscriptions};
-pub use timer::RenewalTimer;
+pub use timer::{GuardTimer, Scheduled};
 
 #[doc(hidden)]
 pub use async_trait::async_trait;

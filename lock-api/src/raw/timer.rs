@@ -1,5 +1,5 @@
-//! [`RenewalTimer`]: one task per client that starts a guard's watchdog when its first renewal
-//! (or its maximum hold time) comes due, instead of a task per guard from the moment it is
+//! [`GuardTimer`]: one task per client that starts a guard's background work (its watchdog, a
+//! watch on its key) when it comes due, instead of a task per guard from the moment it is
 //! granted.
 //!
 //! Most locks are released long before their first renewal (a third of the TTL: 10 s by
@@ -24,21 +24,25 @@ use super::time::after;
 /// the next grant: a grant due later than the timer's next look needs no wake-up.
 const LINGER: Duration = Duration::from_secs(1);
 
-/// Starts the watchdogs of one client's guards when they come due. A backend whose guards renew
-/// their own lease ([`RenewedBy::Guard`](super::RenewedBy::Guard)) keeps one per client and
-/// returns it from [`RawLease::renewal_timer`](super::RawLease::renewal_timer).
+/// Starts the background work of one client's guards when it comes due.
 ///
-/// The timer's task runs on the runtime of the first guard that needs it (started again there
-/// if that runtime has shut down) and ends when the timer is dropped. It keeps time with tokio's
-/// clock, so paused time in tests moves it as it moves everything else.
-pub struct RenewalTimer {
+/// A backend keeps one per client. Returned from
+/// [`RawLease::guard_timer`](super::RawLease::guard_timer), it starts the shared watchdog of a
+/// guard that renews its own lease ([`RenewedBy::Guard`](super::RenewedBy::Guard)) only at its
+/// first renewal; a backend may also [`schedule`](Self::schedule) its own per-guard work (a watch
+/// on the held key, started a moment after the grant, so a lock released sooner never costs one).
+///
+/// The timer's task runs on the runtime of the first schedule (started again there if that
+/// runtime has shut down) and ends when the timer is dropped. It keeps time with tokio's clock,
+/// so paused time in tests moves it as it moves everything else.
+pub struct GuardTimer {
     shared: Arc<Shared>,
 }
 
 struct Shared {
     state: Mutex<State>,
     wake: Notify,
-    /// Set when the `RenewalTimer` is dropped: the task ends.
+    /// Set when the `GuardTimer` is dropped: the task ends.
     closed: AtomicBool,
 }
 
@@ -56,14 +60,16 @@ struct State {
     running: bool,
 }
 
-/// A scheduled start, cancelled when dropped (the guard was released first).
-pub(crate) struct Scheduled {
+/// A start scheduled on a [`GuardTimer`], cancelled when dropped (the guard let go first): keep
+/// it with the guard's lease.
+#[must_use = "dropping it cancels the start"]
+pub struct Scheduled {
     shared: Weak<Shared>,
     key: (Instant, u64),
 }
 
-impl RenewalTimer {
-    /// A timer with no task yet: the first guard scheduled starts it.
+impl GuardTimer {
+    /// A timer with no task yet: the first schedule starts it.
     pub fn new() -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -75,8 +81,17 @@ impl RenewalTimer {
     }
 
     /// Runs `start` at `at` on the timer's task, unless the returned handle is dropped first.
-    /// `None` outside a tokio runtime (nothing could run it).
-    pub(crate) fn schedule(&self, at: Instant, start: Start) -> Option<Scheduled> {
+    /// `start` should only spawn (it runs on the task that times every guard of the client).
+    /// `None` outside a tokio runtime: nothing could run it.
+    pub fn schedule(
+        &self,
+        at: Instant,
+        start: impl FnOnce() + Send + 'static,
+    ) -> Option<Scheduled> {
+        self.schedule_boxed(at, Box::new(start))
+    }
+
+    fn schedule_boxed(&self, at: Instant, start: Start) -> Option<Scheduled> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let mut state = self.shared.lock();
         let key = (at, state.next_id);
@@ -100,23 +115,23 @@ impl RenewalTimer {
     }
 }
 
-impl Default for RenewalTimer {
+impl Default for GuardTimer {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl Drop for RenewalTimer {
+impl Drop for GuardTimer {
     fn drop(&mut self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         self.shared.wake.notify_one();
     }
 }
 
-impl fmt::Debug for RenewalTimer {
+impl fmt::Debug for GuardTimer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = self.shared.lock();
-        f.debug_struct("RenewalTimer")
+        f.debug_struct("GuardTimer")
             .field("scheduled", &state.due.len())
             .field("running", &state.running)
             .finish()
@@ -126,6 +141,14 @@ impl fmt::Debug for RenewalTimer {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl fmt::Debug for Scheduled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scheduled")
+            .field("at", &self.key.0)
+            .finish()
     }
 }
 
@@ -193,11 +216,11 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
 
-    fn counter() -> (Arc<AtomicUsize>, impl Fn() -> Start) {
+    fn counter() -> (Arc<AtomicUsize>, impl Fn() -> Box<dyn FnOnce() + Send>) {
         let count = Arc::new(AtomicUsize::new(0));
         let make = {
             let count = count.clone();
-            move || -> Start {
+            move || -> Box<dyn FnOnce() + Send> {
                 let count = count.clone();
                 Box::new(move || {
                     count.fetch_add(1, Ordering::SeqCst);
@@ -209,13 +232,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn runs_what_comes_due_and_nothing_cancelled() {
-        let timer = RenewalTimer::new();
+        let timer = GuardTimer::new();
         let (count, start) = counter();
         let now = Instant::now();
-        let kept = timer.schedule(now + Duration::from_secs(10), start());
-        let cancelled = timer.schedule(now + Duration::from_secs(5), start());
+        let kept = timer.schedule_boxed(now + Duration::from_secs(10), start());
+        let cancelled = timer.schedule_boxed(now + Duration::from_secs(5), start());
         drop(cancelled);
-        let early = timer.schedule(now + Duration::from_secs(2), start());
+        let early = timer.schedule_boxed(now + Duration::from_secs(2), start());
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert_eq!(count.load(Ordering::SeqCst), 1, "the 2 s start ran");
         tokio::time::sleep(Duration::from_secs(8)).await;
@@ -229,18 +252,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_earlier_grant_wakes_a_sleeping_timer() {
-        let timer = RenewalTimer::new();
+        let timer = GuardTimer::new();
         let (count, start) = counter();
-        let _late = timer.schedule(Instant::now() + Duration::from_secs(60), start());
+        let _late = timer.schedule_boxed(Instant::now() + Duration::from_secs(60), start());
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let _soon = timer.schedule(Instant::now() + Duration::from_millis(100), start());
+        let _soon = timer.schedule_boxed(Instant::now() + Duration::from_millis(100), start());
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(count.load(Ordering::SeqCst), 1);
     }
 
     #[test]
     fn starts_again_on_a_new_runtime() {
-        let timer = RenewalTimer::new();
+        let timer = GuardTimer::new();
         let (count, start) = counter();
         for _ in 0..2 {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -249,7 +272,7 @@ mod tests {
                 .build()
                 .unwrap();
             runtime.block_on(async {
-                let _s = timer.schedule(Instant::now() + Duration::from_secs(1), start());
+                let _s = timer.schedule_boxed(Instant::now() + Duration::from_secs(1), start());
                 tokio::time::sleep(Duration::from_secs(2)).await;
             });
         }
@@ -258,8 +281,8 @@ mod tests {
 
     #[test]
     fn outside_a_runtime_nothing_is_scheduled() {
-        let timer = RenewalTimer::new();
+        let timer = GuardTimer::new();
         let (_, start) = counter();
-        assert!(timer.schedule(Instant::now(), start()).is_none());
+        assert!(timer.schedule_boxed(Instant::now(), start()).is_none());
     }
 }

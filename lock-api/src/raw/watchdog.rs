@@ -22,7 +22,7 @@ pub(crate) struct Watch {
 }
 
 /// Starts the watchdog if `watch` asks for renewal or a maximum hold time: at once, or, where
-/// the lease has a [`RenewalTimer`](super::RenewalTimer), when the first renewal or the maximum
+/// the lease has a [`GuardTimer`](super::GuardTimer), when the first renewal or the maximum
 /// hold time comes due (the returned handle cancels that when the guard lets go first).
 ///
 /// It renews every `renew_every` (a third of the TTL by default). A renewal that fails with a
@@ -40,16 +40,13 @@ pub(crate) fn start_watchdog(
         (Some(renewal), Some(max_hold)) => renewal.min(max_hold),
         (renewal, max_hold) => renewal.or(max_hold)?,
     };
-    if let Some(timer) = lease.renewal_timer() {
-        let start = {
-            let (lease, state) = (lease.clone(), state.clone());
-            Box::new(move || {
-                if !state.is_closed() {
-                    tokio::spawn(watch_until_closed(watch, first_renewal, lease, state));
-                }
-            })
-        };
-        return timer.schedule(first_wake, start);
+    if let Some(timer) = lease.guard_timer() {
+        let (lease, state) = (lease.clone(), state.clone());
+        return timer.schedule(first_wake, move || {
+            if !state.is_closed() {
+                tokio::spawn(watch_until_closed(watch, first_renewal, lease, state));
+            }
+        });
     }
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(name = %watch.name, "no tokio runtime: the lock will not be renewed");
