@@ -9,13 +9,13 @@
 //! as the median over the rounds, with their spread (min–max).
 
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
+use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
 use serde_json::{Value, json};
-use tokio::sync::Notify;
 
+use crate::contend::{Contender, contend};
 use crate::floor::{self, Floors, Ops, Pairs, WarmUp};
 use crate::{BackendArgs, parse_duration};
 
@@ -223,7 +223,9 @@ async fn measure(
     .await?;
     let handoff_floor = match floors {
         Some(floors) => Some(Samples::from_durations(
-            &floors.handoffs(args.duration).await?,
+            &floors
+                .handoffs(args.duration, args.waiters, args.hold)
+                .await?,
         )),
         None => None,
     };
@@ -597,12 +599,26 @@ fn table(rows: &[Vec<String>]) -> String {
     out
 }
 
-/// Who holds the lock in the hand-off phase, and when the last holder let go.
-#[derive(Default)]
-struct Baton {
-    released_at: Option<Instant>,
-    generation: u64,
-    samples: Vec<f64>,
+/// A dlock client contending in the hand-off phase.
+struct DlockContender {
+    client: Arc<dyn DistributedLock>,
+    name: LockName,
+    options: LockOptions,
+    guard: Option<LockGuard>,
+}
+
+impl Contender for DlockContender {
+    async fn lock(&mut self) -> Result<(), LockError> {
+        self.guard = Some(self.client.acquire(&self.name, &self.options).await?);
+        Ok(())
+    }
+
+    async fn unlock(&mut self) -> Result<(), LockError> {
+        match self.guard.take() {
+            Some(guard) => guard.release().await,
+            None => Ok(()),
+        }
+    }
 }
 
 async fn handoff(
@@ -611,53 +627,19 @@ async fn handoff(
     duration: Duration,
     hold: Duration,
 ) -> Result<Samples, LockError> {
-    let baton = Arc::new(Mutex::new(Baton::default()));
-    let changed = Arc::new(Notify::new());
-    let opts = LockOptions::new().with_wait_timeout(duration + Duration::from_secs(30));
-    let started = Instant::now();
-    let deadline = started + duration;
-    let mut workers = Vec::new();
-    for client in clients {
-        let (baton, changed, name, opts) =
-            (baton.clone(), changed.clone(), name.clone(), opts.clone());
-        workers.push(tokio::spawn(async move {
-            while Instant::now() < deadline {
-                let guard = client.acquire(&name, &opts).await?;
-                let acquired = Instant::now();
-                {
-                    let mut b = baton.lock().unwrap_or_else(|e| e.into_inner());
-                    if let Some(released) = b.released_at.take() {
-                        b.samples.push((acquired - released).as_secs_f64() * 1e6);
-                    }
-                    b.generation += 1;
-                }
-                changed.notify_waiters();
-                tokio::time::sleep(hold).await;
-                let mine = {
-                    let mut b = baton.lock().unwrap_or_else(|e| e.into_inner());
-                    b.released_at = Some(Instant::now());
-                    b.generation
-                };
-                guard.release().await?;
-                // Let someone else take it before competing again, so every release has waiters.
-                while Instant::now() < deadline {
-                    let notified = changed.notified();
-                    if baton.lock().unwrap_or_else(|e| e.into_inner()).generation != mine {
-                        break;
-                    }
-                    let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
-                }
-            }
-            Ok::<(), LockError>(())
-        }));
-    }
-    for worker in workers {
-        worker.await.map_err(|e| LockError::backend("dlock", e))??;
-    }
-    let elapsed = started.elapsed();
-    let samples = std::mem::take(&mut baton.lock().unwrap_or_else(|e| e.into_inner()).samples);
+    let options = LockOptions::new().with_wait_timeout(duration + Duration::from_secs(30));
+    let contenders = clients
+        .into_iter()
+        .map(|client| DlockContender {
+            client,
+            name: name.clone(),
+            options: options.clone(),
+            guard: None,
+        })
+        .collect();
+    let (samples, elapsed) = contend(contenders, duration, hold).await?;
     Ok(Samples {
-        micros: samples,
+        micros: samples.iter().map(|d| d.as_secs_f64() * 1e6).collect(),
         elapsed,
     })
 }

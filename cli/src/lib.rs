@@ -27,6 +27,7 @@
 
 mod bench;
 mod conformance;
+mod contend;
 mod demo;
 mod flood;
 mod floor;

@@ -12,6 +12,6 @@ fn bench_measures_every_raw_floor_of_mysql() {
     let report = common::bench(&server.url());
     common::assert_every_floor_measured(
         &report,
-        "RELEASE_LOCK, then the waiter's blocking GET_LOCK answers",
+        "RELEASE_LOCK, then the next blocking GET_LOCK answers (raw connections contending as dlock's clients do)",
     );
 }

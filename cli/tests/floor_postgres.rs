@@ -12,6 +12,6 @@ fn bench_measures_every_raw_floor_of_postgres() {
     let report = common::bench(&server.url());
     common::assert_every_floor_measured(
         &report,
-        "pg_advisory_unlock, then the waiter's blocking pg_advisory_lock answers",
+        "pg_advisory_unlock, then the next blocking pg_advisory_lock answers (raw connections contending as dlock's clients do)",
     );
 }

@@ -213,7 +213,12 @@ impl Protocol for Etcd {
     /// One sample is the time from the holder sending its delete (guarded by the create
     /// revision) to the waiter's watch delivering it. The two sides are two clients, each with
     /// its keys on a kept-alive lease, and the waiter's watches share one stream.
-    async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>> {
+    async fn handoffs(
+        &self,
+        duration: Duration,
+        _waiters: usize,
+        _hold: Duration,
+    ) -> Result<Vec<Duration>> {
         let (holder, waiter) = (self.connect().await?, self.connect().await?);
         let (holder_lease, waiter_lease) = (
             KeptLease::grant(&holder).await?,

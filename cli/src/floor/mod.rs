@@ -57,9 +57,16 @@ pub(crate) trait Protocol {
     /// warm-up: each pair's latency.
     async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>>;
 
-    /// Hand-offs between two clients for `duration` after a warm-up: each one's latency, from
-    /// the holder sending its release to the waiter's acquire answered.
-    async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>>;
+    /// Hand-offs for `duration` after a warm-up: each one's latency, from the holder sending its
+    /// release to the next holder's acquire answered. A backend whose server queues waiters runs
+    /// `waiters` connections, each holding `hold`, through [`contend`](crate::contend::contend),
+    /// as dlock's own phase does; the others hand off between two clients.
+    async fn handoffs(
+        &self,
+        duration: Duration,
+        waiters: usize,
+        hold: Duration,
+    ) -> Result<Vec<Duration>>;
 
     /// `tasks` tasks sharing one client ([`Ops::client`]), each with a key of its own, running
     /// pairs back to back for `duration` (through [`many`]): pairs per second.
@@ -167,8 +174,13 @@ impl Floors {
     }
 
     /// See [`Protocol::handoffs`].
-    pub(crate) async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>> {
-        each_protocol!(self, floor, _P => floor.handoffs(duration).await)
+    pub(crate) async fn handoffs(
+        &self,
+        duration: Duration,
+        waiters: usize,
+        hold: Duration,
+    ) -> Result<Vec<Duration>> {
+        each_protocol!(self, floor, _P => floor.handoffs(duration, waiters, hold).await)
     }
 
     /// See [`Protocol::parallel`].
@@ -238,30 +250,6 @@ pub(crate) async fn sample(
         let started = Instant::now();
         pair().await?;
         Ok(started.elapsed())
-    })
-    .await
-}
-
-/// Runs `handoff` (one hand-off of the lock between two connections, returning its latency),
-/// alternating direction (`true`: the first connection hands to the second), warming up for
-/// 300 ms (at most `duration`), then for `duration`: the hand-off loop of the backends whose
-/// servers queue waiters themselves.
-///
-/// # Errors
-/// The first error `handoff` returns.
-///
-/// # Cancel safety
-/// Cancel safe as far as `handoff` is: dropping it drops the hand-off in flight.
-#[cfg(any(feature = "mysql", feature = "postgres"))]
-pub(crate) async fn sample_handoffs(
-    duration: Duration,
-    mut handoff: impl AsyncFnMut(bool) -> Result<Duration>,
-) -> Result<Vec<Duration>> {
-    let mut forward = false;
-    let warm_up = WarmUp::For(Duration::from_millis(300).min(duration));
-    sample_timed(warm_up, duration, async || {
-        forward = !forward;
-        handoff(forward).await
     })
     .await
 }

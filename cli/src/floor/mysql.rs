@@ -9,9 +9,10 @@ use dlock_api::{LockError, Result};
 use dlock_mysql::MySqlConfig;
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlSslMode};
 use sqlx::{ConnectOptions, Connection};
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 
-use crate::floor::{FreeList, Ops, Pairs, Protocol, WarmUp, many, sample, sample_handoffs};
+use crate::contend::{Contender, contend};
+use crate::floor::{FreeList, Ops, Pairs, Protocol, WarmUp, many, sample};
 
 const BACKEND: &str = "mysql";
 
@@ -119,18 +120,11 @@ impl Pairs for PooledPairs {
     }
 }
 
-async fn connection_id(conn: &mut MySqlConnection) -> Result<u64> {
-    sqlx::query_scalar("SELECT CONNECTION_ID()")
-        .fetch_one(conn)
-        .await
-        .map_err(failed)
-}
-
 impl Protocol for MySql {
     fn ops(&self) -> Ops {
         Ops {
             pair: "GET_LOCK(n,0) + RELEASE_LOCK(n), prepared",
-            handoff: "RELEASE_LOCK, then the waiter's blocking GET_LOCK answers",
+            handoff: "RELEASE_LOCK, then the next blocking GET_LOCK answers (raw connections contending as dlock's clients do)",
             client: format!(
                 "a pool of {} connections (max_connections, as dlock's own pool)",
                 self.config.max_connections
@@ -153,85 +147,25 @@ impl Protocol for MySql {
         Ok(samples)
     }
 
-    /// Two connections take turns; one holds `GET_LOCK(n, 0)`, the other waits in a blocking
-    /// `GET_LOCK(n, 60)` (seen in state `User lock` in the process list before the release is
-    /// sent), and one sample is the time from the holder sending `RELEASE_LOCK(n)` to the
-    /// waiter's `GET_LOCK` answered.
-    async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>> {
-        let within = self.config.command_timeout;
-        let mut first = self.connect().await?;
-        let mut second = self.connect().await?;
-        let ids: [u64; 2] = [
-            connection_id(&mut first).await?,
-            connection_id(&mut second).await?,
-        ];
+    /// `waiters` connections, each waiting in a blocking `GET_LOCK(name, 3600)` and holding the
+    /// lock `hold` once the server grants it, run through the same contention loop as dlock's
+    /// own phase: a sample is the time from a holder sending `RELEASE_LOCK` to the next
+    /// holder's `GET_LOCK` answered.
+    async fn handoffs(
+        &self,
+        duration: Duration,
+        waiters: usize,
+        hold: Duration,
+    ) -> Result<Vec<Duration>> {
         let name = Self::name("-handoff");
-        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-            .bind(&name)
-            .fetch_one(&mut first)
-            .await
-            .map_err(failed)?;
-        if got != Some(1) {
-            return Err(LockError::unexpected(
-                BACKEND,
-                format!("floor lock {name} was not free"),
-            ));
+        let mut contenders = Vec::with_capacity(waiters);
+        for _ in 0..waiters.max(2) {
+            contenders.push(RawContender {
+                conn: self.connect().await?,
+                name: name.clone(),
+            });
         }
-        // One hand-off from `holder` to `waiter`; returns release sent → waiter answered.
-        let handoff = async |holder: &mut MySqlConnection,
-                             waiter: &mut MySqlConnection,
-                             waiter_id: u64|
-               -> Result<Duration> {
-            let waiting = async {
-                let got = sqlx::query_scalar::<_, Option<i64>>("SELECT GET_LOCK(?, 60)")
-                    .bind(&name)
-                    .fetch_one(&mut *waiter)
-                    .await;
-                (got, Instant::now())
-            };
-            let releasing = async {
-                // Off the clock: the waiter's statement must be queued at the server first.
-                loop {
-                    let blocked: i64 = sqlx::query_scalar(
-                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-                         WHERE ID = ? AND STATE = 'User lock'",
-                    )
-                    .bind(waiter_id)
-                    .fetch_one(&mut *holder)
-                    .await?;
-                    if blocked > 0 {
-                        break;
-                    }
-                }
-                let sent = Instant::now();
-                sqlx::query("SELECT RELEASE_LOCK(?)")
-                    .bind(&name)
-                    .execute(&mut *holder)
-                    .await?;
-                Ok::<_, sqlx::Error>(sent)
-            };
-            let ((got, answered), sent) =
-                timeout(within, async { tokio::join!(waiting, releasing) })
-                    .await
-                    .map_err(|_| timed_out(within))?;
-            if got.map_err(failed)? != Some(1) {
-                return Err(LockError::unexpected(
-                    BACKEND,
-                    format!("the waiter did not get {name}"),
-                ));
-            }
-            Ok(answered.saturating_duration_since(sent.map_err(failed)?))
-        };
-        let samples = sample_handoffs(duration, async |forward| {
-            if forward {
-                handoff(&mut first, &mut second, ids[1]).await
-            } else {
-                handoff(&mut second, &mut first, ids[0]).await
-            }
-        })
-        .await?;
-        let _ = timeout(within, first.close()).await;
-        let _ = timeout(within, second.close()).await;
+        let (samples, _) = contend(contenders, duration, hold).await?;
         Ok(samples)
     }
 
@@ -253,5 +187,38 @@ impl Protocol for MySql {
             }
         }
         result
+    }
+}
+
+/// One connection contending for a name with `GET_LOCK` and `RELEASE_LOCK`.
+struct RawContender {
+    conn: MySqlConnection,
+    name: String,
+}
+
+impl Contender for RawContender {
+    async fn lock(&mut self) -> Result<()> {
+        let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 3600)")
+            .bind(&self.name)
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(failed)?;
+        if got == Some(1) {
+            Ok(())
+        } else {
+            Err(LockError::unexpected(
+                BACKEND,
+                format!("GET_LOCK({}) answered {got:?}", self.name),
+            ))
+        }
+    }
+
+    async fn unlock(&mut self) -> Result<()> {
+        let _: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+            .bind(&self.name)
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(failed)?;
+        Ok(())
     }
 }

@@ -9,9 +9,10 @@ use dlock_api::{LockError, Result};
 use dlock_postgres::PostgresConfig;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
 use sqlx::{ConnectOptions, Connection};
-use tokio::time::{Instant, timeout};
+use tokio::time::timeout;
 
-use crate::floor::{FreeList, Ops, Pairs, Protocol, WarmUp, many, sample, sample_handoffs};
+use crate::contend::{Contender, contend};
+use crate::floor::{FreeList, Ops, Pairs, Protocol, WarmUp, many, sample};
 
 const BACKEND: &str = "postgres";
 
@@ -118,18 +119,11 @@ impl Pairs for PooledPairs {
     }
 }
 
-async fn backend_pid(conn: &mut PgConnection) -> Result<i32> {
-    sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(conn)
-        .await
-        .map_err(failed)
-}
-
 impl Protocol for Postgres {
     fn ops(&self) -> Ops {
         Ops {
             pair: "pg_try_advisory_lock + pg_advisory_unlock, prepared",
-            handoff: "pg_advisory_unlock, then the waiter's blocking pg_advisory_lock answers",
+            handoff: "pg_advisory_unlock, then the next blocking pg_advisory_lock answers (raw connections contending as dlock's clients do)",
             client: format!(
                 "a pool of {} connections (max_connections, as dlock's own pool)",
                 self.config.max_connections
@@ -152,72 +146,25 @@ impl Protocol for Postgres {
         Ok(samples)
     }
 
-    /// Two held connections take turns; one holds `pg_advisory_lock($1)`, the other waits in
-    /// `pg_advisory_lock($1)` (seen waiting in `pg_stat_activity` before the release is sent),
-    /// and one sample is the time from the holder sending `pg_advisory_unlock($1)` to the
-    /// waiter's statement answered.
-    async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>> {
-        let within = self.config.command_timeout;
-        let mut first = self.connect().await?;
-        let mut second = self.connect().await?;
-        let pids: [i32; 2] = [
-            backend_pid(&mut first).await?,
-            backend_pid(&mut second).await?,
-        ];
+    /// `waiters` connections, each waiting in a blocking `pg_advisory_lock($1)` and holding the
+    /// lock `hold` once the server grants it, run through the same contention loop as dlock's
+    /// own phase: a sample is the time from a holder sending `pg_advisory_unlock($1)` to the
+    /// next holder's `pg_advisory_lock` answered.
+    async fn handoffs(
+        &self,
+        duration: Duration,
+        waiters: usize,
+        hold: Duration,
+    ) -> Result<Vec<Duration>> {
         let key: i64 = rand::random();
-        let lock = "SELECT pg_advisory_lock($1)";
-        sqlx::query(lock)
-            .bind(key)
-            .execute(&mut first)
-            .await
-            .map_err(failed)?;
-        // One hand-off from `holder` to `waiter`; returns release sent → waiter answered.
-        let handoff = async |holder: &mut PgConnection,
-                             waiter: &mut PgConnection,
-                             waiter_pid: i32|
-               -> Result<Duration> {
-            let waiting = async {
-                let granted = sqlx::query(lock).bind(key).execute(&mut *waiter).await;
-                (granted, Instant::now())
-            };
-            let releasing = async {
-                // Off the clock: the waiter's statement must be queued at the server first.
-                loop {
-                    let blocked: bool = sqlx::query_scalar(
-                        "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 \
-                         AND wait_event_type = 'Lock')",
-                    )
-                    .bind(waiter_pid)
-                    .fetch_one(&mut *holder)
-                    .await?;
-                    if blocked {
-                        break;
-                    }
-                }
-                let sent = Instant::now();
-                sqlx::query("SELECT pg_advisory_unlock($1)")
-                    .bind(key)
-                    .execute(&mut *holder)
-                    .await?;
-                Ok::<_, sqlx::Error>(sent)
-            };
-            let ((granted, answered), sent) =
-                timeout(within, async { tokio::join!(waiting, releasing) })
-                    .await
-                    .map_err(|_| timed_out(within))?;
-            granted.map_err(failed)?;
-            Ok(answered.saturating_duration_since(sent.map_err(failed)?))
-        };
-        let samples = sample_handoffs(duration, async |forward| {
-            if forward {
-                handoff(&mut first, &mut second, pids[1]).await
-            } else {
-                handoff(&mut second, &mut first, pids[0]).await
-            }
-        })
-        .await?;
-        let _ = timeout(within, first.close()).await;
-        let _ = timeout(within, second.close()).await;
+        let mut contenders = Vec::with_capacity(waiters);
+        for _ in 0..waiters.max(2) {
+            contenders.push(RawContender {
+                conn: self.connect().await?,
+                key,
+            });
+        }
+        let (samples, _) = contend(contenders, duration, hold).await?;
         Ok(samples)
     }
 
@@ -238,5 +185,31 @@ impl Protocol for Postgres {
             }
         }
         result
+    }
+}
+
+/// One connection contending for a key with `pg_advisory_lock` and `pg_advisory_unlock`.
+struct RawContender {
+    conn: PgConnection,
+    key: i64,
+}
+
+impl Contender for RawContender {
+    async fn lock(&mut self) -> Result<()> {
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(self.key)
+            .execute(&mut self.conn)
+            .await
+            .map_err(failed)
+            .map(drop)
+    }
+
+    async fn unlock(&mut self) -> Result<()> {
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(self.key)
+            .execute(&mut self.conn)
+            .await
+            .map_err(failed)
+            .map(drop)
     }
 }

@@ -372,7 +372,12 @@ mod single {
         /// the key and publishes in one script, and the subscriber, on the message, takes the
         /// key with `SET NX PX`. Each sample runs from the release being issued to the
         /// subscriber's `SET` being answered, the span `dlock bench` measures for dlock.
-        async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>> {
+        async fn handoffs(
+            &self,
+            duration: Duration,
+            _waiters: usize,
+            _hold: Duration,
+        ) -> Result<Vec<Duration>> {
             let timeout = self.config.command_timeout;
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
             let holder = self.connect(None).await?;

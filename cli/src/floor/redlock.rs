@@ -176,7 +176,12 @@ impl Protocol for Redlock {
     /// in parallel (on a later one, again to the nodes it did not get), and holds once a
     /// quorum said yes. Each sample runs from the release being issued to the quorum's last
     /// yes.
-    async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>> {
+    async fn handoffs(
+        &self,
+        duration: Duration,
+        _waiters: usize,
+        _hold: Duration,
+    ) -> Result<Vec<Duration>> {
         let (timeout, quorum) = (self.config.command_timeout, self.config.quorum());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
         let holder = self.connect(None).await?;

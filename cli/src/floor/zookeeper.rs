@@ -181,7 +181,12 @@ impl Protocol for ZooKeeper {
     /// A holder's node and a waiter's node behind it, the waiter's exists-watch on the
     /// holder's node; one sample is the time from the holder sending its delete to the
     /// waiter's listing (the check that it is first) answered. The two sides are two sessions.
-    async fn handoffs(&self, duration: Duration) -> Result<Vec<Duration>> {
+    async fn handoffs(
+        &self,
+        duration: Duration,
+        _waiters: usize,
+        _hold: Duration,
+    ) -> Result<Vec<Duration>> {
         let dir = self.dir("handoff");
         let holder = self.sides(self.connect().await?, vec![dir.clone()]);
         let waiter = self.sides(self.connect().await?, vec![dir.clone()]);
