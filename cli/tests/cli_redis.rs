@@ -2,6 +2,8 @@
 //! `dlock conformance --faults` certifies a server it does not own, and `dlock status` shows the
 //! holder, its token and the lease it has left.
 
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -102,23 +104,14 @@ fn rand_suffix() -> u64 {
 #[test]
 fn conformance_with_faults_runs_the_proxy_cases_against_a_deployed_server() {
     let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .args([
-            "conformance",
-            "--backend",
-            &redis.url(),
-            "--faults",
-            "--filter",
-            "faults::",
-        ])
-        .output()
-        .expect("run dlock");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = common::succeeds([
+        "conformance",
+        "--backend",
+        &redis.url(),
+        "--faults",
+        "--filter",
+        "faults::",
+    ]);
     for case in [
         "faults::paused_holder_is_fenced_off",
         "faults::partitioned_holder_is_fenced_off",

@@ -1,35 +1,47 @@
-//! Runs `dlock bench` against a real server and checks that every raw floor it compares
-//! dlock with was measured: the uncontended pairs, the hand-offs and the many-names ceiling,
-//! in every round.
+//! What the CLI's tests against real servers share: running `dlock` and checking it succeeded,
+//! and `dlock bench`, checked to have measured every raw floor it compares dlock with (the
+//! uncontended pairs, the hand-offs and the many-names ceiling) in every round.
 #![allow(dead_code)]
 
 use std::process::Command;
 
 use serde_json::Value;
 
-/// `dlock bench --backend URL --json`, two short rounds and two task counts; the report.
-pub(crate) fn bench(url: &str) -> Value {
+/// Runs `dlock ARGS` (without the caller's `DLOCK_URL`), checks that it succeeded, and returns
+/// its standard output.
+pub(crate) fn succeeds<I, S>(args: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
     let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .args([
-            "bench",
-            "--backend",
-            url,
-            "--duration",
-            "300ms",
-            "--rounds",
-            "2",
-            "--parallel",
-            "1,4",
-            "--json",
-        ])
+        .args(args)
+        .env_remove("DLOCK_URL")
         .output()
         .expect("run dlock");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    stdout
+}
+
+/// `dlock bench --backend URL --json`, two short rounds and two task counts; the report.
+pub(crate) fn bench(url: &str) -> Value {
+    let stdout = succeeds([
+        "bench",
+        "--backend",
+        url,
+        "--duration",
+        "300ms",
+        "--rounds",
+        "2",
+        "--parallel",
+        "1,4",
+        "--json",
+    ]);
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 
