@@ -88,14 +88,13 @@
 //! are connected again whenever they are needed.
 //!
 //! ## Performance
-//! Measured with `dlock bench` (release build) against five local redis-servers on a 2-core VM
-//! shared with other builds (load average 3.5–4), so absolute figures drift run to run; the
-//! floor is measured in the same run.
+//! `dlock bench --backend redlock://… --rounds 3` (release build, five local redis-servers, a
+//! 2-core VM; medians with [min–max] over the rounds, each floor measured in the same run):
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release | 1,940–2,386 pairs/s, p50 377–398 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,803–2,827 pairs/s, p50 258–311 µs | 0.69–0.84× |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 597–601 µs, p99 1.3–4.5 ms | single-node Redis backend, same machine: p50 213 µs | 2.8× the single node |
+//! | uncontended acquire + release | 1,834 pairs/s, p50 522 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,490 pairs/s, p50 387 µs | 0.74× [0.73–0.77] |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 728 µs, p99 1.1 ms | parallel `DEL`+`PUBLISH` ×5, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 396 µs | 1.84× [1.62–2.04] |
 //!
 //! Polling Redlock clients hand a lock off in 25–63 ms at p50; the announcement wake-up is
 //! about 50–100× faster. An uncontended pair pays for the fence counter in the acquire script
