@@ -20,8 +20,9 @@ use tokio::time::{Instant, sleep_until};
 
 use super::time::after;
 
-/// How long the timer keeps looking once a second after its last grant, before it sleeps until
-/// the next grant: a grant due later than the timer's next look needs no wake-up.
+/// With nothing scheduled, how soon after a grant the timer looks again anyway: grants that keep
+/// coming (each released before it comes due) then always find a look planned before they are
+/// due and need no wake-up. A timer that saw no grant for this long sleeps until the next one.
 const LINGER: Duration = Duration::from_secs(1);
 
 /// Starts the background work of one client's guards when it comes due.
