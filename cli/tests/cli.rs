@@ -1,5 +1,7 @@
 //! The `dlock` command, run as a user would, on the memory backend.
 
+mod common;
+
 use std::process::Command;
 
 fn dlock(args: &[&str]) -> std::process::Output {
@@ -16,13 +18,7 @@ fn stdout(out: &std::process::Output) -> String {
 
 #[test]
 fn demo_shows_lost_updates_without_the_lock_and_none_with_it() {
-    let out = dlock(&["demo", "--workers", "50", "--stock", "50"]);
-    let text = stdout(&out);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = common::succeeds(["demo", "--workers", "50", "--stock", "50"]);
     let locked = text
         .lines()
         .find(|l| l.contains("with dlock"))
@@ -109,7 +105,7 @@ fn bench_prints_json_with_the_documented_fields() {
 
 #[test]
 fn bench_rounds_report_medians_each_round_and_the_spread() {
-    let out = dlock(&[
+    let text = common::succeeds([
         "bench",
         "--duration",
         "120ms",
@@ -119,12 +115,6 @@ fn bench_rounds_report_medians_each_round_and_the_spread() {
         "1,3",
         "--json",
     ]);
-    let text = stdout(&out);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let report: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(report["rounds"].as_array().map(Vec::len), Some(2), "{text}");
     assert!(
@@ -195,7 +185,7 @@ fn extreme_duration_flags_never_panic() {
 
 #[test]
 fn bench_flood_reports_acquired_and_timed_out() {
-    let out = dlock(&[
+    let text = common::succeeds([
         "bench",
         "--backend",
         "memory://flood-test",
@@ -210,12 +200,6 @@ fn bench_flood_reports_acquired_and_timed_out() {
         "--hold",
         "1ms",
     ]);
-    let text = stdout(&out);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(
         text.contains("acquired 300, timed out 0, failed 0"),
         "{text}"
