@@ -4,10 +4,11 @@
 use std::sync::{Arc, RwLock};
 
 use dlock_api::{LockError, Result};
+use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, PushInfo, Script};
+use redis::{Cmd, ErrorKind, FromRedisValue, PushInfo, Script, ServerErrorKind};
 
 use crate::config::{RedisConfig, Topology};
 use crate::error::{map_err, timed_out};
@@ -310,7 +311,8 @@ impl Conn {
         matches!(self, Self::Sentinel(_))
     }
 
-    /// Runs `script` (EVALSHA, or EVAL when the server does not know it).
+    /// Runs `script`: `EVALSHA`, and when the server does not know the script (a restart, a
+    /// `SCRIPT FLUSH`, a failover) `SCRIPT LOAD` and `EVALSHA` again.
     pub(crate) async fn run_script<T: FromRedisValue>(
         &self,
         timeout: std::time::Duration,
@@ -318,23 +320,16 @@ impl Conn {
         keys: &[&str],
         args: &[&str],
     ) -> Result<T> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
+        let cmd = evalsha(script, keys, args);
         match self {
             Self::Single(manager) => {
-                bounded(timeout, invocation.invoke_async(&mut manager.clone())).await
+                bounded(timeout, invoke(&cmd, script, &mut manager.clone())).await
             }
             Self::Cluster(cluster) => {
-                bounded(timeout, invocation.invoke_async(&mut cluster.clone())).await
+                bounded(timeout, invoke(&cmd, script, &mut cluster.clone())).await
             }
             Self::Sentinel(sentinel) => {
-                let result =
-                    bounded(timeout, invocation.invoke_async(&mut sentinel.manager())).await;
+                let result = bounded(timeout, invoke(&cmd, script, &mut sentinel.manager())).await;
                 if result.as_ref().is_err_and(LockError::is_retryable) {
                     if let Err(error) = sentinel.refresh().await {
                         tracing::debug!(%error, "redis sentinel: could not refresh the primary");
@@ -386,6 +381,34 @@ impl Conn {
                 bounded(timeout, sentinel.manager().unsubscribe(channel)).await
             }
         }
+    }
+}
+
+/// `EVALSHA sha numkeys keys.. args..`, written straight into one command buffer: the driver's
+/// `ScriptInvocation` copies every key and argument into a vector of its own first, which on the
+/// acquire and release path cost more allocations than the rest of the client together.
+fn evalsha(script: &Script, keys: &[&str], args: &[&str]) -> Cmd {
+    let data: usize = keys.iter().chain(args).map(|text| text.len()).sum();
+    let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), 64 + data);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+    for text in keys.iter().chain(args) {
+        cmd.arg(*text);
+    }
+    cmd
+}
+
+/// Sends `cmd` (an `EVALSHA` of `script`), loading the script first if the server lost it.
+async fn invoke<T: FromRedisValue>(
+    cmd: &Cmd,
+    script: &Script,
+    conn: &mut impl ConnectionLike,
+) -> redis::RedisResult<T> {
+    match cmd.query_async(conn).await {
+        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        done => done,
     }
 }
 

@@ -85,6 +85,11 @@ local holder = redis.call('GET', lock)
 if holder == owner then
   return {1, tonumber(redis.call('GET', fence)), redis.call('PTTL', lock)}
 end
+-- The uncontended case, with the fewest calls: free and nobody queued.
+if not holder and redis.call('EXISTS', queue) == 0 then
+  redis.call('SET', lock, owner, 'PX', ARGV[2])
+  return {1, raise_fence(fence, now_us()), tonumber(ARGV[2])}
+end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 if not holder then
