@@ -33,6 +33,12 @@ use crate::watch::{WatchEvent, Watcher};
 /// after a compaction).
 pub(crate) const FALLBACK_REREAD: Duration = Duration::from_secs(3);
 
+/// Up to how many keys ahead of its own a waiter watches all of, instead of only the one just
+/// before it: when it has seen every one of them deleted, it holds the lock without reading the
+/// queue again, which saves a linearizable read on each hand-off. A longer queue costs a read
+/// after the predecessor's deletion, as in etcd's own recipe.
+const PREDECESSORS_WATCHED: usize = 8;
+
 /// A distributed lock on etcd: one key per acquire under the name's range, queued by create
 /// revision, riding a lease this client keeps alive. Cheap to clone; clones share the client,
 /// its session leases and its watch stream.
@@ -91,8 +97,14 @@ impl fmt::Display for EtcdLock {
 enum Queue {
     /// No key with a lower create revision: held.
     First,
-    /// The key just below ours, and the revision the read saw.
-    Behind { key: String, seen: i64 },
+    /// The key just below ours, and the revision the read saw. `older`: the keys below that one,
+    /// when the read saw all of them (at most [`PREDECESSORS_WATCHED`]); their deletions are
+    /// watched too, so that the deletion of the last one needs no read to tell we are first.
+    Behind {
+        key: String,
+        older: Option<Vec<String>>,
+        seen: i64,
+    },
     /// Our key is gone (its lease ended, or someone deleted it).
     Gone,
 }
@@ -338,14 +350,14 @@ impl Inner {
     }
 
     /// Reads the queue as seen from our key: the highest key created at or below our revision
-    /// should be ours; the one below it, if any, is the one we wait for. Linearizable, so a
-    /// member that lags cannot hide a live predecessor.
+    /// should be ours; the one below it, if any, is the one we wait for (and the ones below
+    /// that, if few). Linearizable, so a member that lags cannot hide a live predecessor.
     async fn read_queue(&self, keys: &NameKeys, key: &str, revision: i64) -> Result<Queue> {
         let options = GetOptions::new()
             .with_prefix()
             .with_max_create_revision(revision)
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2)
+            .with_limit(QUEUE_READ)
             .with_keys_only();
         let range = keys.range.clone();
         let response = self
@@ -359,19 +371,19 @@ impl Inner {
     }
 
     /// The acquire transaction: creates our key on `lease` unless it exists (a retried create
-    /// finds its own key), and in the same transaction reads the two newest keys of the name up
-    /// to and including ours.
+    /// finds its own key), and in the same transaction reads the newest keys of the name up to
+    /// and including ours.
     async fn create(&self, keys: &NameKeys, key: &str, lease: i64) -> Result<(i64, Queue)> {
-        let newest_two = GetOptions::new()
+        let newest = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2)
+            .with_limit(QUEUE_READ)
             .with_keys_only();
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))),
-                TxnOp::get(keys.range.clone(), Some(newest_two)),
+                TxnOp::get(keys.range.clone(), Some(newest)),
             ])
             .or_else([TxnOp::get(key, None)]);
         let response = self.txn(txn).await?;
@@ -386,7 +398,7 @@ impl Inner {
             .collect();
         if response.succeeded() {
             // Our put is the transaction's revision, and a read inside a write transaction sees
-            // it: the answer is [ours, the one before].
+            // it: the answer is [ours, the ones before].
             let newest = ranges.first().map(Vec::as_slice).unwrap_or_default();
             return Ok((header, queue_from(newest, key, header, header)));
         }
@@ -425,17 +437,73 @@ impl Inner {
     }
 }
 
+/// How many keys a queue read asks for: ours, and the ones ahead of it a waiter watches.
+const QUEUE_READ: i64 = PREDECESSORS_WATCHED as i64 + 1;
+
+/// The queue from a read of the newest keys up to ours (newest first, at most [`QUEUE_READ`]).
 fn queue_from(kvs: &[KeyValue], key: &str, revision: i64, seen: i64) -> Queue {
+    let text = |kv: &KeyValue| String::from_utf8_lossy(kv.key()).into_owned();
     match kvs {
         [mine, ..] if mine.key() != key.as_bytes() || mine.create_revision() != revision => {
             Queue::Gone
         }
         [_] => Queue::First,
-        [_, before, ..] => Queue::Behind {
-            key: String::from_utf8_lossy(before.key()).into_owned(),
+        [_, before, older @ ..] => Queue::Behind {
+            key: text(before),
+            // A full read may have left keys out; a shorter one saw every key ahead of ours.
+            older: (kvs.len() < QUEUE_READ as usize).then(|| older.iter().map(text).collect()),
             seen,
         },
         [] => Queue::Gone,
+    }
+}
+
+/// The keys ahead of our predecessor, each watched for its deletion: when a read saw all of them
+/// (a short queue), the predecessor's deletion after theirs makes us first with no read.
+#[derive(Default)]
+struct OlderKeys {
+    /// Watched keys, and whether their deletion has been seen.
+    keys: Vec<(String, crate::watch::WatchHandle, bool)>,
+    /// The last read saw every key ahead of ours.
+    complete: bool,
+}
+
+impl OlderKeys {
+    /// Takes in a read's keys ahead of the predecessor (`None`: too many to watch): keeps the
+    /// watches of keys still there, and watches new ones from the server's current revision.
+    ///
+    /// Not from just after the read, as the predecessor is: on a busy name the revision has
+    /// moved on by the time the watch is created, and etcd serves a watch that starts in the
+    /// past from a loop that runs every 100 ms and holds up event delivery while it catches up.
+    /// A deletion that falls between the read and the watch is then missed, which only costs
+    /// the read this saves.
+    fn follow(&mut self, watcher: &Watcher, read: Option<Vec<String>>) {
+        let Some(read) = read else {
+            *self = Self::default();
+            return;
+        };
+        self.keys.retain(|(key, _, _)| read.contains(key));
+        for key in read {
+            if !self.keys.iter().any(|(known, _, _)| *known == key) {
+                let watch = watcher.watch(&key, 0);
+                self.keys.push((key, watch, false));
+            }
+        }
+        self.complete = true;
+    }
+
+    /// Whether every key ahead of the predecessor is known to be deleted. A watch that has to
+    /// re-read leaves it unknown until the next read.
+    fn all_gone(&mut self) -> bool {
+        for (_, watch, gone) in &mut self.keys {
+            while let Some(event) = watch.try_next() {
+                match event {
+                    WatchEvent::Deleted(_) => *gone = true,
+                    WatchEvent::Reread => self.complete = false,
+                }
+            }
+        }
+        self.complete && self.keys.iter().all(|(_, _, gone)| *gone)
     }
 }
 
@@ -674,6 +742,7 @@ impl EtcdLock {
         let (revision, mut queue) = create.await?;
         let mut own = inner.watcher.watch(&key, revision + 1);
         let mut watching: Option<(String, crate::watch::WatchHandle)> = None;
+        let mut older = OlderKeys::default();
         let session = kind.session().map(|s| s.session.clone());
         let mut recovery = WaitRecovery::new(
             inner
@@ -697,11 +766,16 @@ impl EtcdLock {
                         reason: LostReason::SessionExpired,
                     });
                 }
-                Queue::Behind { key: before, seen } => {
+                Queue::Behind {
+                    key: before,
+                    older: keys_older,
+                    seen,
+                } => {
                     if watching.as_ref().is_none_or(|(k, _)| *k != before) {
                         // Watch from just after the read: the deletion cannot fall between.
                         watching = Some((before.clone(), inner.watcher.watch(&before, seen + 1)));
                     }
+                    older.follow(&inner.watcher, keys_older);
                 }
             }
             let Some((_, predecessor)) = watching.as_mut() else {
@@ -729,6 +803,20 @@ impl EtcdLock {
                 event = predecessor.next() => {
                     if event == WatchEvent::Reread {
                         watching = None;
+                    } else {
+                        match own.try_next() {
+                            // Every key that was ahead of ours is gone and ours is not: no key
+                            // created before ours can appear any more, so the lock is ours.
+                            None if older.all_gone() => {
+                                queue = Queue::First;
+                                continue;
+                            }
+                            Some(WatchEvent::Reread) => {
+                                own = inner.watcher.watch(&key, revision + 1);
+                            }
+                            // Ours was deleted, or some key ahead may remain: the read tells.
+                            _ => {}
+                        }
                     }
                 }
                 event = own.next() => {

@@ -72,6 +72,16 @@ impl WatchHandle {
     pub(crate) async fn next(&mut self) -> WatchEvent {
         self.events.recv().await.unwrap_or(WatchEvent::Reread)
     }
+
+    /// The next event if one has arrived; `Reread` if the watcher is gone.
+    pub(crate) fn try_next(&mut self) -> Option<WatchEvent> {
+        use tokio::sync::mpsc::error::TryRecvError;
+        match self.events.try_recv() {
+            Ok(event) => Some(event),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(WatchEvent::Reread),
+        }
+    }
 }
 
 impl Drop for WatchHandle {

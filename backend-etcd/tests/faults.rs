@@ -1,6 +1,6 @@
 //! etcd-specific faults: a revoked lease, two tasks of one client on one name, a partition past
 //! the lease, the leader killed while a lock is held, compaction and defragmentation while
-//! waiters wait. Each test that harms a server starts its own. Tests wait on events with
+//! waiters wait, a waiter giving up between the holder and the next. Each test that harms a server starts its own. Tests wait on events with
 //! generous bounds and never assert speed.
 
 mod common;
@@ -583,5 +583,84 @@ async fn auth_tokens_invalidated_during_a_long_hold_change_nothing() {
         .unwrap()
         .unwrap();
     assert!(next.fencing_token() > token);
+    next.release().await.unwrap();
+}
+
+/// A waiter that watches every key ahead of it takes the lock on its predecessor's deletion
+/// without reading the queue again, but only once every older key is gone too: a predecessor
+/// that gives up while the holder still holds must not hand the lock on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_ahead_giving_up_does_not_pass_the_lock_while_it_is_held() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let (a, b, c) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("waiter-ahead-gives-up");
+    let waiters = |a: &EtcdLock| {
+        let (a, name) = (a.clone(), name.clone());
+        async move { a.inspect(&name).await.unwrap().waiters.unwrap_or(0) }
+    };
+    let holder = a.acquire(&name, &LockOptions::new()).await.unwrap();
+    let (give_up, gave_up) = tokio::sync::oneshot::channel::<()>();
+    let ahead = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move {
+            let options = wait();
+            tokio::select! {
+                acquired = b.acquire(&name, &options) => Some(acquired),
+                _ = gave_up => None,
+            }
+        }
+    });
+    within("the first waiter in the queue", async {
+        while waiters(&a).await < 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let (acquired, mut behind_done) = tokio::sync::mpsc::unbounded_channel();
+    let behind = tokio::spawn({
+        let (c, name) = (c.clone(), name.clone());
+        async move {
+            let guard = c.acquire(&name, &wait()).await;
+            let _ = acquired.send(());
+            guard
+        }
+    });
+    within("the second waiter in the queue", async {
+        while waiters(&a).await < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // The waiter in between gives up: its key goes while the holder still holds.
+    give_up.send(()).unwrap();
+    assert!(
+        within("the first waiter giving up", ahead)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    within("the first waiter's key gone", async {
+        while waiters(&a).await > 1 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // The waiter behind sees its predecessor's deletion within milliseconds; give it a second
+    // to take the lock wrongly (a wait for something that must not happen has no event).
+    let wrongly = tokio::time::timeout(Duration::from_secs(1), behind_done.recv()).await;
+    assert!(
+        wrongly.is_err(),
+        "the waiter behind took the lock while it was held"
+    );
+    assert!(holder.is_held());
+    let holder_token = holder.fencing_token();
+    holder.release().await.unwrap();
+    let next = within("the waiter behind", behind).await.unwrap().unwrap();
+    assert!(next.fencing_token() > holder_token);
     next.release().await.unwrap();
 }
