@@ -174,9 +174,7 @@ return 0
 /// token and a quorum usually agrees on it). When someone holds the lock, `{0, PTTL, holder}`.
 pub(crate) const NODE_ACQUIRE: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local token = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
-  redis.call('SET', KEYS[2], string.format('%.0f', token))
-  return {1, token}
+  return {1, redis.call('INCR', KEYS[2])}
 end
 return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]) or ''}
 ";
