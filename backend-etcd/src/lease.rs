@@ -283,7 +283,7 @@ async fn watch_own_key(
             return;
         }
         let Some(inner) = inner.upgrade() else { return };
-        if let Some(WatchEvent::Deleted(_)) = event {
+        if let Some(WatchEvent::Deleted { .. }) = event {
             key_gone(&inner, &state, carrier.as_ref().map(current)).await;
             return;
         }

@@ -43,19 +43,21 @@
 //!   acquire (two tasks of one client never share a key).
 //! - **Acquire** is one transaction: *if our key does not exist, put it on the lease, and read
 //!   the newest keys of the name* (ours and up to eight before it). A read inside a write
-//!   transaction sees its own put, so the answer is `[ours, the ones before]`; alone, we hold, and our create revision is the
-//!   transaction's revision. `try_acquire` instead puts only if the name has no key at all (no
+//!   transaction sees its own put, so the answer is `[ours, the ones before]`; alone, we hold,
+//!   and our create revision is the transaction's revision. `try_acquire` instead puts only if the name has no key at all (no
 //!   write when busy).
-//! - **Waiting** watches the key before ours from the read's revision + 1 (a start above the
-//!   current revision is served at once by the server's synced watchers; an older one waits for
-//!   its 100 ms catch-up loop, and none at all can miss the release). When the read saw every
-//!   key ahead of ours (eight or fewer), it also watches the older ones; once all of them and
-//!   then the predecessor are seen deleted, and ours is not, the lock is ours with no further
-//!   round trip, since no key created before ours can appear any more. Otherwise, when the
-//!   predecessor goes, a linearizable re-read (never a serializable one: a lagging member can
-//!   hide a live predecessor) confirms our key still exists and that no key created before it
-//!   remains. A compacted watch re-reads; a slow fallback re-read every few seconds catches any event the
-//!   server lost. One watch stream per client carries every waiter's and holder's watch.
+//! - **Waiting** watches every deletion under the name from the read's revision + 1 (a start
+//!   above the current revision is served at once by the server's synced watchers; an older
+//!   one waits for its 100 ms catch-up loop, and none at all can miss the release). One watch
+//!   delivers its events in revision order, so a deletion of our own key is seen before any
+//!   later deletion ahead of it. When the read saw every key ahead of ours (eight or fewer),
+//!   the lock is ours once each of them has been seen deleted, with no further round trip: no
+//!   key created before ours can appear any more. In a longer queue, the predecessor's deletion
+//!   leads to a linearizable re-read (never a serializable one: a lagging member can hide a
+//!   live predecessor) that confirms our key still exists and that no key created before it
+//!   remains. A compacted watch re-reads; a slow fallback re-read every few seconds catches any
+//!   event the server lost. One watch stream per client carries every waiter's and holder's
+//!   watch.
 //! - **Holding**: each holder watches its own key, from 250 ms after its grant (a lock released
 //!   sooner costs no watch; the watch starts from the grant's revision, so nothing in between
 //!   is missed); its deletion (the lease revoked or expired, or someone deleting it) marks the

@@ -26,17 +26,17 @@ use crate::error::{is_lease_not_found, is_unavailable, map_err, timed_out};
 use crate::keys::NameKeys;
 use crate::lease::{EtcdLease, LeaseKind as Kind};
 use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class};
-use crate::watch::{WatchEvent, Watcher};
+use crate::watch::{WatchEvent, WatchHandle, Watcher};
 
 /// How often a waiter re-reads the queue, and a holder its key, even without a watch event: a
 /// fallback against an event lost by the server (etcd 3.4 before 3.4.31/3.4.36 can lose one
 /// after a compaction).
 pub(crate) const FALLBACK_REREAD: Duration = Duration::from_secs(3);
 
-/// Up to how many keys ahead of its own a waiter watches all of, instead of only the one just
-/// before it: when it has seen every one of them deleted, it holds the lock without reading the
-/// queue again, which saves a linearizable read on each hand-off. A longer queue costs a read
-/// after the predecessor's deletion, as in etcd's own recipe.
+/// Up to how many keys ahead of its own a waiter tracks: when its read saw all of them, the
+/// waiter watches every deletion under the name and holds the lock once it has seen each of
+/// them go, without reading the queue again, which saves a linearizable read on each hand-off.
+/// A longer queue costs a read after the predecessor's deletion, as in etcd's own recipe.
 const PREDECESSORS_WATCHED: usize = 8;
 
 /// A distributed lock on etcd: one key per acquire under the name's range, queued by create
@@ -97,16 +97,21 @@ impl fmt::Display for EtcdLock {
 enum Queue {
     /// No key with a lower create revision: held.
     First,
-    /// The key just below ours, and the revision the read saw. `older`: the keys below that one,
-    /// when the read saw all of them (at most [`PREDECESSORS_WATCHED`]); their deletions are
-    /// watched too, so that the deletion of the last one needs no read to tell we are first.
-    Behind {
-        key: String,
-        older: Option<Vec<String>>,
-        seen: i64,
-    },
+    /// Keys below ours: wait.
+    Behind(Behind),
     /// Our key is gone (its lease ended, or someone deleted it).
     Gone,
+}
+
+/// Where our key stands in a queue read.
+struct Behind {
+    /// The key just below ours.
+    key: String,
+    /// The keys below that one, when the read saw all of them (at most
+    /// [`PREDECESSORS_WATCHED`]); `None` when there may be more.
+    older: Option<Vec<String>>,
+    /// The revision the read saw.
+    seen: i64,
 }
 
 impl EtcdLock {
@@ -448,62 +453,73 @@ fn queue_from(kvs: &[KeyValue], key: &str, revision: i64, seen: i64) -> Queue {
             Queue::Gone
         }
         [_] => Queue::First,
-        [_, before, older @ ..] => Queue::Behind {
+        [_, before, older @ ..] => Queue::Behind(Behind {
             key: text(before),
             // A full read may have left keys out; a shorter one saw every key ahead of ours.
             older: (kvs.len() < QUEUE_READ as usize).then(|| older.iter().map(text).collect()),
             seen,
-        },
+        }),
         [] => Queue::Gone,
     }
 }
 
-/// The keys ahead of our predecessor, each watched for its deletion: when a read saw all of them
-/// (a short queue), the predecessor's deletion after theirs makes us first with no read.
-#[derive(Default)]
-struct OlderKeys {
-    /// Watched keys, and whether their deletion has been seen.
-    keys: Vec<(String, crate::watch::WatchHandle, bool)>,
-    /// The last read saw every key ahead of ours.
+/// A waiter's watch on its name: the deletions of every key of the name from just after the
+/// read that showed the queue. One watch delivers them in revision order, so a deletion of our
+/// own key is always seen before any later deletion of a key ahead of ours.
+struct QueueWatch {
+    watch: WatchHandle,
+    /// The keys ahead of ours that the read showed and no deletion has removed since.
+    ahead: Vec<String>,
+    /// The read showed every key ahead of ours (at most [`PREDECESSORS_WATCHED`]).
     complete: bool,
+    /// The key just ahead of ours.
+    predecessor: String,
 }
 
-impl OlderKeys {
-    /// Takes in a read's keys ahead of the predecessor (`None`: too many to watch): keeps the
-    /// watches of keys still there, and watches new ones from the server's current revision.
-    ///
-    /// Not from just after the read, as the predecessor is: on a busy name the revision has
-    /// moved on by the time the watch is created, and etcd serves a watch that starts in the
-    /// past from a loop that runs every 100 ms and holds up event delivery while it catches up.
-    /// A deletion that falls between the read and the watch is then missed, which only costs
-    /// the read this saves.
-    fn follow(&mut self, watcher: &Watcher, read: Option<Vec<String>>) {
-        let Some(read) = read else {
-            *self = Self::default();
-            return;
-        };
-        self.keys.retain(|(key, _, _)| read.contains(key));
-        for key in read {
-            if !self.keys.iter().any(|(known, _, _)| *known == key) {
-                let watch = watcher.watch(&key, 0);
-                self.keys.push((key, watch, false));
-            }
+/// What a waiter does after an event of its [`QueueWatch`].
+enum Next {
+    /// Nothing that concerns us: wait on.
+    Wait,
+    /// Every key ahead of ours is gone, and ours is not: the lock is ours.
+    Held,
+    /// Read the queue to know.
+    Read,
+}
+
+impl QueueWatch {
+    fn start(watcher: &Watcher, keys: &NameKeys, queue: Behind) -> Self {
+        let mut ahead = queue.older.clone().unwrap_or_default();
+        ahead.push(queue.key.clone());
+        Self {
+            // From just after the read: no deletion can fall between.
+            watch: watcher.watch_deletions_under(&keys.range, queue.seen + 1),
+            ahead,
+            complete: queue.older.is_some(),
+            predecessor: queue.key,
         }
-        self.complete = true;
     }
 
-    /// Whether every key ahead of the predecessor is known to be deleted. A watch that has to
-    /// re-read leaves it unknown until the next read.
-    fn all_gone(&mut self) -> bool {
-        for (_, watch, gone) in &mut self.keys {
-            while let Some(event) = watch.try_next() {
-                match event {
-                    WatchEvent::Deleted(_) => *gone = true,
-                    WatchEvent::Reread => self.complete = false,
-                }
-            }
+    fn on(&mut self, event: WatchEvent, ours: &str) -> Next {
+        let WatchEvent::Deleted { key, .. } = event else {
+            return Next::Read;
+        };
+        if *key == *ours.as_bytes() {
+            // The read finds our key gone and says so.
+            return Next::Read;
         }
-        self.complete && self.keys.iter().all(|(_, _, gone)| *gone)
+        let Some(at) = self.ahead.iter().position(|k| *k.as_bytes() == *key) else {
+            // A key behind ours.
+            return Next::Wait;
+        };
+        let deleted = self.ahead.swap_remove(at);
+        if self.complete && self.ahead.is_empty() {
+            // No key created before ours can appear any more, and ours was not deleted first.
+            Next::Held
+        } else if !self.complete && deleted == self.predecessor {
+            Next::Read
+        } else {
+            Next::Wait
+        }
     }
 }
 
@@ -739,10 +755,11 @@ impl EtcdLock {
                 result
             })
         };
-        let (revision, mut queue) = create.await?;
-        let mut own = inner.watcher.watch(&key, revision + 1);
-        let mut watching: Option<(String, crate::watch::WatchHandle)> = None;
-        let mut older = OlderKeys::default();
+        let (revision, read) = create.await?;
+        // What the last read said, until the loop acts on it.
+        let mut queue = Some(read);
+        let mut watching: Option<QueueWatch> = None;
+        let mut reread_at = after(Instant::now(), FALLBACK_REREAD);
         let session = kind.session().map(|s| s.session.clone());
         let mut recovery = WaitRecovery::new(
             inner
@@ -752,13 +769,13 @@ impl EtcdLock {
         );
         let retry = options.retry();
         loop {
-            match std::mem::replace(&mut queue, Queue::Gone) {
-                Queue::First => {
+            match queue.take() {
+                Some(Queue::First) => {
                     let grant = self.grant(name, kind, key, revision);
                     pending.disarm();
                     return Ok(Some(grant));
                 }
-                Queue::Gone => {
+                Some(Queue::Gone) => {
                     // Our key went while we waited: the lease ended under us.
                     drop(pending);
                     return Err(LockError::Lost {
@@ -766,23 +783,17 @@ impl EtcdLock {
                         reason: LostReason::SessionExpired,
                     });
                 }
-                Queue::Behind {
-                    key: before,
-                    older: keys_older,
-                    seen,
-                } => {
-                    if watching.as_ref().is_none_or(|(k, _)| *k != before) {
-                        // Watch from just after the read: the deletion cannot fall between.
-                        watching = Some((before.clone(), inner.watcher.watch(&before, seen + 1)));
-                    }
-                    older.follow(&inner.watcher, keys_older);
+                Some(Queue::Behind(behind)) => {
+                    watching = Some(QueueWatch::start(&inner.watcher, &keys, behind));
+                    reread_at = after(Instant::now(), FALLBACK_REREAD);
                 }
+                // Still waiting on the same watch.
+                None => {}
             }
-            let Some((_, predecessor)) = watching.as_mut() else {
+            let Some(queue_watch) = watching.as_mut() else {
                 continue;
             };
-            let fallback = after(Instant::now(), FALLBACK_REREAD);
-            let wake = deadline.map_or(fallback, |d| d.min(fallback));
+            let wake = deadline.map_or(reread_at, |d| d.min(reread_at));
             let session_ended = async {
                 match &session {
                     Some(session) => session.ended().await,
@@ -800,31 +811,14 @@ impl EtcdLock {
                 }
             };
             tokio::select! {
-                event = predecessor.next() => {
-                    if event == WatchEvent::Reread {
-                        watching = None;
-                    } else {
-                        match own.try_next() {
-                            // Every key that was ahead of ours is gone and ours is not: no key
-                            // created before ours can appear any more, so the lock is ours.
-                            None if older.all_gone() => {
-                                queue = Queue::First;
-                                continue;
-                            }
-                            Some(WatchEvent::Reread) => {
-                                own = inner.watcher.watch(&key, revision + 1);
-                            }
-                            // Ours was deleted, or some key ahead may remain: the read tells.
-                            _ => {}
-                        }
+                event = queue_watch.watch.next() => match queue_watch.on(event, &key) {
+                    Next::Wait => continue,
+                    Next::Held => {
+                        queue = Some(Queue::First);
+                        continue;
                     }
-                }
-                event = own.next() => {
-                    if event == WatchEvent::Reread {
-                        own = inner.watcher.watch(&key, revision + 1);
-                    }
-                    // A deletion shows in the re-read below.
-                }
+                    Next::Read => {}
+                },
                 reason = session_ended => {
                     drop(pending);
                     return Err(LockError::Lost { name: name.to_string(), reason });
@@ -859,7 +853,7 @@ impl EtcdLock {
                 match inner.read_queue(&keys, &key, revision).await {
                     Ok(read) => {
                         recovery.reached_server();
-                        queue = read;
+                        queue = Some(read);
                         break;
                     }
                     Err(error) => recovery.pause_or_give_up(error, retry, deadline).await?,

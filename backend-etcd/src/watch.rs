@@ -16,10 +16,10 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
 
 /// What a watch reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum WatchEvent {
-    /// The key was deleted at this revision.
-    Deleted(i64),
+    /// A key was deleted at this revision: the watched one, or one under the watched prefix.
+    Deleted { revision: i64, key: Box<[u8]> },
     /// The watch could not go on from where it was (compaction, a refused re-create): read the
     /// key again and watch anew.
     Reread,
@@ -29,6 +29,7 @@ enum Command {
     Watch {
         id: i64,
         key: Vec<u8>,
+        prefix: bool,
         start: i64,
         events: UnboundedSender<WatchEvent>,
     },
@@ -72,16 +73,6 @@ impl WatchHandle {
     pub(crate) async fn next(&mut self) -> WatchEvent {
         self.events.recv().await.unwrap_or(WatchEvent::Reread)
     }
-
-    /// The next event if one has arrived; `Reread` if the watcher is gone.
-    pub(crate) fn try_next(&mut self) -> Option<WatchEvent> {
-        use tokio::sync::mpsc::error::TryRecvError;
-        match self.events.try_recv() {
-            Ok(event) => Some(event),
-            Err(TryRecvError::Empty) => None,
-            Err(TryRecvError::Disconnected) => Some(WatchEvent::Reread),
-        }
-    }
 }
 
 impl Drop for WatchHandle {
@@ -113,6 +104,17 @@ impl Watcher {
     /// key: a start above the current revision joins the server's synced watchers, which are
     /// told of a change as it is applied).
     pub(crate) fn watch(&self, key: &str, start: i64) -> WatchHandle {
+        self.create(key, false, start)
+    }
+
+    /// Watches the deletions of every key under `prefix` from revision `start`, as
+    /// [`watch`](Self::watch) does one key's. One watch delivers its events in revision order,
+    /// whichever keys they are about.
+    pub(crate) fn watch_deletions_under(&self, prefix: &str, start: i64) -> WatchHandle {
+        self.create(prefix, true, start)
+    }
+
+    fn create(&self, key: &str, prefix: bool, start: i64) -> WatchHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = unbounded_channel();
         if self
@@ -120,6 +122,7 @@ impl Watcher {
             .send(Command::Watch {
                 id,
                 key: key.as_bytes().to_vec(),
+                prefix,
                 start,
                 events: events.clone(),
             })
@@ -137,6 +140,8 @@ impl Watcher {
 
 struct Entry {
     key: Vec<u8>,
+    /// Watches every key under `key`, deletions only.
+    prefix: bool,
     /// The revision to (re)start from: one after the last event delivered.
     next: i64,
     events: UnboundedSender<WatchEvent>,
@@ -160,7 +165,14 @@ struct Open {
 }
 
 fn options(entry: &Entry) -> WatchOptions {
-    WatchOptions::new().with_start_revision(entry.next)
+    let options = WatchOptions::new().with_start_revision(entry.next);
+    if entry.prefix {
+        options
+            .with_prefix()
+            .with_filters([etcd_client::WatchFilterType::NoPut])
+    } else {
+        options
+    }
 }
 
 async fn open(client: &Client, state: &mut State) -> Option<Open> {
@@ -262,6 +274,7 @@ fn apply_offline(state: &mut State, command: Command) {
         Command::Watch {
             id,
             key,
+            prefix,
             start,
             events,
         } => {
@@ -269,6 +282,7 @@ fn apply_offline(state: &mut State, command: Command) {
                 id,
                 Entry {
                     key,
+                    prefix,
                     next: start,
                     events,
                     server_id: None,
@@ -286,11 +300,13 @@ async fn apply(state: &mut State, open: &mut Open, command: Command) -> Result<(
         Command::Watch {
             id,
             key,
+            prefix,
             start,
             events,
         } => {
             let entry = Entry {
                 key,
+                prefix,
                 next: start,
                 events,
                 server_id: None,
@@ -369,7 +385,10 @@ async fn handle(
             if event.event_type() == EventType::Delete
                 && !probe.lose_deletions.load(Ordering::Relaxed)
             {
-                let _ = entry.events.send(WatchEvent::Deleted(kv.mod_revision()));
+                let _ = entry.events.send(WatchEvent::Deleted {
+                    revision: kv.mod_revision(),
+                    key: kv.key().into(),
+                });
             }
         }
     }

@@ -1,6 +1,7 @@
 //! etcd-specific faults: a revoked lease, two tasks of one client on one name, a partition past
 //! the lease, the leader killed while a lock is held, compaction and defragmentation while
-//! waiters wait, a waiter giving up between the holder and the next. Each test that harms a server starts its own. Tests wait on events with
+//! waiters wait, a waiter giving up between the holder and the next, a waiter's key revoked
+//! just before the release. Each test that harms a server starts its own. Tests wait on events with
 //! generous bounds and never assert speed.
 
 mod common;
@@ -663,4 +664,55 @@ async fn a_waiter_ahead_giving_up_does_not_pass_the_lock_while_it_is_held() {
     let next = within("the waiter behind", behind).await.unwrap().unwrap();
     assert!(next.fencing_token() > holder_token);
     next.release().await.unwrap();
+}
+
+/// A waiter's own key deleted just before the holder's (its lease revoked, then the lock
+/// released): the waiter sees its own deletion first, since one watch delivers both in revision
+/// order, and reports the loss instead of taking the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_key_goes_just_before_the_release_does_not_take_the_lock() {
+    use etcd_client::{GetOptions, SortOrder, SortTarget};
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("waiter-key-revoked");
+    let holder = a.acquire(&name, &LockOptions::new()).await.unwrap();
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { b.acquire(&name, &wait()).await }
+    });
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let waiter_lease = within("the waiter's key", async {
+        loop {
+            let queue = raw
+                .get(
+                    common::name_range(&url, &name),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend),
+                    ),
+                )
+                .await
+                .unwrap();
+            if let Some(kv) = queue.kvs().get(1) {
+                break kv.lease();
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    raw.lease_revoke(waiter_lease).await.unwrap();
+    holder.release().await.unwrap();
+    let result = within("the waiter's answer", waiter).await.unwrap();
+    assert!(
+        matches!(result, Err(LockError::Lost { .. })),
+        "the waiter whose key was revoked answered {result:?}"
+    );
+    // Nobody holds the name: the next acquire takes it at once.
+    let next = a.try_acquire(&name, &LockOptions::new()).await.unwrap();
+    assert!(next.is_some());
 }
