@@ -81,14 +81,14 @@ const ACQUIRE: &str = concat!(
     r"
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = ARGV[1]
+-- The uncontended case, with the fewest calls: nobody queued and the lock free. (Held, even by
+-- the caller, it falls through to the checks below.)
+if redis.call('EXISTS', queue) == 0 and redis.call('SET', lock, owner, 'NX', 'PX', ARGV[2]) then
+  return {1, raise_fence(fence, now_us()), tonumber(ARGV[2])}
+end
 local holder = redis.call('GET', lock)
 if holder == owner then
   return {1, tonumber(redis.call('GET', fence)), redis.call('PTTL', lock)}
-end
--- The uncontended case, with the fewest calls: free and nobody queued.
-if not holder and redis.call('EXISTS', queue) == 0 then
-  redis.call('SET', lock, owner, 'PX', ARGV[2])
-  return {1, raise_fence(fence, now_us()), tonumber(ARGV[2])}
 end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
