@@ -12,6 +12,7 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::BACKEND;
+use crate::keys::KeyClaim;
 use crate::lock::{FALLBACK_REREAD, Inner, lease_gone};
 use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class, validity};
 use crate::watch::WatchEvent;
@@ -113,6 +114,8 @@ pub(crate) struct EtcdLease {
     inner: Arc<Inner>,
     name: LockName,
     key: String,
+    /// The key's claim: the key is named again only once this lease is done with it.
+    claim: Arc<KeyClaim>,
     revision: i64,
     kind: LeaseKind,
     /// For a key on a kept-alive lease: that lease, which `extend` may change.
@@ -131,9 +134,10 @@ impl EtcdLease {
         inner: Arc<Inner>,
         name: &LockName,
         kind: LeaseKind,
-        key: String,
+        claim: Arc<KeyClaim>,
         revision: i64,
     ) -> (Arc<Self>, Arc<LeaseState>, RenewedBy) {
+        let key = claim.key().to_owned();
         let (state, renewed_by) = match &kind {
             LeaseKind::Session(lease) => (lease.new_guard_state(), RenewedBy::Session),
             LeaseKind::Own { .. } => (
@@ -164,6 +168,7 @@ impl EtcdLease {
             inner,
             name: name.clone(),
             key,
+            claim,
             revision,
             kind,
             carrier,
@@ -351,6 +356,10 @@ impl RawLease for EtcdLease {
         self.released.store(true, Ordering::SeqCst);
         self.state.close();
         let deleted = self.inner.delete_key(&self.key, Some(self.revision)).await;
+        if deleted.is_err() {
+            // The key may still be there, until its lease ends.
+            self.claim.burn();
+        }
         if let Some(id) = self.kind.own_id() {
             revoke_in_background(&self.inner.client, id, self.inner.config.command_timeout);
         }
@@ -434,6 +443,8 @@ impl Drop for EtcdLease {
         if self.released.load(Ordering::SeqCst) {
             return;
         }
+        // The key stays until its TTL ends.
+        self.claim.burn();
         let Some(carrier) = &self.carrier else {
             return;
         };

@@ -38,9 +38,13 @@
 //!   the stream with back-off; the deadline passing, or an answer with TTL 0, loses them with
 //!   `SessionExpired`. An acquire with `Renewal::Off` gets a lease of its own that nobody keeps
 //!   alive: it ends at its TTL unless extended.
-//! - **Keys.** `PREFIX/NAME/LEASE-NONCE`: the name percent-encoded (so `/` in a name can never
-//!   make one name's range cover another's), the lease in hex, and a nonce fresh for every
-//!   acquire (two tasks of one client never share a key).
+//! - **Keys.** `PREFIX/NAME/LEASE-SLOT`: the name percent-encoded (so `/` in a name can never
+//!   make one name's range cover another's), the lease in hex, and the first slot the client
+//!   does not use for that name and lease (two tasks of one client never share a key). A key is
+//!   named again only once it is known gone, so acquire after acquire reuses the same few keys:
+//!   etcd keeps a deleted key in its index until compaction and every queue read walks the
+//!   name's range there, so a fresh key per acquire would make a busy name slower with every
+//!   acquire until the next compaction.
 //! - **Acquire** is one transaction: *if our key does not exist, put it on the lease, and read
 //!   the newest keys of the name* (ours and up to eight before it). A read inside a write
 //!   transaction sees its own put, so the answer is `[ours, the ones before]`; alone, we hold,

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::BACKEND;
 use crate::config::EtcdConfig;
 use crate::error::{is_lease_not_found, is_unavailable, map_err, timed_out};
-use crate::keys::NameKeys;
+use crate::keys::{KeyClaim, KeysInUse, NameKeys};
 use crate::lease::{EtcdLease, LeaseKind as Kind};
 use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class};
 use crate::watch::{WatchEvent, WatchHandle, Watcher};
@@ -62,7 +62,8 @@ pub(crate) struct Inner {
     /// Fires when the client is dropped: stops the keep-alives (which revoke their leases) and
     /// the watch stream.
     pub(crate) shutdown: CancellationToken,
-    nonce: Mutex<u64>,
+    /// The keys this client may have on the server, so that each is named again only once gone.
+    keys_in_use: KeysInUse,
 }
 
 impl fmt::Debug for Inner {
@@ -149,7 +150,7 @@ impl EtcdLock {
             config,
             sessions: tokio::sync::Mutex::new(HashMap::new()),
             shutdown,
-            nonce: Mutex::new(rand::random()),
+            keys_in_use: KeysInUse::default(),
         });
         let probe_key = format!("{}/", inner.config.prefix);
         let mut last = None;
@@ -248,12 +249,6 @@ fn tls_options(config: &EtcdConfig) -> Result<etcd_client::TlsOptions> {
 impl Inner {
     fn command_timeout(&self) -> Duration {
         self.config.command_timeout
-    }
-
-    fn next_nonce(&self) -> u64 {
-        let mut nonce = self.nonce.lock().unwrap_or_else(|e| e.into_inner());
-        *nonce = nonce.wrapping_add(1);
-        *nonce
     }
 
     /// Runs a transaction that is safe to retry (its retry finds what the first try did), as
@@ -540,21 +535,21 @@ impl EtcdLock {
         &self,
         name: &LockName,
         options: &LockOptions,
-    ) -> Result<(Kind, NameKeys, String)> {
+    ) -> Result<(Kind, NameKeys, Arc<KeyClaim>)> {
         let inner = &self.inner;
         let kind = inner.lease_for(options).await?;
         let keys = NameKeys::new(&inner.config.prefix, name);
-        let key = keys.key(kind.id(), inner.next_nonce());
-        Ok((kind, keys, key))
+        let claim = inner.keys_in_use.claim(&keys, kind.id());
+        Ok((kind, keys, claim))
     }
 
     /// Arms the cleanup of an acquire's key (and of its own lease): if the acquire is dropped
     /// before its grant exists, the key goes, also when the create's reply was lost. The create
     /// runs detached (it finishes even if the acquire is dropped) and reports through the
     /// returned sender, so the cleanup's delete is never overtaken by the create it undoes.
-    fn arm(&self, kind: &Kind, key: &str) -> (PendingAcquire, oneshot::Sender<bool>) {
+    fn arm(&self, kind: &Kind, claim: &Arc<KeyClaim>) -> (PendingAcquire, oneshot::Sender<bool>) {
         let inner = self.inner.clone();
-        let key = key.to_owned();
+        let claim = claim.clone();
         let own = kind.own_id();
         let (created, outcome) = oneshot::channel::<bool>();
         let pending = PendingAcquire::arm(move || {
@@ -579,7 +574,9 @@ impl EtcdLock {
                                 .await;
                         }
                         None => {
-                            let _ = inner.delete_key(&key, None).await;
+                            if inner.delete_key(claim.key(), None).await.is_err() {
+                                claim.burn();
+                            }
                         }
                     }
                 }
@@ -588,10 +585,10 @@ impl EtcdLock {
         (pending, created)
     }
 
-    fn grant(&self, name: &LockName, kind: Kind, key: String, revision: i64) -> Grant {
+    fn grant(&self, name: &LockName, kind: Kind, claim: Arc<KeyClaim>, revision: i64) -> Grant {
         let token = FencingToken::new(u64::try_from(revision).unwrap_or(0));
         let (lease, state, renewed_by) =
-            EtcdLease::start(self.inner.clone(), name, kind, key, revision);
+            EtcdLease::start(self.inner.clone(), name, kind, claim, revision);
         Grant::new(name.clone(), token, lease, state, renewed_by)
     }
 
@@ -604,7 +601,7 @@ impl EtcdLock {
         mut attempt: F,
     ) -> Result<T>
     where
-        F: FnMut(Kind, NameKeys, String) -> Fut,
+        F: FnMut(Kind, NameKeys, Arc<KeyClaim>) -> Fut,
         Fut: Future<Output = (Result<T>, Option<Arc<SessionLease>>)>,
     {
         let mut tries = 0;
@@ -684,13 +681,13 @@ impl RawLock for EtcdLock {
     }
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
-        self.with_lease(name, options, |kind, keys, key| async move {
+        self.with_lease(name, options, |kind, keys, claim| async move {
             let session = kind.session().cloned();
-            let (pending, created) = self.arm(&kind, &key);
+            let (pending, created) = self.arm(&kind, &claim);
             let create = {
-                let (inner, key, id) = (self.inner.clone(), key.clone(), kind.id());
+                let (inner, claim, id) = (self.inner.clone(), claim.clone(), kind.id());
                 Detach::new(async move {
-                    let result = inner.create_if_free(&keys, &key, id).await;
+                    let result = inner.create_if_free(&keys, claim.key(), id).await;
                     let _ = created.send(result.is_ok());
                     result
                 })
@@ -698,7 +695,7 @@ impl RawLock for EtcdLock {
             let created = create.await;
             let result = match created {
                 Ok(Some(revision)) => {
-                    let grant = self.grant(name, kind, key, revision);
+                    let grant = self.grant(name, kind, claim, revision);
                     pending.disarm();
                     Ok(Some(grant))
                 }
@@ -726,9 +723,9 @@ impl RawLock for EtcdLock {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        self.with_lease(name, options, |kind, keys, key| async move {
+        self.with_lease(name, options, |kind, keys, claim| async move {
             let session = kind.session().cloned();
-            let result = self.wait(name, kind, keys, key, options, deadline).await;
+            let result = self.wait(name, kind, keys, claim, options, deadline).await;
             (result, session)
         })
         .await
@@ -741,16 +738,17 @@ impl EtcdLock {
         name: &LockName,
         kind: Kind,
         keys: NameKeys,
-        key: String,
+        claim: Arc<KeyClaim>,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
         let inner = &self.inner;
-        let (pending, created) = self.arm(&kind, &key);
+        let key = claim.key().to_owned();
+        let (pending, created) = self.arm(&kind, &claim);
         let create = {
-            let (inner, keys, key, id) = (inner.clone(), keys.clone(), key.clone(), kind.id());
+            let (inner, keys, claim, id) = (inner.clone(), keys.clone(), claim.clone(), kind.id());
             Detach::new(async move {
-                let result = inner.create(&keys, &key, id).await;
+                let result = inner.create(&keys, claim.key(), id).await;
                 let _ = created.send(result.is_ok());
                 result
             })
@@ -771,7 +769,7 @@ impl EtcdLock {
         loop {
             match queue.take() {
                 Some(Queue::First) => {
-                    let grant = self.grant(name, kind, key, revision);
+                    let grant = self.grant(name, kind, claim, revision);
                     pending.disarm();
                     return Ok(Some(grant));
                 }
