@@ -91,6 +91,22 @@
 //! cluster answers. Idempotent requests are retried on failure (the balancer may pick another
 //! member); streams are reopened. With `user:password`, `etcd://` sends the password in clear.
 //!
+//! ## Performance
+//! `dlock bench --backend etcd://… --rounds 3 --duration 2s` (release build, one local etcd 3.4
+//! member with its data on disk, a 2-core VM; medians with [min–max] over the rounds, each floor
+//! measured in the same run):
+//!
+//! | measurement | dlock | raw floor, same run | ratio |
+//! |---|---|---|---|
+//! | uncontended acquire + release | 1,086 pairs/s, p50 860 µs | a create transaction on a lease + a delete guarded by the create revision: 1,154 pairs/s, p50 789 µs | 0.92× [0.90–0.96] |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 572 µs, p99 4.4 ms | the guarded delete, then the waiter's watch fires: p50 461 µs | 1.34× [1.12–1.56] (1.26× [1.16–1.27] in another run) |
+//! | many names, one client, 1 / 16 tasks | 1,080 / 3,508 pairs/s | 1,269 / 4,181 pairs/s | 0.92× / 0.87× |
+//!
+//! The acquire is one transaction that both creates the key and reads the queue, so an
+//! uncontended pair costs the floor's two writes. A hand-off in a queue of up to eight costs the
+//! release and the watch event alone; the floor is one holder and one waiter, while dlock's
+//! phase has four clients re-queuing as they release.
+//!
 //! ## Fault model and versions
 //! A lock is as safe as etcd's linearizability and the lease deadline: a holder that stops (GC
 //! pause, partition) past its lease may find its lock taken, and only the fencing token protects

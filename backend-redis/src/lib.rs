@@ -72,22 +72,25 @@
 //! the caller's choosing: the building blocks of Redlock on N independent nodes.
 //!
 //! ## Performance
-//! Measured with `dlock bench --backend redis://…` (release build) against a local redis-server
-//! on a 2-core VM. The bench measures dlock and the raw floor in alternating slices of the same
-//! run; figures are medians of three runs. Absolute latencies on that VM drift 2–4× with the
-//! host's load; the ratios are what carries over.
+//! Measured with `dlock bench --backend redis://… --rounds 3 --duration 2s` (release build)
+//! against a local redis-server on a 2-core VM. The bench measures dlock and the raw floor in
+//! alternating slices of the same run; figures are medians with [min–max] over the rounds.
+//! Absolute latencies on that VM drift with the host's load; the ratios are what carries over.
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release, 1 client | 4,485 pairs/s, p50 206 µs, p99 429 µs | `SET NX PX` + `EVALSHA` compare-and-delete: 5,389 pairs/s, p50 178 µs | 0.83× (runs 0.82–0.88×) |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 234 µs, p99 421 µs | notified hand-off (`DEL`+`PUBLISH`, subscriber `SET NX`): p50 164 µs | 1.44× (runs 1.33–1.78×) |
-//! | many names, one client | 1 task: 3.6k pairs/s; 16 tasks: 23.8k pairs/s | | scales 6.6× with 16× the tasks |
+//! | uncontended acquire + release, 1 client | 7,167 pairs/s, p50 133 µs, p99 240 µs | `SET NX PX` + `EVALSHA` compare-and-delete: 7,828 pairs/s, p50 122 µs | 0.92× [0.92–0.93] |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 116 µs, p99 278 µs | notified hand-off (`DEL`+`PUBLISH`, subscriber `SET NX`): p50 135 µs | 0.89× [0.79–0.99] |
+//! | many names, one client, 1 task | 7,981 pairs/s | 8,373 pairs/s | 0.95× [0.92–0.95] |
+//! | many names, one client, 16 tasks | 47,127 pairs/s | 90,635 pairs/s | 0.52× [0.51–0.52] |
 //!
-//! The polling peers hand a lock off in 27–99 ms; dlock's grant hand-off is about
-//! 100× faster. The grant itself reaches the waiter about one round trip after the release is sent
-//! (measured floor ~95 µs when the round trip was ~80 µs); the rest of the p50 is task wake-ups on a
-//! 2-core machine shared with the server. Uncontended pairs pay for the fencing counter and the
-//! queue check inside the scripts (6 and 3 server commands against the floor's 1 and 2).
+//! The polling peers hand a lock off in 27–99 ms; dlock's grant hand-off is about 100× faster:
+//! the grant reaches the waiter in the release's own round trip. An uncontended pair makes the
+//! same system calls as the raw pair (two writes, two reads); what it pays more is server time
+//! in the scripts, about 9 µs per pair against the floor's 2 µs (the fencing counter and the
+//! queue check: `EXISTS`, `SET NX`, `TIME`, `GET`, `SET` to acquire and `GET`, `DEL`, `LPOP` to
+//! release), and about 40% more client instructions. With 16 tasks on one connection the
+//! server's script time is what bounds throughput.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod client;

@@ -88,17 +88,24 @@
 //! are connected again whenever they are needed.
 //!
 //! ## Performance
-//! `dlock bench --backend redlock://… --rounds 3` (release build, five local redis-servers, a
-//! 2-core VM; medians with [min–max] over the rounds, each floor measured in the same run):
+//! `dlock bench --backend redlock://… --rounds 3 --duration 2s` (release build, five local
+//! redis-servers, a 2-core VM; medians with [min–max] over the rounds, each floor measured in
+//! the same run):
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release | 1,834 pairs/s, p50 522 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,490 pairs/s, p50 387 µs | 0.74× [0.73–0.77] |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 728 µs, p99 1.1 ms | parallel `DEL`+`PUBLISH` ×5, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 396 µs | 1.84× [1.62–2.04] |
+//! | uncontended acquire + release | 3,354 pairs/s, p50 282 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 4,089 pairs/s, p50 234 µs | 0.79× [0.79–0.85] (0.86× in another run) |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 454 µs, p99 837 µs | parallel `DEL`+`PUBLISH` ×5, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 200 µs | 2.3× [2.2–2.5] (2.0× in another run) |
+//! | many names, one client, 1 / 16 tasks | 4,472 / 19,435 pairs/s | 5,199 / 26,044 pairs/s | 0.87× / 0.76× |
 //!
 //! Polling Redlock clients hand a lock off in 25–63 ms at p50; the announcement wake-up is
-//! about 50–100× faster. An uncontended pair pays for the fence counter in the acquire script
-//! and the announcement in the release script on every node.
+//! about 50–100× faster. A waiter woken by a release first takes the agreed node alone, then the
+//! others, so that waiters woken together do not split the nodes among them: that costs one
+//! round trip more than the floor's single parallel round. (Asking every node at once and
+//! letting the winner of the agreed node fill in the rest was measured: with three waiters
+//! woken together the splits made the p50 hand-off slower, 624 µs.) An uncontended pair pays
+//! for the fence counter (`INCR`) in the acquire script and the announcement in the release
+//! script on every node.
 //!
 //! ## Fault model
 //! Redlock assumes bounded network delays, process pauses and clock *rate* error: a holder
