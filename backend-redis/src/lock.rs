@@ -208,17 +208,9 @@ impl RedisLock {
     }
 }
 
-/// A random owner value: 32 hex digits.
+/// A random owner value, shared by the acquire's keys, cleanup and lease.
 fn owner_token() -> Arc<str> {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut bits = rand::random::<u128>();
-    let mut digits = [0u8; 32];
-    for digit in digits.iter_mut().rev() {
-        *digit = HEX[(bits & 0xf) as usize];
-        bits >>= 4;
-    }
-    // The digits are ASCII.
-    String::from_utf8_lossy(&digits).into()
+    dlock_api::raw::random_owner().into()
 }
 
 /// How much earlier than `ttl` after its last busy attempt was sent a waiter granted the lock

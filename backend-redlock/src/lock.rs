@@ -170,7 +170,7 @@ impl Redlock {
         let (n, quorum) = (inner.slots.len(), config.quorum());
         let ttl = options.ttl();
         let node_timeout = config.node_timeout_for(ttl);
-        let owner = owner_token();
+        let owner = dlock_api::raw::random_owner();
         inner.stats.rounds.fetch_add(1, Ordering::Relaxed);
         // Validity runs from before the first request.
         let started = Instant::now();
@@ -433,10 +433,6 @@ fn quorum_view(views: &[NodeView], failures: Vec<String>, quorum: usize) -> Resu
             failures.join("; ")
         ),
     ))
-}
-
-fn owner_token() -> String {
-    format!("{:032x}", rand::random::<u128>())
 }
 
 #[async_trait]

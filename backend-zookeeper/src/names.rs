@@ -45,16 +45,26 @@ pub(crate) fn check_segment(segment: &str) -> Result<(), &'static str> {
 /// The marker of one create attempt's node: `_c_<128 random bits as a UUID>-lock-` (the layout
 /// Curator's lock recipe uses), so that after a lost reply the node can be found again.
 pub(crate) fn protected_marker() -> String {
-    let bits: u128 = rand::random();
-    let hex = format!("{bits:032x}");
-    format!(
-        "_c_{}-{}-{}-{}-{}-lock-",
+    let hex = dlock_api::raw::random_owner();
+    let mut marker = String::with_capacity(45);
+    marker.push_str("_c_");
+    for (i, part) in [
         &hex[..8],
         &hex[8..12],
         &hex[12..16],
         &hex[16..20],
-        &hex[20..]
-    )
+        &hex[20..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            marker.push('-');
+        }
+        marker.push_str(part);
+    }
+    marker.push_str("-lock-");
+    marker
 }
 
 /// The sequence number ZooKeeper appended to a queue node's name (its trailing digits), if the

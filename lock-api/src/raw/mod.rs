@@ -47,12 +47,14 @@
 //! - [`Subscriptions`]: a client's pub/sub subscription per channel, shared by its waiters on it;
 //!   the last to leave unsubscribes, never undoing a newer subscribe.
 //! - [`config`]: option values and URL parts parsed, and refused, the same way in every backend.
+//! - [`random_owner`]: the random value a backend writes to tell its own key from others'.
 
 pub mod config;
 pub(crate) mod detach;
 mod engine;
 pub(crate) mod lease;
 mod local_queue;
+mod owner;
 mod pending;
 pub mod pool;
 mod recovery;
@@ -68,6 +70,7 @@ pub use detach::Detach;
 pub use engine::{Grant, RawLock, acquire, acquire_by, try_acquire, try_acquire_by};
 pub use lease::{RawLease, RenewedBy, spawn_release};
 pub use local_queue::{LocalQueue, Turn};
+pub use owner::random_owner;
 pub use pending::PendingAcquire;
 pub use pool::{DriverError, PoolConfig, SessionDriver, SessionPool, Waited};
 pub use recovery::WaitRecovery;
