@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 /// What a watch reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum WatchEvent {
-    /// A key was deleted at this revision: the watched one, or one under the watched prefix.
-    Deleted { revision: i64, key: Box<[u8]> },
+    /// A key was deleted: the watched one, or this one under the watched prefix.
+    Deleted { key: Box<[u8]> },
     /// The watch could not go on from where it was (compaction, a refused re-create): read the
     /// key again and watch anew.
     Reread,
@@ -386,7 +386,6 @@ async fn handle(
                 && !probe.lose_deletions.load(Ordering::Relaxed)
             {
                 let _ = entry.events.send(WatchEvent::Deleted {
-                    revision: kv.mod_revision(),
                     key: kv.key().into(),
                 });
             }
