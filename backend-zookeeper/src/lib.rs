@@ -49,13 +49,16 @@
 //!   prefix); each create attempt carries a fresh uuid. The name's node and the prefix are
 //!   created on demand as *containers*, which the server removes once empty, so cleanup never
 //!   races a new waiter.
-//! - **Acquire** sends the create and the listing of the name's node together, without waiting
-//!   for the first answer: the server answers a session in order, so the listing includes our
-//!   node, and an uncontended acquire takes one round trip. The lowest sequence holds. A waiter
-//!   sets an exists-watch on the node just before its own (set even if that node is already
-//!   gone) and, since a node watch never reports a lost connection, also follows the session's
-//!   own account; when the predecessor goes it lists again before deciding (the predecessor
-//!   may have been a waiter that left, with an earlier holder still there).
+//! - **Acquire** is one transaction (`multi`): create our node and write the name's node's
+//!   (empty) data. The write answers with the name's node's stat just after the create, and its
+//!   child count is exact, so a node that finds itself alone holds the lock after one round trip
+//!   with no listing; its token, the create's zxid, is the name's node's new `mzxid`. Otherwise
+//!   it lists the queue: the lowest sequence holds. (Where an operator made the name's node
+//!   without write permission for us, the create goes alone and the listing follows it.) A
+//!   waiter sets an exists-watch on the node just before its own (set even if that node is
+//!   already gone) and, since a node watch never reports a lost connection, also follows the
+//!   session's own account; when the predecessor goes it lists again before deciding (the
+//!   predecessor may have been a waiter that left, with an earlier holder still there).
 //! - **Lost answers.** The library has no request timeout and queues requests made while
 //!   disconnected; every request here has its own timeout. A create whose answer is lost is
 //!   looked up by its uuid after a `sync`, and taken as ours only if its ephemeral owner is this
@@ -95,15 +98,15 @@
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release | 2,061 pairs/s, p50 474 µs | an ephemeral sequential create + a delete with its version: 2,893 pairs/s, p50 337 µs | 0.72× [0.71–0.73] |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 376 µs, p99 578 µs | the delete, then the waiter's exists-watch fires and its listing answers: p50 335 µs | 1.12× [1.01–1.15] |
+//! | uncontended acquire + release | 1,888 pairs/s, p50 510 µs | an ephemeral sequential create + a delete with its version: 2,056 pairs/s, p50 473 µs | 0.92× [0.92–0.93] |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 521 µs | the delete, then the waiter's exists-watch fires and its listing answers: p50 450 µs | 1.10× [1.05–1.36] |
+//! | many names, one client, 1 / 16 tasks | 2,232 / 8,163 pairs/s | the same floor, a name per task: 2,450 / 8,628 pairs/s | 0.91× / 0.87× |
 //!
 //! The uncontended floor is a create and a delete, which on its own locks nothing: a queue needs
-//! to know whether its node is the lowest, so dlock lists the children in the same round trip as
-//! the create (both requests go out before either answer). That listing is a second request
-//! and a second answer for the server and the client: the same pair done with the driver alone,
-//! create and listing pipelined, runs at 0.84–0.91× of the floor, and dlock at about 0.9× of
-//! that.
+//! to know whether its node is the lowest. Listing the children for that, even in the same
+//! round trip as the create, is a second request and a second answer for the server and the
+//! client, and held dlock at 0.72× of the floor; counting them in the create's own transaction
+//! costs the server one more operation in a request it handles anyway.
 //!
 //! ## Fault model
 //! A lock is as safe as ZooKeeper's ordering and the session timeout: a holder cut off (GC

@@ -1,4 +1,4 @@
-//! `ZkLock`: the client, its session, and the queue recipe (create and list in one round trip,
+//! `ZkLock`: the client, its session, and the queue recipe (create and count in one round trip,
 //! the predecessor watch, the re-list before deciding).
 
 use std::fmt;
@@ -14,7 +14,7 @@ use dlock_api::{
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiWriteResult};
 
 use crate::BACKEND;
 use crate::config::{NodeAcl, ZkConfig};
@@ -128,56 +128,116 @@ impl Inner {
             .map_err(LockError::from)
     }
 
-    /// Creates our node (`PARENT/MARKER<seq>`) and lists the queue in one round trip: both
-    /// requests go out before either answer is awaited, and the server answers a session in
-    /// order, so the listing includes our node. A create whose answer is lost is looked up by
-    /// its marker.
+    /// Creates our node (`PARENT/MARKER<seq>`) and learns in the same round trip whether it is
+    /// alone: one transaction creates the node and writes the (empty) data of the name's node,
+    /// and the write answers with the name's node's stat after the create, whose child count
+    /// is exact. A lone node holds the lock with no listing at all. A create whose answer is
+    /// lost is looked up by its marker.
     async fn enqueue(
         &self,
         session: &ZkSession,
         parent: &str,
         marker: &str,
-    ) -> std::result::Result<(Node, Option<Vec<String>>), (LockError, Outcome)> {
+    ) -> std::result::Result<(Node, Ahead), (LockError, Outcome)> {
         let client = session.client().map_err(|e| (e, Outcome::NotCreated))?;
         let timeout = session.command_timeout;
         let path = format!("{parent}/{marker}");
         let options = CreateMode::EphemeralSequential.with_acls(self.acls());
+        let mut counted = true;
         let mut attempt = 0;
         loop {
             attempt += 1;
             let sent = Instant::now();
-            let create = client.create(&path, &[], &options);
-            let list = client.list_children(parent);
-            let fail =
-                match tokio::time::timeout(timeout, futures::future::join(create, list)).await {
-                    Ok((Ok((stat, sequence)), listed)) => {
-                        session.acked(sent);
-                        let node = Node {
-                            path: format!("{path}{sequence}"),
-                            seq: sequence.into_i64(),
-                            czxid: stat.czxid,
-                            version: stat.version,
-                        };
-                        return Ok((node, listed.ok()));
-                    }
-                    Ok((Err(ZkError::NoNode), _)) if attempt < 5 => {
-                        self.make_parents(&client, parent, timeout)
-                            .await
-                            .map_err(|e| (e, Outcome::NotCreated))?;
-                        continue;
-                    }
-                    Ok((Err(error), _)) => Fail::Zk(error),
-                    Err(_) => Fail::TimedOut(timeout),
-                };
+            let created = if counted {
+                timed(timeout, create_counted(&client, &path, parent, &options)).await
+            } else {
+                timed(timeout, client.create(&path, &[], &options))
+                    .await
+                    .map(|(stat, sequence)| {
+                        let created = format!("{path}{sequence}");
+                        (created, sequence.into_i64(), stat.czxid, None)
+                    })
+            };
+            let fail = match created {
+                Ok((created, seq, czxid, children)) => {
+                    session.acked(sent);
+                    let node = Node {
+                        path: created,
+                        seq,
+                        czxid,
+                        version: 0,
+                    };
+                    let ahead = match children {
+                        Some(1) => Ahead::Nobody,
+                        _ => Ahead::Unknown,
+                    };
+                    return Ok((node, ahead));
+                }
+                Err(fail) if fail.is(&ZkError::NoNode) && attempt < 5 => {
+                    self.make_parents(&client, parent, timeout)
+                        .await
+                        .map_err(|e| (e, Outcome::NotCreated))?;
+                    continue;
+                }
+                // The name's node was made by someone else, without letting us write to it:
+                // create alone and list.
+                Err(fail) if counted && fail.is(&ZkError::NoAuth) => {
+                    counted = false;
+                    continue;
+                }
+                Err(fail) => fail,
+            };
             if !fail.outcome_unknown() {
                 return Err((fail.into(), Outcome::NotCreated));
             }
             // The create may have been applied: find it by its marker, as ours.
             return match find_own(&client, session, parent, marker).await {
-                Ok(Some((node, children))) => Ok((node, Some(children))),
+                Ok(Some((node, children))) => Ok((node, Ahead::Listed(children))),
                 Ok(None) | Err(_) => Err((fail.into(), Outcome::Unknown)),
             };
         }
+    }
+}
+
+/// What the create of our node told about the nodes ahead of it.
+#[derive(Debug)]
+enum Ahead {
+    /// Our node is the name's only child: the lock is ours.
+    Nobody,
+    /// The name's children, listed after our create.
+    Listed(Vec<String>),
+    /// Not known: list.
+    Unknown,
+}
+
+/// Creates an ephemeral sequential node at `path` and, in the same transaction, writes empty
+/// data to `parent`, whose answered stat counts its children just after the create. Gives the
+/// node's path and sequence, its `czxid` (the transaction's zxid, which is also the parent's new
+/// `mzxid`: the create's own stat is not filled in by every server version), and the count.
+/// An operation's failure comes back as that operation's error.
+async fn create_counted(
+    client: &Client,
+    path: &str,
+    parent: &str,
+    options: &zookeeper_client::CreateOptions<'_>,
+) -> std::result::Result<(String, i64, i64, Option<i32>), ZkError> {
+    let mut writer = client.new_multi_writer();
+    writer.add_create(path, &[], options)?;
+    writer.add_set_data(parent, &[], None)?;
+    let results = writer.commit().await.map_err(ZkError::from)?;
+    match results.as_slice() {
+        [
+            MultiWriteResult::Create { path: created, .. },
+            MultiWriteResult::SetData { stat },
+        ] => {
+            let seq = crate::names::sequence(created).ok_or_else(|| {
+                ZkError::UnexpectedError("a sequential create answered without a sequence".into())
+            })?;
+            Ok((created.clone(), seq, stat.mzxid, Some(stat.num_children)))
+        }
+        _ => Err(ZkError::UnexpectedError(
+            "a create-and-count transaction answered out of shape".into(),
+        )),
     }
 }
 
@@ -275,7 +335,7 @@ async fn enqueue_detached(
     parent: &str,
     marker: &str,
     report: oneshot::Sender<Outcome>,
-) -> std::result::Result<(Node, Option<Vec<String>>), LockError> {
+) -> std::result::Result<(Node, Ahead), LockError> {
     let (inner, session, parent, marker) = (
         inner.clone(),
         session.clone(),
@@ -284,9 +344,9 @@ async fn enqueue_detached(
     );
     Detach::new(async move {
         match inner.enqueue(&session, &parent, &marker).await {
-            Ok((node, children)) => {
+            Ok((node, ahead)) => {
                 let _ = report.send(Outcome::Created(node.clone()));
-                Ok((node, children))
+                Ok((node, ahead))
             }
             Err((error, outcome)) => {
                 let _ = report.send(outcome);
@@ -414,9 +474,18 @@ impl ZkLock {
         let parent = self.inner.config.name_path(name);
         let marker = protected_marker();
         let (pending, report) = arm(session, &parent, &marker);
-        let (node, mut listed) =
+        let (node, ahead) =
             enqueue_detached(&self.inner, session, &parent, &marker, report).await?;
         recovery.reached_server();
+        let mut listed = match ahead {
+            Ahead::Nobody => {
+                let grant = self.grant(name, session.clone(), node);
+                pending.disarm();
+                return Ok(Waited::Granted(grant));
+            }
+            Ahead::Listed(children) => Some(children),
+            Ahead::Unknown => None,
+        };
         let client = match session.client() {
             Ok(client) => client,
             Err(_) => {
@@ -568,11 +637,16 @@ impl RawLock for ZkLock {
         let parent = self.inner.config.name_path(name);
         let marker = protected_marker();
         let (pending, report) = arm(&session, &parent, &marker);
-        let (node, listed) =
+        let (node, ahead) =
             enqueue_detached(&self.inner, &session, &parent, &marker, report).await?;
-        let children = match listed {
-            Some(children) => children,
-            None => match timed(
+        let children = match ahead {
+            Ahead::Nobody => {
+                let grant = self.grant(name, session, node);
+                pending.disarm();
+                return Ok(Some(grant));
+            }
+            Ahead::Listed(children) => children,
+            Ahead::Unknown => match timed(
                 session.command_timeout,
                 session.client()?.list_children(&parent),
             )
