@@ -2,21 +2,54 @@
 //! so every session (the lock's own, and the one `expire_session` attaches to) gets the same
 //! credentials and TLS.
 
+use std::time::Duration;
+
+use dlock_api::raw::time::after;
 use dlock_api::{LockError, Result};
+use tokio::time::Instant;
 use zookeeper_client::{Client, Connector};
 
 use crate::BACKEND;
 use crate::config::ZkConfig;
 use crate::error::map_err;
 
-/// Connects a new client (a new session) within the connect timeout.
+/// Connects a new client (a new session) within the connect timeout. The connector gives up
+/// after one pass over the hosts (see [`connector`]); a pass that finds no host ready (all
+/// down, or a handshake too slow on a loaded machine) is tried again, with a growing pause,
+/// until the connect timeout. A refusal that another pass would not change (bad arguments,
+/// failed authentication) ends it at once. Past the timeout the last pass's error is
+/// returned, so a refused certificate is reported as such, not as a timeout.
 pub(crate) async fn client(config: &ZkConfig) -> Result<Client> {
     let hosts = config.connect_string();
-    let connecting = dial(connector(config)?, config, &hosts);
-    tokio::time::timeout(config.connect_timeout, connecting)
-        .await
-        .map_err(|_| LockError::command_timeout(BACKEND, config.connect_timeout))?
-        .map_err(connect_error)
+    let deadline = after(Instant::now(), config.connect_timeout);
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let connecting = dial(connector(config)?, config, &hosts);
+        let error = match tokio::time::timeout(left, connecting).await {
+            Ok(Ok(client)) => return Ok(client),
+            Ok(Err(error)) if passes_again(&error) => error,
+            Ok(Err(error)) => return Err(connect_error(error)),
+            Err(_) => return Err(LockError::command_timeout(BACKEND, config.connect_timeout)),
+        };
+        if Instant::now() + pause >= deadline {
+            return Err(connect_error(error));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
+}
+
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+const MAX_PAUSE: Duration = Duration::from_millis(500);
+
+/// Whether another pass over the hosts may succeed where this one failed.
+fn passes_again(error: &zookeeper_client::Error) -> bool {
+    use zookeeper_client::Error;
+    matches!(
+        error,
+        Error::NoHosts | Error::ConnectionLoss | Error::Timeout | Error::Throttled
+    )
 }
 
 /// A connector with the configuration's session timeout, credentials and TLS. It fails fast
