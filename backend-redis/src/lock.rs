@@ -133,7 +133,7 @@ impl RedisLock {
             let (inner, keys, owner) = (inner.clone(), keys.clone(), owner.clone());
             PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner))
         };
-        let reply: Vec<i64> = inner
+        let reply: redis::Value = inner
             .conn
             .run_script(
                 inner.config.command_timeout,
@@ -148,8 +148,21 @@ impl RedisLock {
                 ],
             )
             .await?;
-        match reply[..] {
-            [1, token, pttl] => {
+        let answer = match &reply {
+            // Taken just now: the lease is the TTL the script set.
+            redis::Value::Int(token) => Some([1, *token, options.ttl().as_millis() as i64]),
+            redis::Value::Array(items) => match items.as_slice() {
+                [
+                    redis::Value::Int(a),
+                    redis::Value::Int(b),
+                    redis::Value::Int(c),
+                ] => Some([*a, *b, *c]),
+                _ => None,
+            },
+            _ => None,
+        };
+        match answer {
+            Some([1, token, pttl]) => {
                 if inner.config.wait_replicas > 0 {
                     self.wait_for_replicas().await?;
                 }
@@ -163,7 +176,7 @@ impl RedisLock {
                     after(started, lease),
                 )))
             }
-            [0, pttl, fence] => {
+            Some([0, pttl, fence]) => {
                 // Queued or not, the caller's own cleanup covers the queue from here.
                 pending.disarm();
                 Ok(Attempt::Busy {

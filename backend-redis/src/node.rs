@@ -251,7 +251,7 @@ impl Node {
         timeout: Duration,
     ) -> Result<NodeAttempt> {
         let ttl_ms = ttl.as_millis().max(1).to_string();
-        let reply: Vec<Value> = self
+        let reply: Value = self
             .conn
             .run_script(
                 timeout,
@@ -260,17 +260,23 @@ impl Node {
                 &[owner, &ttl_ms],
             )
             .await?;
-        match reply.as_slice() {
-            [Value::Int(1), Value::Int(token)] if *token > 0 => Ok(NodeAttempt::Taken {
-                token: *token as u64,
-            }),
+        let busy = match &reply {
+            Value::Int(token) if *token > 0 => {
+                return Ok(NodeAttempt::Taken {
+                    token: *token as u64,
+                });
+            }
+            Value::Array(busy) => busy.as_slice(),
+            _ => &[],
+        };
+        match busy {
             [Value::Int(0), Value::Int(pttl), holder] => Ok(NodeAttempt::Busy {
                 holder: text(holder).unwrap_or_default().to_owned(),
                 pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
             }),
-            other => Err(LockError::unexpected(
+            _ => Err(LockError::unexpected(
                 crate::BACKEND,
-                format!("unexpected node acquire reply {other:?}"),
+                format!("unexpected node acquire reply {reply:?}"),
             )),
         }
     }

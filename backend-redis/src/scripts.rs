@@ -71,7 +71,9 @@ end
 /// Acquire. KEYS: lock, fence, queue, waiters. ARGV: owner, ttl_ms, enqueue (`0`/`1`),
 /// presence_ms, channel.
 ///
-/// Returns `{1, token, pttl}` when the caller holds the lock (taken now, or granted to it by a
+/// Returns the token alone when the lock was free with nobody queued and is now the caller's
+/// (its lease is the TTL just set: the common case answers with the smallest reply to parse),
+/// `{1, token, pttl}` when the caller holds it otherwise (held already, or granted to it by a
 /// release whose message may still be on its way), else `{0, holder's PTTL, fence}` (`-2`: free
 /// but a live waiter is first; `fence`: the last token handed out, so a waiter can tell a grant
 /// made after this answer, whose token is higher, from one made before). With enqueue, a busy
@@ -84,7 +86,7 @@ local owner = ARGV[1]
 -- The uncontended case, with the fewest calls: nobody queued and the lock free. (Held, even by
 -- the caller, it falls through to the checks below.)
 if redis.call('EXISTS', queue) == 0 and redis.call('SET', lock, owner, 'NX', 'PX', ARGV[2]) then
-  return {1, raise_fence(fence, now_us()), tonumber(ARGV[2])}
+  return raise_fence(fence, now_us())
 end
 local holder = redis.call('GET', lock)
 if holder == owner then
@@ -169,12 +171,12 @@ return 0
 
 /// Node acquire, for multi-node algorithms (no queue). KEYS: lock, fence. ARGV: owner, ttl_ms.
 ///
-/// `SET NX PX` and, when set, `{1, token}`: the name's fence counter plus one (a plain counter,
+/// `SET NX PX` and, when set, the token alone: the name's fence counter plus one (a plain counter,
 /// without the single-node clock floor, so that nodes which saw the same grants hand out the same
 /// token and a quorum usually agrees on it). When someone holds the lock, `{0, PTTL, holder}`.
 pub(crate) const NODE_ACQUIRE: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
+  return redis.call('INCR', KEYS[2])
 end
 return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]) or ''}
 ";

@@ -18,7 +18,7 @@ use crate::lock::Inner;
 pub(crate) struct RedlockLease {
     inner: Arc<Inner>,
     name: LockName,
-    keys: LockKeys,
+    keys: Arc<LockKeys>,
     owner: String,
     /// The validity obtained by the grant or the last extend that reached a quorum.
     valid_until: Mutex<Instant>,
@@ -34,7 +34,7 @@ impl RedlockLease {
     pub(crate) fn new(
         inner: Arc<Inner>,
         name: LockName,
-        keys: LockKeys,
+        keys: Arc<LockKeys>,
         owner: String,
         valid_until: Instant,
         session: Arc<Session>,

@@ -94,18 +94,21 @@
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release | 3,354 pairs/s, p50 282 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 4,089 pairs/s, p50 234 µs | 0.79× [0.79–0.85] (0.86× in another run) |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 454 µs, p99 837 µs | parallel `DEL`+`PUBLISH` ×5, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 200 µs | 2.3× [2.2–2.5] (2.0× in another run) |
-//! | many names, one client, 1 / 16 tasks | 4,472 / 19,435 pairs/s | 5,199 / 26,044 pairs/s | 0.87× / 0.76× |
+//! | uncontended acquire + release | 2,686 pairs/s, p50 363 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 3,044 pairs/s, p50 316 µs | 0.88× [0.83–0.96] |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 486 µs, p99 797 µs | parallel `DEL`+`PUBLISH` ×5, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 284 µs | 1.71× [1.71–1.74] |
+//! | many names, one client, 1 / 16 tasks | 3,352 / 15,075 pairs/s | 3,791 / 20,757 pairs/s | 0.88× / 0.71× |
 //!
 //! Polling Redlock clients hand a lock off in 25–63 ms at p50; the announcement wake-up is
 //! about 50–100× faster. A waiter woken by a release first takes the agreed node alone, then the
 //! others, so that waiters woken together do not split the nodes among them: that costs one
 //! round trip more than the floor's single parallel round. (Asking every node at once and
 //! letting the winner of the agreed node fill in the rest was measured: with three waiters
-//! woken together the splits made the p50 hand-off slower, 624 µs.) An uncontended pair pays
-//! for the fence counter (`INCR`) in the acquire script and the announcement in the release
-//! script on every node.
+//! woken together the splits made the p50 hand-off slower, 624 µs.) On five nodes the client's
+//! own work is most of a pair's cost (the raw pair alone is about 150k instructions); dlock adds
+//! about 17k to it: the fence counter (`INCR`) in the acquire script and the announcement in
+//! the release script on every node, the reconnecting connection manager, and the per-node
+//! timeouts. The keys of a name are built once per acquire and shared, and a node that takes
+//! the lock answers with the bare token.
 //!
 //! ## Fault model
 //! Redlock assumes bounded network delays, process pauses and clock *rate* error: a holder

@@ -161,7 +161,7 @@ impl Redlock {
     async fn round(
         &self,
         name: &LockName,
-        keys: &LockKeys,
+        keys: &Arc<LockKeys>,
         options: &LockOptions,
         gated: bool,
     ) -> Round {
@@ -354,7 +354,7 @@ impl Redlock {
     fn grant(
         &self,
         name: &LockName,
-        keys: &LockKeys,
+        keys: &Arc<LockKeys>,
         owner: String,
         token: u64,
         valid_until: Instant,
@@ -384,7 +384,7 @@ impl Redlock {
 /// Releases `owner`'s key on every node, in the background, announcing each deletion (a waiter
 /// that lost the agreed node to this attempt wakes on it). Each release rides the node's
 /// connection after the `SET` it undoes.
-pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: LockKeys, owner: String) {
+pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: Arc<LockKeys>, owner: String) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -475,7 +475,7 @@ impl RawLock for Redlock {
     }
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
-        let keys = self.keys(name);
+        let keys = Arc::new(self.keys(name));
         match self.round(name, &keys, options, false).await {
             Round::Granted(grant) => Ok(Some(grant)),
             Round::Busy { .. } => Ok(None),
@@ -490,7 +490,7 @@ impl RawLock for Redlock {
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
         let inner = &self.inner;
-        let keys = self.keys(name);
+        let keys = Arc::new(self.keys(name));
         let quorum = inner.config.quorum();
         let ttl = options.ttl();
         // The first round fails fast: a deployment without a quorum is an error, not a wait.

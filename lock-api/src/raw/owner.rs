@@ -12,7 +12,8 @@ pub fn random_owner() -> String {
         *digit = HEX[(bits & 0xf) as usize];
         bits >>= 4;
     }
-    digits.iter().map(|&digit| char::from(digit)).collect()
+    // Hex digits are ASCII, so this never falls back.
+    std::str::from_utf8(&digits).unwrap_or_default().to_owned()
 }
 
 #[cfg(test)]
