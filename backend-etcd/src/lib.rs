@@ -98,14 +98,19 @@
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release | 1,086 pairs/s, p50 860 µs | a create transaction on a lease + a delete guarded by the create revision: 1,154 pairs/s, p50 789 µs | 0.92× [0.90–0.96] |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 572 µs, p99 4.4 ms | the guarded delete, then the waiter's watch fires: p50 461 µs | 1.34× [1.12–1.56] (1.26× [1.16–1.27] in another run) |
-//! | many names, one client, 1 / 16 tasks | 1,080 / 3,508 pairs/s | 1,269 / 4,181 pairs/s | 0.92× / 0.87× |
+//! | uncontended acquire + release | 767 pairs/s, p50 1,260 µs | a create transaction on a lease + a delete guarded by the create revision: 824 pairs/s, p50 1,152 µs | 0.93× [0.92–0.95] |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 702 µs, p99 1.7 ms | the guarded delete, then the waiter's watch fires: p50 629 µs | 1.12× [1.12–1.18] |
+//! | many names, one client, 1 / 16 tasks | 865 / 3,269 pairs/s | 963 / 3,684 pairs/s | 0.91× / 0.90× |
+//!
+//! (Two more runs that day: uncontended 0.94× and 0.89×, hand-off 1.14× and 1.12×. Every write
+//! waits for the member's disk, so the absolute figures follow the disk; an earlier session on
+//! a faster one saw 0.92× and a hand-off of 1.26–1.34× in its noisier runs.)
 //!
 //! The acquire is one transaction that both creates the key and reads the queue, so an
 //! uncontended pair costs the floor's two writes. A hand-off in a queue of up to eight costs the
-//! release and the watch event alone; the floor is one holder and one waiter, while dlock's
-//! phase has four clients re-queuing as they release.
+//! release and the watch event alone; the floor is one holder and one waiter watching one key,
+//! while dlock's waiters each watch the name's deletions, so the server sends every release to
+//! all of them.
 //!
 //! ## Fault model and versions
 //! A lock is as safe as etcd's linearizability and the lease deadline: a holder that stops (GC
