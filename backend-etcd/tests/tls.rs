@@ -61,14 +61,7 @@ async fn locks_over_tls_trusting_a_private_ca() {
         }
     };
     wait_for::within(BOUND, "the waiter to queue", queued).await;
-    let token = held.fencing_token();
-    held.release().await.unwrap();
-    let next = wait_for::within(BOUND, "the hand-off over TLS", waiter)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > token);
-    next.release().await.unwrap();
+    wait_for::hands_over(BOUND, held, waiter).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,13 +62,6 @@ async fn a_name_node_without_write_permission_still_queues_and_hands_over() {
         }
     })
     .await;
-    let token = first.fencing_token();
-    first.release().await.unwrap();
-    let second = wait_for::within(BOUND, "the hand-over", waiter)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(second.fencing_token() > token);
-    second.release().await.unwrap();
+    wait_for::hands_over(BOUND, first, waiter).await;
     admin.delete(&parent, None).await.unwrap();
 }

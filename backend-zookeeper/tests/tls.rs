@@ -62,14 +62,7 @@ async fn acquire_wait_and_release_over_tls() {
         }
     })
     .await;
-    let token = guard.fencing_token();
-    guard.release().await.unwrap();
-    let next = wait_for::within(BOUND, "the waiter after the release", waiter)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(next.fencing_token() > token);
-    next.release().await.unwrap();
+    wait_for::hands_over(BOUND, guard, waiter).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

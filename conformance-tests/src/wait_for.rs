@@ -34,3 +34,29 @@ pub async fn until(bound: Duration, what: &str, mut check: impl FnMut() -> bool)
     })
     .await
 }
+
+/// Releases `held` and waits (up to `bound`) for `waiter`, a spawned acquire of the same name
+/// queued behind it, to be handed the lock; checks that the new guard's fencing token is higher,
+/// and releases it too.
+///
+/// # Panics
+/// When the release fails, the waiter does not get the lock within `bound`, or its token is not
+/// higher.
+pub async fn hands_over(
+    bound: Duration,
+    held: dlock_api::LockGuard,
+    waiter: tokio::task::JoinHandle<dlock_api::Result<dlock_api::LockGuard>>,
+) {
+    let token = held.fencing_token();
+    held.release().await.expect("the holder's release");
+    let next = within(bound, "the waiter to be handed the lock", waiter)
+        .await
+        .expect("the waiter's task")
+        .expect("the waiter's acquire");
+    assert!(
+        next.fencing_token() > token,
+        "the next holder's token {:?} is not above {token:?}",
+        next.fencing_token()
+    );
+    next.release().await.expect("the next holder's release");
+}
