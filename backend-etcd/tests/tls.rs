@@ -31,18 +31,9 @@ async fn locks_over_tls_trusting_a_private_ca() {
     let name = LockName::new("tls/lock").unwrap();
     let wait = LockOptions::new().with_wait_timeout(BOUND);
     let held = a.acquire(&name, &wait).await.unwrap();
-    assert!(
-        b.try_acquire(&name, &LockOptions::new())
-            .await
-            .unwrap()
-            .is_none()
-    );
     // A waiter's watch and its session lease's keep-alives run over TLS too: it is handed the
     // lock when the holder releases (its 30 s lease rules out expiry).
-    let waiter = tokio::spawn({
-        let name = name.clone();
-        async move { b.acquire(&name, &wait).await }
-    });
+    let waiter = wait_for::queued_waiter(BOUND, &b, &name).await;
     let queued = async {
         let mut raw = etcd_client::Client::connect(etcd.endpoints(), None)
             .await

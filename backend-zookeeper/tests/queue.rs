@@ -43,19 +43,7 @@ async fn a_name_node_without_write_permission_still_queues_and_hands_over() {
     );
     let first = a.try_acquire(&name, &LockOptions::new()).await.unwrap();
     let first = first.expect("a free name is granted");
-    assert!(
-        b.try_acquire(&name, &LockOptions::new())
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move {
-            b.acquire(&name, &LockOptions::new().with_wait_timeout(BOUND))
-                .await
-        }
-    });
+    let waiter = wait_for::queued_waiter(BOUND, &b, &name).await;
     wait_for::within(BOUND, "the waiter to queue", async {
         while admin.list_children(&parent).await.map_or(0, |c| c.len()) < 2 {
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -35,19 +35,7 @@ async fn acquire_wait_and_release_over_tls() {
     );
     let name = name("handoff");
     let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    assert!(
-        b.try_acquire(&name, &LockOptions::new())
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move {
-            b.acquire(&name, &LockOptions::new().with_wait_timeout(BOUND))
-                .await
-        }
-    });
+    let waiter = wait_for::queued_waiter(BOUND, &b, &name).await;
     // Read through the server's plain port, which the test server keeps open.
     let reader = common::raw_client(&zk.connect_string()).await.unwrap();
     let config = ZkConfig::from_url(&url).unwrap();

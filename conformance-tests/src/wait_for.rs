@@ -60,3 +60,30 @@ pub async fn hands_over(
     );
     next.release().await.expect("the next holder's release");
 }
+
+/// Checks that `client` finds `name` busy now, then spawns its blocking acquire of `name`
+/// (waiting up to `bound`), to queue behind the holder; pass the handle to [`hands_over`].
+///
+/// # Panics
+/// When `name` is free or the check fails.
+pub async fn queued_waiter<L>(
+    bound: Duration,
+    client: &L,
+    name: &dlock_api::LockName,
+) -> tokio::task::JoinHandle<dlock_api::Result<dlock_api::LockGuard>>
+where
+    L: dlock_api::DistributedLock + Clone + 'static,
+{
+    let options = dlock_api::LockOptions::new();
+    let refused = client.try_acquire(name, &options).await;
+    assert!(
+        matches!(refused, Ok(None)),
+        "`{name}` should be busy: {refused:?}"
+    );
+    let (client, name) = (client.clone(), name.clone());
+    tokio::spawn(async move {
+        client
+            .acquire(&name, &options.with_wait_timeout(bound))
+            .await
+    })
+}
