@@ -114,6 +114,57 @@ impl RedisLock {
         )
     }
 
+    /// The first attempt of an acquire: one round trip with the smallest script, which takes the
+    /// lock if it is free with nobody queued. `None` if someone holds it; when it is free but
+    /// waiters are queued, the full [`attempt`](Self::attempt) decides, without queueing.
+    async fn attempt_first(
+        &self,
+        name: &LockName,
+        keys: &Arc<LockKeys>,
+        owner: &Arc<str>,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        let ttl_ms = options.ttl().as_millis().max(1).to_string();
+        let (reply, started, pending) = self
+            .send_acquire(
+                &self.inner.scripts.acquire_first,
+                keys,
+                owner,
+                &[&keys.lock, &keys.fence, &keys.queue],
+                &[owner, &ttl_ms],
+            )
+            .await?;
+        match reply {
+            redis::Value::Int(0) => {
+                pending.disarm();
+                Ok(None)
+            }
+            // Taken just now: the lease is the TTL the script set.
+            redis::Value::Int(token) => self
+                .granted(
+                    pending,
+                    name,
+                    keys,
+                    owner,
+                    token,
+                    after(started, options.ttl()),
+                )
+                .await
+                .map(Some),
+            redis::Value::Nil => {
+                pending.disarm();
+                match self.attempt(name, keys, owner, options, false).await? {
+                    Attempt::Granted(grant) => Ok(Some(grant)),
+                    Attempt::Busy { .. } => Ok(None),
+                }
+            }
+            reply => Err(LockError::backend(
+                BACKEND,
+                format!("unexpected acquire reply {reply:?}"),
+            )),
+        }
+    }
+
     /// One round trip: take the lock if free and nobody is first in line, or (with `enqueue`)
     /// join or refresh the queue.
     async fn attempt(
@@ -124,24 +175,17 @@ impl RedisLock {
         options: &LockOptions,
         enqueue: bool,
     ) -> Result<Attempt> {
-        let inner = &self.inner;
         let ttl_ms = options.ttl().as_millis().max(1).to_string();
         let presence_ms = self.presence().as_millis().to_string();
-        let started = Instant::now();
-        // The script may take effect even if this future is dropped or the reply is lost.
-        let pending = {
-            let (inner, keys, owner) = (inner.clone(), keys.clone(), owner.clone());
-            PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner))
-        };
-        let reply: redis::Value = inner
-            .conn
-            .run_script(
-                inner.config.command_timeout,
-                &inner.scripts.acquire,
+        let (reply, started, pending) = self
+            .send_acquire(
+                &self.inner.scripts.acquire,
+                keys,
+                owner,
                 &[&keys.lock, &keys.fence, &keys.queue, &keys.waiters],
                 &[
                     owner,
-                    &*ttl_ms,
+                    &ttl_ms,
                     if enqueue { "1" } else { "0" },
                     &presence_ms,
                     &keys.channel,
@@ -149,8 +193,6 @@ impl RedisLock {
             )
             .await?;
         let answer = match &reply {
-            // Taken just now: the lease is the TTL the script set.
-            redis::Value::Int(token) => Some([1, *token, options.ttl().as_millis() as i64]),
             redis::Value::Array(items) => match items.as_slice() {
                 [
                     redis::Value::Int(a),
@@ -163,18 +205,11 @@ impl RedisLock {
         };
         match answer {
             Some([1, token, pttl]) => {
-                if inner.config.wait_replicas > 0 {
-                    self.wait_for_replicas().await?;
-                }
-                pending.disarm();
                 let lease = Duration::from_millis(pttl.max(0) as u64).min(options.ttl());
-                Ok(Attempt::Granted(self.guard(
-                    name,
-                    keys,
-                    owner,
-                    token,
-                    after(started, lease),
-                )))
+                let valid_until = after(started, lease);
+                self.granted(pending, name, keys, owner, token, valid_until)
+                    .await
+                    .map(Attempt::Granted)
             }
             Some([0, pttl, fence]) => {
                 // Queued or not, the caller's own cleanup covers the queue from here.
@@ -189,6 +224,48 @@ impl RedisLock {
                 format!("unexpected acquire reply {reply:?}"),
             )),
         }
+    }
+
+    /// Runs an acquire script for `owner` with its cleanup armed (the script may take effect even
+    /// if this future is dropped or the reply is lost): the reply, when the script was sent, and
+    /// the cleanup, to disarm once the reply is handled.
+    async fn send_acquire(
+        &self,
+        script: &redis::Script,
+        keys: &Arc<LockKeys>,
+        owner: &Arc<str>,
+        key_names: &[&str],
+        args: &[&str],
+    ) -> Result<(redis::Value, Instant, PendingAcquire)> {
+        let started = Instant::now();
+        let pending = {
+            let (inner, keys, owner) = (self.inner.clone(), keys.clone(), owner.clone());
+            PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner))
+        };
+        let reply = self
+            .inner
+            .conn
+            .run_script(self.inner.config.command_timeout, script, key_names, args)
+            .await?;
+        Ok((reply, started, pending))
+    }
+
+    /// The guard of a grant the server just made: once enough replicas have it, if asked to wait
+    /// for them (else the pending cleanup releases it).
+    async fn granted(
+        &self,
+        pending: PendingAcquire,
+        name: &LockName,
+        keys: &Arc<LockKeys>,
+        owner: &Arc<str>,
+        token: i64,
+        valid_until: Instant,
+    ) -> Result<Grant> {
+        if self.inner.config.wait_replicas > 0 {
+            self.wait_for_replicas().await?;
+        }
+        pending.disarm();
+        Ok(self.guard(name, keys, owner, token, valid_until))
     }
 
     /// `WAIT n timeout`: fails the acquire (the pending cleanup then releases) if too few replicas
@@ -277,13 +354,8 @@ impl RawLock for RedisLock {
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
         let keys = Arc::new(self.keys(name));
-        match self
-            .attempt(name, &keys, &owner_token(), options, false)
-            .await?
-        {
-            Attempt::Granted(grant) => Ok(Some(grant)),
-            Attempt::Busy { .. } => Ok(None),
-        }
+        self.attempt_first(name, &keys, &owner_token(), options)
+            .await
     }
 
     async fn wait_grant(
@@ -294,7 +366,7 @@ impl RawLock for RedisLock {
     ) -> Result<Option<Grant>> {
         let keys = Arc::new(self.keys(name));
         let owner = owner_token();
-        if let Attempt::Granted(grant) = self.attempt(name, &keys, &owner, options, false).await? {
+        if let Some(grant) = self.attempt_first(name, &keys, &owner, options).await? {
             return Ok(Some(grant));
         }
         let timeout = self.inner.config.command_timeout;

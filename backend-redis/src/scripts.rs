@@ -14,40 +14,49 @@
 
 use redis::Script;
 
-/// Helpers shared by the scripts (Lua has no includes, so each script carries the ones it uses:
-/// a helper is a closure made on every call).
-macro_rules! lua_fence_helpers {
+/// Takes the next fencing token of the name whose fence key is `fence`, given `t`, the reply of
+/// `TIME`; leaves it in `token`. Written once for the fast acquire (inline, no closure: each call
+/// of a script pays for every closure it makes) and the helpers of the other scripts.
+///
+/// The token is above the last one, and at least the server clock in microseconds, so tokens keep
+/// rising even if the fence key is lost (restart without persistence, failover to a replica that
+/// missed the last grants). `GETSET` stores the clock and returns the last token in one call;
+/// only when the last token is not below the clock (two grants in one microsecond, a clock
+/// stepped back) does a second call store the last token plus one. Lua numbers are doubles, exact
+/// below 2^53 µs (the year 2255).
+macro_rules! lua_take_token {
     () => {
         r"
-local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
--- The next fencing token: above the last one, and at least the server clock in microseconds, so
--- tokens keep rising even if the fence key is lost (restart without persistence, failover).
--- Lua numbers are doubles, exact below 2^53 us (the year 2255).
-local function raise_fence(fence, now)
-  local token = math.max(tonumber(redis.call('GET', fence) or '0') + 1, now)
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local token = tonumber(redis.call('GETSET', fence, t[1] .. string.sub('00000' .. t[2], -6)) or '0') + 1
+if token > now then
   redis.call('SET', fence, string.format('%.0f', token))
-  return token
+else
+  token = now
 end
 "
     };
 }
 
-/// `grant_next`, for the scripts that free a lock (after `lua_fence_helpers`).
+/// `grant_next`, for the scripts that free a lock: defined only once the script knows somebody
+/// is queued, so that a release with nobody waiting makes no closure.
 macro_rules! lua_grant_helper {
     () => {
-        r"
--- Gives the free lock to the first live waiter and tells it; or, if the queue held only waiters
--- whose presence lapsed, announces the lock free (one of them may still be alive and re-queue).
--- With nobody queued there is nobody to tell: a waiter not yet queued re-checks after subscribing.
-local function grant_next(lock, fence, queue, waiters, channel)
-  local head = redis.call('LPOP', queue)
-  if not head then return end
-  local now = now_us()
-  local now_ms = math.floor(now / 1000)
+        concat!(
+            r"
+local function raise_fence(fence, t)
+",
+            lua_take_token!(),
+            r"
+  return token
+end
+
+-- Gives the free lock to the first live waiter, starting with `head` (already popped), and tells
+-- it; or, if the queue held only waiters whose presence lapsed, announces the lock free (one of
+-- them may still be alive and re-queue).
+local function grant_next(head, lock, fence, queue, waiters, channel)
+  local t = redis.call('TIME')
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while head do
     local entry = redis.call('HGET', waiters, head)
     redis.call('HDEL', waiters, head)
@@ -55,7 +64,7 @@ local function grant_next(lock, fence, queue, waiters, channel)
       local deadline, ttl = string.match(entry, '^(%d+):(%d+)$')
       if tonumber(deadline) > now_ms then
         redis.call('SET', lock, head, 'PX', ttl)
-        local token = raise_fence(fence, now)
+        local token = raise_fence(fence, t)
         redis.call('PUBLISH', channel, 'granted ' .. head .. ' ' .. string.format('%.0f', token))
         return
       end
@@ -65,35 +74,51 @@ local function grant_next(lock, fence, queue, waiters, channel)
   redis.call('PUBLISH', channel, 'free')
 end
 "
+        )
     };
 }
+
+/// The first attempt of an acquire, with the fewest keys, arguments and calls: a fresh owner
+/// cannot hold the lock already, and does not queue yet. KEYS: lock, fence, queue. ARGV: owner,
+/// ttl_ms.
+///
+/// Returns the token when the lock was free with nobody queued and is now the caller's (its lease
+/// is the TTL just set), `0` when someone holds it, and nil when it is free but waiters are
+/// queued: [`ACQUIRE`] then decides (a live waiter goes first; lapsed ones are dropped).
+const ACQUIRE_FIRST: &str = concat!(
+    r"
+local fence = KEYS[2]
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+  local t = redis.call('TIME')
+",
+    lua_take_token!(),
+    r"
+  return token
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+return false
+"
+);
 
 /// Acquire. KEYS: lock, fence, queue, waiters. ARGV: owner, ttl_ms, enqueue (`0`/`1`),
 /// presence_ms, channel.
 ///
-/// Returns the token alone when the lock was free with nobody queued and is now the caller's
-/// (its lease is the TTL just set: the common case answers with the smallest reply to parse),
-/// `{1, token, pttl}` when the caller holds it otherwise (held already, or granted to it by a
-/// release whose message may still be on its way), else `{0, holder's PTTL, fence}` (`-2`: free
-/// but a live waiter is first; `fence`: the last token handed out, so a waiter can tell a grant
-/// made after this answer, whose token is higher, from one made before). With enqueue, a busy
-/// answer also queues the caller (or refreshes its presence).
+/// Returns `{1, token, pttl}` when the caller holds the lock (taken now, held already, or granted
+/// to it by a release whose message may still be on its way), else `{0, holder's PTTL, fence}`
+/// (`-2`: free but a live waiter is first; `fence`: the last token handed out, so a waiter can
+/// tell a grant made after this answer, whose token is higher, from one made before). With
+/// enqueue, a busy answer also queues the caller (or refreshes its presence).
 const ACQUIRE: &str = concat!(
-    lua_fence_helpers!(),
     r"
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = ARGV[1]
--- The uncontended case, with the fewest calls: nobody queued and the lock free. (Held, even by
--- the caller, it falls through to the checks below.)
-if redis.call('EXISTS', queue) == 0 and redis.call('SET', lock, owner, 'NX', 'PX', ARGV[2]) then
-  return raise_fence(fence, now_us())
-end
 local holder = redis.call('GET', lock)
 if holder == owner then
   return {1, tonumber(redis.call('GET', fence)), redis.call('PTTL', lock)}
 end
-local now = now_us()
-local now_ms = math.floor(now / 1000)
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if not holder then
   local head = redis.call('LINDEX', queue, 0)
   while head do
@@ -109,7 +134,10 @@ if not holder then
       redis.call('HDEL', waiters, owner)
     end
     redis.call('SET', lock, owner, 'PX', ARGV[2])
-    return {1, raise_fence(fence, now), tonumber(ARGV[2])}
+",
+    lua_take_token!(),
+    r"
+    return {1, token, tonumber(ARGV[2])}
   end
   -- Free with a live waiter first (its holder expired rather than released): wake it.
   redis.call('PUBLISH', ARGV[5], 'free')
@@ -129,12 +157,15 @@ return {0, redis.call('PTTL', lock), tonumber(redis.call('GET', fence) or '0')}
 /// Release. KEYS: lock, fence, queue, waiters. ARGV: owner, channel. Deletes the lock only if the
 /// caller owns it and hands it to the next live waiter. Returns 1 or 0.
 const RELEASE: &str = concat!(
-    lua_fence_helpers!(),
-    lua_grant_helper!(),
     r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
-grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2])
+local head = redis.call('LPOP', KEYS[3])
+if not head then return 1 end
+",
+    lua_grant_helper!(),
+    r"
+grant_next(head, KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2])
 return 1
 "
 );
@@ -143,12 +174,12 @@ return 1
 /// release granted the lock to the caller meanwhile, releases it onward (returns 2); otherwise
 /// leaves the queue (returns 1), waking the next waiter if the lock is free.
 const CANCEL: &str = concat!(
-    lua_fence_helpers!(),
     lua_grant_helper!(),
     r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2])
+  local head = redis.call('LPOP', KEYS[3])
+  if head then grant_next(head, KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2]) end
   return 2
 end
 redis.call('LREM', KEYS[3], 0, ARGV[1])
@@ -248,6 +279,7 @@ return {redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]),
 /// The scripts, hashed once per client.
 #[derive(Debug)]
 pub(crate) struct Scripts {
+    pub(crate) acquire_first: Script,
     pub(crate) acquire: Script,
     pub(crate) release: Script,
     pub(crate) cancel: Script,
@@ -258,6 +290,7 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub(crate) fn new() -> Self {
         Self {
+            acquire_first: Script::new(ACQUIRE_FIRST),
             acquire: Script::new(ACQUIRE),
             release: Script::new(RELEASE),
             cancel: Script::new(CANCEL),
