@@ -1,8 +1,7 @@
 //! The contended hand-off loop, written once: `dlock bench` runs dlock's clients through it, and
-//! the floors of the backends whose servers queue waiters (MySQL's `GET_LOCK`, Postgres's
-//! `pg_advisory_lock`) run raw connections through the same loop, so both sides of the ratio
-//! are measured the same way: as many contenders, each holding as long, each release with
-//! waiters.
+//! the floors of MySQL's `GET_LOCK`, Postgres's `pg_advisory_lock` and Redis's notified
+//! `SET NX` run raw connections through the same loop, so both sides of the ratio are measured
+//! the same way: as many contenders, each holding as long, each release with waiters.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

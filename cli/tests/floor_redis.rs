@@ -9,7 +9,7 @@ use dlock_test_servers::RedisServer;
 fn bench_measures_every_raw_floor_of_redis() {
     let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
     let report = common::bench(&redis.url());
-    common::assert_every_floor_measured(&report, "DEL+PUBLISH, subscriber SET NX");
+    common::assert_every_floor_measured(&report, "DEL+PUBLISH, waiters race SET NX");
     assert_eq!(
         report["raw_parallel_floor"]["client"], "one multiplexed connection",
         "{report}"

@@ -58,9 +58,11 @@ pub(crate) trait Protocol {
     async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>>;
 
     /// Hand-offs for `duration` after a warm-up: each one's latency, from the holder sending its
-    /// release to the next holder's acquire answered. A backend whose server queues waiters runs
-    /// `waiters` connections, each holding `hold`, through [`contend`](crate::contend::contend),
-    /// as dlock's own phase does; the others hand off between two clients.
+    /// release to the next holder's acquire answered. Redis, and the backends whose server queues
+    /// waiters, run `waiters` connections, each holding `hold`, through
+    /// [`contend`](crate::contend::contend), as dlock's own phase does (a process that idles
+    /// through each hold wakes slower than one that runs back to back, and both sides of the ratio
+    /// must pay that alike); the others hand off between two clients, back to back.
     async fn handoffs(
         &self,
         duration: Duration,

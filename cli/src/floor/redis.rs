@@ -139,11 +139,11 @@ mod single {
     use redis::cluster::{ClusterClientBuilder, ClusterConfig};
     use redis::cluster_async::ClusterConnection;
     use redis::{FromRedisValue, PushInfo, Script};
-    use tokio::sync::mpsc::UnboundedSender;
-    use tokio::time::Instant;
+    use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
     use super::{COMPARE_AND_DELETE, DELETE_AND_PUBLISH, NodeAccess, bounded, set_nx, token};
-    use crate::floor::{Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
+    use crate::contend::{Contender, contend};
+    use crate::floor::{Ops, Pairs, Protocol, many, pairs_of};
 
     const BACKEND: &str = "redis";
 
@@ -354,11 +354,56 @@ mod single {
         }
     }
 
+    /// One connection contending for the key: `SET NX PX`, and on failure, waiting for the
+    /// channel's next message; releasing with `DEL` and `PUBLISH` in one script.
+    struct RawContender {
+        conn: Conn,
+        /// The connection's push messages: the channel's, and its subscription's confirmation
+        /// (one spare wake-up).
+        released: UnboundedReceiver<PushInfo>,
+        key: String,
+        channel: String,
+        owner: String,
+        release: Script,
+        timeout: Duration,
+    }
+
+    impl Contender for RawContender {
+        async fn lock(&mut self) -> Result<()> {
+            loop {
+                // Messages already here announced releases before this `SET`, which sees them.
+                while self.released.try_recv().is_ok() {}
+                let taken: Option<String> = self
+                    .conn
+                    .query(self.timeout, &set_nx(&self.key, &self.owner))
+                    .await?;
+                if taken.is_some() {
+                    return Ok(());
+                }
+                // Bounded only so that a lost connection cannot hang the run.
+                let _ = tokio::time::timeout(self.timeout, self.released.recv()).await;
+            }
+        }
+
+        async fn unlock(&mut self) -> Result<()> {
+            let _: i64 = self
+                .conn
+                .run_script(
+                    self.timeout,
+                    &self.release,
+                    &self.key,
+                    &[&self.channel, "released"],
+                )
+                .await?;
+            Ok(())
+        }
+    }
+
     impl Protocol for Redis {
         fn ops(&self) -> Ops {
             Ops {
                 pair: "SET NX PX + EVALSHA compare-and-delete",
-                handoff: "DEL+PUBLISH, subscriber SET NX",
+                handoff: "DEL+PUBLISH, waiters race SET NX",
                 client: "one multiplexed connection".to_owned(),
             }
         }
@@ -368,54 +413,37 @@ mod single {
             pairs_of(&pairs, duration).await
         }
 
-        /// One connection holds the key, another is subscribed to a channel; the holder deletes
-        /// the key and publishes in one script, and the subscriber, on the message, takes the
-        /// key with `SET NX PX`. Each sample runs from the release being issued to the
-        /// subscriber's `SET` being answered, the span `dlock bench` measures for dlock.
+        /// `waiters` connections, each subscribed to the key's channel, run through the same
+        /// contention loop as dlock's own phase: a holder deletes the key and publishes in one
+        /// script, and the waiters, woken by the message, race to take the key with `SET NX PX`
+        /// (the losers wait for the next message). A sample runs from a holder sending its
+        /// release to the next holder's `SET` answered.
         async fn handoffs(
             &self,
             duration: Duration,
-            _waiters: usize,
-            _hold: Duration,
+            waiters: usize,
+            hold: Duration,
         ) -> Result<Vec<Duration>> {
-            let timeout = self.config.command_timeout;
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
-            let holder = self.connect(None).await?;
-            let waiter = self.connect(Some(tx)).await?;
             let key = self.key("handoff");
             let channel = format!("{key}:released");
-            waiter.subscribe(timeout, &channel).await?;
-            let release = Script::new(DELETE_AND_PUBLISH);
-            let handoff = async || -> Result<Duration> {
-                let _: Option<String> = holder.query(timeout, &set_nx(&key, "holder")).await?;
-                let sent = Instant::now();
-                let _: i64 = holder
-                    .run_script(timeout, &release, &key, &[&channel, "released"])
+            let mut contenders = Vec::with_capacity(waiters);
+            for _ in 0..waiters.max(2) {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
+                let conn = self.connect(Some(tx)).await?;
+                conn.subscribe(self.config.command_timeout, &channel)
                     .await?;
-                loop {
-                    let info = tokio::time::timeout(timeout, rx.recv())
-                        .await
-                        .ok()
-                        .flatten()
-                        .ok_or_else(|| LockError::command_timeout(BACKEND, timeout))?;
-                    if info.kind == redis::PushKind::Message {
-                        break;
-                    }
-                }
-                let taken: Option<String> = waiter.query(timeout, &set_nx(&key, "waiter")).await?;
-                let took = sent.elapsed();
-                if taken.is_none() {
-                    return Err(LockError::unexpected(
-                        BACKEND,
-                        "hand-off floor: the waiter's SET NX failed",
-                    ));
-                }
-                let mut del = redis::cmd("DEL");
-                del.arg(&key);
-                let _: i64 = waiter.query(timeout, &del).await?;
-                Ok(took)
-            };
-            sample_timed(WarmUp::Rounds(50), duration, handoff).await
+                contenders.push(RawContender {
+                    conn,
+                    released: rx,
+                    key: key.clone(),
+                    channel: channel.clone(),
+                    owner: token(),
+                    release: Script::new(DELETE_AND_PUBLISH),
+                    timeout: self.config.command_timeout,
+                });
+            }
+            let (samples, _) = contend(contenders, duration, hold).await?;
+            Ok(samples)
         }
 
         async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64> {
