@@ -210,14 +210,14 @@ impl Protocol for Etcd {
     /// A holder's key, and a waiter's key created behind it in the acquire transaction (put,
     /// and read the two newest keys), whose watch on the holder's key starts from that read's
     /// revision + 1 (a start above the current revision joins the server's synced watchers).
-    /// One sample is the time from the holder sending its delete (guarded by the create
+    /// The holder then holds `hold`, as dlock's contenders do. One sample is the time from the holder sending its delete (guarded by the create
     /// revision) to the waiter's watch delivering it. The two sides are two clients, each with
     /// its keys on a kept-alive lease, and the waiter's watches share one stream.
     async fn handoffs(
         &self,
         duration: Duration,
         _waiters: usize,
-        _hold: Duration,
+        hold: Duration,
     ) -> Result<Vec<Duration>> {
         let (holder, waiter) = (self.connect().await?, self.connect().await?);
         let (holder_lease, waiter_lease) = (
@@ -235,7 +235,8 @@ impl Protocol for Etcd {
             waiter_lease: waiter_lease.id,
             watches: None,
         };
-        let samples = sample_timed(WarmUp::Rounds(20), duration, async || side.once().await).await;
+        let samples =
+            sample_timed(WarmUp::Rounds(20), duration, async || side.once(hold).await).await;
         holder_lease.end().await;
         waiter_lease.end().await;
         samples
@@ -264,8 +265,8 @@ struct HandOff {
 }
 
 impl HandOff {
-    /// One hand-off; its sample.
-    async fn once(&mut self) -> Result<Duration> {
+    /// One hand-off, the holder holding `hold` once the waiter is queued; its sample.
+    async fn once(&mut self, hold: Duration) -> Result<Duration> {
         let created = self
             .holder
             .txn(create_if_absent(&self.holder_key, self.holder_lease))
@@ -309,6 +310,7 @@ impl HandOff {
             ));
         }
         let watch_id = self.watch_holder(read + 1).await?;
+        tokio::time::sleep(hold).await;
         let released = Instant::now();
         self.holder
             .txn(delete_guarded(&self.holder_key, held))

@@ -62,7 +62,8 @@ pub(crate) trait Protocol {
     /// waiters, run `waiters` connections, each holding `hold`, through
     /// [`contend`](crate::contend::contend), as dlock's own phase does (a process that idles
     /// through each hold wakes slower than one that runs back to back, and both sides of the ratio
-    /// must pay that alike); the others hand off between two clients, back to back.
+    /// must pay that alike); the others hand off between two clients, the holder holding `hold`
+    /// before each release for the same reason.
     async fn handoffs(
         &self,
         duration: Duration,

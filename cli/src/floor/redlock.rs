@@ -171,7 +171,7 @@ impl Protocol for Redlock {
     }
 
     /// The holder holds the key on every node; the waiter is subscribed to the key's channel
-    /// on every node. The holder deletes the key and publishes on every node in parallel (one
+    /// on every node. After holding `hold` (as dlock's contenders do), the holder deletes the key and publishes on every node in parallel (one
     /// script per node); on the first announcement the waiter sends `SET NX PX` to every node
     /// in parallel (on a later one, again to the nodes it did not get), and holds once a
     /// quorum said yes. Each sample runs from the release being issued to the quorum's last
@@ -180,7 +180,7 @@ impl Protocol for Redlock {
         &self,
         duration: Duration,
         _waiters: usize,
-        _hold: Duration,
+        hold: Duration,
     ) -> Result<Vec<Duration>> {
         let (timeout, quorum) = (self.config.command_timeout, self.config.quorum());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
@@ -213,6 +213,7 @@ impl Protocol for Redlock {
             {
                 return Err(unexpected("the holder's SET NX failed"));
             }
+            tokio::time::sleep(hold).await;
             let sent = Instant::now();
             let releasing =
                 join_all(holder.iter().map(|conn| {

@@ -179,13 +179,13 @@ impl Protocol for ZooKeeper {
     }
 
     /// A holder's node and a waiter's node behind it, the waiter's exists-watch on the
-    /// holder's node; one sample is the time from the holder sending its delete to the
+    /// holder's node, the holder holding `hold` (as dlock's contenders do); one sample is the time from the holder sending its delete to the
     /// waiter's listing (the check that it is first) answered. The two sides are two sessions.
     async fn handoffs(
         &self,
         duration: Duration,
         _waiters: usize,
-        _hold: Duration,
+        hold: Duration,
     ) -> Result<Vec<Duration>> {
         let dir = self.dir("handoff");
         let holder = self.sides(self.connect().await?, vec![dir.clone()]);
@@ -202,6 +202,7 @@ impl Protocol for ZooKeeper {
             if stat.is_none() {
                 return Err(unexpected("the holder's node went early"));
             }
+            tokio::time::sleep(hold).await;
             let released = Instant::now();
             holder.timed(holder.client.delete(&first, Some(0))).await?;
             tokio::time::timeout(waiter.within, watch.changed())
