@@ -75,25 +75,33 @@
 //! Measured with `dlock bench --backend redis://… --rounds 3 --duration 2s` (release build)
 //! against a local redis-server on a 2-core VM. The bench measures dlock and the raw floor in
 //! alternating slices of the same run; figures are medians with [min–max] over the rounds.
-//! Absolute latencies on that VM drift with the host's load; the ratios are what carries over.
+//! Absolute latencies on such a VM drift with the host's load (and with how slowly its idle
+//! vCPUs wake); the ratios are what carries over.
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release, 1 client | 5,377 pairs/s, p50 185 µs, p99 331 µs | `SET NX PX` + `EVALSHA` compare-and-delete: 5,979 pairs/s, p50 168 µs | 0.89× [0.88–0.90] |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 148 µs, p99 259 µs | notified hand-off (`DEL`+`PUBLISH`, subscriber `SET NX`): p50 185 µs | 0.80× [0.77–0.82] |
-//! | many names, one client, 1 task | 5,525 pairs/s | 6,282 pairs/s | 0.90× [0.74–0.92] |
-//! | many names, one client, 16 tasks | 39,195 pairs/s | 62,044 pairs/s | 0.63× [0.61–0.66] |
+//! | uncontended acquire + release, 1 client | 4,520 pairs/s, p50 212 µs, p99 362 µs | `SET NX PX` + `EVALSHA` compare-and-delete: 5,664 pairs/s, p50 169 µs | 0.80× [0.79–0.82] (0.83× in another run) |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 435 µs, p99 673 µs | 4 raw connections contending through the same loop (`DEL`+`PUBLISH`, the woken waiters racing `SET NX`): p50 460 µs | 0.92× [0.89–1.13] |
+//! | many names, one client, 1 task | 5,589 pairs/s | 8,906 pairs/s | 0.64× [0.63–0.67] |
+//! | many names, one client, 16 tasks | 21,384 pairs/s | 42,873 pairs/s | 0.58× [0.45–0.68] |
 //!
 //! The polling peers hand a lock off in 27–99 ms; dlock's grant hand-off is about 100× faster:
-//! the grant reaches the waiter in the release's own round trip. An uncontended pair makes the
-//! same system calls as the raw pair (two writes, two reads); what it pays more is server time
-//! in the scripts, about 14 µs per pair against the floor's 4.3 µs (Redis's own `commandstats`:
-//! the fencing counter and the queue check, `EXISTS`, `SET NX`, `TIME`, `GET`, `SET` to acquire
-//! and `GET`, `DEL`, `LPOP` to release; each call from Lua costs about 0.9 µs and the fence
-//! alone about 4.7 µs), and a third more client instructions (46k against 35k per pair). The
-//! common acquire answers with the bare token, the cheapest reply to parse. With 16 tasks on
-//! one connection the server's script time is what bounds throughput. The ≥ 0.95× goal would
-//! need the fence and the queue gone from the acquire, which they are not.
+//! the grant reaches the waiter in the release's own round trip, and it beats the raw notified
+//! hand-off, whose woken waiters still have to send their `SET NX`.
+//!
+//! An uncontended pair makes the same system calls as the raw pair (two writes, two reads, the
+//! same wake-ups); what it pays more is **server time**. The raw pair is one plain command and one
+//! two-call script; dlock's is two scripts: the first attempt of an acquire (`EXISTS` on the
+//! queue, `SET NX PX`, `TIME`, one `GETSET` that stores the clock and returns the last token) and
+//! the release (`GET`, `DEL`, `LPOP`). Counted with callgrind on redis-server 7.0, the server
+//! runs 93.6k instructions per dlock pair (110.7k before the first-attempt script) against 34k
+//! per raw pair: each script costs about 11.5k to set up and each call from Lua about 5k (Redis 7
+//! turns every reply into RESP and parses it back into Lua). That is the fence (monotonic and at
+//! least the server clock, so it survives a restart or a failover that lost the counter) and the
+//! queue check (FIFO when a holder expired with waiters queued), and it is also what bounds
+//! throughput with 16 tasks on one connection, where the server is the busy side. The client
+//! spends about 5 µs more CPU per pair. The ≥ 0.95× goal would need the fence or the queue check
+//! gone from the acquire, which they are not.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod client;

@@ -94,9 +94,9 @@
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release | 2,686 pairs/s, p50 363 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 3,044 pairs/s, p50 316 µs | 0.88× [0.83–0.96] |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 486 µs, p99 797 µs | parallel `DEL`+`PUBLISH` ×5, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 284 µs | 1.71× [1.71–1.74] |
-//! | many names, one client, 1 / 16 tasks | 3,352 / 15,075 pairs/s | 3,791 / 20,757 pairs/s | 0.88× / 0.71× |
+//! | uncontended acquire + release | 1,843 pairs/s, p50 538 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,174 pairs/s, p50 449 µs | 0.81× [0.80–0.85] (0.84× in another run; 0.88× on another VM) |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 1,091 µs, p99 4,464 µs | parallel `DEL`+`PUBLISH` ×5 after the same hold, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 874 µs | 1.33× [1.21–1.52] |
+//! | many names, one client, 1 / 16 tasks | 1,672 / 5,874 pairs/s | 2,081 / 9,061 pairs/s | 0.78× / 0.67× |
 //!
 //! Polling Redlock clients hand a lock off in 25–63 ms at p50; the announcement wake-up is
 //! about 50–100× faster. A waiter woken by a release first takes the agreed node alone, then the
@@ -105,8 +105,9 @@
 //! letting the winner of the agreed node fill in the rest was measured: with three waiters
 //! woken together the splits made the p50 hand-off slower, 624 µs.) On five nodes the client's
 //! own work is most of a pair's cost (the raw pair alone is about 150k instructions); dlock adds
-//! about 17k to it: the fence counter (`INCR`) in the acquire script and the announcement in
-//! the release script on every node, the reconnecting connection manager, and the per-node
+//! about 17k to it, and each of the five servers, sharing the two cores, runs a script where the
+//! floor runs a plain `SET`: the fence counter (`INCR`) in the acquire script and the announcement
+//! in the release script on every node, the reconnecting connection manager, and the per-node
 //! timeouts. The keys of a name are built once per acquire and shared, and a node that takes
 //! the lock answers with the bare token.
 //!
