@@ -226,6 +226,13 @@ impl RedisLock {
         }
     }
 
+    /// The cleanup of whatever the server may have done for `owner` (taken the lock, queued it,
+    /// granted it the lock), run unless disarmed.
+    fn arm_cleanup(&self, keys: &Arc<LockKeys>, owner: &Arc<str>) -> PendingAcquire {
+        let (inner, keys, owner) = (self.inner.clone(), keys.clone(), owner.clone());
+        PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner))
+    }
+
     /// Runs an acquire script for `owner` with its cleanup armed (the script may take effect even
     /// if this future is dropped or the reply is lost): the reply, when the script was sent, and
     /// the cleanup, to disarm once the reply is handled.
@@ -238,10 +245,7 @@ impl RedisLock {
         args: &[&str],
     ) -> Result<(redis::Value, Instant, PendingAcquire)> {
         let started = Instant::now();
-        let pending = {
-            let (inner, keys, owner) = (self.inner.clone(), keys.clone(), owner.clone());
-            PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner))
-        };
+        let pending = self.arm_cleanup(keys, owner);
         let reply = self
             .inner
             .conn
@@ -376,10 +380,7 @@ impl RawLock for RedisLock {
             .register(&self.inner.conn, &keys.channel, &owner, timeout)
             .await?;
         // From here the server may queue us or grant us the lock: a dropped wait must undo both.
-        let pending = {
-            let (inner, keys, owner) = (self.inner.clone(), keys.clone(), owner.clone());
-            PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner))
-        };
+        let pending = self.arm_cleanup(&keys, &owner);
         let refresh = self.presence() / 3;
         let mut backoff = 0;
         // The latest attempt that found the lock busy: when it was sent, and the last token the
