@@ -57,6 +57,14 @@ impl LeaseKind {
         }
     }
 
+    /// The instant the lease ends unless renewed, by this client's clock.
+    pub(crate) fn valid_until(&self) -> Instant {
+        match self {
+            Self::Session(lease) => lease.valid_until(),
+            Self::Own { valid_until, .. } => *valid_until.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
     /// For an own lease: when it ends, and how often a waiter renews it.
     pub(crate) fn own_timing(&self) -> Option<(Instant, Duration)> {
         match self {

@@ -56,7 +56,9 @@
 //!   delivers its events in revision order, so a deletion of our own key is seen before any
 //!   later deletion ahead of it. When the read saw every key ahead of ours (eight or fewer),
 //!   the lock is ours once each of them has been seen deleted, with no further round trip: no
-//!   key created before ours can appear any more. In a longer queue, the predecessor's deletion
+//!   key created before ours can appear any more. (Unless our lease's validity has passed by
+//!   then, as for a waiter paused long after the last deletion happened: then a re-read decides,
+//!   and finds our key gone if the lease ended.) In a longer queue, the predecessor's deletion
 //!   leads to a linearizable re-read (never a serializable one: a lagging member can hide a
 //!   live predecessor) that confirms our key still exists and that no key created before it
 //!   remains. A compacted watch re-reads; a slow fallback re-read every few seconds catches any

@@ -811,11 +811,14 @@ impl EtcdLock {
             tokio::select! {
                 event = queue_watch.watch.next() => match queue_watch.on(event, &key) {
                     Next::Wait => continue,
-                    Next::Held => {
+                    // The last deletion ahead of ours may reach a waiter that was paused long
+                    // after it happened, with our lease (and key) gone since: past the lease's
+                    // validity the read decides.
+                    Next::Held if Instant::now() < kind.valid_until() => {
                         queue = Some(Queue::First);
                         continue;
                     }
-                    Next::Read => {}
+                    Next::Held | Next::Read => {}
                 },
                 reason = session_ended => {
                     drop(pending);
