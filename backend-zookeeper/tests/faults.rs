@@ -1,7 +1,8 @@
 //! ZooKeeper-specific faults: the server down for less and for more than the session timeout, a
 //! forced session expiry, an ensemble member killed while a lock is held, a partition past the
 //! session, a create whose reply is lost, a queued waiter killed, a pending acquire cancelled
-//! mid-create, a held node deleted by someone else. Each test that harms a server starts its own, and they run one at a time (the
+//! mid-create, a held node deleted by someone else, a connect whose first pass over the hosts
+//! is refused. Each test that harms a server starts its own, and they run one at a time (the
 //! servers are JVMs on a small machine). Tests wait on events with generous bounds and never
 //! assert speed.
 
@@ -43,6 +44,13 @@ async fn start(
     tokio::task::spawn_blocking(start).await.unwrap().unwrap()
 }
 
+/// A server of the test's own, and a fault proxy in front of it.
+async fn behind_a_proxy() -> (ZooKeeper, FaultProxy) {
+    let zk = start(ZooKeeper::start).await;
+    let proxy = FaultProxy::start(zk.addr()).unwrap();
+    (zk, proxy)
+}
+
 async fn restart(server: &ZooKeeper) {
     tokio::task::block_in_place(|| server.restart()).unwrap();
 }
@@ -52,6 +60,16 @@ async fn queue(hosts: &str, name: &LockName) -> Vec<(String, i64)> {
     let client = common::raw_client(hosts).await.unwrap();
     let config = ZkConfig::from_url(&format!("zk://{hosts}")).unwrap();
     common::queue_of(&client, &config, name).await.unwrap()
+}
+
+/// `client` acquires `name` (waiting within this file's bound) and releases it.
+async fn takes_and_releases(what: &str, client: &ZkLock, name: &LockName) {
+    within(what, client.acquire(name, &wait()))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 async fn is_free(client: &ZkLock, name: &LockName) -> bool {
@@ -113,15 +131,7 @@ async fn server_down_longer_than_the_session_loses_the_lock_and_the_next_token_i
     assert!(matches!(guard.release().await, Err(LockError::Lost { .. })));
     // The client whose session expired takes locks again, on a new session.
     next.release().await.unwrap();
-    within(
-        "the old client on a new session",
-        holder.acquire(&name, &wait()),
-    )
-    .await
-    .unwrap()
-    .release()
-    .await
-    .unwrap();
+    takes_and_releases("the old client on a new session", &holder, &name).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,8 +220,7 @@ async fn an_ensemble_member_killed_while_held_loses_nothing() {
 async fn a_partition_past_the_session_suspends_then_loses_and_the_stale_release_spares_the_new_holder()
  {
     let _one = SERIAL.lock().await;
-    let zk = start(ZooKeeper::start).await;
-    let proxy = FaultProxy::start(zk.addr()).unwrap();
+    let (zk, proxy) = behind_a_proxy().await;
     let cut_off = ZkLock::connect_url(&format!(
         "zk://{}?session_timeout=3s&command_timeout=500ms",
         proxy.addr()
@@ -247,22 +256,41 @@ async fn a_partition_past_the_session_suspends_then_loses_and_the_stale_release_
     );
     new.release().await.unwrap();
     // The cut-off client takes locks again once its link is back, on a new session.
-    within(
-        "the cut-off client after the heal",
-        cut_off.acquire(&name, &wait()),
-    )
-    .await
-    .unwrap()
-    .release()
-    .await
-    .unwrap();
+    takes_and_releases("the cut-off client after the heal", &cut_off, &name).await;
+}
+
+/// The client library gives up after one pass over the hosts; a server that refuses connections
+/// for a moment (restarting, or a handshake too slow on a loaded machine) must not fail a connect
+/// that still has time left: it passes over the hosts again until the server answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_refused_at_first_passes_again_until_the_server_answers() {
+    let _one = SERIAL.lock().await;
+    let (_server, proxy) = behind_a_proxy().await;
+    proxy.set_mode(ProxyMode::Refuse);
+    let url = format!("zk://{}?connect_timeout=40s", proxy.addr());
+    let connecting = tokio::spawn(async move { ZkLock::connect_url(&url).await });
+    // One host, so each pass makes one connection: the third refusal is the third pass.
+    until("three passes over the hosts to be refused", || {
+        proxy.refused() >= 3
+    })
+    .await;
+    assert!(
+        !connecting.is_finished(),
+        "the connect gave up while it had time left"
+    );
+    proxy.heal();
+    let client = within("the connect once the server answers", connecting)
+        .await
+        .unwrap()
+        .unwrap();
+    let name = name("connect-refused");
+    takes_and_releases("an acquire on the new session", &client, &name).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_reply_is_lost_is_found_again_and_leaves_no_orphan() {
     let _one = SERIAL.lock().await;
-    let zk = start(ZooKeeper::start).await;
-    let proxy = FaultProxy::start(zk.addr()).unwrap();
+    let (zk, proxy) = behind_a_proxy().await;
     let hosts = zk.connect_string();
     let client = ZkLock::connect_url(&format!(
         "zk://{}?session_timeout=15s&command_timeout=5s",
@@ -322,8 +350,7 @@ async fn until_empty(hosts: &str, name: &LockName) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_acquire_cancelled_mid_create_leaves_no_orphan() {
     let _one = SERIAL.lock().await;
-    let zk = start(ZooKeeper::start).await;
-    let proxy = FaultProxy::start(zk.addr()).unwrap();
+    let (zk, proxy) = behind_a_proxy().await;
     let hosts = zk.connect_string();
     let client = ZkLock::connect_url(&format!("zk://{}?session_timeout=15s", proxy.addr()))
         .await

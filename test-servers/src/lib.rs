@@ -56,7 +56,8 @@
 //!
 //! [`FaultProxy`] sits between a client and a server on loopback. Point the client at
 //! [`FaultProxy::addr`] and switch [`ProxyMode`] while connections are open: pass-through, added latency,
-//! blackhole (a partition), dropped replies, held replies (released with [`FaultProxy::release_held`]); or
+//! blackhole (a partition), dropped replies, held replies (released with [`FaultProxy::release_held`]),
+//! refused connections (a server down or restarting, counted by [`FaultProxy::refused`]); or
 //! [`FaultProxy::reset`] every connection; then [`FaultProxy::heal`].
 //!
 //! ```no_run

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -42,6 +42,12 @@ pub enum ProxyMode {
     /// [`FaultProxy::heal`], or until the mode becomes [`PassThrough`](Self::PassThrough) or
     /// [`Latency`](Self::Latency) or [`Jitter`](Self::Jitter) again.
     HoldReplies,
+    /// A server that is down or restarting: each new connection is closed as soon as it is
+    /// accepted, before any byte is read or forwarded, so the client sees it closed before any
+    /// reply. Open connections carry on as in [`PassThrough`](Self::PassThrough), except that
+    /// replies held by [`HoldReplies`](Self::HoldReplies) stay held. [`FaultProxy::refused`]
+    /// counts the connections closed this way, so a test can wait on a client's attempts.
+    Refuse,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -57,6 +63,8 @@ struct Shared {
     mode: Mutex<ProxyMode>,
     closed: AtomicBool,
     conns: Mutex<Vec<Arc<Conn>>>,
+    /// Connections closed on arrival by [`ProxyMode::Refuse`].
+    refused: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -170,6 +178,7 @@ impl FaultProxy {
             mode: Mutex::new(ProxyMode::PassThrough),
             closed: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
+            refused: AtomicUsize::new(0),
         });
         let accept = {
             let shared = Arc::clone(&shared);
@@ -230,6 +239,11 @@ impl FaultProxy {
         }
     }
 
+    /// How many connections [`ProxyMode::Refuse`] has closed on arrival since the proxy started.
+    pub fn refused(&self) -> usize {
+        self.shared.refused.load(Ordering::SeqCst)
+    }
+
     /// The number of open connections.
     pub fn connections(&self) -> usize {
         self.open_connections().len()
@@ -260,6 +274,11 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             break;
         }
         let Ok(client) = stream else { continue };
+        if shared.mode() == ProxyMode::Refuse {
+            let _ = client.shutdown(Shutdown::Both);
+            shared.refused.fetch_add(1, Ordering::SeqCst);
+            continue;
+        }
         let (Ok(client_write), Ok(client_ctl)) = (client.try_clone(), client.try_clone()) else {
             continue;
         };
