@@ -94,7 +94,7 @@
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release | 1,843 pairs/s, p50 538 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,174 pairs/s, p50 449 µs | 0.81× [0.80–0.85] (0.84× in another run; 0.88× on another VM) |
+//! | uncontended acquire + release | 1,843 pairs/s, p50 538 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,174 pairs/s, p50 449 µs | 0.81× [0.80–0.85] (0.84× in another run; 0.88× and 0.90× [0.84–0.91] on two other VMs) |
 //! | hand-off, 4 clients on one name, 2 ms hold | p50 1,091 µs, p99 4,464 µs | parallel `DEL`+`PUBLISH` ×5 after the same hold, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 874 µs | 1.33× [1.21–1.52] |
 //! | many names, one client, 1 / 16 tasks | 1,672 / 5,874 pairs/s | 2,081 / 9,061 pairs/s | 0.78× / 0.67× |
 //!
