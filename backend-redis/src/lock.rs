@@ -124,7 +124,7 @@ impl RedisLock {
         owner: &Arc<str>,
         options: &LockOptions,
     ) -> Result<Option<Grant>> {
-        let ttl_ms = options.ttl().as_millis().max(1).to_string();
+        let ttl_ms = ttl_ms(options);
         let (reply, started, pending) = self
             .send_acquire(
                 &self.inner.scripts.acquire_first,
@@ -175,7 +175,7 @@ impl RedisLock {
         options: &LockOptions,
         enqueue: bool,
     ) -> Result<Attempt> {
-        let ttl_ms = options.ttl().as_millis().max(1).to_string();
+        let ttl_ms = ttl_ms(options);
         let presence_ms = self.presence().as_millis().to_string();
         let (reply, started, pending) = self
             .send_acquire(
@@ -300,6 +300,11 @@ impl RedisLock {
         }
         Ok(())
     }
+}
+
+/// The lease the acquire scripts set, in whole milliseconds (at least 1: `PX 0` is an error).
+fn ttl_ms(options: &LockOptions) -> String {
+    options.ttl().as_millis().max(1).to_string()
 }
 
 /// A random owner value, shared by the acquire's keys, cleanup and lease.

@@ -207,12 +207,13 @@ impl Protocol for Etcd {
         .await
     }
 
-    /// A holder's key, and a waiter's key created behind it in the acquire transaction (put,
-    /// and read the two newest keys), whose watch on the holder's key starts from that read's
-    /// revision + 1 (a start above the current revision joins the server's synced watchers).
-    /// The holder then holds `hold`, as dlock's contenders do. One sample is the time from the holder sending its delete (guarded by the create
-    /// revision) to the waiter's watch delivering it. The two sides are two clients, each with
-    /// its keys on a kept-alive lease, and the waiter's watches share one stream.
+    /// A holder's key, and a waiter's key created behind it in the acquire transaction (put, and
+    /// read the two newest keys), whose watch on the holder's key starts from that read's revision
+    /// plus one (a start above the current revision joins the server's synced watchers). The holder
+    /// then holds `hold`, as dlock's contenders do. One sample is the time from the holder sending
+    /// its delete (guarded by the create revision) to the waiter's watch delivering it. The two
+    /// sides are two clients, each with its keys on a kept-alive lease, and the waiter's watches
+    /// share one stream.
     async fn handoffs(
         &self,
         duration: Duration,

@@ -426,8 +426,9 @@ mod single {
         ) -> Result<Vec<Duration>> {
             let key = self.key("handoff");
             let channel = format!("{key}:released");
+            let waiters = waiters.max(2);
             let mut contenders = Vec::with_capacity(waiters);
-            for _ in 0..waiters.max(2) {
+            for _ in 0..waiters {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
                 let conn = self.connect(Some(tx)).await?;
                 conn.subscribe(self.config.command_timeout, &channel)

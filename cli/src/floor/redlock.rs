@@ -170,12 +170,12 @@ impl Protocol for Redlock {
         pairs_of(&pairs, duration).await
     }
 
-    /// The holder holds the key on every node; the waiter is subscribed to the key's channel
-    /// on every node. After holding `hold` (as dlock's contenders do), the holder deletes the key and publishes on every node in parallel (one
-    /// script per node); on the first announcement the waiter sends `SET NX PX` to every node
-    /// in parallel (on a later one, again to the nodes it did not get), and holds once a
-    /// quorum said yes. Each sample runs from the release being issued to the quorum's last
-    /// yes.
+    /// The holder holds the key on every node; the waiter is subscribed to the key's channel on
+    /// every node. After holding `hold` (as dlock's contenders do), the holder deletes the key and
+    /// publishes on every node in parallel (one script per node); on the first announcement the
+    /// waiter sends `SET NX PX` to every node in parallel (on a later one, again to the nodes it
+    /// did not get), and holds once a quorum said yes. Each sample runs from the release being
+    /// issued to the quorum's last yes.
     async fn handoffs(
         &self,
         duration: Duration,

@@ -178,9 +178,10 @@ impl Protocol for ZooKeeper {
         pairs_of(&sides, duration).await
     }
 
-    /// A holder's node and a waiter's node behind it, the waiter's exists-watch on the
-    /// holder's node, the holder holding `hold` (as dlock's contenders do); one sample is the time from the holder sending its delete to the
-    /// waiter's listing (the check that it is first) answered. The two sides are two sessions.
+    /// A holder's node and a waiter's node behind it, the waiter's exists-watch on the holder's
+    /// node, the holder holding `hold` (as dlock's contenders do); one sample is the time from the
+    /// holder sending its delete to the waiter's listing (the check that it is first) answered. The
+    /// two sides are two sessions.
     async fn handoffs(
         &self,
         duration: Duration,
