@@ -340,17 +340,17 @@ impl Conn {
         }
     }
 
-    /// Runs a plain command.
+    /// Runs a plain command, or a pipeline of them (in one write, its replies in one vector).
     pub(crate) async fn query<T: FromRedisValue>(
         &self,
         timeout: std::time::Duration,
-        cmd: &redis::Cmd,
+        request: &impl Request,
     ) -> Result<T> {
         match self {
-            Self::Single(manager) => bounded(timeout, cmd.query_async(&mut manager.clone())).await,
-            Self::Cluster(cluster) => bounded(timeout, cmd.query_async(&mut cluster.clone())).await,
+            Self::Single(manager) => bounded(timeout, request.send(&mut manager.clone())).await,
+            Self::Cluster(cluster) => bounded(timeout, request.send(&mut cluster.clone())).await,
             Self::Sentinel(sentinel) => {
-                bounded(timeout, cmd.query_async(&mut sentinel.manager())).await
+                bounded(timeout, request.send(&mut sentinel.manager())).await
             }
         }
     }
@@ -381,6 +381,32 @@ impl Conn {
                 bounded(timeout, sentinel.manager().unsubscribe(channel)).await
             }
         }
+    }
+}
+
+/// What [`Conn::query`] sends: a command or a pipeline.
+pub(crate) trait Request: Sync {
+    fn send<T: FromRedisValue>(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> impl std::future::Future<Output = redis::RedisResult<T>> + Send;
+}
+
+impl Request for Cmd {
+    fn send<T: FromRedisValue>(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> impl std::future::Future<Output = redis::RedisResult<T>> + Send {
+        self.query_async(conn)
+    }
+}
+
+impl Request for redis::Pipeline {
+    fn send<T: FromRedisValue>(
+        &self,
+        conn: &mut (impl ConnectionLike + Send),
+    ) -> impl std::future::Future<Output = redis::RedisResult<T>> + Send {
+        self.query_async(conn)
     }
 }
 

@@ -281,6 +281,67 @@ impl Node {
         }
     }
 
+    /// Like [`try_lock`](Self::try_lock), in plain commands sent as one pipeline instead of a
+    /// script: `SET NX PX`, `INCR` of the fence counter, then `GET` and `PTTL` of the lock (who
+    /// holds it, when busy). Redis 7.0 spends about 2 µs on the four against 7–8 µs on the
+    /// script (`INFO commandstats`; every script pays for setting up its Lua call), which on N
+    /// nodes sharing a machine is most of what an uncontended acquire costs beyond a bare `SET`.
+    ///
+    /// The difference: the fence counter advances on **every** attempt, taken or busy, so it
+    /// can stand above the holder's token until the next grant. Tokens still rise with every
+    /// grant (a grant's `INCR` runs after its `SET`, and so after the previous holder's release
+    /// or expiry on this node), and nodes that saw the same attempts keep the same counter.
+    /// Meant for a first attempt sent to every node at once, which advances every counter alike;
+    /// an attempt sent to some nodes only (a waiter's) should use the script.
+    ///
+    /// # Errors
+    /// As [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    /// As [`try_lock`](Self::try_lock): a dropped call may have set the lock.
+    pub async fn try_lock_pipelined(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<NodeAttempt> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&keys.lock)
+            .arg(owner)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis().max(1) as u64)
+            .cmd("INCR")
+            .arg(&keys.fence)
+            .cmd("GET")
+            .arg(&keys.lock)
+            .cmd("PTTL")
+            .arg(&keys.lock);
+        let replies: Vec<Value> = self.conn.query(timeout, &pipe).await?;
+        match replies.as_slice() {
+            [
+                Value::Okay | Value::SimpleString(_),
+                Value::Int(token),
+                _,
+                _,
+            ] if *token > 0 => Ok(NodeAttempt::Taken {
+                token: *token as u64,
+            }),
+            // The holder and its lease, read right after the `SET` that found it (`-2`: it
+            // released in between; `-1`: a key without TTL, not dlock's).
+            [Value::Nil, Value::Int(_), holder, Value::Int(pttl)] => Ok(NodeAttempt::Busy {
+                holder: text(holder).unwrap_or_default().to_owned(),
+                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
+            }),
+            _ => Err(LockError::unexpected(
+                crate::BACKEND,
+                format!("unexpected node acquire replies {replies:?}"),
+            )),
+        }
+    }
+
     /// Deletes the lock if `owner` holds it; whether it did.
     ///
     /// # Errors

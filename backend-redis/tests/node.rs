@@ -87,6 +87,76 @@ async fn node_primitives_are_owner_checked_and_fenced() {
     assert!(node.unlock(&keys, "c", TIMEOUT).await.unwrap());
 }
 
+/// The pipelined acquire answers as the script does, and shares its counter: a busy attempt
+/// advances it, and a grant after any mix of the two still draws a higher token.
+#[tokio::test]
+async fn pipelined_acquire_answers_as_the_script_and_keeps_tokens_rising() {
+    let node = Node::connect(RedisConfig::from_url(&url()).unwrap())
+        .await
+        .unwrap();
+    let name = LockName::new(format!("dlock-test/node-pipelined/{}", std::process::id())).unwrap();
+    let keys = node.keys(&name);
+    let ttl = Duration::from_secs(10);
+
+    let first = token(
+        node.try_lock_pipelined(&keys, "a", ttl, TIMEOUT)
+            .await
+            .unwrap(),
+    );
+    match node
+        .try_lock_pipelined(&keys, "b", ttl, TIMEOUT)
+        .await
+        .unwrap()
+    {
+        NodeAttempt::Busy { holder, pttl } => {
+            assert_eq!(holder, "a");
+            assert!(pttl.is_some_and(|p| p <= ttl), "{pttl:?}");
+        }
+        taken => panic!("b took a held lock: {taken:?}"),
+    }
+    assert!(node.unlock(&keys, "a", TIMEOUT).await.unwrap());
+    // The busy attempt used one value of the counter: the next grant goes past it.
+    let second = token(node.try_lock(&keys, "b", ttl, TIMEOUT).await.unwrap());
+    assert_eq!(second, first + 2);
+    assert!(node.unlock(&keys, "b", TIMEOUT).await.unwrap());
+    let third = token(
+        node.try_lock_pipelined(&keys, "c", ttl, TIMEOUT)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(third, second + 1);
+
+    // A key without a TTL (not dlock's) is busy with no lease to wait out.
+    assert!(node.unlock(&keys, "c", TIMEOUT).await.unwrap());
+    let mut plain = redis::Client::open(url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&keys.lock)
+        .arg("someone")
+        .query_async(&mut plain)
+        .await
+        .unwrap();
+    match node
+        .try_lock_pipelined(&keys, "d", ttl, TIMEOUT)
+        .await
+        .unwrap()
+    {
+        NodeAttempt::Busy { holder, pttl } => {
+            assert_eq!(holder, "someone");
+            assert_eq!(pttl, None);
+        }
+        taken => panic!("d took a held lock: {taken:?}"),
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.lock)
+        .query_async(&mut plain)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn release_is_announced_to_subscribers() {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(String, String)>();

@@ -216,7 +216,13 @@ impl Redlock {
                     }
                 }
                 let node = slot.get()?;
-                node.try_lock(keys, owner, ttl, node_timeout).await
+                if gated {
+                    node.try_lock(keys, owner, ttl, node_timeout).await
+                } else {
+                    // Sent to every node at once: the counters advance alike.
+                    node.try_lock_pipelined(keys, owner, ttl, node_timeout)
+                        .await
+                }
             }
         }))
         .await;
