@@ -1,10 +1,13 @@
 //! One Redis node's lock primitives, without the single-node grant queue: the building blocks
 //! of multi-node algorithms (Redlock, `dlock-redlock`).
 //!
-//! Each call is one script, one round trip, bounded by the timeout it is given (Redlock derives
-//! a short per-node timeout from the TTL, so one frozen node never stalls an acquire):
+//! Each call is one round trip (a script, or plain commands in one pipeline), bounded by the
+//! timeout it is given (Redlock derives a short per-node timeout from the TTL, so one frozen node
+//! never stalls an acquire):
 //! - [`Node::try_lock`]: `SET lock owner NX PX ttl` and, when set, the next per-name fencing
-//!   token (the node's counter plus one); when busy, the holder and its remaining TTL;
+//!   token (the node's counter plus one); when busy, the holder and its remaining TTL. Whether a
+//!   busy attempt advances the counter too, for less work on the node, is the caller's choice
+//!   ([`Counting`]);
 //! - [`Node::unlock`]: delete the lock only if `owner` holds it; [`Node::release`] does the same
 //!   and announces it on the name's channel;
 //! - [`Node::extend`]: reset the TTL only if `owner` holds it;
@@ -135,6 +138,44 @@ pub enum NodeAttempt {
     },
 }
 
+/// When a node acquire ([`Node::try_lock`]) advances the name's fence counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Counting {
+    /// Only when it takes the lock: one Lua script, `SET NX PX` and, when set, `INCR`. For an
+    /// attempt that may reach only some of the nodes (a waiter's), so that the counters of nodes
+    /// which saw the same grants stay equal.
+    OnGrant,
+    /// On every attempt, taken or busy: plain commands in one pipeline, `SET NX PX`, `INCR`,
+    /// then `GET` and `PTTL` of the lock (who holds it, when busy). Redis 7.0 spends about 2 µs
+    /// on the four against 7–8 µs on the script (`INFO commandstats`; every script pays for
+    /// setting up its Lua call), which on N nodes sharing a machine is most of what an
+    /// uncontended acquire costs beyond a bare `SET`. The counter can then stand above the
+    /// holder's token until the next grant; tokens still rise with every grant (a grant's `INCR`
+    /// runs after its `SET`, and so after the previous holder's release or expiry on this
+    /// node). For a first attempt sent to every node at once, which advances every counter
+    /// alike.
+    EveryAttempt,
+}
+
+fn unexpected_acquire(reply: &impl std::fmt::Debug) -> LockError {
+    LockError::unexpected(
+        crate::BACKEND,
+        format!("unexpected node acquire reply {reply:?}"),
+    )
+}
+
+impl NodeAttempt {
+    /// Busy, from the holder's value and its `PTTL` as the node replied them (a negative PTTL:
+    /// no lease to wait out).
+    fn busy(holder: &Value, pttl: i64) -> Self {
+        Self::Busy {
+            holder: text(holder).unwrap_or_default().to_owned(),
+            pttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+        }
+    }
+}
+
 fn text(value: &Value) -> Option<&str> {
     match value {
         Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
@@ -236,6 +277,8 @@ impl Node {
 
     /// Takes the lock for `owner` for `ttl` if nobody holds it ([`NodeAttempt::Taken`] with the
     /// new fencing token), or says who holds it and for how long ([`NodeAttempt::Busy`]).
+    /// `counting` says whether a busy attempt advances the name's fence counter too, in return
+    /// for less work on the node (see [`Counting`]).
     ///
     /// # Errors
     /// [`LockError::Unavailable`] if the node does not answer
@@ -249,96 +292,66 @@ impl Node {
         owner: &str,
         ttl: Duration,
         timeout: Duration,
+        counting: Counting,
     ) -> Result<NodeAttempt> {
         let ttl_ms = ttl.as_millis().max(1).to_string();
-        let reply: Value = self
-            .conn
-            .run_script(
-                timeout,
-                &self.acquire,
-                &[&keys.lock, &keys.fence],
-                &[owner, &ttl_ms],
-            )
-            .await?;
-        let busy = match &reply {
-            Value::Int(token) if *token > 0 => {
-                return Ok(NodeAttempt::Taken {
-                    token: *token as u64,
-                });
+        match counting {
+            Counting::OnGrant => {
+                let reply: Value = self
+                    .conn
+                    .run_script(
+                        timeout,
+                        &self.acquire,
+                        &[&keys.lock, &keys.fence],
+                        &[owner, &ttl_ms],
+                    )
+                    .await?;
+                match &reply {
+                    Value::Int(token) if *token > 0 => Some(NodeAttempt::Taken {
+                        token: *token as u64,
+                    }),
+                    Value::Array(busy) => match busy.as_slice() {
+                        [Value::Int(0), Value::Int(pttl), holder] => {
+                            Some(NodeAttempt::busy(holder, *pttl))
+                        }
+                        _ => None,
+                    },
+                    _ => None,
+                }
+                .ok_or_else(|| unexpected_acquire(&reply))
             }
-            Value::Array(busy) => busy.as_slice(),
-            _ => &[],
-        };
-        match busy {
-            [Value::Int(0), Value::Int(pttl), holder] => Ok(NodeAttempt::Busy {
-                holder: text(holder).unwrap_or_default().to_owned(),
-                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
-            }),
-            _ => Err(LockError::unexpected(
-                crate::BACKEND,
-                format!("unexpected node acquire reply {reply:?}"),
-            )),
-        }
-    }
-
-    /// Like [`try_lock`](Self::try_lock), in plain commands sent as one pipeline instead of a
-    /// script: `SET NX PX`, `INCR` of the fence counter, then `GET` and `PTTL` of the lock (who
-    /// holds it, when busy). Redis 7.0 spends about 2 µs on the four against 7–8 µs on the
-    /// script (`INFO commandstats`; every script pays for setting up its Lua call), which on N
-    /// nodes sharing a machine is most of what an uncontended acquire costs beyond a bare `SET`.
-    ///
-    /// The difference: the fence counter advances on **every** attempt, taken or busy, so it
-    /// can stand above the holder's token until the next grant. Tokens still rise with every
-    /// grant (a grant's `INCR` runs after its `SET`, and so after the previous holder's release
-    /// or expiry on this node), and nodes that saw the same attempts keep the same counter.
-    /// Meant for a first attempt sent to every node at once, which advances every counter alike;
-    /// an attempt sent to some nodes only (a waiter's) should use the script.
-    ///
-    /// # Errors
-    /// As [`try_lock`](Self::try_lock).
-    ///
-    /// # Cancel safety
-    /// As [`try_lock`](Self::try_lock): a dropped call may have set the lock.
-    pub async fn try_lock_pipelined(
-        &self,
-        keys: &LockKeys,
-        owner: &str,
-        ttl: Duration,
-        timeout: Duration,
-    ) -> Result<NodeAttempt> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(&keys.lock)
-            .arg(owner)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl.as_millis().max(1) as u64)
-            .cmd("INCR")
-            .arg(&keys.fence)
-            .cmd("GET")
-            .arg(&keys.lock)
-            .cmd("PTTL")
-            .arg(&keys.lock);
-        let replies: Vec<Value> = self.conn.query(timeout, &pipe).await?;
-        match replies.as_slice() {
-            [
-                Value::Okay | Value::SimpleString(_),
-                Value::Int(token),
-                _,
-                _,
-            ] if *token > 0 => Ok(NodeAttempt::Taken {
-                token: *token as u64,
-            }),
-            // The holder and its lease, read right after the `SET` that found it (`-2`: it
-            // released in between; `-1`: a key without TTL, not dlock's).
-            [Value::Nil, Value::Int(_), holder, Value::Int(pttl)] => Ok(NodeAttempt::Busy {
-                holder: text(holder).unwrap_or_default().to_owned(),
-                pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
-            }),
-            _ => Err(LockError::unexpected(
-                crate::BACKEND,
-                format!("unexpected node acquire replies {replies:?}"),
-            )),
+            Counting::EveryAttempt => {
+                let mut pipe = redis::pipe();
+                pipe.cmd("SET")
+                    .arg(&keys.lock)
+                    .arg(owner)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(&ttl_ms)
+                    .cmd("INCR")
+                    .arg(&keys.fence)
+                    .cmd("GET")
+                    .arg(&keys.lock)
+                    .cmd("PTTL")
+                    .arg(&keys.lock);
+                let replies: Vec<Value> = self.conn.query(timeout, &pipe).await?;
+                match replies.as_slice() {
+                    [
+                        Value::Okay | Value::SimpleString(_),
+                        Value::Int(token),
+                        _,
+                        _,
+                    ] if *token > 0 => Ok(NodeAttempt::Taken {
+                        token: *token as u64,
+                    }),
+                    // The holder and its lease, read right after the `SET` that found it (`-2`:
+                    // it released in between; `-1`: a key without TTL, not dlock's).
+                    [Value::Nil, Value::Int(_), holder, Value::Int(pttl)] => {
+                        Ok(NodeAttempt::busy(holder, *pttl))
+                    }
+                    _ => Err(unexpected_acquire(&replies)),
+                }
+            }
         }
     }
 

@@ -206,7 +206,7 @@ return 0
 /// without the single-node clock floor, so that nodes which saw the same grants hand out the same
 /// token and a quorum usually agrees on it). When someone holds the lock, `{0, PTTL, holder}`.
 /// A first attempt sent to every node at once does the same in plain pipelined commands
-/// (`Node::try_lock_pipelined`), cheaper on the server, advancing the counter even when busy.
+/// (`Counting::EveryAttempt`), cheaper on the server, advancing the counter even when busy.
 pub(crate) const NODE_ACQUIRE: &str = r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return redis.call('INCR', KEYS[2])

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_api::LockName;
-use dlock_redis::RedisConfig;
-use dlock_redis::node::{Node, NodeAttempt, NodeEvent};
+use dlock_redis::node::{Counting, Node, NodeAttempt, NodeEvent};
+use dlock_redis::{LockKeys, RedisConfig};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const BOUND: Duration = Duration::from_secs(30);
@@ -17,6 +17,13 @@ fn url() -> String {
         .unwrap_or_else(|_| dlock_test_servers::shared_redis().url())
 }
 
+fn busy(attempt: NodeAttempt) -> (String, Option<Duration>) {
+    match attempt {
+        NodeAttempt::Busy { holder, pttl } => (holder, pttl),
+        taken => panic!("expected the lock to be busy, got {taken:?}"),
+    }
+}
+
 fn token(attempt: NodeAttempt) -> u64 {
     match attempt {
         NodeAttempt::Taken { token } => token,
@@ -24,23 +31,33 @@ fn token(attempt: NodeAttempt) -> u64 {
     }
 }
 
-#[tokio::test]
-async fn node_primitives_are_owner_checked_and_fenced() {
+/// A node on the test server and the keys of a name of this process, `dlock-test/WHAT/PID`.
+async fn node_and_keys(what: &str) -> (Node, LockKeys) {
     let node = Node::connect(RedisConfig::from_url(&url()).unwrap())
         .await
         .unwrap();
-    let name = LockName::new(format!("dlock-test/node/{}", std::process::id())).unwrap();
+    let name = LockName::new(format!("dlock-test/{what}/{}", std::process::id())).unwrap();
     let keys = node.keys(&name);
+    (node, keys)
+}
+
+#[tokio::test]
+async fn node_primitives_are_owner_checked_and_fenced() {
+    let (node, keys) = node_and_keys("node").await;
     let ttl = Duration::from_secs(10);
 
-    let first = token(node.try_lock(&keys, "a", ttl, TIMEOUT).await.unwrap());
-    match node.try_lock(&keys, "b", ttl, TIMEOUT).await.unwrap() {
-        NodeAttempt::Busy { holder, pttl } => {
-            assert_eq!(holder, "a");
-            assert!(pttl.is_some_and(|p| p <= ttl), "{pttl:?}");
-        }
-        taken => panic!("b took a held lock: {taken:?}"),
-    }
+    let first = token(
+        node.try_lock(&keys, "a", ttl, TIMEOUT, Counting::OnGrant)
+            .await
+            .unwrap(),
+    );
+    let (holder, pttl) = busy(
+        node.try_lock(&keys, "b", ttl, TIMEOUT, Counting::OnGrant)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(holder, "a");
+    assert!(pttl.is_some_and(|p| p <= ttl), "{pttl:?}");
     assert!(
         !node.unlock(&keys, "b", TIMEOUT).await.unwrap(),
         "b does not hold it"
@@ -64,7 +81,11 @@ async fn node_primitives_are_owner_checked_and_fenced() {
         !node.unlock(&keys, "a", TIMEOUT).await.unwrap(),
         "already gone"
     );
-    let second = token(node.try_lock(&keys, "b", ttl, TIMEOUT).await.unwrap());
+    let second = token(
+        node.try_lock(&keys, "b", ttl, TIMEOUT, Counting::OnGrant)
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         second,
         first + 11,
@@ -82,7 +103,11 @@ async fn node_primitives_are_owner_checked_and_fenced() {
         node.raise_fence(&keys, second, TIMEOUT).await.unwrap(),
         raised
     );
-    let third = token(node.try_lock(&keys, "c", ttl, TIMEOUT).await.unwrap());
+    let third = token(
+        node.try_lock(&keys, "c", ttl, TIMEOUT, Counting::OnGrant)
+            .await
+            .unwrap(),
+    );
     assert!(third > raised, "{third} after raising to {raised}");
     assert!(node.unlock(&keys, "c", TIMEOUT).await.unwrap());
 }
@@ -91,36 +116,32 @@ async fn node_primitives_are_owner_checked_and_fenced() {
 /// advances it, and a grant after any mix of the two still draws a higher token.
 #[tokio::test]
 async fn pipelined_acquire_answers_as_the_script_and_keeps_tokens_rising() {
-    let node = Node::connect(RedisConfig::from_url(&url()).unwrap())
-        .await
-        .unwrap();
-    let name = LockName::new(format!("dlock-test/node-pipelined/{}", std::process::id())).unwrap();
-    let keys = node.keys(&name);
+    let (node, keys) = node_and_keys("node-pipelined").await;
     let ttl = Duration::from_secs(10);
 
     let first = token(
-        node.try_lock_pipelined(&keys, "a", ttl, TIMEOUT)
+        node.try_lock(&keys, "a", ttl, TIMEOUT, Counting::EveryAttempt)
             .await
             .unwrap(),
     );
-    match node
-        .try_lock_pipelined(&keys, "b", ttl, TIMEOUT)
-        .await
-        .unwrap()
-    {
-        NodeAttempt::Busy { holder, pttl } => {
-            assert_eq!(holder, "a");
-            assert!(pttl.is_some_and(|p| p <= ttl), "{pttl:?}");
-        }
-        taken => panic!("b took a held lock: {taken:?}"),
-    }
+    let (holder, pttl) = busy(
+        node.try_lock(&keys, "b", ttl, TIMEOUT, Counting::EveryAttempt)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(holder, "a");
+    assert!(pttl.is_some_and(|p| p <= ttl), "{pttl:?}");
     assert!(node.unlock(&keys, "a", TIMEOUT).await.unwrap());
     // The busy attempt used one value of the counter: the next grant goes past it.
-    let second = token(node.try_lock(&keys, "b", ttl, TIMEOUT).await.unwrap());
+    let second = token(
+        node.try_lock(&keys, "b", ttl, TIMEOUT, Counting::OnGrant)
+            .await
+            .unwrap(),
+    );
     assert_eq!(second, first + 2);
     assert!(node.unlock(&keys, "b", TIMEOUT).await.unwrap());
     let third = token(
-        node.try_lock_pipelined(&keys, "c", ttl, TIMEOUT)
+        node.try_lock(&keys, "c", ttl, TIMEOUT, Counting::EveryAttempt)
             .await
             .unwrap(),
     );
@@ -139,17 +160,12 @@ async fn pipelined_acquire_answers_as_the_script_and_keeps_tokens_rising() {
         .query_async(&mut plain)
         .await
         .unwrap();
-    match node
-        .try_lock_pipelined(&keys, "d", ttl, TIMEOUT)
-        .await
-        .unwrap()
-    {
-        NodeAttempt::Busy { holder, pttl } => {
-            assert_eq!(holder, "someone");
-            assert_eq!(pttl, None);
-        }
-        taken => panic!("d took a held lock: {taken:?}"),
-    }
+    let seen = busy(
+        node.try_lock(&keys, "d", ttl, TIMEOUT, Counting::EveryAttempt)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(seen, ("someone".to_owned(), None));
     let _: () = redis::cmd("DEL")
         .arg(&keys.lock)
         .query_async(&mut plain)
@@ -178,9 +194,15 @@ async fn release_is_announced_to_subscribers() {
     let keys = node.keys(&name);
     node.subscribe(&keys.channel, TIMEOUT).await.unwrap();
     token(
-        node.try_lock(&keys, "a", Duration::from_secs(10), TIMEOUT)
-            .await
-            .unwrap(),
+        node.try_lock(
+            &keys,
+            "a",
+            Duration::from_secs(10),
+            TIMEOUT,
+            Counting::OnGrant,
+        )
+        .await
+        .unwrap(),
     );
     // A silent unlock of someone else's lock says nothing; the owner's release announces.
     assert!(!node.release(&keys, "b", TIMEOUT).await.unwrap());

@@ -14,7 +14,7 @@ use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
 };
 use dlock_redis::LockKeys;
-use dlock_redis::node::{NodeAttempt, NodeView};
+use dlock_redis::node::{Counting, NodeAttempt, NodeView};
 use futures::future::join_all;
 use rand::Rng;
 use tokio::time::{Instant, sleep_until};
@@ -188,7 +188,10 @@ impl Redlock {
         let mut first = None;
         if let Some(slot) = gate {
             let reply = match slot.get() {
-                Ok(node) => node.try_lock(keys, &owner, ttl, node_timeout).await,
+                Ok(node) => {
+                    node.try_lock(keys, &owner, ttl, node_timeout, Counting::OnGrant)
+                        .await
+                }
                 Err(error) => Err(error),
             };
             match reply {
@@ -216,13 +219,14 @@ impl Redlock {
                     }
                 }
                 let node = slot.get()?;
-                if gated {
-                    node.try_lock(keys, owner, ttl, node_timeout).await
+                // A first round reaches every node at once: the counters advance alike.
+                let counting = if gated {
+                    Counting::OnGrant
                 } else {
-                    // Sent to every node at once: the counters advance alike.
-                    node.try_lock_pipelined(keys, owner, ttl, node_timeout)
-                        .await
-                }
+                    Counting::EveryAttempt
+                };
+                node.try_lock(keys, owner, ttl, node_timeout, counting)
+                    .await
             }
         }))
         .await;
