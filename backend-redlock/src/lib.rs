@@ -94,28 +94,31 @@
 //! are connected again whenever they are needed.
 //!
 //! ## Performance
-//! `dlock bench --backend redlock://… --rounds 3 --duration 2s` (release build, five local
+//! `dlock bench --backend redlock://… --rounds 5 --duration 2s` (release build, five local
 //! redis-servers, a 2-core VM; medians with [min–max] over the rounds, each floor measured in
 //! the same run):
 //!
 //! | measurement | dlock | raw floor, same run | ratio |
 //! |---|---|---|---|
-//! | uncontended acquire + release | 1,843 pairs/s, p50 538 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,174 pairs/s, p50 449 µs | 0.81× [0.80–0.85] (0.84× in another run; 0.88× and 0.90× [0.84–0.91] on two other VMs) |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 1,091 µs, p99 4,464 µs | parallel `DEL`+`PUBLISH` ×5 after the same hold, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 874 µs | 1.33× [1.21–1.52] |
-//! | many names, one client, 1 / 16 tasks | 1,672 / 5,874 pairs/s | 2,081 / 9,061 pairs/s | 0.78× / 0.67× |
+//! | uncontended acquire + release | 2,600 pairs/s, p50 377 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,786 pairs/s, p50 343 µs | 0.93× [0.86–0.97] (0.94× [0.86–0.95] in a 3-round run; 0.88× on the same VM with a script per node on the first attempt, and 0.81–0.84× and 0.85–0.90× with it on two other VMs) |
+//! | hand-off, 4 clients on one name, 2 ms hold | p50 639 µs, p99 1,321 µs | parallel `DEL`+`PUBLISH` ×5 after the same hold, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 455 µs | 1.56× [1.09–1.84] (1.35× [1.26–1.49] in a 3-round run) |
+//! | many names, one client, 1 / 16 tasks | 2,723 / 12,523 pairs/s | 3,599 / 19,635 pairs/s | 0.78× / 0.69× |
 //!
 //! Polling Redlock clients hand a lock off in 25–63 ms at p50; the announcement wake-up is
 //! about 50–100× faster. A waiter woken by a release first takes the agreed node alone, then the
 //! others, so that waiters woken together do not split the nodes among them: that costs one
 //! round trip more than the floor's single parallel round. (Asking every node at once and
 //! letting the winner of the agreed node fill in the rest was measured: with three waiters
-//! woken together the splits made the p50 hand-off slower, 624 µs.) On five nodes the client's
-//! own work is most of a pair's cost (the raw pair alone is about 150k instructions); dlock adds
-//! about 17k to it, and each of the five servers, sharing the two cores, runs a script where the
-//! floor runs a plain `SET`: the fence counter (`INCR`) in the acquire script and the announcement
-//! in the release script on every node, the reconnecting connection manager, and the per-node
-//! timeouts. The keys of a name are built once per acquire and shared, and a node that takes
-//! the lock answers with the bare token.
+//! woken together the splits made the p50 hand-off slower, 624 µs.)
+//!
+//! The uncontended gap is mostly server work, five servers sharing two cores. A first attempt
+//! costs each node about 2 µs of plain commands (`INFO commandstats`), where the acquire script
+//! cost 7–8 µs: alternating 100 ms slices of each shape against the raw pair, over 60 slices, the
+//! pipelined shape reached 0.93× of the raw pair and the script 0.87×, from a bare connection.
+//! What remains is the `INCR` and the release's announcement on every node, and the client's own
+//! work (the raw pair alone is about 150k instructions; dlock adds about 17k: the reconnecting
+//! connection manager, the per-node timeouts). The keys of a name are built once per acquire and
+//! shared.
 //!
 //! ## Fault model
 //! Redlock assumes bounded network delays, process pauses and clock *rate* error: a holder
