@@ -96,9 +96,11 @@
 //! On MariaDB 10.11 the uncontended pair measured 0.96× the floor on one 2-core VM and 0.86×
 //! [0.85–0.91] on another. On the second, the acquire statement alone, sent from a bare sqlx
 //! connection in alternating 100 ms slices against the raw pair, reached 0.86–0.93×, and the
-//! same statement without `NEXTVAL` 0.98–0.99×: the server's work for one `NEXTVAL` (opening and
-//! locking the sequence, not writing it) is the gap, whatever the sequence's engine (InnoDB, Aria
-//! and MyISAM measured alike). The cheaper counters the server has are not strict: `UUID_SHORT()`
+//! same statement without `NEXTVAL` 0.98–0.99×, whatever the sequence's engine (InnoDB and
+//! Aria measured alike). Inside a stored procedure's loop a `NEXTVAL` costs the server under
+//! 1 µs; as a statement of its own it costs about 10 µs more than one without it (and each such
+//! statement counts one more `Handler_commit`), so the statement's end, not the counter, seems
+//! to be where the time goes. The cheaper counters the server has are not strict: `UUID_SHORT()`
 //! falls back after a failover to a server with a lower `server_id` or an earlier start, and a
 //! clock-only token falls back when the clock is stepped back.
 #![cfg_attr(docsrs, feature(doc_cfg))]
