@@ -155,6 +155,25 @@ pub enum Counting {
     /// runs after its `SET`, and so after the previous holder's release or expiry on this
     /// node). For a first attempt sent to every node at once, which advances every counter
     /// alike.
+    ///
+    /// ```no_run
+    /// # async fn first_round(nodes: &[dlock_redis::node::Node]) -> dlock_api::Result<()> {
+    /// use std::time::Duration;
+    /// use dlock_redis::node::{Counting, NodeAttempt};
+    ///
+    /// let name = dlock_api::LockName::new("orders/42")?;
+    /// let (ttl, timeout) = (Duration::from_secs(10), Duration::from_millis(50));
+    /// for node in nodes {
+    ///     let keys = node.keys(&name);
+    ///     match node.try_lock(&keys, "owner-1", ttl, timeout, Counting::EveryAttempt).await? {
+    ///         NodeAttempt::Taken { token } => println!("taken with token {token}"),
+    ///         NodeAttempt::Busy { holder, pttl } => println!("{holder} holds it for {pttl:?}"),
+    ///         other => println!("{other:?}"),
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     EveryAttempt,
 }
 
@@ -165,7 +184,61 @@ fn unexpected_acquire(reply: &impl std::fmt::Debug) -> LockError {
     )
 }
 
+/// [`Counting::EveryAttempt`]'s acquire: `SET NX PX`, `INCR`, `GET`, `PTTL`.
+fn acquire_pipeline(keys: &LockKeys, owner: &str, ttl_ms: &str) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET")
+        .arg(&keys.lock)
+        .arg(owner)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .cmd("INCR")
+        .arg(&keys.fence)
+        .cmd("GET")
+        .arg(&keys.lock)
+        .cmd("PTTL")
+        .arg(&keys.lock);
+    pipe
+}
+
 impl NodeAttempt {
+    /// The answer of the node acquire script ([`Counting::OnGrant`]).
+    fn from_script(reply: &Value) -> Result<Self> {
+        let busy = match reply {
+            Value::Int(token) if *token > 0 => return Ok(Self::taken(*token)),
+            Value::Array(busy) => busy.as_slice(),
+            _ => &[],
+        };
+        match busy {
+            [Value::Int(0), Value::Int(pttl), holder] => Ok(Self::busy(holder, *pttl)),
+            _ => Err(unexpected_acquire(reply)),
+        }
+    }
+
+    /// The answer of [`acquire_pipeline`] ([`Counting::EveryAttempt`]).
+    fn from_pipeline(replies: &[Value]) -> Result<Self> {
+        match replies {
+            [
+                Value::Okay | Value::SimpleString(_),
+                Value::Int(token),
+                _,
+                _,
+            ] if *token > 0 => Ok(Self::taken(*token)),
+            // The holder and its lease, read right after the `SET` that found it (`-2`: it
+            // released in between; `-1`: a key without TTL, not dlock's).
+            [Value::Nil, Value::Int(_), holder, Value::Int(pttl)] => Ok(Self::busy(holder, *pttl)),
+            _ => Err(unexpected_acquire(&replies)),
+        }
+    }
+
+    /// Taken, with the token the node's counter returned.
+    fn taken(token: i64) -> Self {
+        Self::Taken {
+            token: token as u64,
+        }
+    }
+
     /// Busy, from the holder's value and its `PTTL` as the node replied them (a negative PTTL:
     /// no lease to wait out).
     fn busy(holder: &Value, pttl: i64) -> Self {
@@ -306,51 +379,12 @@ impl Node {
                         &[owner, &ttl_ms],
                     )
                     .await?;
-                match &reply {
-                    Value::Int(token) if *token > 0 => Some(NodeAttempt::Taken {
-                        token: *token as u64,
-                    }),
-                    Value::Array(busy) => match busy.as_slice() {
-                        [Value::Int(0), Value::Int(pttl), holder] => {
-                            Some(NodeAttempt::busy(holder, *pttl))
-                        }
-                        _ => None,
-                    },
-                    _ => None,
-                }
-                .ok_or_else(|| unexpected_acquire(&reply))
+                NodeAttempt::from_script(&reply)
             }
             Counting::EveryAttempt => {
-                let mut pipe = redis::pipe();
-                pipe.cmd("SET")
-                    .arg(&keys.lock)
-                    .arg(owner)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(&ttl_ms)
-                    .cmd("INCR")
-                    .arg(&keys.fence)
-                    .cmd("GET")
-                    .arg(&keys.lock)
-                    .cmd("PTTL")
-                    .arg(&keys.lock);
+                let pipe = acquire_pipeline(keys, owner, &ttl_ms);
                 let replies: Vec<Value> = self.conn.query(timeout, &pipe).await?;
-                match replies.as_slice() {
-                    [
-                        Value::Okay | Value::SimpleString(_),
-                        Value::Int(token),
-                        _,
-                        _,
-                    ] if *token > 0 => Ok(NodeAttempt::Taken {
-                        token: *token as u64,
-                    }),
-                    // The holder and its lease, read right after the `SET` that found it (`-2`:
-                    // it released in between; `-1`: a key without TTL, not dlock's).
-                    [Value::Nil, Value::Int(_), holder, Value::Int(pttl)] => {
-                        Ok(NodeAttempt::busy(holder, *pttl))
-                    }
-                    _ => Err(unexpected_acquire(&replies)),
-                }
+                NodeAttempt::from_pipeline(&replies)
             }
         }
     }

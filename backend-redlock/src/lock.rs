@@ -210,6 +210,13 @@ impl Redlock {
                 Err(_) => {}
             }
         }
+        // A first round reaches every node at once, so the counters advance alike; a waiter's
+        // round may stop at the agreed node.
+        let counting = if gated {
+            Counting::OnGrant
+        } else {
+            Counting::EveryAttempt
+        };
         let replies = join_all(inner.slots.iter().map(|slot| {
             let (keys, owner, first) = (&keys, &owner, &first);
             async move {
@@ -219,12 +226,6 @@ impl Redlock {
                     }
                 }
                 let node = slot.get()?;
-                // A first round reaches every node at once: the counters advance alike.
-                let counting = if gated {
-                    Counting::OnGrant
-                } else {
-                    Counting::EveryAttempt
-                };
                 node.try_lock(keys, owner, ttl, node_timeout, counting)
                     .await
             }
