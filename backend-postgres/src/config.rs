@@ -25,6 +25,7 @@ use crate::BACKEND;
 /// | `wait_slice` | `10s` | longest single server-side wait; longer waits re-issue the wait, so a dead server is noticed within `wait_slice + command_timeout` |
 /// | `fencing` | `true` | take a fencing token from a sequence with every acquire (`false`: tokens are 0) |
 /// | `fence_sequence` | `dlock_fence_seq` | the sequence tokens come from, optionally `schema.name` |
+/// | `fence_window` | `1000000` | tokens reserved per durable write (one WAL flush); `0`: a `nextval` on the sequence per acquire, one flush per 32 (always so before PostgreSQL 15) |
 /// | `create_fence` | `true` | create the sequence on connect if missing (`false`: run [`PostgresLock::migrate`](crate::PostgresLock::migrate) once, or create it yourself) |
 /// | `tcp_keepalives_idle` | `10s` | server-side TCP keepalive: idle time before the first probe |
 /// | `tcp_keepalives_interval` | `5s` | server-side TCP keepalive: time between probes |
@@ -60,6 +61,8 @@ pub struct PostgresConfig {
     pub fencing: bool,
     /// The sequence fencing tokens come from (`name` or `schema.name`).
     pub fence_sequence: String,
+    /// How many tokens one durable write reserves (`0`: `nextval` on the sequence per acquire).
+    pub fence_window: u64,
     /// Create the fence sequence on connect when it is missing.
     pub create_fence: bool,
     /// Server-side `tcp_keepalives_idle`.
@@ -87,6 +90,7 @@ impl Default for PostgresConfig {
             wait_slice: Duration::from_secs(10),
             fencing: true,
             fence_sequence: "dlock_fence_seq".into(),
+            fence_window: 1_000_000,
             create_fence: true,
             tcp_keepalives_idle: Duration::from_secs(10),
             tcp_keepalives_interval: Duration::from_secs(5),
@@ -129,7 +133,16 @@ pub(crate) fn quote_qualified(name: &str) -> Result<String> {
         .join("."))
 }
 
-const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, wait_slice, fencing, fence_sequence, create_fence, tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count, application_name, sslmode";
+/// `name_suffix` or `schema.name_suffix`, checked and quoted as [`quote_qualified`] does: the
+/// fence window's objects, named after the fence sequence.
+pub(crate) fn quote_qualified_suffixed(name: &str, suffix: &str) -> Result<String> {
+    quote_qualified(&format!("{name}{suffix}"))
+}
+
+/// The longest suffix [`quote_qualified_suffixed`] is given.
+const LONGEST_SUFFIX: &str = "_window";
+
+const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, wait_slice, fencing, fence_sequence, fence_window, create_fence, tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count, application_name, sslmode";
 
 impl PostgresConfig {
     /// Parses `postgres://[user[:password]@]host[:port][/database][?option=value…]` (also
@@ -179,6 +192,8 @@ impl PostgresConfig {
             "create_fence" => self.create_fence = bool_option(BACKEND, key, value)?,
             "fence_sequence" => {
                 quote_qualified(value)?;
+                // The window's objects are named after it: they must fit too.
+                quote_qualified_suffixed(value, LONGEST_SUFFIX)?;
                 self.fence_sequence = value.to_owned();
             }
             "tcp_keepalives_idle" => {
@@ -188,6 +203,7 @@ impl PostgresConfig {
                 self.tcp_keepalives_interval = duration_option(BACKEND, key, value)?
             }
             "tcp_keepalives_count" => self.tcp_keepalives_count = parse_number(key, value)?,
+            "fence_window" => self.fence_window = parse_number(key, value)?,
             "application_name" => {
                 if !value
                     .chars()
@@ -261,6 +277,18 @@ mod tests {
         .unwrap();
         assert!(!f.fencing);
         assert_eq!(f.quoted_sequence().unwrap(), "\"locks\".\"fence\"");
+        assert_eq!(f.fence_window, 1_000_000);
+        let g = PostgresConfig::from_url("postgres://h/db?fence_window=0").unwrap();
+        assert_eq!(g.fence_window, 0);
+        // The window's objects are named after the sequence and must fit in 63 bytes too.
+        let longest = "s".repeat(63 - LONGEST_SUFFIX.len());
+        assert!(
+            PostgresConfig::from_url(&format!("postgres://h/db?fence_sequence={longest}")).is_ok()
+        );
+        assert!(matches!(
+            PostgresConfig::from_url(&format!("postgres://h/db?fence_sequence={longest}s")),
+            Err(LockError::Config { .. })
+        ));
     }
 
     #[test]
@@ -279,6 +307,8 @@ mod tests {
             "postgres://h/db?fencing=maybe",
             "postgres://h/db?fence_sequence=a;drop",
             "postgres://h/db?fence_sequence=a.b.c",
+            "postgres://h/db?fence_window=-1",
+            "postgres://h/db?fence_window=many",
             "postgres://h/db?sslmode=require",
         ] {
             assert!(

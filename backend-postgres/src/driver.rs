@@ -14,14 +14,17 @@ use crate::config::PostgresConfig;
 use crate::error::{
     LOCK_NOT_AVAILABLE, QUERY_CANCELED, is_connection_error, map_err, sqlstate, timed_out,
 };
+use crate::fence::Fence;
 use crate::key::RawKey;
 use crate::sql::{self, Sql};
 
-/// Session advisory locks for a [`SessionPool`](dlock_api::raw::SessionPool); tokens come
-/// from the fence sequence in the same statement.
+/// Session advisory locks for a [`SessionPool`](dlock_api::raw::SessionPool); tokens are drawn
+/// in the same statement, and renewed by the [`Fence`] when outside its window.
 pub(crate) struct PgDriver {
     pub(crate) config: PostgresConfig,
     sql: Sql,
+    /// Where tokens come from; `None` with fencing off.
+    fence: Option<Fence>,
     connect: PgConnectOptions,
 }
 
@@ -73,12 +76,27 @@ fn failure(error: sqlx::Error) -> DriverError {
 }
 
 impl PgDriver {
-    pub(crate) fn new(config: PostgresConfig, sql: Sql) -> Self {
+    pub(crate) fn new(config: PostgresConfig, sql: Sql, fence: Option<Fence>) -> Self {
         Self {
             connect: connect_options(&config),
             config,
             sql,
+            fence,
         }
+    }
+
+    /// The token of a grant whose statement drew `drawn`: kept, or renewed by the fence on
+    /// the same connection (an error leaves the caller holding the lock, to unlock).
+    async fn settle(
+        &self,
+        conn: &mut PgConnection,
+        drawn: i64,
+    ) -> std::result::Result<u64, DriverError> {
+        let token = match &self.fence {
+            Some(fence) => fence.settle(conn, drawn).await.map_err(failure)?,
+            None => drawn,
+        };
+        Ok(token.unsigned_abs())
     }
 
     /// The pool limits this client's options ask for.
@@ -155,8 +173,11 @@ impl SessionDriver for PgDriver {
             .fetch_one(&mut *conn)
             .await
             .map_err(failure)?;
-        let token: Option<i64> = row.try_get(0).map_err(failure)?;
-        Ok(token.map(i64::unsigned_abs))
+        let drawn: Option<i64> = row.try_get(0).map_err(failure)?;
+        match drawn {
+            Some(drawn) => self.settle(conn, drawn).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     async fn wait_lock(
@@ -168,8 +189,8 @@ impl SessionDriver for PgDriver {
         let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
         match self.sql.wait_lock(*key, ms).fetch_one(&mut *conn).await {
             Ok(row) => {
-                let token: i64 = row.try_get(0).map_err(failure)?;
-                Ok(Waited::Granted(token.unsigned_abs()))
+                let drawn: i64 = row.try_get(0).map_err(failure)?;
+                self.settle(conn, drawn).await.map(Waited::Granted)
             }
             // Seen under load: `lock_timeout` fires as the lock is granted, and the error is
             // raised with the lock already in the session's lock table (a session lock outlives

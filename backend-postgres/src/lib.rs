@@ -37,8 +37,8 @@
 //!   server's exclusion is on the key, so it never lets two holders in. Callers with integer
 //!   keys pass an [`AdvisoryKey`] to [`PostgresLock::acquire_key`].
 //! - **try_acquire** is one statement on a shared session:
-//!   `SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('dlock_fence_seq') END`, the lock
-//!   and its fencing token in one round trip.
+//!   `SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('dlock_fence_seq_fast') END`, the
+//!   lock and its fencing token in one round trip (see *Fencing* for the token).
 //! - **acquire** tries that first; when the lock is busy it borrows a connection that holds
 //!   nothing and waits **on the server** with `pg_advisory_lock` under `lock_timeout` (the
 //!   remaining wait, at most `wait_slice`), token in the same statement. The server's lock queue
@@ -52,10 +52,26 @@
 //!   key is never locked twice on one session (advisory locks *stack* per session: a second lock
 //!   would let a second guard in and leave a stacked lock behind), and a lock is always released
 //!   on the session that took it.
-//! - **Fencing**: tokens come from one sequence with `CACHE 1` (a cached sequence hands each
-//!   session its own block of values, out of order across clients), taken while the lock is held;
-//!   so they rise strictly across clients. dlock's connections run with `synchronous_commit=on`,
-//!   so the sequence never goes back after a crash.
+//! - **Fencing**: tokens are taken while the lock is held, from sequences with `CACHE 1` (a
+//!   cached sequence hands each session its own block of values, out of order across clients),
+//!   so they rise strictly across clients, and they keep rising across a crash:
+//!   - the token is drawn from an **unlogged** sequence (`dlock_fence_seq_fast`), which writes
+//!     no WAL, and is good only above 0 and below a limit that the durable sequence
+//!     (`dlock_fence_seq`) has reserved in a committed, flushed transaction (recorded in the
+//!     one-row table `dlock_fence_seq_window`, cached by each client);
+//!   - a crash resets the unlogged sequence to the least `bigint`, so the next token drawn is
+//!     negative; that token, and one past the limit, is exchanged in one more round trip by
+//!     `dlock_fence_seq_renew(size)`, which reserves the next `fence_window` values (one WAL
+//!     flush) and moves the unlogged sequence above every reservation;
+//!   - so the WAL is flushed once per `fence_window` (a million) tokens and after a crash,
+//!     instead of once per 32 acquires as a `nextval` on a durable sequence needs. With
+//!     `fence_window=0`, and before PostgreSQL 15 (no unlogged sequences), every acquire takes
+//!     `nextval('dlock_fence_seq')` instead. dlock's connections run with
+//!     `synchronous_commit=on`, so neither way goes back after a crash.
+//!
+//!   The durable sequence is dlock's alone: clients taking `nextval` from it directly (an older
+//!   dlock, or `fence_window=0`) while window-mode clients run would hand out tokens out of
+//!   order with theirs; a deployment switches all its clients at once.
 //! - **Lost detection**: a connection holding locks is pinged every `keepalive` (1 s); a failed
 //!   ping, a failed statement, or the server ending the session (`pg_terminate_backend`, a
 //!   restart) closes the session and fires `lost(SessionClosed)` on **every** guard it held.
@@ -96,24 +112,31 @@
 //! inside one transaction.
 
 //! ## Performance
-//! `dlock bench --backend postgres://…` on a 2-core VM against PostgreSQL 15, medians of three
-//! runs, the floor measured in alternating slices of the same run (prepared `pg_try_advisory_lock` + `pg_advisory_unlock` on one
-//! held connection). Absolute figures on that VM drift 2–4× with the host's load.
+//! `dlock bench --backend postgres://… --rounds 3 --duration 2s` (release build) on 2-core VMs
+//! against PostgreSQL 15, the floor (prepared `pg_try_advisory_lock` + `pg_advisory_unlock` on
+//! one held connection) measured in alternating slices of the same run; medians of three rounds
+//! with [min–max]. Absolute figures on such a VM drift 2–4× with the host's load.
 //!
 //! | measurement | result |
 //! |---|---|
-//! | uncontended pairs vs floor | 0.98× (runs 0.95–1.15×); 0.81× in an earlier quiet run (0.94× with `fencing=false`) |
-//! | hand-off p50, 4 clients, 2 ms hold | 242 µs, p99 747 µs; in a quiet run 259 µs against 216 µs for raw blocking `pg_advisory_lock` (1.2×) |
-//! | many names, one client | 1 task 4.3k pairs/s, 16 tasks 20k pairs/s |
+//! | uncontended pairs vs floor, fence window (the default) | 0.83× [0.83–0.89] and 0.85× [0.82–1.01], p99 248–309 µs |
+//! | the same, `fence_window=0` (a `nextval` on the durable sequence per acquire) | 0.77× [0.75–0.78], p99 920 µs; 0.70× in another run |
+//! | the same, `fencing=false` | 0.86× [0.84–0.91] |
+//! | hand-off p50, 4 clients, 2 ms hold | 1.05–1.17× raw blocking `pg_advisory_lock` |
+//! | many names, one client | 1 task 0.86×, 16 tasks 0.73–0.79× of raw pairs on a pool of 10 |
 //!
-//! The fencing token is a `nextval` folded into the lock statement: no extra round trip, and a
-//! sequence's WAL is written once per 32 values, so unlike a counter row it does not wait for a
-//! flush on every acquire.
+//! On that VM an `fsync` takes about 1.5 ms, and a `nextval` on a durable sequence makes every
+//! 32nd acquire wait for one: that was most of what fencing cost (p99 920 µs against 250). The
+//! fence window draws from an unlogged sequence instead and flushes once per million tokens, so
+//! fencing now costs about what `fencing=false` does; what is left between dlock and the floor
+//! is the client (its session pool, guard and lease bookkeeping), with fencing on or off. On an
+//! earlier VM with a faster disk the `nextval` design measured 0.93–0.98×.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 mod driver;
 mod error;
+mod fence;
 mod inspect;
 mod key;
 mod lock;

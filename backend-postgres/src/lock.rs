@@ -6,18 +6,17 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use dlock_api::raw::{Grant, RawLock, SessionPool, acquire_by, try_acquire_by};
 use dlock_api::{Capabilities, Fencing, Inspection, LockGuard, LockName, LockOptions, Result};
-use sqlx::postgres::PgConnection;
-use sqlx::{Connection, Row};
-use tokio::time::{Duration, Instant, timeout};
+use sqlx::Connection;
+use tokio::time::Instant;
 
 use crate::BACKEND;
-use crate::config::{PostgresConfig, config_error};
+use crate::config::PostgresConfig;
 use crate::driver::{PgDriver, open_connection};
-use crate::error::{map_err, sqlstate, timed_out};
+use crate::fence::Fence;
 use crate::inspect::Inspector;
 use crate::key::AdvisoryKey;
 use crate::pooler::ensure_own_sessions;
-use crate::sql::{Sql, create_sequence};
+use crate::sql::Sql;
 
 /// Distributed locks on Postgres session advisory locks.
 ///
@@ -49,11 +48,10 @@ impl PostgresLock {
     /// # Cancel safety
     /// Cancel safe: dropping the future closes the half-open connections; nothing is locked.
     pub async fn connect(config: PostgresConfig) -> Result<Self> {
-        let sequence = if config.fencing {
-            Some(config.quoted_sequence()?)
-        } else {
-            None
-        };
+        // Checked before any network call.
+        if config.fencing {
+            config.quoted_sequence()?;
+        }
         let mut conn = open_connection(&config).await?;
         {
             let mut second = open_connection(&config).await?;
@@ -62,10 +60,13 @@ impl PostgresLock {
             let _ = second.close().await;
             checked?;
         }
-        if let Some(sequence) = &sequence {
-            ensure_fence(&mut conn, &config, sequence, config.create_fence).await?;
-        }
-        let driver = PgDriver::new(config, Sql::new(sequence.as_deref()));
+        let fence = if config.fencing {
+            Some(Fence::ensure(&mut conn, &config, config.create_fence).await?)
+        } else {
+            None
+        };
+        let sql = Sql::new(fence.as_ref().map(Fence::draw_sql).as_deref());
+        let driver = PgDriver::new(config, sql, fence);
         let pid = driver.prepare(&mut conn).await?;
         let pool_config = driver.pool_config();
         let pool = SessionPool::new(driver, pool_config);
@@ -100,11 +101,14 @@ impl PostgresLock {
         self.pool.connections()
     }
 
-    /// Creates the fence sequence (`CREATE SEQUENCE IF NOT EXISTS … CACHE 1`) if it is missing:
-    /// for deployments that run with `create_fence=false` and migrate with a privileged user.
+    /// Creates the fence sequence (`CREATE SEQUENCE IF NOT EXISTS … CACHE 1`) and, unless
+    /// `fence_window=0` or the server predates PostgreSQL 15, the fence window next to it (an
+    /// unlogged sequence `NAME_fast`, a one-row table `NAME_window` and a function
+    /// `NAME_renew(bigint)`) if they are missing: for deployments that run with
+    /// `create_fence=false` and migrate with a privileged user.
     ///
     /// # Errors
-    /// [`LockError::Config`](dlock_api::LockError::Config) if the sequence cannot be created or exists with a cache;
+    /// [`LockError::Config`](dlock_api::LockError::Config) if they cannot be created or the sequence exists with a cache;
     /// [`LockError::Unavailable`](dlock_api::LockError::Unavailable) if the server cannot be reached.
     ///
     /// # Cancel safety
@@ -112,7 +116,7 @@ impl PostgresLock {
     pub async fn migrate(&self) -> Result<()> {
         let config = self.config();
         let mut conn = open_connection(config).await?;
-        ensure_fence(&mut conn, config, &config.quoted_sequence()?, true).await
+        Fence::ensure(&mut conn, config, true).await.map(drop)
     }
 
     /// [`try_acquire`](dlock_api::DistributedLock::try_acquire) with an [`AdvisoryKey`]: an integer key
@@ -163,64 +167,6 @@ impl PostgresLock {
     /// Cancel safe: it only reads.
     pub async fn inspect_key(&self, key: &AdvisoryKey) -> Result<Inspection> {
         self.inspector.inspect(self.config(), key).await
-    }
-}
-
-/// The fence sequence's cache size, or `None` if it does not exist.
-async fn sequence_cache(
-    conn: &mut PgConnection,
-    sequence: &str,
-    within: Duration,
-) -> Result<Option<i64>> {
-    let row = timeout(
-        within,
-        sqlx::query("SELECT seqcache FROM pg_sequence WHERE seqrelid = to_regclass($1)")
-            .bind(sequence)
-            .fetch_optional(&mut *conn),
-    )
-    .await
-    .map_err(|_| timed_out(within))?
-    .map_err(map_err)?;
-    row.map(|r| r.try_get::<i64, _>(0))
-        .transpose()
-        .map_err(map_err)
-}
-
-/// Checks the fence sequence: present with `CACHE 1`, or created when `create` allows.
-async fn ensure_fence(
-    conn: &mut PgConnection,
-    config: &PostgresConfig,
-    sequence: &str,
-    create: bool,
-) -> Result<()> {
-    let within = config.command_timeout;
-    let ddl = create_sequence(sequence);
-    match sequence_cache(conn, sequence, within).await? {
-        Some(1) => return Ok(()),
-        Some(n) => {
-            return Err(config_error(format!(
-                "fence sequence {sequence} has CACHE {n}: tokens would not rise in lock order across clients; run ALTER SEQUENCE {sequence} CACHE 1"
-            )));
-        }
-        None if !create => {
-            return Err(config_error(format!(
-                "fence sequence {sequence} does not exist: call PostgresLock::migrate() or run `{ddl}` (or set fencing=false)"
-            )));
-        }
-        None => {}
-    }
-    let created = timeout(within, sqlx::query(&ddl).execute(&mut *conn))
-        .await
-        .map_err(|_| timed_out(within))?;
-    match created {
-        Ok(_) => Ok(()),
-        // Another client created it at the same moment.
-        Err(e) if matches!(sqlstate(&e).as_deref(), Some("42P07" | "23505")) => Ok(()),
-        Err(e) if sqlstate(&e).is_some() => Err(config_error(format!(
-            "cannot create fence sequence {sequence} ({}): run `{ddl}` as a privileged user, or set fencing=false",
-            e.as_database_error().map(|d| d.message()).unwrap_or("")
-        ))),
-        Err(e) => Err(map_err(e)),
     }
 }
 

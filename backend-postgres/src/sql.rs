@@ -17,15 +17,13 @@ pub(crate) struct Sql {
 }
 
 impl Sql {
-    /// `sequence` is quoted already; `None` means fencing is off (tokens are 0).
-    pub(crate) fn new(sequence: Option<&str>) -> Self {
+    /// `draw` is the token's SQL expression ([`Fence::draw_sql`](crate::fence::Fence::draw_sql));
+    /// `None` means fencing is off (tokens are 0).
+    pub(crate) fn new(draw: Option<&str>) -> Self {
         // The token is taken *after* the lock is granted, in the same statement: CASE evaluates
         // THEN only when WHEN is true; the nested subqueries (OFFSET 0 keeps the planner from
         // flattening them) run set_config, then the lock, then nextval, in that order.
-        let token = match sequence {
-            Some(seq) => format!("nextval('{}')", seq.replace('\'', "''")),
-            None => "0::bigint".to_owned(),
-        };
+        let token = draw.unwrap_or("0::bigint");
         let try_lock = |args: &str| {
             format!("SELECT CASE WHEN pg_try_advisory_lock({args}) THEN {token} END AS token")
         };
@@ -73,10 +71,4 @@ pub(crate) fn unlock(key: RawKey) -> Query<'static, Postgres, PgArguments> {
             .bind(a)
             .bind(b),
     }
-}
-
-/// The fence sequence's DDL. `CACHE 1` matters: a cached sequence hands each session its own
-/// block of values, so tokens would not rise in lock order across clients.
-pub(crate) fn create_sequence(sequence: &str) -> String {
-    format!("CREATE SEQUENCE IF NOT EXISTS {sequence} AS bigint CACHE 1")
 }

@@ -1,0 +1,141 @@
+//! The fence window: tokens drawn from an unlogged sequence, good below a durably reserved
+//! limit, renewed when exhausted or after a crash resets the unlogged sequence.
+
+mod common;
+
+use dlock_api::{DistributedLock, LockName, LockOptions};
+use dlock_postgres::{PostgresConfig, PostgresLock};
+use sqlx::Row;
+
+async fn token_of(locks: &PostgresLock, name: &LockName) -> u64 {
+    let guard = locks
+        .try_acquire(name, &LockOptions::new())
+        .await
+        .unwrap()
+        .expect("the name is free");
+    let token = guard.fencing_token().get();
+    guard.release().await.unwrap();
+    token
+}
+
+/// `n` tokens, each from a grant on alternating clients: the order every holder sees.
+async fn tokens(clients: &[&PostgresLock], name: &LockName, n: usize) -> Vec<u64> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        out.push(token_of(clients[i % clients.len()], name).await);
+    }
+    out
+}
+
+fn rising(tokens: &[u64]) {
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not strictly rising: {tokens:?}"
+    );
+}
+
+async fn scalar(url: &str, sql: &str) -> i64 {
+    let mut conn = common::sql(url).await;
+    sqlx::query(sql)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .get::<i64, _>(0)
+}
+
+/// Small windows make renewals frequent: tokens from two clients keep rising across them, each
+/// renewal reserving a window on the durable sequence; a reset of the unlogged sequence (what
+/// a crash does) is caught by the next draw; and tokens taken from the durable sequence by
+/// someone else are skipped at the next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_across_renewals_and_resets() {
+    let url = common::shared_url();
+    let seq = common::unique("fw");
+    let mut config = PostgresConfig::from_url(&url).unwrap();
+    config.set_option("fence_sequence", &seq).unwrap();
+    config.set_option("fence_window", "3").unwrap();
+    let a = PostgresLock::connect(config.clone()).await.unwrap();
+    let b = PostgresLock::connect(config.clone()).await.unwrap();
+    let name = LockName::new(common::unique("fw")).unwrap();
+
+    let mut seen = tokens(&[&a, &b], &name, 20).await;
+    rising(&seen);
+    // Every token lies below what the durable sequence reserved.
+    let reserved = scalar(&url, &format!("SELECT last_value FROM {seq}")).await;
+    assert!(
+        seen.iter().all(|&t| (t as i64) <= reserved),
+        "{seen:?} beyond the reservation {reserved}"
+    );
+
+    // A crash resets the unlogged sequence to its start: drawn tokens go negative.
+    scalar(
+        &url,
+        &format!("SELECT setval('{seq}_fast', -9223372036854775808, false)"),
+    )
+    .await;
+    seen.extend(tokens(&[&a, &b], &name, 6).await);
+    rising(&seen);
+
+    // A client of an older dlock took tokens from the durable sequence itself: once it is
+    // gone, the next renewal moves the window above what it took.
+    let taken = scalar(
+        &url,
+        &format!("SELECT setval('{seq}', last_value + 1000) FROM {seq}"),
+    )
+    .await;
+    seen.extend(tokens(&[&a, &b], &name, 6).await);
+    rising(&seen);
+    assert!(
+        *seen.last().unwrap() as i64 > taken,
+        "{seen:?} stayed below the {taken} taken outside"
+    );
+}
+
+/// `fence_window=0`: a `nextval` on the durable sequence per acquire, no window objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_window_zero_takes_nextval_per_acquire() {
+    let url = common::shared_url();
+    let seq = common::unique("fw0");
+    let locks = PostgresLock::connect_url(&common::with_options(
+        &url,
+        &format!("fence_sequence={seq}&fence_window=0"),
+    ))
+    .await
+    .unwrap();
+    let name = LockName::new(common::unique("fw0")).unwrap();
+    let seen = tokens(&[&locks], &name, 5).await;
+    assert_eq!(seen, vec![1, 2, 3, 4, 5]);
+    let window = scalar(
+        &url,
+        &format!("SELECT count(*) FROM pg_class WHERE relname = '{seq}_window'"),
+    )
+    .await;
+    assert_eq!(window, 0, "fence_window=0 created the window table");
+}
+
+/// A real crash (the server killed, restarted, recovering): the unlogged sequence comes back
+/// reset, and the first acquire after it renews above every token handed out before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_resets_the_unlogged_sequence_and_tokens_still_rise() {
+    let server = common::own_server();
+    let url = server.url();
+    let name = LockName::new("crash").unwrap();
+    let before = {
+        let locks = PostgresLock::connect_url(&url).await.unwrap();
+        let a = PostgresLock::connect_url(&url).await.unwrap();
+        tokens(&[&locks, &a], &name, 10).await
+    };
+    rising(&before);
+    server.kill();
+    tokio::task::block_in_place(|| server.restart()).expect("postgres restarts");
+    let fast = scalar(&url, "SELECT last_value FROM dlock_fence_seq_fast").await;
+    assert!(
+        fast < 0,
+        "the unlogged sequence survived the crash at {fast}"
+    );
+    let locks = PostgresLock::connect_url(&url).await.unwrap();
+    let after = tokens(&[&locks], &name, 5).await;
+    let mut all = before.clone();
+    all.extend(&after);
+    rising(&all);
+}
