@@ -121,6 +121,14 @@
 //!   `EXISTS` and `SET NX PX` as one pipeline it measured 0.87× (and 0.89× in `MULTI`), below the
 //!   scripts' 0.92–0.94× in the same run: `XADD` alone costs the server more than the script.
 //!
+//! - a transaction for *hot* names (`MULTI`, `EXISTS`, `SET NX PX`, `INCR`, `TIME`, `EXEC`,
+//!   used for a name this client locked within the last millisecond, the token kept only if
+//!   it lies at most 2 ms below the server clock, else floored by a script: the clock floor
+//!   within 2 ms) measured the same as the scripts on a fourth VM, 0.79–0.81× of the raw pair
+//!   either way in alternating slices, and no better with 16 tasks on one connection: there each
+//!   of the transaction's six commands pays the server's per-command cost, which ate what
+//!   skipping the script's Lua set-up saved. Not kept.
+//!
 //! What each part of the acquire script costs the server (`INFO commandstats`, a third VM,
 //! `EVALSHA` µs per call): an empty script 3.1; `SET NX PX` alone 7.2; with the queue check
 //! 6.9; with `TIME` 8.3; the whole first attempt, with the token's `GETSET` and arithmetic,
