@@ -96,7 +96,11 @@ impl Fence {
         ensure_window(conn, &sequence, &names, create, within).await?;
         let limit: i64 = fetch(
             conn,
-            sqlx::query(&format!("SELECT below FROM {}", names.table)),
+            // No row yet (another client is creating the table): the first acquire renews.
+            sqlx::query(&format!(
+                "SELECT coalesce((SELECT below FROM {}), 0)",
+                names.table
+            )),
             within,
         )
         .await?
@@ -164,29 +168,24 @@ impl WindowNames {
         })
     }
 
-    /// The statements that create what is missing (each idempotent).
-    fn ddl(&self, sequence: &str) -> Vec<String> {
-        let Self { fast, table, renew } = self;
+    /// The renewal function's body (`prosrc`): compared on connect, so that a newer dlock
+    /// replaces an older body.
+    fn renew_body(&self, sequence: &str) -> String {
+        let Self { fast, table, .. } = self;
         let lit = |name: &str| name.replace('\'', "''");
         let (fast_lit, sequence_lit) = (lit(fast), lit(sequence));
-        vec![
-            format!(
-                "CREATE UNLOGGED SEQUENCE IF NOT EXISTS {fast} AS bigint \
-                 MINVALUE -9223372036854775808 START WITH -9223372036854775808 CACHE 1"
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {table} \
-                 (one boolean PRIMARY KEY DEFAULT true CHECK (one), below bigint NOT NULL)"
-            ),
-            format!("INSERT INTO {table} (below) VALUES (0) ON CONFLICT DO NOTHING"),
-            format!(
-                r"CREATE OR REPLACE FUNCTION {renew}(size bigint, OUT token bigint, OUT lim bigint)
-LANGUAGE plpgsql AS $fn$
+        format!(
+            r"
 DECLARE
   reserved bigint;
   start bigint;
 BEGIN
-  SELECT w.below INTO STRICT reserved FROM {table} w FOR UPDATE;
+  SELECT w.below INTO reserved FROM {table} w FOR UPDATE;
+  IF NOT FOUND THEN
+    -- created, and its row not yet inserted (or deleted): start it empty
+    INSERT INTO {table} (below) VALUES (0) ON CONFLICT DO NOTHING;
+    SELECT w.below INTO STRICT reserved FROM {table} w FOR UPDATE;
+  END IF;
   token := nextval('{fast_lit}');
   IF token > 0 AND token < reserved THEN
     lim := reserved;
@@ -203,7 +202,27 @@ BEGIN
   PERFORM setval('{sequence_lit}', lim - 1);
   UPDATE {table} SET below = lim;
 END
-$fn$"
+"
+        )
+    }
+
+    /// The statements that create what is missing or out of date (each idempotent).
+    fn ddl(&self, sequence: &str) -> Vec<String> {
+        let Self { fast, table, renew } = self;
+        vec![
+            format!(
+                "CREATE UNLOGGED SEQUENCE IF NOT EXISTS {fast} AS bigint \
+                 MINVALUE -9223372036854775808 START WITH -9223372036854775808 CACHE 1"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {table} \
+                 (one boolean PRIMARY KEY DEFAULT true CHECK (one), below bigint NOT NULL)"
+            ),
+            format!("INSERT INTO {table} (below) VALUES (0) ON CONFLICT DO NOTHING"),
+            format!(
+                "CREATE OR REPLACE FUNCTION {renew}(size bigint, OUT token bigint, OUT lim bigint) \
+                 LANGUAGE plpgsql AS $fn${}$fn$",
+                self.renew_body(sequence)
             ),
         ]
     }
@@ -220,9 +239,10 @@ async fn fetch<'q>(
         .map_err(map_err)
 }
 
-/// Whether every object of window mode exists.
+/// Whether every object of window mode exists, the function with this version's body.
 async fn window_exists(
     conn: &mut PgConnection,
+    sequence: &str,
     names: &WindowNames,
     within: Duration,
 ) -> Result<bool> {
@@ -230,11 +250,12 @@ async fn window_exists(
         conn,
         sqlx::query(
             "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL \
-             AND to_regprocedure($3) IS NOT NULL",
+             AND coalesce((SELECT prosrc = $4 FROM pg_proc WHERE oid = to_regprocedure($3)), false)",
         )
         .bind(&names.fast)
         .bind(&names.table)
-        .bind(format!("{}(bigint)", names.renew)),
+        .bind(format!("{}(bigint)", names.renew))
+        .bind(names.renew_body(sequence)),
         within,
     )
     .await?;
@@ -248,13 +269,13 @@ async fn ensure_window(
     create: bool,
     within: Duration,
 ) -> Result<()> {
-    if window_exists(conn, names, within).await? {
+    if window_exists(conn, sequence, names, within).await? {
         return Ok(());
     }
     let ddl = names.ddl(sequence);
     if !create {
         return Err(config_error(format!(
-            "the fence window {} is missing: call PostgresLock::migrate(), or set fence_window=0 for a nextval per acquire (or fencing=false)",
+            "the fence window {} is missing or out of date: call PostgresLock::migrate(), or set fence_window=0 for a nextval per acquire (or fencing=false)",
             names.table
         )));
     }
@@ -269,7 +290,7 @@ async fn ensure_window(
             Err(e) => return Err(refused("the fence window", e)),
         }
     }
-    if window_exists(conn, names, within).await? {
+    if window_exists(conn, sequence, names, within).await? {
         Ok(())
     } else {
         Err(config_error(format!(

@@ -139,3 +139,38 @@ async fn a_crash_resets_the_unlogged_sequence_and_tokens_still_rise() {
     all.extend(&after);
     rising(&all);
 }
+
+/// A renewal function left by another version of dlock is replaced on connect (or, with
+/// `create_fence=false`, refused until `migrate()` replaces it); a window table whose row is
+/// missing is filled by the next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outdated_window_is_replaced_or_refused() {
+    let url = common::shared_url();
+    let seq = common::unique("fwv");
+    let mut config = PostgresConfig::from_url(&url).unwrap();
+    config.set_option("fence_sequence", &seq).unwrap();
+    PostgresLock::connect(config.clone()).await.unwrap();
+    let mut conn = common::sql(&url).await;
+    sqlx::raw_sql(&format!(
+        "CREATE OR REPLACE FUNCTION {seq}_renew(size bigint, OUT token bigint, OUT lim bigint) \
+         LANGUAGE plpgsql AS $$ BEGIN token := 1; lim := 2; END $$; DELETE FROM {seq}_window"
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+
+    let mut strict = config.clone();
+    strict.set_option("create_fence", "false").unwrap();
+    let refused = PostgresLock::connect(strict.clone()).await;
+    let Err(dlock_api::LockError::Config { reason, .. }) = refused else {
+        panic!("expected a Config error, got {refused:?}");
+    };
+    assert!(reason.contains("migrate"), "{reason}");
+
+    let locks = PostgresLock::connect(config).await.unwrap();
+    let name = LockName::new(common::unique("fwv")).unwrap();
+    let seen = tokens(&[&locks], &name, 5).await;
+    // The outdated function answers 1 every time.
+    rising(&seen);
+    PostgresLock::connect(strict).await.unwrap();
+}
