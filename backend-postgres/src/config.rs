@@ -139,6 +139,9 @@ pub(crate) fn quote_qualified_suffixed(name: &str, suffix: &str) -> Result<Strin
     quote_qualified(&format!("{name}{suffix}"))
 }
 
+/// The largest `fence_window`: 2^40 tokens.
+const MAX_FENCE_WINDOW: u64 = 1 << 40;
+
 /// The longest suffix [`quote_qualified_suffixed`] is given.
 const LONGEST_SUFFIX: &str = "_window";
 
@@ -203,7 +206,16 @@ impl PostgresConfig {
                 self.tcp_keepalives_interval = duration_option(BACKEND, key, value)?
             }
             "tcp_keepalives_count" => self.tcp_keepalives_count = parse_number(key, value)?,
-            "fence_window" => self.fence_window = parse_number(key, value)?,
+            "fence_window" => {
+                let window: u64 = parse_number(key, value)?;
+                // Tokens are bigints: a window must leave room for a great many renewals.
+                if window > MAX_FENCE_WINDOW {
+                    return Err(config_error(format!(
+                        "option `fence_window` is at most {MAX_FENCE_WINDOW}, not {window}"
+                    )));
+                }
+                self.fence_window = window;
+            }
             "application_name" => {
                 if !value
                     .chars()
@@ -309,6 +321,7 @@ mod tests {
             "postgres://h/db?fence_sequence=a.b.c",
             "postgres://h/db?fence_window=-1",
             "postgres://h/db?fence_window=many",
+            "postgres://h/db?fence_window=1099511627777",
             "postgres://h/db?sslmode=require",
         ] {
             assert!(

@@ -104,8 +104,11 @@ impl PostgresLock {
     /// Creates the fence sequence (`CREATE SEQUENCE IF NOT EXISTS … CACHE 1`) and, unless
     /// `fence_window=0` or the server predates PostgreSQL 15, the fence window next to it (an
     /// unlogged sequence `NAME_fast`, a one-row table `NAME_window` and a function
-    /// `NAME_renew(bigint)`) if they are missing: for deployments that run with
-    /// `create_fence=false` and migrate with a privileged user.
+    /// `NAME_renew(bigint)`) if they are missing or the function is out of date: for
+    /// deployments that run with `create_fence=false` and migrate with a privileged user. The
+    /// user the clients connect as then needs `USAGE, UPDATE` on the sequences `NAME` and
+    /// `NAME_fast` and `SELECT, INSERT, UPDATE` on the table `NAME_window` (the renewal runs
+    /// with the caller's rights); with `fence_window=0`, `USAGE` on `NAME`.
     ///
     /// # Errors
     /// [`LockError::Config`](dlock_api::LockError::Config) if they cannot be created or the sequence exists with a cache;

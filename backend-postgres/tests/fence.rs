@@ -174,3 +174,41 @@ async fn an_outdated_window_is_replaced_or_refused() {
     rising(&seen);
     PostgresLock::connect(strict).await.unwrap();
 }
+
+/// With `create_fence=false`, a client connecting as a user with only the grants `migrate()`
+/// documents takes tokens and renews windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_grants_are_enough() {
+    let url = common::shared_url();
+    let seq = common::unique("fwg");
+    let role = common::unique("fwg_user");
+    let mut config = PostgresConfig::from_url(&url).unwrap();
+    config.set_option("fence_sequence", &seq).unwrap();
+    config.set_option("fence_window", "2").unwrap();
+    PostgresLock::connect(config.clone())
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let mut conn = common::sql(&url).await;
+    sqlx::raw_sql(&format!(
+        "CREATE ROLE {role} LOGIN; \
+         GRANT USAGE, UPDATE ON SEQUENCE {seq}_fast, {seq} TO {role}; \
+         GRANT SELECT, INSERT, UPDATE ON {seq}_window TO {role}"
+    ))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    config.set_option("create_fence", "false").unwrap();
+    config.user = role.clone();
+    let locks = PostgresLock::connect(config).await.unwrap();
+    let name = LockName::new(common::unique("fwg")).unwrap();
+    let seen = tokens(&[&locks], &name, 7).await;
+    rising(&seen);
+    drop(locks);
+    sqlx::raw_sql(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .execute(&mut conn)
+        .await
+        .ok();
+}
