@@ -71,15 +71,7 @@ impl Fence {
     ) -> Result<Self> {
         let within = config.command_timeout;
         let sequence = config.quoted_sequence()?;
-        ensure_sequence(conn, &sequence, create, within).await?;
-        let version: i32 = fetch(
-            conn,
-            sqlx::query("SELECT current_setting('server_version_num')::int"),
-            within,
-        )
-        .await?
-        .try_get(0)
-        .map_err(map_err)?;
+        let version = ensure_sequence(conn, &sequence, create, within).await?;
         if config.fence_window == 0 || version < UNLOGGED_SEQUENCES {
             if config.fence_window > 0 {
                 tracing::debug!(
@@ -280,15 +272,9 @@ async fn ensure_window(
         )));
     }
     for statement in &ddl {
-        let ran = timeout(within, sqlx::query(statement).execute(&mut *conn))
-            .await
-            .map_err(|_| timed_out(within))?;
-        match ran {
-            Ok(_) => {}
-            // Another client creating the same objects at the same moment.
-            Err(e) if matches!(sqlstate(&e).as_deref(), Some("42P07" | "23505" | "XX000")) => {}
-            Err(e) => return Err(refused("the fence window", e)),
-        }
+        // `XX000`: another client replacing the function at the same moment (the check below
+        // tells whether what is there now is right).
+        run_create(conn, statement, &["XX000"], "the fence window", within).await?;
     }
     if window_exists(conn, sequence, names, within).await? {
         Ok(())
@@ -300,24 +286,54 @@ async fn ensure_window(
     }
 }
 
-/// The durable sequence's cache size, or `None` if it does not exist.
-async fn sequence_cache(
+/// The durable sequence's cache size (`None` if it does not exist), and the server's version
+/// number, in one round trip.
+async fn sequence_cache_and_version(
     conn: &mut PgConnection,
     sequence: &str,
     within: Duration,
-) -> Result<Option<i64>> {
-    let row = timeout(
+) -> Result<(Option<i64>, i32)> {
+    let row = fetch(
+        conn,
+        sqlx::query(
+            "SELECT (SELECT seqcache FROM pg_sequence WHERE seqrelid = to_regclass($1)), \
+             current_setting('server_version_num')::int",
+        )
+        .bind(sequence),
         within,
-        sqlx::query("SELECT seqcache FROM pg_sequence WHERE seqrelid = to_regclass($1)")
-            .bind(sequence)
-            .fetch_optional(&mut *conn),
     )
-    .await
-    .map_err(|_| timed_out(within))?
-    .map_err(map_err)?;
-    row.map(|r| r.try_get::<i64, _>(0))
-        .transpose()
-        .map_err(map_err)
+    .await?;
+    Ok((
+        row.try_get(0).map_err(map_err)?,
+        row.try_get(1).map_err(map_err)?,
+    ))
+}
+
+/// Runs one idempotent `CREATE …`. Another client creating the same object at the same moment
+/// can still make it fail with a duplicate (`42P07`, `23505`) or one of `also_tolerated`: those
+/// count as done. Any other refusal is a configuration error about `what`.
+async fn run_create(
+    conn: &mut PgConnection,
+    statement: &str,
+    also_tolerated: &[&str],
+    what: &str,
+    within: Duration,
+) -> Result<()> {
+    let ran = timeout(within, sqlx::query(statement).execute(&mut *conn))
+        .await
+        .map_err(|_| timed_out(within))?;
+    match ran {
+        Ok(_) => Ok(()),
+        Err(e)
+            if sqlstate(&e).is_some_and(|code| {
+                ["42P07", "23505"].contains(&code.as_str())
+                    || also_tolerated.contains(&code.as_str())
+            }) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(refused(what, e)),
+    }
 }
 
 /// The durable sequence's DDL. `CACHE 1` matters: a cached sequence hands each session its own
@@ -326,37 +342,33 @@ fn create_sequence(sequence: &str) -> String {
     format!("CREATE SEQUENCE IF NOT EXISTS {sequence} AS bigint CACHE 1")
 }
 
-/// Checks the durable sequence: present with `CACHE 1`, or created when `create` allows.
+/// Checks the durable sequence: present with `CACHE 1`, or created when `allow_create`
+/// allows. Returns the server's version number.
 async fn ensure_sequence(
     conn: &mut PgConnection,
     sequence: &str,
-    create: bool,
+    allow_create: bool,
     within: Duration,
-) -> Result<()> {
+) -> Result<i32> {
     let ddl = create_sequence(sequence);
-    match sequence_cache(conn, sequence, within).await? {
-        Some(1) => return Ok(()),
+    let (cache, version) = sequence_cache_and_version(conn, sequence, within).await?;
+    match cache {
+        Some(1) => return Ok(version),
         Some(n) => {
             return Err(config_error(format!(
                 "fence sequence {sequence} has CACHE {n}: tokens would not rise in lock order across clients; run ALTER SEQUENCE {sequence} CACHE 1"
             )));
         }
-        None if !create => {
+        None if !allow_create => {
             return Err(config_error(format!(
                 "fence sequence {sequence} does not exist: call PostgresLock::migrate() or run `{ddl}` (or set fencing=false)"
             )));
         }
         None => {}
     }
-    let created = timeout(within, sqlx::query(&ddl).execute(&mut *conn))
-        .await
-        .map_err(|_| timed_out(within))?;
-    match created {
-        Ok(_) => Ok(()),
-        // Another client created it at the same moment.
-        Err(e) if matches!(sqlstate(&e).as_deref(), Some("42P07" | "23505")) => Ok(()),
-        Err(e) => Err(refused(&format!("fence sequence {sequence}"), e)),
-    }
+    let what = format!("fence sequence {sequence}");
+    run_create(conn, &ddl, &[], &what, within).await?;
+    Ok(version)
 }
 
 /// A failed `CREATE`: the server's refusal (privileges, say) as a configuration error.

@@ -27,6 +27,13 @@ async fn tokens(clients: &[&PostgresLock], name: &LockName, n: usize) -> Vec<u64
     out
 }
 
+/// The shared server's configuration, with tokens from the sequence `seq`.
+fn config_for(url: &str, seq: &str) -> PostgresConfig {
+    let mut config = PostgresConfig::from_url(url).unwrap();
+    config.set_option("fence_sequence", seq).unwrap();
+    config
+}
+
 fn rising(tokens: &[u64]) {
     assert!(
         tokens.windows(2).all(|w| w[0] < w[1]),
@@ -51,8 +58,7 @@ async fn scalar(url: &str, sql: &str) -> i64 {
 async fn tokens_rise_across_renewals_and_resets() {
     let url = common::shared_url();
     let seq = common::unique("fw");
-    let mut config = PostgresConfig::from_url(&url).unwrap();
-    config.set_option("fence_sequence", &seq).unwrap();
+    let mut config = config_for(&url, &seq);
     config.set_option("fence_window", "3").unwrap();
     let a = PostgresLock::connect(config.clone()).await.unwrap();
     let b = PostgresLock::connect(config.clone()).await.unwrap();
@@ -147,8 +153,7 @@ async fn a_crash_resets_the_unlogged_sequence_and_tokens_still_rise() {
 async fn an_outdated_window_is_replaced_or_refused() {
     let url = common::shared_url();
     let seq = common::unique("fwv");
-    let mut config = PostgresConfig::from_url(&url).unwrap();
-    config.set_option("fence_sequence", &seq).unwrap();
+    let config = config_for(&url, &seq);
     PostgresLock::connect(config.clone()).await.unwrap();
     let mut conn = common::sql(&url).await;
     sqlx::raw_sql(&format!(
@@ -182,8 +187,7 @@ async fn the_documented_grants_are_enough() {
     let url = common::shared_url();
     let seq = common::unique("fwg");
     let role = common::unique("fwg_user");
-    let mut config = PostgresConfig::from_url(&url).unwrap();
-    config.set_option("fence_sequence", &seq).unwrap();
+    let mut config = config_for(&url, &seq);
     config.set_option("fence_window", "2").unwrap();
     PostgresLock::connect(config.clone())
         .await
