@@ -194,6 +194,13 @@ impl<D: SessionDriver> PoolCore<D> {
         alive && !conn.is_dead()
     }
 
+    /// Counts an unlock on `conn` as its load until the returned mark is dropped, so that
+    /// attempts go to connections that have no statement queued instead of waiting behind it.
+    pub(super) fn unlocking<'a>(&'a self, conn: &'a Connection<D>) -> UnlockInFlight<'a, D> {
+        self.registry().unlock_started(conn.id);
+        UnlockInFlight { core: self, conn }
+    }
+
     /// `key` was released (or found gone) on `conn`.
     pub(super) fn forget(&self, conn: &Connection<D>, key: &D::Key) {
         if self.registry().forget(conn.id, key) {
@@ -309,6 +316,7 @@ impl<D: SessionDriver> PoolCore<D> {
 
     /// A queued unlock: unlock (owner-checked), then clear the slot.
     async fn run_queued_unlock(&self, conn: &Connection<D>, key: D::Key) {
+        let _load = self.unlocking(conn);
         let mut guard = conn.conn.lock().await;
         if let Some(c) = guard.as_mut() {
             let limit = self.config.command_timeout;
@@ -335,6 +343,18 @@ impl<D: SessionDriver> PoolCore<D> {
         let limit = self.config.command_timeout;
         let outcome = timeout(limit, self.driver.ping(c)).await;
         let _ = self.settle(conn, &mut guard, limit, outcome);
+    }
+}
+
+/// An unlock counted in its connection's load; see [`PoolCore::unlocking`].
+pub(super) struct UnlockInFlight<'a, D: SessionDriver> {
+    core: &'a PoolCore<D>,
+    conn: &'a Connection<D>,
+}
+
+impl<D: SessionDriver> Drop for UnlockInFlight<'_, D> {
+    fn drop(&mut self) {
+        self.core.registry().unlock_ended(self.conn.id);
     }
 }
 

@@ -70,6 +70,7 @@ impl<D: SessionDriver> RawLease for PoolLease<D> {
         if self.conn.is_dead() {
             return Err(self.lost());
         }
+        let _load = self.core.unlocking(&self.conn);
         let mut guard = self.conn.conn.lock().await;
         let Some(c) = guard.as_mut() else {
             return Err(self.lost());

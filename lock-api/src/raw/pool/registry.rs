@@ -27,11 +27,18 @@ pub(super) struct Entry<K, C> {
     waiting: bool,
     /// Non-blocking attempts queued or running here (to spread concurrent attempts).
     inflight: u32,
+    /// Unlocks queued or running here: an attempt picked here would wait behind them.
+    unlocking: u32,
 }
 
 impl<K, C> Entry<K, C> {
     fn is_idle(&self) -> bool {
         self.slots.is_empty() && !self.waiting && self.inflight == 0
+    }
+
+    /// Statements queued or running here, which a new attempt would wait behind.
+    fn busy(&self) -> u32 {
+        self.inflight.saturating_add(self.unlocking)
     }
 }
 
@@ -102,9 +109,10 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
     }
 
     /// Picks the connection for a non-blocking attempt on `key` and reserves it there: the
-    /// least busy, and among equals one that already holds locks (locks gather on few
-    /// connections, idle ones stay free for waits); a new one while the busiest has attempts in
-    /// flight and the limit allows.
+    /// least busy (fewest statements queued or running: attempts and unlocks alike), and among
+    /// equals one that already holds locks (locks gather on few connections, idle ones stay free
+    /// for waits); a new one while even the least busy has statements queued and the limit
+    /// allows.
     pub(super) fn pick_shared(&mut self, key: &K, max: usize) -> SharedPick<C> {
         if self.holds(key) {
             let releasing = self
@@ -121,8 +129,8 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
             .entries
             .iter()
             .filter(|(_, e)| !e.waiting)
-            .min_by_key(|(_, e)| (e.inflight, e.slots.is_empty()))
-            .map(|(id, e)| (*id, e.inflight));
+            .min_by_key(|(_, e)| (e.busy(), e.slots.is_empty()))
+            .map(|(id, e)| (*id, e.busy()));
         let may_open = self.total < max;
         let id = match best {
             Some((id, 0)) => id,
@@ -181,6 +189,7 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
             slots: HashMap::new(),
             waiting,
             inflight: 0,
+            unlocking: 0,
         };
         if let Some(key) = reserve {
             entry.slots.insert(key.clone(), Slot::Attempt);
@@ -237,6 +246,20 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         }
     }
 
+    /// An unlock starts on `id` (it may wait for the connection first).
+    pub(super) fn unlock_started(&mut self, id: u64) {
+        if let Some(entry) = self.entries.get_mut(&id) {
+            entry.unlocking = entry.unlocking.saturating_add(1);
+        }
+    }
+
+    /// An unlock on `id` is over, whatever its outcome.
+    pub(super) fn unlock_ended(&mut self, id: u64) {
+        if let Some(entry) = self.entries.get_mut(&id) {
+            entry.unlocking = entry.unlocking.saturating_sub(1);
+        }
+    }
+
     /// `key` is released (or known gone) on `id`. Returns whether a connection may have freed up.
     pub(super) fn forget(&mut self, id: u64, key: &K) -> bool {
         let Some(entry) = self.entries.get_mut(&id) else {
@@ -285,7 +308,7 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         self.entries
             .values()
             .filter(|e| !e.waiting)
-            .min_by_key(|e| e.inflight)
+            .min_by_key(|e| e.busy())
             .map(|e| e.conn.clone())
     }
 
@@ -326,6 +349,28 @@ mod tests {
         assert!(reg.opened(2, 2, Some(&"b"), false));
         // At the limit: share the least busy one.
         assert!(matches!(reg.pick_shared(&"c", 2), SharedPick::Use(_)));
+        assert_eq!(reg.total(), 2);
+    }
+
+    #[test]
+    fn attempts_avoid_a_connection_busy_with_an_unlock() {
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(reg.pick_shared(&"a", 3), SharedPick::Use(1)));
+        reg.attempt_done(1, &"a", true);
+        // Holding "a" alone, connection 1 is where the next lock gathers.
+        assert!(matches!(reg.pick_shared(&"b", 3), SharedPick::Use(1)));
+        reg.attempt_done(1, &"b", false);
+        // While "a"'s unlock runs there, the next attempt does not queue behind it.
+        reg.unlock_started(1);
+        assert!(matches!(reg.pick_shared(&"b", 3), SharedPick::Open));
+        assert!(reg.opened(2, 2, Some(&"b"), false));
+        reg.attempt_done(2, &"b", false);
+        assert!(matches!(reg.pick_shared(&"c", 3), SharedPick::Use(2)));
+        reg.attempt_done(2, &"c", false);
+        reg.unlock_ended(1);
+        reg.forget(1, &"a");
+        assert!(matches!(reg.pick_shared(&"d", 3), SharedPick::Use(_)));
         assert_eq!(reg.total(), 2);
     }
 
