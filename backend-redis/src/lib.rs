@@ -93,6 +93,14 @@
 //! 0.89–0.98×, and many names on one client 1.09× / 0.91× / 0.68× / 0.51× of the raw floor
 //! with 1 / 4 / 16 / 64 tasks (53.5k pairs/s against 86.7k at 64).
 //!
+//! On a fifth: uncontended 0.87× [0.83–0.88], hand-off 0.90×, many names 1.00× / 0.86× / 0.54×
+//! with 1 / 4 / 16 tasks. With 64 tasks, 66k pairs/s against 142k; per pair, the server's CPU
+//! time was 10.5 µs against 5.1 µs and the client's 11.3 µs against 6.4 µs (process CPU
+//! times over the run), so both sides spend about twice the raw pair's. Counted with
+//! callgrind there, the client adds 11k instructions per pair to the same two scripts sent from
+//! a bare connection (47k against 36k), none of it in one place: moving futures into boxes,
+//! allocation, the span, key and owner strings, timeouts.
+//!
 //! An uncontended pair makes the same system calls as the raw pair (two writes, two reads, the
 //! same wake-ups); what it pays more is **server time**. The raw pair is one plain command and one
 //! two-call script; dlock's is two scripts: the first attempt of an acquire (`EXISTS` on the
