@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use dlock_api::{Capabilities, DistributedLock, Fencing, LeaseKind, LockError, LockName};
 use futures::future::BoxFuture;
@@ -191,7 +192,7 @@ impl Ctx {
             {
                 return left.map_err(|e| Failure(format!("residue check failed: {e}")));
             }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -263,7 +264,17 @@ impl Ctx {
         what: &str,
         future: impl Future<Output = T>,
     ) -> Result<T, Failure> {
-        let bound = self.timing().bound;
+        self.within_for(what, self.timing().bound, future).await
+    }
+
+    /// Awaits `future` for at most `bound`; reaching it fails with `what`. For the few steps
+    /// that chain several waits of their own, each bounded by the timing's bound.
+    pub async fn within_for<T>(
+        &self,
+        what: &str,
+        bound: Duration,
+        future: impl Future<Output = T>,
+    ) -> Result<T, Failure> {
         tokio::time::timeout(bound, future)
             .await
             .map_err(|_| Failure(format!("{what}: nothing after {bound:?}")))

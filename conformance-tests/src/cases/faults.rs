@@ -989,9 +989,12 @@ async fn held_through_the_act(
     let run = Run::start(ctx).await?;
     let names = [ctx.name("lock")];
     let timing = ctx.timing();
+    // The act may chain waits of its own (a Sentinel failover, then the old primary rejoining
+    // as a replica), each of which can take seconds on a loaded machine.
+    let act_bound = timing.bound * 3;
     // A lease the holder neither renews nor outlives while the case runs: the act, not an
     // expiry, is what could free the lock.
-    let long_lease = timing.bound;
+    let long_lease = act_bound + timing.bound;
     let mut holder_spec = run.spec(1, &names, 1, long_lease, timing.bound, timing.short_ttl);
     holder_spec.announce = true;
     holder_spec.ready_pause = Some(READY_PAUSE);
@@ -1006,7 +1009,7 @@ async fn held_through_the_act(
     run.pause(&holder)?;
     let hazard = amnesia.hazard();
     run.log(crate::history::Edge::Start, format!("the act: {hazard}"));
-    ctx.within("the deployment's act", amnesia.forget(&names[0]))
+    ctx.within_for("the deployment's act", act_bound, amnesia.forget(&names[0]))
         .await?
         .map_err(|e| Failure(format!("{hazard}: {e}")))?;
     run.log(crate::history::Edge::Stop, "the act is over");
