@@ -195,7 +195,8 @@ impl<D: SessionDriver> PoolCore<D> {
     }
 
     /// Counts an unlock on `conn` as its load until the returned mark is dropped, so that
-    /// attempts go to connections that have no statement queued instead of waiting behind it.
+    /// attempts go to a connection with no statement waiting or running instead of queueing
+    /// behind it.
     pub(super) fn unlocking<'a>(&'a self, conn: &'a Connection<D>) -> UnlockInFlight<'a, D> {
         self.registry().unlock_started(conn.id);
         UnlockInFlight { core: self, conn }

@@ -27,7 +27,9 @@ pub(super) struct Entry<K, C> {
     waiting: bool,
     /// Non-blocking attempts queued or running here (to spread concurrent attempts).
     inflight: u32,
-    /// Unlocks queued or running here: an attempt picked here would wait behind them.
+    /// Unlocks waiting for this connection or running on it (an unlock still in the
+    /// connection task's channel counts once the task takes it): an attempt picked here would
+    /// wait behind them.
     unlocking: u32,
 }
 
@@ -36,7 +38,8 @@ impl<K, C> Entry<K, C> {
         self.slots.is_empty() && !self.waiting && self.inflight == 0
     }
 
-    /// Statements queued or running here, which a new attempt would wait behind.
+    /// Statements waiting for this connection or running on it, which a new attempt would
+    /// wait behind.
     fn busy(&self) -> u32 {
         self.inflight.saturating_add(self.unlocking)
     }
@@ -109,10 +112,10 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
     }
 
     /// Picks the connection for a non-blocking attempt on `key` and reserves it there: the
-    /// least busy (fewest statements queued or running: attempts and unlocks alike), and among
+    /// least busy (fewest statements waiting or running: attempts and unlocks alike), and among
     /// equals one that already holds locks (locks gather on few connections, idle ones stay free
-    /// for waits); a new one while even the least busy has statements queued and the limit
-    /// allows.
+    /// for waits); a new one while even the least busy has a statement waiting or running and
+    /// the limit allows.
     pub(super) fn pick_shared(&mut self, key: &K, max: usize) -> SharedPick<C> {
         if self.holds(key) {
             let releasing = self
