@@ -593,8 +593,29 @@ impl Proc {
 
     fn kill_and_reap(&self) -> Option<std::process::ExitStatus> {
         let mut state = self.state();
-        Self::signal_group(&state, libc::SIGKILL);
         let group = state.child.as_ref().map(|child| child.id() as libc::pid_t);
+        // Postgres backends leave the group (`setsid`), and once the postmaster is gone they are
+        // nobody's children we can find: name them while the tree still holds them. A backend left
+        // alive keeps the old shared memory attached, and the next postmaster refuses to start.
+        // Freeze the leader first so that it cannot fork one more between the listing and the kill.
+        let descendants = match group {
+            Some(leader) => {
+                // SAFETY: signalling our own, unreaped child.
+                unsafe { libc::kill(leader, libc::SIGSTOP) };
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while !all_threads_stopped(leader as u32) && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(1));
+                }
+                descendants(leader)
+            }
+            None => Vec::new(),
+        };
+        Self::signal_group(&state, libc::SIGKILL);
+        for &pid in &descendants {
+            // SAFETY: `kill` has no memory effects; these are our server's own processes, alive a
+            // moment ago.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
         let status = state.child.take().and_then(|mut child| child.wait().ok());
         state.paused = false;
         set_registered_pid(self.id, None);
@@ -603,7 +624,9 @@ impl Proc {
         // makes an immediate restart fail ("pre-existing shared memory block is still in use").
         if let Some(group) = group {
             let deadline = Instant::now() + Duration::from_secs(10);
-            while group_has_live_members(group) && Instant::now() < deadline {
+            while (group_has_live_members(group) || descendants.iter().any(|&pid| is_alive(pid)))
+                && Instant::now() < deadline
+            {
                 thread::sleep(Duration::from_millis(5));
             }
         }
@@ -701,9 +724,8 @@ fn parents() -> Vec<(libc::pid_t, libc::pid_t)> {
         .collect()
 }
 
-/// Sends `signal` to every descendant of `root` (not `root` itself), wherever their process
-/// group is.
-fn signal_descendants(root: libc::pid_t, signal: libc::c_int) {
+/// Every descendant of `root` (not `root` itself), wherever their process group is.
+fn descendants(root: libc::pid_t) -> Vec<libc::pid_t> {
     let parents = parents();
     let mut family = vec![root];
     let mut i = 0;
@@ -716,11 +738,27 @@ fn signal_descendants(root: libc::pid_t, signal: libc::c_int) {
         );
         i += 1;
     }
-    for pid in family.into_iter().skip(1) {
+    family.remove(0);
+    family
+}
+
+/// Sends `signal` to every descendant of `root` (not `root` itself), wherever their process
+/// group is.
+fn signal_descendants(root: libc::pid_t, signal: libc::c_int) {
+    for pid in descendants(root) {
         // SAFETY: `kill` has no memory effects; these are our server's own children, alive a
         // moment ago.
         unsafe { libc::kill(pid, signal) };
     }
+}
+
+/// Whether `pid` is a process that has not exited (a zombie has).
+fn is_alive(pid: libc::pid_t) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| !matches!(state, "Z" | "X"))
+    })
 }
 
 /// Whether any process other than a zombie is still in process group `group` (read from
