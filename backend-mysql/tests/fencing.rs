@@ -90,3 +90,31 @@ async fn tokens_start_above_an_earlier_counter_table() {
     );
     guard.release().await.unwrap();
 }
+
+/// Clients that connect and take their first locks at the same moment, on a server where no
+/// fence exists yet, all get one, and no two grants share a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_starting_at_once_all_create_the_fence() {
+    let server = tokio::task::block_in_place(common::own_server);
+    let url = server.url().to_owned();
+    let firsts: Vec<_> = (0..8)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let locks = MySqlLock::connect_url(&url).await.unwrap();
+                let name = LockName::new(format!("dlock-test/fencing/race-{i}")).unwrap();
+                let guard = locks.acquire(&name, &LockOptions::new()).await.unwrap();
+                let token = guard.fencing_token().get();
+                guard.release().await.unwrap();
+                token
+            })
+        })
+        .collect();
+    let mut tokens = Vec::new();
+    for first in firsts {
+        tokens.push(first.await.unwrap());
+    }
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 8, "two grants shared a token: {tokens:?}");
+}

@@ -310,8 +310,9 @@ async fn sequence_cache_and_version(
 }
 
 /// Runs one idempotent `CREATE …`. Another client creating the same object at the same moment
-/// can still make it fail with a duplicate (`42P07`, `23505`) or one of `also_tolerated`: those
-/// count as done. Any other refusal is a configuration error about `what`.
+/// can still make it fail with a duplicate (`42P07` relation, `42710` its row type, `23505` a
+/// catalog key) or one of `also_tolerated`: those count as done. Any other refusal is a
+/// configuration error about `what`.
 async fn run_create(
     conn: &mut PgConnection,
     statement: &str,
@@ -326,7 +327,7 @@ async fn run_create(
         Ok(_) => Ok(()),
         Err(e)
             if sqlstate(&e).is_some_and(|code| {
-                ["42P07", "23505"].contains(&code.as_str())
+                ["42P07", "42710", "23505"].contains(&code.as_str())
                     || also_tolerated.contains(&code.as_str())
             }) =>
         {

@@ -216,3 +216,24 @@ async fn the_documented_grants_are_enough() {
         .await
         .ok();
 }
+
+/// Clients that connect at the same moment to a fence nobody has created yet all get one: a
+/// `CREATE … IF NOT EXISTS` racing another still fails on Postgres ("already exists"), and that
+/// failure means the object is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_connecting_at_once_all_create_the_fence() {
+    let url = common::shared_url();
+    for _ in 0..5 {
+        let config = config_for(&url, &common::unique("fwrace"));
+        let connects: Vec<_> = (0..8)
+            .map(|_| tokio::spawn(PostgresLock::connect(config.clone())))
+            .collect();
+        let mut clients = Vec::new();
+        for connect in connects {
+            clients.push(connect.await.unwrap().unwrap());
+        }
+        let name = LockName::new(common::unique("fwrace")).unwrap();
+        let refs: Vec<&PostgresLock> = clients.iter().collect();
+        rising(&tokens(&refs, &name, 8).await);
+    }
+}
