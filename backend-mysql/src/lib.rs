@@ -106,7 +106,9 @@
 //!
 //! On a third VM the pair measured 0.88× [0.87–0.91] with fencing and 0.96× [0.90–0.97] with
 //! `fencing=false`, and with 4 tasks on one client 0.69× against 0.96×: concurrent `NEXTVAL`s
-//! on the one sequence cost more than one does alone. Two cheaper-looking strict designs were
+//! on the one sequence cost more than one does alone (or so it seemed: on a fourth VM, 4 tasks
+//! went from 0.64× to 0.91× once the pool stopped placing a new lock on a connection whose
+//! holder was about to release, with fencing on). Two cheaper-looking strict designs were
 //! measured there and not taken, as the acquire statement on a bare connection against the
 //! plain `GET_LOCK` pair (144–160 µs): with `NEXTVAL` +4–11%; with a token read from a
 //! one-row window table in the same statement (the design that made Postgres's fencing cheap)

@@ -123,7 +123,7 @@
 //! | the same, `fence_window=0` (a `nextval` on the durable sequence per acquire) | 0.77× [0.75–0.78], p99 920 µs; 0.70× in another run |
 //! | the same, `fencing=false` | 0.86× [0.84–0.91] |
 //! | hand-off p50, 4 clients, 2 ms hold | 1.05–1.17× raw blocking `pg_advisory_lock` |
-//! | many names, one client | 1 task 0.86×, 16 tasks 0.73–0.79× of raw pairs on a pool of 10; on a fifth VM, 1 / 4 / 16 tasks 0.90× / 0.89× / 0.95× (4 tasks 0.56× before the pool counted unlocks as load) |
+//! | many names, one client | 1 task 0.86×, 16 tasks 0.73–0.79× of raw pairs on a pool of 10; on a fifth VM, 1 / 4 / 16 tasks 0.90× / 0.89× / 0.95× (4 tasks 0.56× before the pool counted unlocks as load); on a sixth, 4 tasks 0.72× → 0.86× once each new lock got a connection holding none, up to half the pool (medians of five alternated runs) |
 //!
 //! On that VM an `fsync` takes about 1.5 ms, and a `nextval` on a durable sequence makes every
 //! 32nd acquire wait for one: that was most of what fencing cost (p99 920 µs against 250). The

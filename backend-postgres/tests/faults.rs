@@ -36,7 +36,11 @@ async fn lost(guard: &LockGuard) -> LostReason {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backend_fires_lost_on_every_guard_of_its_session() {
     let server = own_server();
-    let a = PostgresLock::connect_url(&server.url()).await.unwrap();
+    // With two connections at most, every lock but a wait's shares one (a pool of more gives
+    // locks held at once connections of their own, up to half its limit).
+    let a = PostgresLock::connect_url(&common::with_options(&server.url(), "max_connections=2"))
+        .await
+        .unwrap();
     let b = PostgresLock::connect_url(&server.url()).await.unwrap();
     let names: Vec<LockName> = (0..3).map(|i| name(&format!("term{i}"))).collect();
     let mut guards = Vec::new();
@@ -48,7 +52,7 @@ async fn terminated_backend_fires_lost_on_every_guard_of_its_session() {
                 .unwrap(),
         );
     }
-    // Non-blocking acquires share one session: terminating it ends all three.
+    // The three share one session: terminating it ends all three.
     let killed = terminate_holder(&server.url(), &AdvisoryKey::Name(names[0].clone()))
         .await
         .unwrap();

@@ -8,9 +8,12 @@
 //! - **Shared connections carry many locks.** An attempt runs on the least busy connection
 //!   that does not hold the key (both servers stack a lock taken twice on one connection,
 //!   which would let a second guard in). "Busy" counts every statement queued or running
-//!   there, unlocks included, so an attempt does not wait behind another task's release. A
-//!   lock is released on the connection that took it; a connection is never reset or handed
-//!   elsewhere while it holds anything.
+//!   there, unlocks included, so an attempt does not wait behind another task's release. Until
+//!   half of `max_connections` hold locks, a new lock goes to a connection holding none (one is
+//!   opened if need be), so it never delays a release that is about to come; past that, locks
+//!   gather on the connections that hold some, keeping the rest free for waits. A lock is
+//!   released on the connection that took it; a connection is never reset or handed elsewhere
+//!   while it holds anything.
 //! - **A server-side wait gets a connection of its own** that holds nothing, so it never stalls
 //!   other guards' releases; after the grant that connection is shared like any. At most all
 //!   but one connection wait at once. This client's waiters for one name queue in the client
