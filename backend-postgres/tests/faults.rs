@@ -372,3 +372,50 @@ async fn xact_lock_works_through_a_transaction_pooler() {
     );
     other.rollback().await.unwrap();
 }
+
+/// A server that refuses this client a second connection: a lock taken while another is held
+/// goes where the first one is, instead of failing on the connection the pool would have
+/// opened to keep them apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_leaves_locks_on_the_one_open() {
+    let url = common::shared_url();
+    let role = unique("one_conn");
+    let mut admin = common::sql(&url).await;
+    // Two: connecting checks that two connections are two sessions (no transaction pooler).
+    sqlx::raw_sql(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 2"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let mut config =
+        dlock_postgres::PostgresConfig::from_url(&with_options(&url, "fencing=false")).unwrap();
+    config.user = role.clone();
+    let locks = PostgresLock::connect(config).await.unwrap();
+    // The role's other connection, taken once the connect check's has gone.
+    let as_role = url.replacen("postgres@", &format!("{role}@"), 1);
+    assert_ne!(as_role, url, "the shared server's URL names its user");
+    let deadline = tokio::time::Instant::now() + BOUND;
+    let other = loop {
+        match <sqlx::PgConnection as sqlx::Connection>::connect(&as_role).await {
+            Ok(conn) => break conn,
+            Err(e) => assert!(tokio::time::Instant::now() < deadline, "{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let first = locks
+        .try_acquire(&name("refused-a"), &LockOptions::new())
+        .await
+        .unwrap()
+        .expect("free");
+    let second = locks
+        .try_acquire(&name("refused-b"), &LockOptions::new())
+        .await
+        .expect("the open connection takes the second lock")
+        .expect("free");
+    second.release().await.unwrap();
+    first.release().await.unwrap();
+    drop((locks, other));
+    sqlx::raw_sql(&format!("DROP ROLE {role}"))
+        .execute(&mut admin)
+        .await
+        .ok();
+}

@@ -116,13 +116,17 @@ impl<D: SessionDriver> PoolCore<D> {
         patient: bool,
     ) -> Result<Option<(Conn<D>, bool)>> {
         let give_up = after(Instant::now(), self.config.command_timeout);
+        let mut may_spread = true;
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let pick = self
-                .registry()
-                .pick_shared(key, self.config.max_connections);
+            let max = self.config.max_connections;
+            let pick = if may_spread {
+                self.registry().pick_shared(key, max)
+            } else {
+                self.registry().pick_shared_gathered(key, max)
+            };
             match pick {
                 SharedPick::Busy => return Ok(None),
                 SharedPick::Use(conn) => return Ok(Some((conn, false))),
@@ -140,17 +144,30 @@ impl<D: SessionDriver> PoolCore<D> {
                         )));
                     }
                 }
+                SharedPick::OpenToSpread => match self.open_counted(false).await {
+                    Ok(conn) => return Ok(self.reserve_opened(conn, key)),
+                    Err(error) => {
+                        // Only wanted, not needed: a connection that holds locks will do.
+                        tracing::debug!(%error, "could not open a connection to spread locks over");
+                        may_spread = false;
+                    }
+                },
                 SharedPick::Open => {
                     let conn = self.open_counted(false).await?;
-                    let reserved = self
-                        .registry()
-                        .opened(conn.id, conn.clone(), Some(key), false);
-                    self.notify();
-                    // Someone of ours started on the key while this one opened.
-                    return Ok(reserved.then_some((conn, true)));
+                    return Ok(self.reserve_opened(conn, key));
                 }
             }
         }
+    }
+
+    /// Registers a connection opened for an attempt on `key`, reserving the key there; `None`
+    /// if someone of ours started on the key while this one opened.
+    fn reserve_opened(&self, conn: Conn<D>, key: &D::Key) -> Option<(Conn<D>, bool)> {
+        let reserved = self
+            .registry()
+            .opened(conn.id, conn.clone(), Some(key), false);
+        self.notify();
+        reserved.then_some((conn, true))
     }
 
     /// A connection that holds nothing, lent to one server-side wait; `Ok(None)` if none is

@@ -55,6 +55,9 @@ pub(super) enum SharedPick<C> {
     Use(C),
     /// Open a new connection (already counted).
     Open,
+    /// Open a new connection (already counted) only to give the lock one holding none: if it
+    /// fails, pick again with [`Registry::pick_shared_gathered`], whose free connection will do.
+    OpenToSpread,
     /// Every connection is lent to a wait and none may be opened.
     Full,
 }
@@ -133,6 +136,16 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
     /// stay idle for waits). A new one also while even the least busy has a statement waiting
     /// or running and the limit allows.
     pub(super) fn pick_shared(&mut self, key: &K, max: usize) -> SharedPick<C> {
+        self.pick(key, max, true)
+    }
+
+    /// As [`pick_shared`](Self::pick_shared), but never opens a connection only to spread
+    /// locks: after such an open failed (the server refusing more connections, say).
+    pub(super) fn pick_shared_gathered(&mut self, key: &K, max: usize) -> SharedPick<C> {
+        self.pick(key, max, false)
+    }
+
+    fn pick(&mut self, key: &K, max: usize, may_spread: bool) -> SharedPick<C> {
         if self.holds(key) {
             let releasing = self
                 .entries
@@ -149,7 +162,7 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
             .values()
             .filter(|e| !e.waiting && !e.slots.is_empty())
             .count();
-        let spread = spreads(holding, max);
+        let spread = may_spread && spreads(holding, max);
         let best = self
             .entries
             .iter()
@@ -166,6 +179,10 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         let may_open = self.total < max;
         let id = match best {
             Some((id, 0, holds_none)) if holds_none || !(spread && may_open) => id,
+            Some((_, 0, _)) => {
+                self.total = self.total.saturating_add(1);
+                return SharedPick::OpenToSpread;
+            }
             _ if may_open => {
                 self.total = self.total.saturating_add(1);
                 return SharedPick::Open;
@@ -417,7 +434,7 @@ mod tests {
         // Each free connection holds a lock: the next attempt gets a connection of its own,
         // so that it never delays a holder's release.
         for (id, key) in (2..=5).zip(&keys[1..5]) {
-            assert!(matches!(reg.pick_shared(key, 10), SharedPick::Open));
+            assert!(matches!(reg.pick_shared(key, 10), SharedPick::OpenToSpread));
             assert!(reg.opened(id, id, Some(key), false));
             reg.attempt_done(id, key, true);
         }
@@ -432,6 +449,24 @@ mod tests {
         assert!(matches!(reg.pick_shared(&"g", 10), SharedPick::Use(3)));
         // The other half of the limit is for waits.
         assert!(matches!(reg.pick_waiting(10), WaitPick::Open));
+    }
+
+    #[test]
+    fn a_failed_open_to_spread_falls_back_to_a_free_connection() {
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(reg.pick_shared(&"a", 10), SharedPick::Use(1)));
+        reg.attempt_done(1, &"a", true);
+        assert!(matches!(
+            reg.pick_shared(&"b", 10),
+            SharedPick::OpenToSpread
+        ));
+        reg.open_failed(false);
+        assert!(matches!(
+            reg.pick_shared_gathered(&"b", 10),
+            SharedPick::Use(1)
+        ));
+        assert_eq!(reg.total(), 1);
     }
 
     #[test]
