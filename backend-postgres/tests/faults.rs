@@ -393,14 +393,20 @@ async fn a_refused_connection_leaves_locks_on_the_one_open() {
     // The role's other connection, taken once the connect check's has gone.
     let as_role = url.replacen("postgres@", &format!("{role}@"), 1);
     assert_ne!(as_role, url, "the shared server's URL names its user");
-    let deadline = tokio::time::Instant::now() + BOUND;
-    let other = loop {
-        match <sqlx::PgConnection as sqlx::Connection>::connect(&as_role).await {
-            Ok(conn) => break conn,
-            Err(e) => assert!(tokio::time::Instant::now() < deadline, "{e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    eventually("the connect check's connection to close", || async {
+        let mut admin = common::sql(&url).await;
+        let sessions: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE usename = $1")
+                .bind(&role)
+                .fetch_one(&mut admin)
+                .await
+                .unwrap();
+        sessions == 1
+    })
+    .await;
+    let other = <sqlx::PgConnection as sqlx::Connection>::connect(&as_role)
+        .await
+        .unwrap();
     let first = locks
         .try_acquire(&name("refused-a"), &LockOptions::new())
         .await

@@ -706,36 +706,49 @@ impl Proc {
     }
 }
 
-/// The parent of every process, from `/proc/<pid>/stat` (after the parenthesised command name:
-/// the state, then the parent's id).
-fn parents() -> Vec<(libc::pid_t, libc::pid_t)> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let pid = entry.file_name().to_str()?.parse::<libc::pid_t>().ok()?;
-            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let (_, rest) = stat.rsplit_once(')')?;
-            let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, ppid))
+/// What `/proc/<pid>/stat` says of one process: the fields after the parenthesised command
+/// name (which may contain anything) are the state, the parent's id and the process group.
+struct ProcStat {
+    pid: libc::pid_t,
+    ppid: libc::pid_t,
+    pgrp: libc::pid_t,
+    /// Exited: a zombie (`Z`) or dead (`X`).
+    exited: bool,
+}
+
+impl ProcStat {
+    fn read(pid: libc::pid_t) -> Option<Self> {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(')')?;
+        let mut fields = rest.split_whitespace();
+        let state = fields.next()?;
+        Some(Self {
+            pid,
+            ppid: fields.next()?.parse().ok()?,
+            pgrp: fields.next()?.parse().ok()?,
+            exited: matches!(state, "Z" | "X"),
         })
-        .collect()
+    }
+
+    /// Every process's.
+    fn all() -> Vec<Self> {
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| Self::read(entry.file_name().to_str()?.parse().ok()?))
+            .collect()
+    }
 }
 
 /// Every descendant of `root` (not `root` itself), wherever their process group is.
 fn descendants(root: libc::pid_t) -> Vec<libc::pid_t> {
-    let parents = parents();
+    let processes = ProcStat::all();
     let mut family = vec![root];
     let mut i = 0;
     while let Some(&parent) = family.get(i) {
-        family.extend(
-            parents
-                .iter()
-                .filter(|(_, p)| *p == parent)
-                .map(|(c, _)| *c),
-        );
+        family.extend(processes.iter().filter(|p| p.ppid == parent).map(|p| p.pid));
         i += 1;
     }
     family.remove(0);
@@ -754,38 +767,12 @@ fn signal_descendants(root: libc::pid_t, signal: libc::c_int) {
 
 /// Whether `pid` is a process that has not exited (a zombie has).
 fn is_alive(pid: libc::pid_t) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| !matches!(state, "Z" | "X"))
-    })
+    ProcStat::read(pid).is_some_and(|p| !p.exited)
 }
 
-/// Whether any process other than a zombie is still in process group `group` (read from
-/// `/proc/<pid>/stat`: the state follows the parenthesised command name, then ppid, then pgrp).
+/// Whether any process that has not exited is still in process group `group`.
 fn group_has_live_members(group: libc::pid_t) -> bool {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            return false;
-        };
-        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            return false;
-        };
-        let mut fields = rest.split_whitespace();
-        let state = fields.next().unwrap_or("Z");
-        let pgrp = fields.nth(1).and_then(|g| g.parse::<libc::pid_t>().ok());
-        pgrp == Some(group) && !matches!(state, "Z" | "X")
-    })
+    ProcStat::all().iter().any(|p| p.pgrp == group && !p.exited)
 }
 
 /// Whether every thread of `pid` is in the stopped state (`T` in `/proc/<pid>/task/<tid>/stat`).

@@ -11,10 +11,9 @@
 //!   there, unlocks included, so an attempt does not wait behind another task's release. Until
 //!   half of `max_connections` hold locks, a new lock goes to a connection holding none (one is
 //!   opened if need be, and if the server refuses it, an open one does), so it never delays a
-//!   release that is about to come; past that, locks
-//!   gather on the connections that hold some, keeping the rest free for waits. A lock is
-//!   released on the connection that took it; a connection is never reset or handed elsewhere
-//!   while it holds anything.
+//!   release that is about to come; past that, locks gather on the connections that hold some,
+//!   keeping the rest free for waits. A lock is released on the connection that took it; a
+//!   connection is never reset or handed elsewhere while it holds anything.
 //! - **A server-side wait gets a connection of its own** that holds nothing, so it never stalls
 //!   other guards' releases; after the grant that connection is shared like any. At most all
 //!   but one connection wait at once. This client's waiters for one name queue in the client
