@@ -81,6 +81,8 @@
 //! system behind it, without limit. Names are in the spans and events instead, where a
 //! per-name question belongs.
 
+mod labels;
+
 use tokio::time::Instant;
 use tracing::Span;
 use tracing::field::Empty;
@@ -90,6 +92,9 @@ use crate::name::LockName;
 use crate::raw::LeaseState;
 use crate::status::LostReason;
 use crate::token::FencingToken;
+#[cfg(feature = "metrics")]
+use labels::BackendKeys;
+pub(crate) use labels::{End, Op, Outcome};
 
 /// How a [`LostReason`] appears as the `reason` field and label.
 pub(crate) fn reason_label(reason: LostReason) -> &'static str {
@@ -152,52 +157,16 @@ pub fn describe_metrics() {
     );
 }
 
-/// Which engine entry point an acquire went through.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Op {
-    Acquire,
-    TryAcquire,
-}
-
-impl Op {
-    fn label(self) -> &'static str {
-        match self {
-            Op::Acquire => "acquire",
-            Op::TryAcquire => "try_acquire",
-        }
-    }
-}
-
-/// How an acquire call ended.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Outcome {
-    Acquired,
-    Busy,
-    Timeout,
-    Error,
-    Cancelled,
-}
-
-impl Outcome {
-    fn label(self) -> &'static str {
-        match self {
-            Outcome::Acquired => "acquired",
-            Outcome::Busy => "busy",
-            Outcome::Timeout => "timeout",
-            Outcome::Error => "error",
-            Outcome::Cancelled => "cancelled",
-        }
-    }
-}
-
 /// One acquire call's span and measurements. Dropped before [`finish`](Self::finish), it reports
 /// the acquire as cancelled: a dropped acquire future is an outcome the caller chose, and
 /// counting it keeps `dlock_acquires_total` equal to the number of calls.
 #[derive(Debug)]
 pub(crate) struct AcquireProbe {
     span: Span,
-    backend: &'static str,
+    #[cfg(feature = "metrics")]
+    keys: &'static BackendKeys,
     op: Op,
+    #[cfg(feature = "metrics")]
     started: Instant,
     wait_started: Option<Instant>,
     finished: bool,
@@ -215,13 +184,15 @@ impl AcquireProbe {
             token = Empty,
             error = Empty,
         );
-        if let Some(name) = name {
+        if let (Some(name), false) = (name, span.is_disabled()) {
             span.record("name", name.as_str());
         }
         Self {
             span,
-            backend,
+            #[cfg(feature = "metrics")]
+            keys: BackendKeys::of(backend),
             op,
+            #[cfg(feature = "metrics")]
             started: Instant::now(),
             wait_started: None,
             finished: false,
@@ -240,14 +211,19 @@ impl AcquireProbe {
     }
 
     pub(crate) fn acquired(&mut self, name: &LockName, token: FencingToken) {
-        self.span.record("name", name.as_str());
-        self.span.record("token", token.get());
+        // A span no subscriber wants takes no fields: recording them still costs, per field.
+        if !self.span.is_disabled() {
+            self.span.record("name", name.as_str());
+            self.span.record("token", token.get());
+        }
         self.finish(Outcome::Acquired);
     }
 
     pub(crate) fn failed(&mut self, error: &LockError) {
-        self.span
-            .record("error", crate::error::error_chain(error).as_str());
+        if !self.span.is_disabled() {
+            self.span
+                .record("error", crate::error::error_chain(error).as_str());
+        }
         self.finish(match error {
             LockError::Timeout { .. } => Outcome::Timeout,
             _ => Outcome::Error,
@@ -256,25 +232,25 @@ impl AcquireProbe {
 
     pub(crate) fn finish(&mut self, outcome: Outcome) {
         self.finished = true;
-        self.span.record("outcome", outcome.label());
         let waited = self.wait_started.map(|since| since.elapsed());
-        if let Some(waited) = waited {
-            self.span.record("wait_ms", waited.as_secs_f64() * 1000.0);
+        if !self.span.is_disabled() {
+            self.span.record("outcome", outcome.label());
+            if let Some(waited) = waited {
+                self.span.record("wait_ms", waited.as_secs_f64() * 1000.0);
+            }
         }
         #[cfg(feature = "metrics")]
         {
-            let (backend, op, outcome) = (self.backend, self.op.label(), outcome.label());
-            metrics::counter!("dlock_acquires_total", "backend" => backend, "op" => op, "outcome" => outcome)
-                .increment(1);
-            metrics::histogram!("dlock_acquire_duration_seconds", "backend" => backend, "op" => op, "outcome" => outcome)
+            let (keys, op) = (self.keys, self.op);
+            keys.acquires(op, outcome).increment(1);
+            keys.acquire_duration(op, outcome)
                 .record(self.started.elapsed().as_secs_f64());
             if let Some(waited) = waited {
-                metrics::histogram!("dlock_wait_duration_seconds", "backend" => backend, "outcome" => outcome)
-                    .record(waited.as_secs_f64());
+                keys.wait_duration(outcome).record(waited.as_secs_f64());
             }
         }
         #[cfg(not(feature = "metrics"))]
-        let _ = (self.backend, self.op, self.started);
+        let _ = (self.op, waited);
     }
 }
 
@@ -296,21 +272,12 @@ pub(crate) struct GuardLabels {
     pub(crate) token: FencingToken,
 }
 
-/// How a guard ended, for the hold time's `end` label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum End {
-    Released,
-    Dropped,
-    Forgotten,
-    Lost,
-}
-
 /// A live guard's share of the metrics: counted active from the grant, and its hold time
 /// recorded once, when the guard goes away (this value is dropped with it).
 #[derive(Debug)]
 pub(crate) struct GuardProbe {
     #[cfg(feature = "metrics")]
-    backend: &'static str,
+    keys: &'static BackendKeys,
     #[cfg(feature = "metrics")]
     granted: Instant,
     end: End,
@@ -319,12 +286,14 @@ pub(crate) struct GuardProbe {
 impl GuardProbe {
     pub(crate) fn start(backend: &'static str) -> Self {
         #[cfg(feature = "metrics")]
-        metrics::gauge!("dlock_active_guards", "backend" => backend).increment(1.0);
+        let keys = BackendKeys::of(backend);
+        #[cfg(feature = "metrics")]
+        keys.active_guards().increment(1.0);
         #[cfg(not(feature = "metrics"))]
         let _ = backend;
         Self {
             #[cfg(feature = "metrics")]
-            backend,
+            keys,
             #[cfg(feature = "metrics")]
             granted: Instant::now(),
             end: End::Dropped,
@@ -339,14 +308,9 @@ impl GuardProbe {
 #[cfg(feature = "metrics")]
 impl Drop for GuardProbe {
     fn drop(&mut self) {
-        let end = match self.end {
-            End::Released => "released",
-            End::Dropped => "dropped",
-            End::Forgotten => "forgotten",
-            End::Lost => "lost",
-        };
-        metrics::gauge!("dlock_active_guards", "backend" => self.backend).decrement(1.0);
-        metrics::histogram!("dlock_hold_duration_seconds", "backend" => self.backend, "end" => end)
+        self.keys.active_guards().decrement(1.0);
+        self.keys
+            .hold_duration(self.end)
             .record(self.granted.elapsed().as_secs_f64());
     }
 }
