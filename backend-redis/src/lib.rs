@@ -144,6 +144,19 @@
 //!   of the transaction's six commands pays the server's per-command cost, which ate what
 //!   skipping the script's Lua set-up saved. Not kept.
 //!
+//! On a seventh VM, with each process's CPU time read from `/proc/<pid>/task/*/schedstat` over
+//! thousands of back-to-back pairs: a pair costs the client 65–135 µs and the server 60–100 µs
+//! of CPU there, not the few µs of a pipelined run, because each of its round trips wakes an
+//! idle vCPU. dlock's pair cost the server about 15 µs more than the raw pair's, its two scripts
+//! run cold; the client's extra cost depends on where the pair runs: about 15 µs more on the
+//! `block_on` thread, where every reply crosses threads, and none that the noise shows in a
+//! spawned task. `dlock bench` measures the uncontended pair on the `block_on` thread (0.87–0.92×
+//! there); its "many names, 1 task" row is the same pair in a spawned task (0.94–1.17×, median
+//! 0.98× over five runs). Counted with callgrind, the client's instructions per pair went from
+//! 52.3k to 49.1k (raw pair: 36.2k) once the acquire path's metric keys were built once per
+//! backend rather than per call, and span fields were no longer recorded on a span no
+//! subscriber wants.
+//!
 //! What each part of the acquire script costs the server (`INFO commandstats`, a third VM,
 //! `EVALSHA` µs per call): an empty script 3.1; `SET NX PX` alone 7.2; with the queue check
 //! 6.9; with `TIME` 8.3; the whole first attempt, with the token's `GETSET` and arithmetic,
