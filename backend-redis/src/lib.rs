@@ -150,9 +150,9 @@
 //! idle vCPU. dlock's pair cost the server about 15 µs more than the raw pair's, its two scripts
 //! run cold; the client's extra cost depends on where the pair runs: about 15 µs more on the
 //! `block_on` thread, where every reply crosses threads, and none that the noise shows in a
-//! spawned task. `dlock bench` measures the uncontended pair on the `block_on` thread (0.87–0.92×
-//! there); its "many names, 1 task" row is the same pair in a spawned task (0.94–1.17×, median
-//! 0.98× over five runs). Counted with callgrind, the client's instructions per pair went from
+//! spawned task. `dlock bench` measures the uncontended pair on the `block_on` thread (0.81–0.92×,
+//! median 0.89× over seven runs); its "many names, 1 task" row is the same pair in a spawned task
+//! (0.82–1.17×, median 0.98×). Counted with callgrind, the client's instructions per pair went from
 //! 52.3k to 49.1k (raw pair: 36.2k) once the acquire path's metric keys were built once per
 //! backend rather than per call, and span fields were no longer recorded on a span no
 //! subscriber wants.
