@@ -38,7 +38,7 @@ async fn terminated_backend_fires_lost_on_every_guard_of_its_session() {
     let server = own_server();
     // With two connections at most, every lock but a wait's shares one (a pool of more gives
     // locks held at once connections of their own, up to half its limit).
-    let a = PostgresLock::connect_url(&common::with_options(&server.url(), "max_connections=2"))
+    let a = PostgresLock::connect_url(&with_options(&server.url(), "max_connections=2"))
         .await
         .unwrap();
     let b = PostgresLock::connect_url(&server.url()).await.unwrap();

@@ -184,10 +184,7 @@ impl AcquireProbe {
             token = Empty,
             error = Empty,
         );
-        if let (Some(name), false) = (name, span.is_disabled()) {
-            span.record("name", name.as_str());
-        }
-        Self {
+        let probe = Self {
             span,
             #[cfg(feature = "metrics")]
             keys: BackendKeys::of(backend),
@@ -196,6 +193,18 @@ impl AcquireProbe {
             started: Instant::now(),
             wait_started: None,
             finished: false,
+        };
+        if let Some(name) = name {
+            probe.record("name", name.as_str());
+        }
+        probe
+    }
+
+    /// Records `field` on the span if a subscriber wants it: on a span nobody wants, recording
+    /// still costs, per field.
+    fn record(&self, field: &str, value: impl tracing::Value) {
+        if !self.span.is_disabled() {
+            self.span.record(field, value);
         }
     }
 
@@ -211,19 +220,13 @@ impl AcquireProbe {
     }
 
     pub(crate) fn acquired(&mut self, name: &LockName, token: FencingToken) {
-        // A span no subscriber wants takes no fields: recording them still costs, per field.
-        if !self.span.is_disabled() {
-            self.span.record("name", name.as_str());
-            self.span.record("token", token.get());
-        }
+        self.record("name", name.as_str());
+        self.record("token", token.get());
         self.finish(Outcome::Acquired);
     }
 
     pub(crate) fn failed(&mut self, error: &LockError) {
-        if !self.span.is_disabled() {
-            self.span
-                .record("error", crate::error::error_chain(error).as_str());
-        }
+        self.record("error", crate::error::error_chain(error).as_str());
         self.finish(match error {
             LockError::Timeout { .. } => Outcome::Timeout,
             _ => Outcome::Error,
@@ -233,11 +236,9 @@ impl AcquireProbe {
     pub(crate) fn finish(&mut self, outcome: Outcome) {
         self.finished = true;
         let waited = self.wait_started.map(|since| since.elapsed());
-        if !self.span.is_disabled() {
-            self.span.record("outcome", outcome.label());
-            if let Some(waited) = waited {
-                self.span.record("wait_ms", waited.as_secs_f64() * 1000.0);
-            }
+        self.record("outcome", outcome.label());
+        if let Some(waited) = waited {
+            self.record("wait_ms", waited.as_secs_f64() * 1000.0);
         }
         #[cfg(feature = "metrics")]
         {
