@@ -236,15 +236,18 @@ impl Amnesia for FailoverWithoutTheGrant {
         let old = deployment.primary_addr().map_err(text)?;
         let promoted = tokio::task::block_in_place(|| deployment.kill_primary()).map_err(text)?;
         if self.mitigated {
-            // `WAIT` needs a replica after the failover too: the old primary comes back and
-            // Sentinel makes it the new primary's replica, as an operator's restart would.
-            tokio::task::block_in_place(|| {
-                [deployment.primary(), deployment.replica()]
-                    .into_iter()
-                    .find(|server| server.addr() == old)
-                    .map_or(Ok(()), |server| server.restart())
-            })
-            .map_err(text)?;
+            // `WAIT` needs a replica after the failover too: the old primary comes back as the
+            // new primary's replica, as an operator's restart would make it. Sentinel would
+            // reconfigure it as well, but only once it trusts the restarted server's role report
+            // (8 s at least, and not at all for 30 s in TILT mode, which a stalled VM triggers).
+            if let Some(server) = [deployment.primary(), deployment.replica()]
+                .into_iter()
+                .find(|server| server.addr() == old)
+            {
+                tokio::task::block_in_place(|| server.restart()).map_err(text)?;
+                let (host, port) = (promoted.ip().to_string(), promoted.port().to_string());
+                server.command(&["REPLICAOF", &host, &port]).map_err(text)?;
+            }
             let new_primary = if deployment.primary().addr() == promoted {
                 deployment.primary()
             } else {
