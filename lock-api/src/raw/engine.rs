@@ -207,7 +207,7 @@ async fn try_acquire_engine(
 ) -> Result<Option<LockGuard>> {
     let mut probe = AcquireProbe::start(backend, Op::TryAcquire, name);
     let span = probe.span().clone();
-    async {
+    let work = async {
         let granted = match capabilities.check(backend, options) {
             Ok(()) => attempt.await,
             Err(error) => Err(error),
@@ -223,9 +223,8 @@ async fn try_acquire_engine(
                 Err(error)
             }
         }
-    }
-    .instrument(span)
-    .await
+    };
+    in_span(span, work).await
 }
 
 /// The engine's blocking acquire for a backend's own entry points: checks `options`, computes
@@ -250,7 +249,7 @@ where
 {
     let mut probe = AcquireProbe::start(backend, Op::Acquire, Some(name));
     let span = probe.span().clone();
-    async {
+    let work = async {
         let granted = match capabilities.check(backend, options) {
             Ok(()) => {
                 let started = probe.waiting();
@@ -272,9 +271,18 @@ where
                 Err(error)
             }
         }
+    };
+    in_span(span, work).await
+}
+
+/// Runs `work` inside `span`, or bare when no subscriber wants the span: an instrumented future
+/// enters and leaves its span on every poll, disabled or not.
+async fn in_span<T>(span: tracing::Span, work: impl Future<Output = T>) -> T {
+    if span.is_disabled() {
+        work.await
+    } else {
+        work.instrument(span).await
     }
-    .instrument(span)
-    .await
 }
 
 /// Implements [`DistributedLock`](crate::DistributedLock) for a type that implements

@@ -1,7 +1,7 @@
 //! [`LocalQueue`]: a client's own FIFO of waiters per name, so only one of them waits at the
 //! server.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::time::{Instant, timeout_at};

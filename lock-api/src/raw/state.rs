@@ -1,4 +1,4 @@
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::Notify;
@@ -16,11 +16,11 @@ use crate::status::{LockStatus, LostReason};
 /// [`mark_lost`](Self::mark_lost) wins and later ones are ignored.
 #[derive(Debug)]
 pub struct LeaseState {
-    lost: CancellationToken,
+    lost: LazyToken,
     reason: OnceLock<LostReason>,
     valid_until: Mutex<Option<Instant>>,
     valid_until_changed: Notify,
-    closed: CancellationToken,
+    closed: LazyToken,
     deadline_watched: AtomicBool,
     renewal_failing: AtomicBool,
     /// The session carrying the lock, if the backend has one: its suspension and end apply here.
@@ -33,11 +33,11 @@ impl LeaseState {
     /// A held lock, valid until `valid_until` (`None`: no deadline, the lease is a session).
     pub fn new(valid_until: Option<Instant>) -> Self {
         Self {
-            lost: CancellationToken::new(),
+            lost: LazyToken::default(),
             reason: OnceLock::new(),
             valid_until: Mutex::new(valid_until),
             valid_until_changed: Notify::new(),
-            closed: CancellationToken::new(),
+            closed: LazyToken::default(),
             deadline_watched: AtomicBool::new(false),
             renewal_failing: AtomicBool::new(false),
             session: None,
@@ -149,7 +149,7 @@ impl LeaseState {
 
     /// A token cancelled when the lock is marked lost.
     pub fn lost_token(&self) -> &CancellationToken {
-        &self.lost
+        self.lost.token()
     }
 
     /// Resolves when the lock is lost: marked lost, or its deadline passed (which marks it).
@@ -176,7 +176,7 @@ impl LeaseState {
                 }
             };
             tokio::select! {
-                _ = self.lost.cancelled() => {}
+                _ = self.lost.token().cancelled() => {}
                 _ = changed => {}
                 _ = session_ended => {}
                 _ = async {
@@ -202,6 +202,74 @@ impl LeaseState {
 
     /// Resolves when [`close`](Self::close) is called.
     pub async fn closed(&self) {
-        self.closed.cancelled().await
+        self.closed.token().cancelled().await
+    }
+}
+
+/// A cancellation token made on first use. Most leases are released before anything waits on
+/// their loss or end, and a token is an allocation and a lock to make and drop on every acquire.
+#[derive(Debug, Default)]
+struct LazyToken {
+    token: OnceLock<CancellationToken>,
+    cancelled: AtomicBool,
+}
+
+impl LazyToken {
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `token`: a token made concurrently is either seen here or
+        // sees the flag there, never neither.
+        fence(Ordering::SeqCst);
+        if let Some(token) = self.token.get() {
+            token.cancel();
+        }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+
+    fn token(&self) -> &CancellationToken {
+        let token = self.token.get_or_init(CancellationToken::new);
+        fence(Ordering::SeqCst);
+        if self.is_cancelled() {
+            token.cancel();
+        }
+        token
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lazy_token_is_cancelled_whichever_comes_first() {
+        let early = LazyToken::default();
+        early.cancel();
+        assert!(early.is_cancelled());
+        assert!(early.token().is_cancelled());
+
+        let late = LazyToken::default();
+        let token = late.token().clone();
+        assert!(!token.is_cancelled());
+        late.cancel();
+        assert!(token.is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn loss_reaches_a_token_taken_before_or_after_it() {
+        let before = LeaseState::new(None);
+        let token = before.lost_token().clone();
+        assert!(before.mark_lost(LostReason::Expired));
+        token.cancelled().await;
+
+        let after = LeaseState::new(None);
+        assert!(after.mark_lost(LostReason::TakenOver));
+        after.lost_token().cancelled().await;
+        assert_eq!(after.lost().await, LostReason::TakenOver);
+        after.close();
+        assert!(after.is_closed());
+        after.closed().await;
     }
 }

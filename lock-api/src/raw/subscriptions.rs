@@ -1,7 +1,7 @@
 //! [`Subscriptions`]: a client's pub/sub subscriptions by channel, each shared by all the
 //! client's waiters on that channel.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
@@ -44,7 +44,7 @@ impl<T> Deref for Subscription<T> {
 impl<T> Default for Subscriptions<T> {
     fn default() -> Self {
         Self {
-            channels: Mutex::new(HashMap::new()),
+            channels: Mutex::new(HashMap::default()),
             order: tokio::sync::Mutex::new(()),
         }
     }

@@ -15,7 +15,7 @@ use crate::status::LostReason;
 
 /// The watchdog's settings for one guard.
 pub(crate) struct Watch {
-    pub(crate) name: String,
+    pub(crate) name: crate::LockName,
     pub(crate) ttl: Duration,
     pub(crate) renew_every: Option<Duration>,
     pub(crate) max_hold_until: Option<Instant>,
@@ -84,7 +84,7 @@ async fn run(
         if Instant::now() >= max_hold_until {
             // The loss event says why; the release needs no event of its own.
             if state.mark_lost(LostReason::MaxHoldExceeded) {
-                spawn_release(&watch.name, lease.clone());
+                spawn_release(watch.name.as_str(), lease.clone());
             }
             return;
         }
@@ -145,7 +145,7 @@ pub(crate) fn watchdog_settings(
     renewed_by_guard: bool,
 ) -> Watch {
     Watch {
-        name: name.to_string(),
+        name: name.clone(),
         ttl: options.ttl(),
         renew_every: if renewed_by_guard {
             options.renewal_interval()

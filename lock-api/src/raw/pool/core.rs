@@ -117,10 +117,15 @@ impl<D: SessionDriver> PoolCore<D> {
     ) -> Result<Option<(Conn<D>, bool)>> {
         let give_up = after(Instant::now(), self.config.command_timeout);
         let mut may_spread = true;
+        // Most picks succeed at once: only a pick that must wait registers for changes (a lock
+        // on the notifier's waiter list), and then picks again before it waits.
+        let mut armed = false;
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
-            changed.as_mut().enable();
+            if armed {
+                changed.as_mut().enable();
+            }
             let max = self.config.max_connections;
             let pick = if may_spread {
                 self.registry().pick_shared(key, max)
@@ -130,12 +135,13 @@ impl<D: SessionDriver> PoolCore<D> {
             match pick {
                 SharedPick::Busy => return Ok(None),
                 SharedPick::Use(conn) => return Ok(Some((conn, false))),
+                SharedPick::Full if !patient => return Ok(None),
+                SharedPick::Settling | SharedPick::Full if !armed => armed = true,
                 SharedPick::Settling => {
                     if timeout_at(give_up, changed).await.is_err() {
                         return Ok(None);
                     }
                 }
-                SharedPick::Full if !patient => return Ok(None),
                 SharedPick::Full => {
                     if timeout_at(give_up, changed).await.is_err() {
                         return Err(self.unavailable(format!(

@@ -5,7 +5,7 @@
 //! "busy" anyway, and the client knows it sooner), never twice on one connection (the server
 //! would stack it), and a connection waits at the server only while it holds nothing.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::hash::Hash;
 
 /// What one connection is doing with one key.
@@ -85,8 +85,8 @@ impl<K, C> Default for Registry<K, C> {
         Self {
             total: 0,
             waiting: 0,
-            entries: HashMap::new(),
-            local: HashMap::new(),
+            entries: HashMap::default(),
+            local: HashMap::default(),
         }
     }
 }
@@ -235,7 +235,7 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         let reserve = key.filter(|k| !self.holds(k));
         let mut entry = Entry {
             conn,
-            slots: HashMap::new(),
+            slots: HashMap::default(),
             waiting,
             inflight: 0,
             unlocking: 0,
