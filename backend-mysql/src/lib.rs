@@ -113,6 +113,12 @@
 //! plain `GET_LOCK` pair (144–160 µs): with `NEXTVAL` +4–11%; with a token read from a
 //! one-row window table in the same statement (the design that made Postgres's fencing cheap)
 //! +26–36%; with `UUID_SHORT()` alone, which is not strict, +7–9%.
+//!
+//! On a VM with fast round trips (an uncontended pair in about 100 µs), MariaDB 10.11's acquire
+//! statement with `NEXTVAL`, sent from a bare connection in alternating slices with the plain
+//! pair, measured 0.90–0.94× of it, and `dlock bench` put the whole pair at 0.80–0.84× (hand-off
+//! 1.14–1.16×): the client's bookkeeping, shared with Postgres (see `dlock-postgres`), costs
+//! as much again as the fencing there.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;

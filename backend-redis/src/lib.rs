@@ -157,6 +157,19 @@
 //! backend rather than per call, and span fields were no longer recorded on a span no
 //! subscriber wants.
 //!
+//! On an eighth VM, whose round trips are about twice as fast (a raw pair takes 55–60 µs in a
+//! spawned task), the server's share shows most. Sent from a bare connection in alternating
+//! slices against the raw pair: a script doing nothing but `SET NX PX` (with the raw pair's
+//! compare-and-delete) measured 0.90–0.94×, the same with an `INCR` token 0.89–0.93×, dlock's
+//! first attempt without the queue check 0.83–0.88×, with it 0.83–0.86×, and with dlock's release
+//! 0.83–0.86×; the whole dlock pair 0.78–0.83× (`dlock bench`: 0.80–0.81×). So on Redis 7.0 any
+//! acquire that runs a script stays below 0.95× there, and the clock floor's `TIME` and `GETSET`
+//! cost about as much again as the script's set-up. Plain commands in one pipeline measured:
+//! `EXISTS`, `SET NX PX` and `INCR` 0.94–1.01× (no clock floor); `SET NX PX` and `XADD … MAXLEN ~
+//! 100 *` (whose ID is floored by the server clock in ms) 0.89–0.96×; `EXISTS`, `SET NX PX` and
+//! `XADD … MAXLEN 1 *` 0.84–0.85×, and 0.79–0.85× in `MULTI`. None of them gets past 0.95× once
+//! the client's own work is added, which costs about 5% more there.
+//!
 //! What each part of the acquire script costs the server (`INFO commandstats`, a third VM,
 //! `EVALSHA` µs per call): an empty script 3.1; `SET NX PX` alone 7.2; with the queue check
 //! 6.9; with `TIME` 8.3; the whole first attempt, with the token's `GETSET` and arithmetic,
