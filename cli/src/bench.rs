@@ -16,7 +16,7 @@ use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
 use serde_json::{Value, json};
 
 use crate::contend::{Contender, contend};
-use crate::floor::{self, Floors, Ops, Pairs, WarmUp};
+use crate::floor::{self, Floors, Measured, Ops, Pairs, ProcessCost, WarmUp};
 use crate::{BackendArgs, parse_duration};
 
 /// Arguments of `dlock bench`.
@@ -65,6 +65,8 @@ const SLICES: u32 = 6;
 struct Samples {
     micros: Vec<f64>,
     elapsed: Duration,
+    /// What the samples cost this process, where it was measured (pairs back to back).
+    cost: Option<ProcessCost>,
 }
 
 impl Samples {
@@ -72,6 +74,28 @@ impl Samples {
     fn extend(&mut self, other: Samples) {
         self.micros.extend(other.micros);
         self.elapsed += other.elapsed;
+        self.cost = match (self.cost, other.cost) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Pairs measured back to back, with their cost.
+    fn from_measured(measured: &Measured) -> Self {
+        Self {
+            cost: Some(measured.cost),
+            ..Self::from_durations(&measured.latencies)
+        }
+    }
+
+    /// The JSON fields of the samples' cost per operation, if measured.
+    fn cost_fields(&self, json: &mut Value) {
+        if let Some(cost) = self.cost {
+            let operations = self.micros.len();
+            json["cpu_us_per_op"] = json!((cost.cpu_us_per(operations) * 10.0).round() / 10.0);
+            json["context_switches_per_op"] =
+                json!((cost.switches_per(operations) * 100.0).round() / 100.0);
+        }
     }
 
     /// Samples from back-to-back measurements (their sum is the phase's duration).
@@ -79,6 +103,7 @@ impl Samples {
         Self {
             micros: samples.iter().map(|d| d.as_secs_f64() * 1e6).collect(),
             elapsed: samples.iter().sum(),
+            cost: None,
         }
     }
 
@@ -209,9 +234,9 @@ async fn measure(
             client.acquire(&name, &opts).await?.release().await
         })
         .await?;
-        uncontended.extend(Samples::from_durations(&pairs));
+        uncontended.extend(Samples::from_measured(&pairs));
         if let (Some(floors), Some(floor)) = (floors, floor.as_mut()) {
-            floor.extend(Samples::from_durations(&floors.pairs(slice).await?));
+            floor.extend(Samples::from_measured(&floors.pairs(slice).await?));
         }
     }
     let handoff = handoff(
@@ -296,6 +321,7 @@ impl Round {
                 "samples": handoff.micros.len(),
             },
         });
+        uncontended.cost_fields(&mut json["uncontended"]);
         json["parallel_names"] = self
             .parallel
             .iter()
@@ -318,6 +344,7 @@ impl Round {
             "p99_us": floor.percentile(99.0).round(),
             "samples": floor.micros.len(),
         });
+        floor.cost_fields(&mut json["raw_floor"]);
         json["raw_handoff_floor"] = json!({
             "op": ops.handoff,
             "p50_us": hf.percentile(50.0).round(),
@@ -432,6 +459,8 @@ struct Report<'a> {
 enum Unit {
     Whole,
     Ratio,
+    /// A plain number with this many decimals.
+    Decimals(usize),
 }
 
 impl Report<'_> {
@@ -440,6 +469,7 @@ impl Report<'_> {
         let show = |value: &Value, suffix: &str| match (value.as_f64(), unit) {
             (Some(n), Unit::Whole) => format!("{n:.0}"),
             (Some(n), Unit::Ratio) => format!("{n:.2}{suffix}"),
+            (Some(n), Unit::Decimals(places)) => format!("{n:.places$}"),
             (None, _) => "-".to_owned(),
         };
         let median = self
@@ -477,12 +507,24 @@ impl Report<'_> {
             );
         }
         out.push_str(")\n\n");
-        let mut rows = vec![row(["phase", "ops/s", "p50 µs", "p99 µs"])];
+        let cpu = |at: &str| self.fig(&format!("{at}/cpu_us_per_op"), Unit::Decimals(1));
+        let switches =
+            |at: &str| self.fig(&format!("{at}/context_switches_per_op"), Unit::Decimals(2));
+        let mut rows = vec![row([
+            "phase",
+            "ops/s",
+            "p50 µs",
+            "p99 µs",
+            "CPU µs/op",
+            "switches/op",
+        ])];
         rows.push(vec![
             "uncontended acquire+release".to_owned(),
             whole("/uncontended/ops_per_sec"),
             whole("/uncontended/p50_us"),
             whole("/uncontended/p99_us"),
+            cpu("/uncontended"),
+            switches("/uncontended"),
         ]);
         if self.has("/raw_floor") {
             rows.push(vec![
@@ -490,6 +532,8 @@ impl Report<'_> {
                 whole("/raw_floor/ops_per_sec"),
                 whole("/raw_floor/p50_us"),
                 whole("/raw_floor/p99_us"),
+                cpu("/raw_floor"),
+                switches("/raw_floor"),
             ]);
         }
         rows.push(vec![
@@ -507,6 +551,10 @@ impl Report<'_> {
             ]);
         }
         out.push_str(&table(&rows));
+        out.push_str(
+            "(CPU and switches: this process's CPU time and context switches, all threads, per \
+             uncontended pair)\n",
+        );
         let floor = self.has("/raw_parallel_floor");
         let mut rows = vec![if floor {
             row([
@@ -639,8 +687,8 @@ async fn handoff(
         .collect();
     let (samples, elapsed) = contend(contenders, duration, hold).await?;
     Ok(Samples {
-        micros: samples.iter().map(|d| d.as_secs_f64() * 1e6).collect(),
         elapsed,
+        ..Samples::from_durations(&samples)
     })
 }
 
@@ -742,5 +790,34 @@ mod tests {
         };
         assert_eq!(single.fig("/uncontended/ops_per_sec", Unit::Whole), "100");
         assert_eq!(single.fig("/handoff/p99_us", Unit::Whole), "-");
+    }
+
+    #[test]
+    fn measured_pairs_report_their_cost_per_pair_and_others_none() {
+        let measured = Measured {
+            latencies: vec![Duration::from_micros(200); 8],
+            cost: ProcessCost {
+                cpu: Duration::from_micros(1000),
+                context_switches: 36,
+            },
+        };
+        let mut pairs = Samples::from_measured(&measured);
+        pairs.extend(Samples::from_measured(&measured));
+        let mut json = json!({});
+        pairs.cost_fields(&mut json);
+        assert_eq!(json["cpu_us_per_op"], json!(125.0));
+        assert_eq!(json["context_switches_per_op"], json!(4.5));
+        let report = Report {
+            figures: &json!({ "uncontended": json }),
+            spread: None,
+        };
+        assert_eq!(
+            report.fig("/uncontended/cpu_us_per_op", Unit::Decimals(1)),
+            "125.0"
+        );
+
+        let mut unmeasured = json!({});
+        Samples::from_durations(&measured.latencies).cost_fields(&mut unmeasured);
+        assert_eq!(unmeasured, json!({}));
     }
 }

@@ -13,7 +13,7 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use crate::floor::{Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
+use crate::floor::{Measured, Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
 
 const BACKEND: &str = "etcd";
 
@@ -200,7 +200,7 @@ impl Protocol for Etcd {
         }
     }
 
-    async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>> {
+    async fn pairs(&self, duration: Duration) -> Result<Measured> {
         self.with_pairs(vec![self.key("floor")], async |pairs| {
             pairs_of(&*pairs, duration).await
         })

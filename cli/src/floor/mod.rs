@@ -13,6 +13,7 @@ use dlock::BackendScheme;
 use dlock_api::{LockError, Result};
 use tokio::time::Instant;
 
+mod cost;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "mysql")]
@@ -25,6 +26,16 @@ mod redis;
 mod redlock;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
+
+pub(crate) use cost::ProcessCost;
+
+/// Pairs measured back to back: each one's latency, and what the measured ones (not the
+/// warm-up) cost this process.
+#[derive(Debug, Default)]
+pub(crate) struct Measured {
+    pub(crate) latencies: Vec<Duration>,
+    pub(crate) cost: ProcessCost,
+}
 
 /// What a backend's floors measure, for the report.
 #[derive(Clone, Debug)]
@@ -54,8 +65,8 @@ pub(crate) trait Protocol {
     fn ops(&self) -> Ops;
 
     /// Lock-and-unlock pairs on one key and one client, back to back for `duration` after a
-    /// warm-up: each pair's latency.
-    async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>>;
+    /// warm-up (through [`sample`]): each pair's latency, and their cost to this process.
+    async fn pairs(&self, duration: Duration) -> Result<Measured>;
 
     /// Hand-offs for `duration` after a warm-up: each one's latency, from the holder sending its
     /// release to the next holder's acquire answered. Redis, and the backends whose server queues
@@ -172,7 +183,7 @@ impl Floors {
     }
 
     /// See [`Protocol::pairs`].
-    pub(crate) async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>> {
+    pub(crate) async fn pairs(&self, duration: Duration) -> Result<Measured> {
         each_protocol!(self, floor, _P => floor.pairs(duration).await)
     }
 
@@ -213,8 +224,17 @@ pub(crate) enum WarmUp {
 pub(crate) async fn sample_timed(
     warm_up: WarmUp,
     duration: Duration,
-    mut op: impl AsyncFnMut() -> Result<Duration>,
+    op: impl AsyncFnMut() -> Result<Duration>,
 ) -> Result<Vec<Duration>> {
+    Ok(measure(warm_up, duration, op).await?.latencies)
+}
+
+/// [`sample_timed`], with the cost of the measured operations.
+async fn measure(
+    warm_up: WarmUp,
+    duration: Duration,
+    mut op: impl AsyncFnMut() -> Result<Duration>,
+) -> Result<Measured> {
     match warm_up {
         WarmUp::Rounds(rounds) => {
             for _ in 0..rounds {
@@ -228,16 +248,20 @@ pub(crate) async fn sample_timed(
             }
         }
     }
-    let mut samples = Vec::with_capacity(4096);
+    let mut latencies = Vec::with_capacity(4096);
+    let before = ProcessCost::now();
     let until = dlock_api::raw::time::after(Instant::now(), duration);
     while Instant::now() < until {
-        samples.push(op().await?);
+        latencies.push(op().await?);
     }
-    Ok(samples)
+    Ok(Measured {
+        latencies,
+        cost: ProcessCost::since(before),
+    })
 }
 
 /// Runs `pair` (one lock-and-unlock) through `warm_up`, then back to back for `duration`, and
-/// returns each measured pair's latency.
+/// returns each measured pair's latency and what they cost this process.
 ///
 /// # Errors
 /// The first error `pair` returns.
@@ -248,8 +272,8 @@ pub(crate) async fn sample(
     warm_up: WarmUp,
     duration: Duration,
     mut pair: impl AsyncFnMut() -> Result<()>,
-) -> Result<Vec<Duration>> {
-    sample_timed(warm_up, duration, async || {
+) -> Result<Measured> {
+    measure(warm_up, duration, async || {
         let started = Instant::now();
         pair().await?;
         Ok(started.elapsed())
@@ -330,7 +354,7 @@ pub(crate) async fn many<P: Pairs>(pairs: Arc<P>, tasks: usize, duration: Durati
     feature = "etcd",
     feature = "zookeeper"
 ))]
-pub(crate) async fn pairs_of(pairs: &impl Pairs, duration: Duration) -> Result<Vec<Duration>> {
+pub(crate) async fn pairs_of(pairs: &impl Pairs, duration: Duration) -> Result<Measured> {
     sample(WarmUp::Rounds(50), duration, async || pairs.pair(0).await).await
 }
 

@@ -12,7 +12,7 @@ use sqlx::{ConnectOptions, Connection};
 use tokio::time::timeout;
 
 use crate::contend::{Contender, contend};
-use crate::floor::{FreeList, Ops, Pairs, Protocol, WarmUp, many, sample};
+use crate::floor::{FreeList, Measured, Ops, Pairs, Protocol, WarmUp, many, sample};
 
 const BACKEND: &str = "mysql";
 
@@ -134,7 +134,7 @@ impl Protocol for MySql {
 
     /// On **one connection held throughout**, after a warm-up of 200 ms (at most a fifth of
     /// `duration`).
-    async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>> {
+    async fn pairs(&self, duration: Duration) -> Result<Measured> {
         let mut conn = self.connect().await?;
         let name = Self::name("");
         let within = self.config.command_timeout;

@@ -12,7 +12,7 @@ use sqlx::{ConnectOptions, Connection};
 use tokio::time::timeout;
 
 use crate::contend::{Contender, contend};
-use crate::floor::{FreeList, Ops, Pairs, Protocol, WarmUp, many, sample};
+use crate::floor::{FreeList, Measured, Ops, Pairs, Protocol, WarmUp, many, sample};
 
 const BACKEND: &str = "postgres";
 
@@ -133,7 +133,7 @@ impl Protocol for Postgres {
 
     /// On **one connection held throughout**, a random key (concurrent runs do not contend),
     /// after a warm-up of 300 ms (at most `duration`).
-    async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>> {
+    async fn pairs(&self, duration: Duration) -> Result<Measured> {
         let mut conn = self.connect().await?;
         let key: i64 = rand::random();
         let within = self.config.command_timeout;

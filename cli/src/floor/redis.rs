@@ -143,7 +143,7 @@ mod single {
 
     use super::{COMPARE_AND_DELETE, DELETE_AND_PUBLISH, NodeAccess, bounded, set_nx, token};
     use crate::contend::{Contender, contend};
-    use crate::floor::{Ops, Pairs, Protocol, many, pairs_of};
+    use crate::floor::{Measured, Ops, Pairs, Protocol, many, pairs_of};
 
     const BACKEND: &str = "redis";
 
@@ -408,7 +408,7 @@ mod single {
             }
         }
 
-        async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>> {
+        async fn pairs(&self, duration: Duration) -> Result<Measured> {
             let pairs = self.pairs_on(vec![self.key("floor")]).await?;
             pairs_of(&pairs, duration).await
         }

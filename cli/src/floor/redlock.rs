@@ -17,7 +17,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
 use super::redis::{COMPARE_AND_DELETE, DELETE_AND_PUBLISH, NodeAccess, bounded, set_nx, token};
-use crate::floor::{Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
+use crate::floor::{Measured, Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
 
 const BACKEND: &str = "redlock";
 
@@ -165,7 +165,7 @@ impl Protocol for Redlock {
         }
     }
 
-    async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>> {
+    async fn pairs(&self, duration: Duration) -> Result<Measured> {
         let pairs = self.pairs_on(vec![self.key("floor")]).await?;
         pairs_of(&pairs, duration).await
     }

@@ -11,7 +11,7 @@ use dlock_zookeeper::{NodeAcl, ZkConfig};
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode};
 
-use crate::floor::{Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
+use crate::floor::{Measured, Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
 
 const BACKEND: &str = "zookeeper";
 
@@ -172,7 +172,7 @@ impl Protocol for ZooKeeper {
         }
     }
 
-    async fn pairs(&self, duration: Duration) -> Result<Vec<Duration>> {
+    async fn pairs(&self, duration: Duration) -> Result<Measured> {
         let sides = self.sides(self.connect().await?, vec![self.dir("floor")]);
         sides.make_dir(0).await?;
         pairs_of(&sides, duration).await
