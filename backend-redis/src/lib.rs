@@ -170,6 +170,16 @@
 //! `XADD … MAXLEN 1 *` 0.84–0.85×, and 0.79–0.85× in `MULTI`. None of them gets past 0.95× once
 //! the client's own work is added, which costs about 5% more there.
 //!
+//! On a ninth VM, with round trips as slow as the seventh's (a raw pair in 190–210 µs), the
+//! uncontended pair measured 0.85–0.90× over four runs and 0.90× with 1 task, and the bench's
+//! own CPU columns split the gap: dlock's pair cost the bench process 138 µs of CPU against the
+//! floor's 122 µs, with the same context switches per pair (8.9 against 8.7), and the server
+//! 7.8–10.1 µs for the first-attempt script and 3.7 µs for the release, against 1.3 µs for the
+//! floor's `SET` and 2.5 µs for its compare-and-delete (`INFO commandstats`, each piped 20,000
+//! times). With 64 tasks on one connection the server's CPU per pair (from `/proc`, I/O
+//! included) was 13–15 µs against 6.8 µs, which is why dlock reaches half the floor's pairs/s
+//! there.
+//!
 //! What each part of the acquire script costs the server (`INFO commandstats`, a third VM,
 //! `EVALSHA` µs per call): an empty script 3.1; `SET NX PX` alone 7.2; with the queue check
 //! 6.9; with `TIME` 8.3; the whole first attempt, with the token's `GETSET` and arithmetic,
