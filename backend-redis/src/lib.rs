@@ -73,126 +73,82 @@
 //!
 //! ## Performance
 //! Measured with `dlock bench --backend redis://… --rounds 3 --duration 2s` (release build)
-//! against a local redis-server on a 2-core VM. The bench measures dlock and the raw floor in
-//! alternating slices of the same run; figures are medians with [min–max] over the rounds.
-//! Absolute latencies on such a VM drift with the host's load (and with how slowly its idle
-//! vCPUs wake); the ratios are what carries over.
+//! against a local redis-server 7.0 on 2-core VMs; the bench measures dlock and the raw floor in
+//! alternating slices of the same run, and ratios are medians over the rounds. Absolute
+//! latencies on such VMs drift with the host's load and with how slowly idle vCPUs wake (a raw
+//! pair took 55–60 µs on one, 190–220 µs on others); the ratios are what carries over.
 //!
-//! | measurement | dlock | raw floor, same run | ratio |
+//! | VM | uncontended pair (goal ≥ 0.95×) | hand-off p50, 4 clients, 2 ms hold (goal ≤ 1.2×) | many names, 1 / 4 / 16 / 64 tasks |
 //! |---|---|---|---|
-//! | uncontended acquire + release, 1 client | 4,520 pairs/s, p50 212 µs, p99 362 µs | `SET NX PX` + `EVALSHA` compare-and-delete: 5,664 pairs/s, p50 169 µs | 0.80× [0.79–0.82] (0.83× in another run) |
-//! | hand-off, 4 clients on one name, 2 ms hold | p50 435 µs, p99 673 µs | 4 raw connections contending through the same loop (`DEL`+`PUBLISH`, the woken waiters racing `SET NX`): p50 460 µs | 0.92× [0.89–1.13] |
-//! | many names, one client, 1 task | 5,589 pairs/s | 8,906 pairs/s | 0.64× [0.63–0.67] |
-//! | many names, one client, 16 tasks | 21,384 pairs/s | 42,873 pairs/s | 0.58× [0.45–0.68] |
+//! | A | 0.80–0.83× (4,520 pairs/s against 5,664, p50 212 µs against 169 µs) | 0.92× (p50 435 µs against 460 µs) | 0.64× / – / 0.58× / – |
+//! | B | 0.84–0.90× | 0.89–0.98× | 1.09× / 0.91× / 0.68× / 0.51× (53.5k pairs/s against 86.7k) |
+//! | C, D | 0.84–0.87×, 0.83× | 0.82–0.98×, 0.89× | |
+//! | E | 0.86–0.87× | 0.90× | 1.00× / 0.86× / 0.54× / 0.46× (66k pairs/s against 142k) |
+//! | F | 0.88× | 0.91× | |
+//! | G | 0.81–0.92× (median 0.89× over seven runs) | 0.82–0.99× | 1 task: median 0.98× |
+//! | H | 0.80–0.81× | 0.92× | |
+//! | I | 0.85–0.90× (four runs) | 0.78–0.85× | 0.90× / 0.83× / 0.51× / 0.51× |
 //!
-//! The polling peers hand a lock off in 27–99 ms; dlock's grant hand-off is about 100× faster:
-//! the grant reaches the waiter in the release's own round trip, and it beats the raw notified
-//! hand-off, whose woken waiters still have to send their `SET NX`.
+//! The hand-off is faster than the raw notified hand-off because the grant reaches the waiter
+//! in the release's own round trip, where the raw waiters, once woken, still send their
+//! `SET NX`; the polling peers hand a lock off in 27–99 ms, about 100× slower. The uncontended
+//! goal is not met on any of them, for the reasons below. `dlock bench` measures the
+//! uncontended pair on the thread that called `block_on`, where every reply crosses threads and
+//! finds the client's code cold; its "many names, 1 task" row is the same pair in a spawned task,
+//! as a service's handlers run, and reads higher on VMs whose idle vCPUs wake slowly.
 //!
-//! On a second VM of the same size the uncontended ratio was 0.84–0.90×, the hand-off
-//! 0.89–0.98×, and many names on one client 1.09× / 0.91× / 0.68× / 0.51× of the raw floor
-//! with 1 / 4 / 16 / 64 tasks (53.5k pairs/s against 86.7k at 64).
+//! ### Where the uncontended pair's time goes
+//! It makes the same round trips, system calls and context switches as the raw pair (on VM I,
+//! 8.9 switches per pair against 8.7). What it pays more:
+//! - **Server time.** The raw pair is a plain `SET NX PX` and a two-call compare-and-delete
+//!   script; dlock's is two scripts: the first attempt (`EXISTS` on the queue, `SET NX PX`,
+//!   `TIME`, one `GETSET` that stores the clock and returns the last token) and the release
+//!   (`GET`, `DEL`, `LPOP`). Piped 20,000 times into one server (`INFO commandstats`, VM I): the
+//!   first attempt 7.8–10.1 µs and the release 3.7 µs, against 1.3 µs for the `SET` and 2.5 µs for
+//!   the compare-and-delete. Built up call by call: an empty script 1.5 µs, `SET NX PX` alone
+//!   3.9, with the queue check 5.5, with `TIME` 5.9, the whole first attempt 7.8: each call from
+//!   Lua costs about 1.5 µs, because Redis 7 turns every reply into RESP and parses it back into
+//!   Lua (callgrind on redis-server: about 11.5k instructions to set a script up, 5k per call;
+//!   93.6k per dlock pair against 34k per raw pair). On a 200 µs pair that is 4%, on a 100 µs
+//!   pair 8%: even a client that cost nothing would stay at about 0.96× and 0.92×. With many
+//!   tasks on one connection the server is the busy side (VM I, 64 tasks: 13–15 µs of server CPU
+//!   per pair, I/O included, against 6.8 µs; VM E: 10.5 against 5.1), which is why dlock reaches
+//!   about half the floor's pairs per second there.
+//! - **Client work.** About 10–13k instructions per pair more than the raw pair (callgrind;
+//!   49.1k against 36.2k on VM G), none of it in one place: futures boxed and moved, about 14
+//!   allocations, the key and owner strings, timeouts, the renewal timer entry, the guard. On
+//!   VMs whose idle vCPUs wake slowly every reply finds that code cold, and it costs 13–16 µs of
+//!   process CPU per pair (VM I: 138 µs against 122 µs, `dlock bench`'s CPU column). Sent from a
+//!   bare connection with no dlock code around them, the two scripts alone measured 0.90–0.96×
+//!   of the raw pair on three VMs and 0.83–0.86× on VM H.
 //!
-//! On a fifth: uncontended 0.87× [0.83–0.88], hand-off 0.90×, many names 1.00× / 0.86× / 0.54×
-//! with 1 / 4 / 16 tasks. With 64 tasks, 66k pairs/s against 142k; per pair, the server's CPU
-//! time was 10.5 µs against 5.1 µs and the client's 11.3 µs against 6.4 µs (process CPU
-//! times over the run), so both sides spend about twice the raw pair's. Counted with
-//! callgrind there, the client adds 11k instructions per pair to the same two scripts sent from
-//! a bare connection (47k against 36k), none of it in one place: moving futures into boxes,
-//! allocation, the span, key and owner strings, timeouts.
+//! ### What the scripts keep, and what was tried instead
+//! The fence's clock floor (tokens at least the server clock in µs, so they keep rising after a
+//! restart or a failover that lost the counter) needs `TIME` and a read-modify-write of the last
+//! token, so a script; the queue check keeps FIFO when a holder expired with waiters queued. Both
+//! stay. Measured against the raw pair in alternating slices and not kept:
+//! - plain pipelined `EXISTS`, `SET NX PX`, `INCR`: 0.94–1.01×, but no clock floor;
+//! - `MULTI`/`SET NX PX`/`EXISTS`/`INCR`/`TIME`/`EXEC` (4 µs of server time): 0.90–0.94×, and
+//!   about 20% more pairs/s with 64 tasks, but a transaction cannot take the maximum of the last
+//!   token and the clock;
+//! - a stream's auto-generated ID as the token (`XADD fence MAXLEN 1 *`, floored by the server
+//!   clock in ms) with `EXISTS` and `SET NX PX`: 0.84–0.87× piped, 0.79–0.89× in `MULTI`;
+//!   `XADD … MAXLEN ~ 100 *` with `SET NX PX` 0.89–0.96×, still without the queue check;
+//! - a transaction for names this client locked within the last millisecond (the clock floor
+//!   within 2 ms): the same as the scripts, 0.79–0.81×, and no better with 16 tasks, where each
+//!   of its six commands pays the server's per-command cost;
+//! - the first attempt without the queue check, or the release without its `LPOP`: within the
+//!   noise (9.1 µs against 9.0 µs of server time on VM F);
+//! - the clock passed to `GETSET` as a Lua number instead of a built string: no cheaper;
+//!   `FCALL` of a Redis function instead of `EVALSHA`: 0.25 µs less per call;
+//! - a whole-program build (fat LTO, one codegen unit): no change.
 //!
-//! An uncontended pair makes the same system calls as the raw pair (two writes, two reads, the
-//! same wake-ups); what it pays more is **server time**. The raw pair is one plain command and one
-//! two-call script; dlock's is two scripts: the first attempt of an acquire (`EXISTS` on the
-//! queue, `SET NX PX`, `TIME`, one `GETSET` that stores the clock and returns the last token) and
-//! the release (`GET`, `DEL`, `LPOP`). Redis's own `INFO commandstats` puts them at about 21 µs
-//! of server time per dlock pair against 9 µs per raw pair (a plain `SET` takes 1.9 µs; an
-//! `EVALSHA` at least 7, whatever it calls). Counted with callgrind on redis-server 7.0, that is
-//! 93.6k instructions per dlock pair (110.7k before the first-attempt script) against 34k: each
-//! script costs about 11.5k to set up and each call from Lua about 5k (Redis 7 turns every reply
-//! into RESP and parses it back into Lua). It is also what bounds throughput with many tasks on
-//! one connection, where the server is the busy side.
-//!
-//! On a sixth VM, with each variant's commands piped 200,000 times into one server (command
-//! time from `INFO commandstats`, the least of 8 rounds): the raw pair 2.7 µs; dlock's first
-//! attempt with a compare-and-delete release 9.0 µs; the same with its token from a plain `INCR`
-//! 6.2 µs, so the clock floor (`TIME`, the `GETSET`, the formatting) costs about 3 µs; without
-//! the queue check 9.1 µs; an empty script 2.1 µs per call. Passing the clock to `GETSET` as a
-//! Lua number (exact under `%.17g`) instead of a built string measured no cheaper.
-//!
-//! What else was measured, with the same two scripts sent from a bare `redis` connection (no
-//! dlock around them), in alternating slices against the raw pair:
-//! - the scripts alone reach 0.91–0.96× of the raw pair: the client library (keys, owner token,
-//!   guard, renewal timer, cleanup on cancel) adds the rest, about 7.7k client instructions per
-//!   pair, 2–3 µs;
-//! - dropping the queue check and the `LPOP` (two calls fewer) moved nothing outside the noise;
-//! - an acquire as `MULTI`/`SET NX PX`/`EXISTS`/`INCR`/`TIME`/`EXEC` (4 µs of server time)
-//!   measured 0.90–0.94× uncontended and about 20% more pairs/s with 64 tasks, but a transaction
-//!   cannot take the maximum of the last token and the clock, so it would lose the fence's
-//!   clock floor.
-//!
-//! - a stream's auto-generated ID is the one plain command that keeps such a floor (`XADD fence
-//!   MAXLEN 1 *` returns an ID above the last one and at least the server clock in ms); sent with
-//!   `EXISTS` and `SET NX PX` as one pipeline it measured 0.87× (and 0.89× in `MULTI`), below the
-//!   scripts' 0.92–0.94× in the same run: `XADD` alone costs the server more than the script.
-//!
-//! - a transaction for *hot* names (`MULTI`, `EXISTS`, `SET NX PX`, `INCR`, `TIME`, `EXEC`,
-//!   used for a name this client locked within the last millisecond, the token kept only if
-//!   it lies at most 2 ms below the server clock, else floored by a script: the clock floor
-//!   within 2 ms) measured the same as the scripts on a fourth VM, 0.79–0.81× of the raw pair
-//!   either way in alternating slices, and no better with 16 tasks on one connection: there each
-//!   of the transaction's six commands pays the server's per-command cost, which ate what
-//!   skipping the script's Lua set-up saved. Not kept.
-//!
-//! On a seventh VM, with each process's CPU time read from `/proc/<pid>/task/*/schedstat` over
-//! thousands of back-to-back pairs: a pair costs the client 65–135 µs and the server 60–100 µs
-//! of CPU there, not the few µs of a pipelined run, because each of its round trips wakes an
-//! idle vCPU. dlock's pair cost the server about 15 µs more than the raw pair's, its two scripts
-//! run cold; the client's extra cost depends on where the pair runs: about 15 µs more on the
-//! `block_on` thread, where every reply crosses threads, and none that the noise shows in a
-//! spawned task. `dlock bench` measures the uncontended pair on the `block_on` thread (0.81–0.92×,
-//! median 0.89× over seven runs); its "many names, 1 task" row is the same pair in a spawned task
-//! (0.82–1.17×, median 0.98×). Counted with callgrind, the client's instructions per pair went from
-//! 52.3k to 49.1k (raw pair: 36.2k) once the acquire path's metric keys were built once per
-//! backend rather than per call, and span fields were no longer recorded on a span no
-//! subscriber wants.
-//!
-//! On an eighth VM, whose round trips are about twice as fast (a raw pair takes 55–60 µs in a
-//! spawned task), the server's share shows most. Sent from a bare connection in alternating
-//! slices against the raw pair: a script doing nothing but `SET NX PX` (with the raw pair's
-//! compare-and-delete) measured 0.90–0.94×, the same with an `INCR` token 0.89–0.93×, dlock's
-//! first attempt without the queue check 0.83–0.88×, with it 0.83–0.86×, and with dlock's release
-//! 0.83–0.86×; the whole dlock pair 0.78–0.83× (`dlock bench`: 0.80–0.81×). So on Redis 7.0 any
-//! acquire that runs a script stays below 0.95× there, and the clock floor's `TIME` and `GETSET`
-//! cost about as much again as the script's set-up. Plain commands in one pipeline measured:
-//! `EXISTS`, `SET NX PX` and `INCR` 0.94–1.01× (no clock floor); `SET NX PX` and `XADD … MAXLEN ~
-//! 100 *` (whose ID is floored by the server clock in ms) 0.89–0.96×; `EXISTS`, `SET NX PX` and
-//! `XADD … MAXLEN 1 *` 0.84–0.85×, and 0.79–0.85× in `MULTI`. None of them gets past 0.95× once
-//! the client's own work is added, which costs about 5% more there.
-//!
-//! On a ninth VM, with round trips as slow as the seventh's (a raw pair in 190–210 µs), the
-//! uncontended pair measured 0.85–0.90× over four runs and 0.90× with 1 task, and the bench's
-//! own CPU columns split the gap: dlock's pair cost the bench process 138 µs of CPU against the
-//! floor's 122 µs, with the same context switches per pair (8.9 against 8.7), and the server
-//! 7.8–10.1 µs for the first-attempt script and 3.7 µs for the release, against 1.3 µs for the
-//! floor's `SET` and 2.5 µs for its compare-and-delete (`INFO commandstats`, each piped 20,000
-//! times). With 64 tasks on one connection the server's CPU per pair (from `/proc`, I/O
-//! included) was 13–15 µs against 6.8 µs, which is why dlock reaches half the floor's pairs/s
-//! there.
-//!
-//! What each part of the acquire script costs the server (`INFO commandstats`, a third VM,
-//! `EVALSHA` µs per call): an empty script 3.1; `SET NX PX` alone 7.2; with the queue check
-//! 6.9; with `TIME` 8.3; the whole first attempt, with the token's `GETSET` and arithmetic,
-//! 10.7; a compare-and-delete 5.6 and dlock's release 5.2. On that VM the whole dlock pair
-//! measured 0.84–0.87× of the raw pair, and the two scripts alone from a bare connection
-//! 0.90–0.94×.
-//!
-//! That floor (tokens at least the server clock in µs, so they keep rising after a restart or a
-//! failover that lost the counter) needs a script, `TIME` and a read-modify-write of the last
-//! token; the queue check keeps FIFO when a holder expired with waiters queued. They are why the
-//! ≥ 0.95× goal is not met: both stay. (Redlock, whose per-node counters have no clock floor,
-//! takes its first attempt with plain pipelined commands instead:
-//! [`node::Counting::EveryAttempt`].)
+//! What did help, kept: the first attempt as its own, smallest script (110.7k → 93.6k server
+//! instructions per pair); the acquire path's metric keys built once per backend rather than
+//! per call, and no span fields recorded on a span no subscriber wants (client instructions per
+//! pair 52.3k → 49.1k); guards renewed from one timer per client instead of a task per guard.
+//! Redlock, whose per-node counters have no clock floor, takes its first attempt with plain
+//! pipelined commands ([`node::Counting::EveryAttempt`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod client;
