@@ -221,6 +221,10 @@ pub(crate) enum WarmUp {
 ///
 /// # Cancel safety
 /// Cancel safe as far as `op` is: dropping it drops the operation in flight.
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "redlock", feature = "zookeeper")),
+    allow(dead_code)
+)]
 pub(crate) async fn sample_timed(
     warm_up: WarmUp,
     duration: Duration,
