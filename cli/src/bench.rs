@@ -16,7 +16,7 @@ use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
 use serde_json::{Value, json};
 
 use crate::contend::{Contender, contend};
-use crate::floor::{self, Floors, Measured, Ops, Pairs, ProcessCost, WarmUp};
+use crate::floor::{self, Floors, Measured, Ops, Pairs, ProcessCost, Throughput, WarmUp};
 use crate::{BackendArgs, parse_duration};
 
 /// Arguments of `dlock bench`.
@@ -213,7 +213,7 @@ struct Round {
     handoff: Samples,
     handoff_floor: Option<Samples>,
     /// Per task count: dlock's pairs/s, and the raw floor's.
-    parallel: Vec<(usize, f64, Option<f64>)>,
+    parallel: Vec<(usize, Throughput, Option<Throughput>)>,
 }
 
 /// One round: every phase of dlock, each followed (or, uncontended, interleaved) by its floor.
@@ -296,6 +296,12 @@ impl Pairs for DlockPairs {
     }
 }
 
+/// The bench process's CPU per pair of a many-names run, in µs to one decimal.
+fn cpu_us_per_pair(run: &Throughput) -> f64 {
+    let pairs = usize::try_from(run.pairs).unwrap_or(usize::MAX);
+    (run.cost.cpu_us_per(pairs) * 10.0).round() / 10.0
+}
+
 /// `ours / floor`, to two decimals.
 fn ratio(ours: f64, floor: f64) -> f64 {
     (ours / floor * 100.0).round() / 100.0
@@ -326,10 +332,15 @@ impl Round {
             .parallel
             .iter()
             .map(|&(tasks, ours, raw)| {
-                let mut entry = json!({"tasks": tasks, "ops_per_sec": ours.round()});
+                let mut entry = json!({
+                    "tasks": tasks,
+                    "ops_per_sec": ours.per_sec.round(),
+                    "cpu_us_per_op": cpu_us_per_pair(&ours),
+                });
                 if let Some(raw) = raw {
-                    entry["floor_ops_per_sec"] = json!(raw.round());
-                    entry["vs_floor"] = json!(ratio(ours, raw));
+                    entry["floor_ops_per_sec"] = json!(raw.per_sec.round());
+                    entry["floor_cpu_us_per_op"] = json!(cpu_us_per_pair(&raw));
+                    entry["vs_floor"] = json!(ratio(ours.per_sec, raw.per_sec));
                 }
                 entry
             })
@@ -562,9 +573,15 @@ impl Report<'_> {
                 "dlock pairs/s",
                 "raw floor pairs/s",
                 "dlock / floor",
+                "dlock CPU µs/pair",
+                "floor CPU µs/pair",
             ])
         } else {
-            row(["many names, one client", "dlock pairs/s"])
+            row([
+                "many names, one client",
+                "dlock pairs/s",
+                "dlock CPU µs/pair",
+            ])
         }];
         let entries = self
             .figures
@@ -575,13 +592,18 @@ impl Report<'_> {
             let tasks = self.figures["parallel_names"][i]["tasks"]
                 .as_u64()
                 .unwrap_or(0);
+            let at = |key: &str| format!("/parallel_names/{i}/{key}");
             let mut line = vec![
                 format!("{tasks} {}", if tasks == 1 { "task" } else { "tasks" }),
-                whole(&format!("/parallel_names/{i}/ops_per_sec")),
+                whole(&at("ops_per_sec")),
             ];
             if floor {
-                line.push(whole(&format!("/parallel_names/{i}/floor_ops_per_sec")));
-                line.push(self.fig(&format!("/parallel_names/{i}/vs_floor"), Unit::Ratio));
+                line.push(whole(&at("floor_ops_per_sec")));
+                line.push(self.fig(&at("vs_floor"), Unit::Ratio));
+            }
+            line.push(self.fig(&at("cpu_us_per_op"), Unit::Decimals(1)));
+            if floor {
+                line.push(self.fig(&at("floor_cpu_us_per_op"), Unit::Decimals(1)));
             }
             rows.push(line);
         }
@@ -595,6 +617,10 @@ impl Report<'_> {
                 text("/raw_parallel_floor/client")
             );
         }
+        out.push_str(
+            "(CPU µs/pair: this process's CPU time while the tasks ran, all threads, over the \
+             pairs they finished)\n",
+        );
         if self.has("/ratios") {
             let ratio = |at: &str| self.fig(at, Unit::Ratio);
             let _ = write!(
@@ -815,6 +841,16 @@ mod tests {
             report.fig("/uncontended/cpu_us_per_op", Unit::Decimals(1)),
             "125.0"
         );
+
+        let many = Throughput {
+            per_sec: 4000.0,
+            pairs: 3,
+            cost: ProcessCost {
+                cpu: Duration::from_micros(100),
+                context_switches: 0,
+            },
+        };
+        assert_eq!(cpu_us_per_pair(&many), 33.3);
 
         let mut unmeasured = json!({});
         Samples::from_durations(&measured.latencies).cost_fields(&mut unmeasured);

@@ -13,7 +13,9 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use crate::floor::{Measured, Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
+use crate::floor::{
+    Measured, Ops, Pairs, Protocol, Throughput, WarmUp, many, pairs_of, sample_timed,
+};
 
 const BACKEND: &str = "etcd";
 
@@ -243,7 +245,7 @@ impl Protocol for Etcd {
         samples
     }
 
-    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64> {
+    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
         let keys = (0..tasks)
             .map(|i| self.key(&format!("parallel/{tasks}/{i}")))
             .collect();

@@ -29,6 +29,14 @@ mod zookeeper;
 
 pub(crate) use cost::ProcessCost;
 
+/// Pairs run by many tasks at once: how many per second, and what they cost this process.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Throughput {
+    pub(crate) per_sec: f64,
+    pub(crate) pairs: u64,
+    pub(crate) cost: ProcessCost,
+}
+
 /// Pairs measured back to back: each one's latency, and what the measured ones (not the
 /// warm-up) cost this process.
 #[derive(Debug, Default)]
@@ -83,8 +91,8 @@ pub(crate) trait Protocol {
     ) -> Result<Vec<Duration>>;
 
     /// `tasks` tasks sharing one client ([`Ops::client`]), each with a key of its own, running
-    /// pairs back to back for `duration` (through [`many`]): pairs per second.
-    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64>;
+    /// pairs back to back for `duration` (through [`many`]): pairs per second, and their cost.
+    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput>;
 }
 
 /// The floors of the backend a URL names.
@@ -198,7 +206,7 @@ impl Floors {
     }
 
     /// See [`Protocol::parallel`].
-    pub(crate) async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64> {
+    pub(crate) async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
         each_protocol!(self, floor, _P => floor.parallel(tasks, duration).await)
     }
 }
@@ -296,14 +304,18 @@ const MANY_WARM_UP: u32 = 5;
 
 /// Starts `tasks` tasks sharing `pairs`, task `i` running `pairs.pair(i)`: after
 /// [`MANY_WARM_UP`] pairs each, all start together and run pairs back to back for `duration`.
-/// Returns the pairs per second of them all.
+/// Returns the pairs per second of them all, and what the timed pairs cost this process.
 ///
 /// # Errors
 /// The first error a task returns.
 ///
 /// # Cancel safety
 /// Not cancel safe: dropping it leaves the tasks running until their deadline.
-pub(crate) async fn many<P: Pairs>(pairs: Arc<P>, tasks: usize, duration: Duration) -> Result<f64> {
+pub(crate) async fn many<P: Pairs>(
+    pairs: Arc<P>,
+    tasks: usize,
+    duration: Duration,
+) -> Result<Throughput> {
     let tasks = tasks.max(1);
     let start = Arc::new(tokio::sync::Barrier::new(tasks + 1));
     let mut workers = Vec::with_capacity(tasks);
@@ -331,6 +343,7 @@ pub(crate) async fn many<P: Pairs>(pairs: Arc<P>, tasks: usize, duration: Durati
     }
     start.wait().await;
     let started = Instant::now();
+    let before = ProcessCost::now();
     let mut total = 0;
     let mut failed = None;
     for worker in workers {
@@ -344,9 +357,14 @@ pub(crate) async fn many<P: Pairs>(pairs: Arc<P>, tasks: usize, duration: Durati
             }
         }
     }
+    let cost = ProcessCost::since(before);
     match failed {
         Some(error) => Err(error),
-        None => Ok(total as f64 / started.elapsed().as_secs_f64()),
+        None => Ok(Throughput {
+            per_sec: total as f64 / started.elapsed().as_secs_f64(),
+            pairs: total,
+            cost,
+        }),
     }
 }
 

@@ -12,7 +12,7 @@ use sqlx::{ConnectOptions, Connection};
 use tokio::time::timeout;
 
 use crate::contend::{Contender, contend};
-use crate::floor::{FreeList, Measured, Ops, Pairs, Protocol, WarmUp, many, sample};
+use crate::floor::{FreeList, Measured, Ops, Pairs, Protocol, Throughput, WarmUp, many, sample};
 
 const BACKEND: &str = "postgres";
 
@@ -170,7 +170,7 @@ impl Protocol for Postgres {
 
     /// A pool as large as dlock's own (`max_connections`), shared by the tasks: the least a
     /// pool does (no ping or reset of a connection between two pairs).
-    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64> {
+    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
         let pairs = Arc::new(PooledPairs {
             pool: FreeList::new(self.config.max_connections),
             options: self.options(),

@@ -143,7 +143,7 @@ mod single {
 
     use super::{COMPARE_AND_DELETE, DELETE_AND_PUBLISH, NodeAccess, bounded, set_nx, token};
     use crate::contend::{Contender, contend};
-    use crate::floor::{Measured, Ops, Pairs, Protocol, many, pairs_of};
+    use crate::floor::{Measured, Ops, Pairs, Protocol, Throughput, many, pairs_of};
 
     const BACKEND: &str = "redis";
 
@@ -447,7 +447,7 @@ mod single {
             Ok(samples)
         }
 
-        async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64> {
+        async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
             let keys = (0..tasks)
                 .map(|i| self.key(&format!("parallel/{tasks}/{i}")))
                 .collect();

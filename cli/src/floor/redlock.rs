@@ -17,7 +17,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
 use super::redis::{COMPARE_AND_DELETE, DELETE_AND_PUBLISH, NodeAccess, bounded, set_nx, token};
-use crate::floor::{Measured, Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
+use crate::floor::{
+    Measured, Ops, Pairs, Protocol, Throughput, WarmUp, many, pairs_of, sample_timed,
+};
 
 const BACKEND: &str = "redlock";
 
@@ -287,7 +289,7 @@ impl Protocol for Redlock {
         sample_timed(WarmUp::Rounds(50), duration, handoff).await
     }
 
-    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64> {
+    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
         let keys = (0..tasks)
             .map(|i| self.key(&format!("parallel/{tasks}/{i}")))
             .collect();

@@ -11,7 +11,9 @@ use dlock_zookeeper::{NodeAcl, ZkConfig};
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode};
 
-use crate::floor::{Measured, Ops, Pairs, Protocol, WarmUp, many, pairs_of, sample_timed};
+use crate::floor::{
+    Measured, Ops, Pairs, Protocol, Throughput, WarmUp, many, pairs_of, sample_timed,
+};
 
 const BACKEND: &str = "zookeeper";
 
@@ -220,7 +222,7 @@ impl Protocol for ZooKeeper {
         sample_timed(WarmUp::Rounds(20), duration, handoff).await
     }
 
-    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<f64> {
+    async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
         let dirs = (0..tasks)
             .map(|i| self.dir(&format!("parallel-{tasks}-{i}")))
             .collect();
