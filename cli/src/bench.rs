@@ -91,10 +91,9 @@ impl Samples {
     /// The JSON fields of the samples' cost per operation, if measured.
     fn cost_fields(&self, json: &mut Value) {
         if let Some(cost) = self.cost {
-            let operations = self.micros.len();
-            json["cpu_us_per_op"] = json!((cost.cpu_us_per(operations) * 10.0).round() / 10.0);
-            json["context_switches_per_op"] =
-                json!((cost.switches_per(operations) * 100.0).round() / 100.0);
+            let operations = self.micros.len() as u64;
+            json["cpu_us_per_op"] = json!(rounded(cost.cpu_us_per(operations), 1));
+            json["context_switches_per_op"] = json!(rounded(cost.switches_per(operations), 2));
         }
     }
 
@@ -298,13 +297,18 @@ impl Pairs for DlockPairs {
 
 /// The bench process's CPU per pair of a many-names run, in µs to one decimal.
 fn cpu_us_per_pair(run: &Throughput) -> f64 {
-    let pairs = usize::try_from(run.pairs).unwrap_or(usize::MAX);
-    (run.cost.cpu_us_per(pairs) * 10.0).round() / 10.0
+    rounded(run.cost.cpu_us_per(run.pairs), 1)
 }
 
 /// `ours / floor`, to two decimals.
 fn ratio(ours: f64, floor: f64) -> f64 {
-    (ours / floor * 100.0).round() / 100.0
+    rounded(ours / floor, 2)
+}
+
+/// `value` to `places` decimals, as the report shows it.
+fn rounded(value: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
+    (value * scale).round() / scale
 }
 
 impl Round {

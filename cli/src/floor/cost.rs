@@ -49,12 +49,12 @@ impl ProcessCost {
     }
 
     /// CPU microseconds per operation, for `operations` operations.
-    pub(crate) fn cpu_us_per(&self, operations: usize) -> f64 {
+    pub(crate) fn cpu_us_per(&self, operations: u64) -> f64 {
         self.cpu.as_secs_f64() * 1e6 / operations.max(1) as f64
     }
 
     /// Context switches per operation, for `operations` operations.
-    pub(crate) fn switches_per(&self, operations: usize) -> f64 {
+    pub(crate) fn switches_per(&self, operations: u64) -> f64 {
         self.context_switches as f64 / operations.max(1) as f64
     }
 }

@@ -39,7 +39,7 @@ pub(crate) struct Throughput {
 
 /// Pairs measured back to back: each one's latency, and what the measured ones (not the
 /// warm-up) cost this process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Measured {
     pub(crate) latencies: Vec<Duration>,
     pub(crate) cost: ProcessCost,
