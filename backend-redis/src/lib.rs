@@ -88,6 +88,7 @@
 //! | G | 0.81–0.92× (median 0.89× over seven runs) | 0.82–0.99× | 1 task: median 0.98× |
 //! | H | 0.80–0.81× | 0.92× | |
 //! | I | 0.85–0.90× (four runs) | 0.78–0.85× | 0.90× / 0.83× / 0.51× / 0.51× |
+//! | J | 0.83×, 0.83×, 0.84×; in a spawned task 0.87× (below) | 0.80×, 0.82×, 0.97× | 0.88× / 0.73× / 0.59× / –, 0.82× / 0.89× / 0.54× / – |
 //!
 //! The hand-off is faster than the raw notified hand-off because the grant reaches the waiter
 //! in the release's own round trip, where the raw waiters, once woken, still send their
@@ -121,6 +122,23 @@
 //!   process CPU per pair (VM I: 138 µs against 122 µs, `dlock bench`'s CPU column). Sent from a
 //!   bare connection with no dlock code around them, the two scripts alone measured 0.90–0.96×
 //!   of the raw pair on three VMs and 0.83–0.86× on VM H.
+//! - **Any scripted lock, against the plain pair (VM J).** One program ran, in alternating
+//!   slices in one spawned task, the raw pair, scripted locks sent from a bare connection, and
+//!   dlock, ten times (medians, each spread over about ±5%):
+//!
+//!   | pair | vs the raw pair | client / server CPU per pair (µs, server from `/proc`, I/O included) |
+//!   |---|---|---|
+//!   | raw: `SET NX PX`, compare-and-delete script | 1.00× | 57–66 / 56–65 |
+//!   | a script doing only `SET NX PX`, compare-and-delete | 0.96× | 58–72 / 59–71 |
+//!   | the same with the clock-floored token (`TIME`, `GETSET`) | 0.93× | 56–72 / 59–76 |
+//!   | dlock's first attempt and release, from a bare connection | 0.95× | 59–63 / 68–75 |
+//!   | dlock (`acquire`, `release`) | 0.87× (0.83–0.91×) | 65–79 / 64–80 |
+//!
+//!   A lock written as a Redis script sits at or just under 0.95× before a client adds anything;
+//!   against its own scripts in the same slices dlock measured 0.93× (median of seven), its
+//!   client's 7k more instructions per pair (callgrind: 40.5k against 33.4k for the bare
+//!   scripts; futures moved into boxes 1.2k, allocations 0.9k, clock reads 0.4k, the owner token
+//!   0.4k, the rest below 0.4k each).
 //!
 //! ### What the scripts keep, and what was tried instead
 //! The fence's clock floor (tokens at least the server clock in µs, so they keep rising after a
