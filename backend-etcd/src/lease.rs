@@ -12,8 +12,8 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::BACKEND;
+use crate::client::{FALLBACK_REREAD, Inner, lease_gone};
 use crate::keys::KeyClaim;
-use crate::lock::{FALLBACK_REREAD, Inner, lease_gone};
 use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class, validity};
 use crate::watch::WatchEvent;
 

@@ -131,11 +131,13 @@
 //! `libprotobuf-dev` on Debian): the client library compiles etcd's API at build time.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod client;
 mod config;
 mod error;
 mod keys;
 mod lease;
 mod lock;
+mod queue;
 mod session;
 mod watch;
 

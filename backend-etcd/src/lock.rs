@@ -1,6 +1,6 @@
-//! `EtcdLock`: the client, its session leases, the acquire transaction and the wait.
+//! `EtcdLock`: the acquire (a key on a lease, joining the name's queue), the wait for the keys
+//! ahead to go, and inspection. The client they share is in `client`, the queue in `queue`.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -12,32 +12,17 @@ use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, LostReason,
     Renewal, Result,
 };
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
-};
+use etcd_client::{GetOptions, SortOrder, SortTarget};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::BACKEND;
+use crate::client::{FALLBACK_REREAD, Inner, lease_gone};
 use crate::config::EtcdConfig;
-use crate::error::{is_lease_not_found, is_unavailable, map_err, timed_out};
-use crate::keys::{KeyClaim, KeysInUse, NameKeys};
+use crate::keys::{KeyClaim, NameKeys};
 use crate::lease::{EtcdLease, LeaseKind as Kind};
+use crate::queue::{Next, Queue, QueueWatch};
 use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class};
-use crate::watch::{WatchEvent, WatchHandle, Watcher};
-
-/// How often a waiter re-reads the queue, and a holder its key, even without a watch event: a
-/// fallback against an event lost by the server (etcd 3.4 before 3.4.31/3.4.36 can lose one
-/// after a compaction).
-pub(crate) const FALLBACK_REREAD: Duration = Duration::from_secs(3);
-
-/// Up to how many keys ahead of its own a waiter tracks: when its read saw all of them, the
-/// waiter watches every deletion under the name and holds the lock once it has seen each of
-/// them go, without reading the queue again, which saves a linearizable read on each hand-off.
-/// A longer queue costs a read after the predecessor's deletion, as in etcd's own recipe.
-const PREDECESSORS_WATCHED: usize = 8;
 
 /// A distributed lock on etcd: one key per acquire under the name's range, queued by create
 /// revision, riding a lease this client keeps alive. Cheap to clone; clones share the client,
@@ -49,35 +34,6 @@ const PREDECESSORS_WATCHED: usize = 8;
 #[derive(Clone)]
 pub struct EtcdLock {
     pub(crate) inner: Arc<Inner>,
-}
-
-pub(crate) struct Inner {
-    pub(crate) config: EtcdConfig,
-    pub(crate) client: Client,
-    /// Session leases by TTL class (whole seconds).
-    sessions: tokio::sync::Mutex<HashMap<i64, Arc<SessionLease>>>,
-    pub(crate) watcher: Watcher,
-    /// Starts the watch on each held key a moment after its grant.
-    pub(crate) timer: dlock_api::raw::GuardTimer,
-    /// Fires when the client is dropped: stops the keep-alives (which revoke their leases) and
-    /// the watch stream.
-    pub(crate) shutdown: CancellationToken,
-    /// The keys this client may have on the server, so that each is named again only once gone.
-    keys_in_use: KeysInUse,
-}
-
-impl fmt::Debug for Inner {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Inner")
-            .field("config", &self.config)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
 }
 
 impl fmt::Debug for EtcdLock {
@@ -94,27 +50,6 @@ impl fmt::Display for EtcdLock {
     }
 }
 
-/// The outcome of the acquire transaction, or of a re-read of the queue.
-enum Queue {
-    /// No key with a lower create revision: held.
-    First,
-    /// Keys below ours: wait.
-    Behind(Behind),
-    /// Our key is gone (its lease ended, or someone deleted it).
-    Gone,
-}
-
-/// Where our key stands in a queue read.
-struct Behind {
-    /// The key just below ours.
-    key: String,
-    /// The keys below that one, when the read saw all of them (at most
-    /// [`PREDECESSORS_WATCHED`]); `None` when there may be more.
-    older: Option<Vec<String>>,
-    /// The revision the read saw.
-    seen: i64,
-}
-
 impl EtcdLock {
     /// Connects with `config`, then proves the cluster answers (a linearizable read, which needs
     /// a leader) within the connect timeout: the client crate's own connect touches no server,
@@ -128,53 +63,9 @@ impl EtcdLock {
     /// # Cancel safety
     /// Cancel safe: nothing is held before it returns.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
-        let options = connect_options(&config)?;
-        let probe_by = after(Instant::now(), config.connect_timeout);
-        let client = tokio::time::timeout_at(
-            probe_by,
-            Client::connect(config.endpoint_urls(), Some(options)),
-        )
-        .await
-        .map_err(|_| timed_out(config.connect_timeout))?
-        .map_err(|e| match e {
-            etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
-                dlock_api::raw::config::config_error(BACKEND, e.to_string())
-            }
-            e => LockError::unavailable(BACKEND, e),
-        })?;
-        let shutdown = CancellationToken::new();
-        let inner = Arc::new(Inner {
-            watcher: Watcher::start(client.clone(), shutdown.clone()),
-            timer: dlock_api::raw::GuardTimer::new(),
-            client,
-            config,
-            sessions: tokio::sync::Mutex::new(HashMap::new()),
-            shutdown,
-            keys_in_use: KeysInUse::default(),
-        });
-        let probe_key = format!("{}/", inner.config.prefix);
-        let mut last = None;
-        loop {
-            let mut kv = inner.client.kv_client();
-            match tokio::time::timeout_at(
-                probe_by,
-                kv.get(probe_key.clone(), Some(GetOptions::new().with_count_only())),
-            )
-            .await
-            {
-                Ok(Ok(_)) => break,
-                Ok(Err(e)) if is_unavailable(&e) => last = Some(e),
-                Ok(Err(e)) => return Err(map_err(e)),
-                Err(_) => {
-                    return Err(match last {
-                        Some(e) => LockError::unavailable(BACKEND, e),
-                        None => timed_out(inner.config.connect_timeout),
-                    });
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(Self { inner })
+        Ok(Self {
+            inner: Inner::connect(config).await?,
+        })
     }
 
     /// Parses `url` ([`EtcdConfig::from_url`]) and connects.
@@ -213,319 +104,18 @@ impl EtcdLock {
     }
 }
 
-fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions> {
-    let mut options = ConnectOptions::new()
-        .with_connect_timeout(config.connect_timeout)
-        .with_timeout(config.command_timeout)
-        .with_keep_alive(Duration::from_secs(1), config.command_timeout)
-        .with_keep_alive_while_idle(true)
-        .with_require_leader(true);
-    if let (Some(user), Some(password)) = (&config.username, &config.password) {
-        options = options
-            .with_user(user.clone(), password.expose().to_owned())
-            .with_auto_token_refresh(true);
-    }
-    #[cfg(feature = "tls")]
-    if config.tls {
-        options = options.with_tls(tls_options(config)?);
-    }
-    Ok(options)
-}
-
-#[cfg(feature = "tls")]
-fn tls_options(config: &EtcdConfig) -> Result<etcd_client::TlsOptions> {
-    use etcd_client::{Certificate, Identity, TlsOptions};
-    let pem = config.tls_files.read(BACKEND)?;
-    let mut tls = TlsOptions::new().with_native_roots();
-    if let Some(ca) = pem.ca_cert {
-        tls = tls.ca_certificate(Certificate::from_pem(ca));
-    }
-    if let Some((cert, key)) = pem.identity {
-        tls = tls.identity(Identity::from_pem(cert, key));
-    }
-    Ok(tls)
-}
-
-impl Inner {
-    fn command_timeout(&self) -> Duration {
-        self.config.command_timeout
-    }
-
-    /// Runs a transaction that is safe to retry (its retry finds what the first try did), as
-    /// [`idempotent`](Self::idempotent) runs a request.
-    pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.idempotent(|mut client| {
-            let txn = txn.clone();
-            async move { client.txn(txn).await }
-        })
-        .await
-    }
-
-    /// Runs an idempotent request, retried (perhaps on another member: the client's balancer
-    /// picks again) while the failure is one a retry can fix, within three command timeouts.
-    pub(crate) async fn idempotent<T, F, Fut>(&self, mut call: F) -> Result<T>
-    where
-        F: FnMut(Client) -> Fut,
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        let timeout = self.command_timeout();
-        let give_up = after(Instant::now(), timeout * 3);
-        let mut attempt: u32 = 0;
-        loop {
-            let answer = tokio::time::timeout(timeout, call(self.client.clone())).await;
-            let error = match answer {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(e)) if is_unavailable(&e) => map_err(e),
-                Ok(Err(e)) => return Err(map_err(e)),
-                Err(_) => timed_out(timeout),
-            };
-            attempt += 1;
-            let pause = Duration::from_millis(10u64 << attempt.min(5));
-            if after(Instant::now(), pause) >= give_up {
-                return Err(error);
-            }
-            tracing::debug!(%error, attempt, "etcd request failed; trying again");
-            tokio::time::sleep(pause).await;
+/// The lease an acquire with `options` rides: the class's kept-alive one, or with renewal off a
+/// lease of its own that nobody keeps alive.
+async fn lease_for(inner: &Inner, options: &LockOptions) -> Result<Kind> {
+    match options.renewal() {
+        Renewal::Off => {
+            let ttl = ttl_class(options.ttl());
+            let (id, _granted, valid_until) =
+                grant_lease(&inner.client, ttl, inner.command_timeout()).await?;
+            Ok(Kind::own(id, ttl, valid_until))
         }
+        _ => Ok(Kind::Session(inner.session_lease(options.ttl()).await?)),
     }
-
-    /// The kept-alive lease for `ttl`'s class, granted on first use (or after the last one
-    /// ended).
-    pub(crate) async fn session_lease(&self, ttl: Duration) -> Result<Arc<SessionLease>> {
-        let class = ttl_class(ttl);
-        let mut sessions = self.sessions.lock().await;
-        if let Some(lease) = sessions.get(&class) {
-            if lease.is_usable() {
-                return Ok(lease.clone());
-            }
-            lease.end(LostReason::SessionExpired);
-        }
-        let lease = SessionLease::grant(
-            &self.client,
-            class,
-            self.command_timeout(),
-            self.shutdown.child_token(),
-        )
-        .await?;
-        sessions.insert(class, lease.clone());
-        Ok(lease)
-    }
-
-    /// Forgets a session lease the server no longer knows.
-    pub(crate) async fn drop_session(&self, lease: &SessionLease) {
-        lease.end(LostReason::SessionExpired);
-        let mut sessions = self.sessions.lock().await;
-        if sessions.get(&lease.class).is_some_and(|l| l.id == lease.id) {
-            sessions.remove(&lease.class);
-        }
-    }
-
-    /// The lease an acquire with `options` rides: the class's kept-alive one, or with renewal
-    /// off a lease of its own that nobody keeps alive.
-    async fn lease_for(&self, options: &LockOptions) -> Result<Kind> {
-        match options.renewal() {
-            Renewal::Off => {
-                let ttl = ttl_class(options.ttl());
-                let (id, _granted, valid_until) =
-                    grant_lease(&self.client, ttl, self.command_timeout()).await?;
-                Ok(Kind::own(id, ttl, valid_until))
-            }
-            _ => Ok(Kind::Session(self.session_lease(options.ttl()).await?)),
-        }
-    }
-
-    /// Deletes `key` if it is still ours (guarded by its create revision, or, when the create
-    /// revision is unknown, by the unique key itself). Returns whether it was there.
-    pub(crate) async fn delete_key(&self, key: &str, revision: Option<i64>) -> Result<bool> {
-        let txn = match revision {
-            Some(revision) => Txn::new()
-                .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-                .and_then([TxnOp::delete(key, None)]),
-            None => Txn::new()
-                .when([Compare::create_revision(key, CompareOp::Greater, 0)])
-                .and_then([TxnOp::delete(key, None)]),
-        };
-        let response = self.txn(txn).await?;
-        Ok(response.succeeded())
-    }
-
-    /// Reads the queue as seen from our key: the highest key created at or below our revision
-    /// should be ours; the one below it, if any, is the one we wait for (and the ones below
-    /// that, if few). Linearizable, so a member that lags cannot hide a live predecessor.
-    async fn read_queue(&self, keys: &NameKeys, key: &str, revision: i64) -> Result<Queue> {
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(revision)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(QUEUE_READ)
-            .with_keys_only();
-        let range = keys.range.clone();
-        let response = self
-            .idempotent(|mut client| {
-                let (range, options) = (range.clone(), options.clone());
-                async move { client.get(range, Some(options)).await }
-            })
-            .await?;
-        let seen = response.header().map_or(revision, |h| h.revision());
-        Ok(queue_from(response.kvs(), key, revision, seen))
-    }
-
-    /// The acquire transaction: creates our key on `lease` unless it exists (a retried create
-    /// finds its own key), and in the same transaction reads the newest keys of the name up to
-    /// and including ours.
-    async fn create(&self, keys: &NameKeys, key: &str, lease: i64) -> Result<(i64, Queue)> {
-        let newest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(QUEUE_READ)
-            .with_keys_only();
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))),
-                TxnOp::get(keys.range.clone(), Some(newest)),
-            ])
-            .or_else([TxnOp::get(key, None)]);
-        let response = self.txn(txn).await?;
-        let header = response.header().map_or(0, |h| h.revision());
-        let ranges: Vec<Vec<KeyValue>> = response
-            .op_responses()
-            .into_iter()
-            .filter_map(|op| match op {
-                TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
-                _ => None,
-            })
-            .collect();
-        if response.succeeded() {
-            // Our put is the transaction's revision, and a read inside a write transaction sees
-            // it: the answer is [ours, the ones before].
-            let newest = ranges.first().map(Vec::as_slice).unwrap_or_default();
-            return Ok((header, queue_from(newest, key, header, header)));
-        }
-        // A retry of a create that was applied: our key exists; read the queue from it.
-        let Some(mine) = ranges.first().and_then(|kvs| kvs.first()) else {
-            return Err(LockError::unexpected(
-                BACKEND,
-                "acquire found neither a free key nor its own",
-            ));
-        };
-        let revision = mine.create_revision();
-        Ok((revision, self.read_queue(keys, key, revision).await?))
-    }
-
-    /// A try: creates our key only if the name has no key at all (one transaction, no write
-    /// when busy). `Some(revision)` when held.
-    async fn create_if_free(&self, keys: &NameKeys, key: &str, lease: i64) -> Result<Option<i64>> {
-        let txn = Txn::new()
-            .when([Compare::create_revision(keys.range.clone(), CompareOp::Equal, 0).with_prefix()])
-            .and_then([TxnOp::put(
-                key,
-                "",
-                Some(PutOptions::new().with_lease(lease)),
-            )])
-            .or_else([TxnOp::get(key, None)]);
-        let response = self.txn(txn).await?;
-        if response.succeeded() {
-            return Ok(Some(response.header().map_or(0, |h| h.revision())));
-        }
-        // Busy; unless a retried attempt had already created our key while the name was free.
-        let mine = response.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
-            _ => None,
-        });
-        Ok(mine.map(|kv| kv.create_revision()))
-    }
-}
-
-/// How many keys a queue read asks for: ours, and the ones ahead of it a waiter watches.
-const QUEUE_READ: i64 = PREDECESSORS_WATCHED as i64 + 1;
-
-/// The queue from a read of the newest keys up to ours (newest first, at most [`QUEUE_READ`]).
-fn queue_from(kvs: &[KeyValue], key: &str, revision: i64, seen: i64) -> Queue {
-    let text = |kv: &KeyValue| String::from_utf8_lossy(kv.key()).into_owned();
-    match kvs {
-        [mine, ..] if mine.key() != key.as_bytes() || mine.create_revision() != revision => {
-            Queue::Gone
-        }
-        [_] => Queue::First,
-        [_, before, older @ ..] => Queue::Behind(Behind {
-            key: text(before),
-            // A full read may have left keys out; a shorter one saw every key ahead of ours.
-            older: (kvs.len() < QUEUE_READ as usize).then(|| older.iter().map(text).collect()),
-            seen,
-        }),
-        [] => Queue::Gone,
-    }
-}
-
-/// A waiter's watch on its name: the deletions of every key of the name from just after the
-/// read that showed the queue. One watch delivers them in revision order, so a deletion of our
-/// own key is always seen before any later deletion of a key ahead of ours.
-struct QueueWatch {
-    watch: WatchHandle,
-    /// The keys ahead of ours that the read showed and no deletion has removed since.
-    ahead: Vec<String>,
-    /// The read showed every key ahead of ours (at most [`PREDECESSORS_WATCHED`]).
-    complete: bool,
-    /// The key just ahead of ours.
-    predecessor: String,
-}
-
-/// What a waiter does after an event of its [`QueueWatch`].
-enum Next {
-    /// Nothing that concerns us: wait on.
-    Wait,
-    /// Every key ahead of ours is gone, and ours is not: the lock is ours.
-    Held,
-    /// Read the queue to know.
-    Read,
-}
-
-impl QueueWatch {
-    fn start(watcher: &Watcher, keys: &NameKeys, queue: Behind) -> Self {
-        let mut ahead = queue.older.clone().unwrap_or_default();
-        ahead.push(queue.key.clone());
-        Self {
-            // From just after the read: no deletion can fall between.
-            watch: watcher.watch_deletions_under(&keys.range, queue.seen + 1),
-            ahead,
-            complete: queue.older.is_some(),
-            predecessor: queue.key,
-        }
-    }
-
-    fn on(&mut self, event: WatchEvent, ours: &str) -> Next {
-        let WatchEvent::Deleted { key, .. } = event else {
-            return Next::Read;
-        };
-        if *key == *ours.as_bytes() {
-            // The read finds our key gone and says so.
-            return Next::Read;
-        }
-        let Some(at) = self.ahead.iter().position(|k| *k.as_bytes() == *key) else {
-            // A key behind ours.
-            return Next::Wait;
-        };
-        let deleted = self.ahead.swap_remove(at);
-        if self.complete && self.ahead.is_empty() {
-            // No key created before ours can appear any more, and ours was not deleted first.
-            Next::Held
-        } else if !self.complete && deleted == self.predecessor {
-            Next::Read
-        } else {
-            Next::Wait
-        }
-    }
-}
-
-/// Whether a failed create says the lease is gone on the server.
-pub(crate) fn lease_gone(error: &LockError) -> bool {
-    matches!(
-        error,
-        LockError::Backend { .. } | LockError::Unavailable { .. }
-    ) && error
-        .source_as::<etcd_client::Error>()
-        .is_some_and(is_lease_not_found)
 }
 
 impl EtcdLock {
@@ -537,7 +127,7 @@ impl EtcdLock {
         options: &LockOptions,
     ) -> Result<(Kind, NameKeys, Arc<KeyClaim>)> {
         let inner = &self.inner;
-        let kind = inner.lease_for(options).await?;
+        let kind = lease_for(inner, options).await?;
         let keys = NameKeys::new(&inner.config.prefix, name);
         let claim = inner.keys_in_use.claim(&keys, kind.id());
         Ok((kind, keys, claim))
