@@ -13,7 +13,7 @@ use futures::future::join_all;
 use tokio::time::Instant;
 
 use crate::BACKEND;
-use crate::lock::Inner;
+use crate::client::Inner;
 
 pub(crate) struct RedlockLease {
     inner: Arc<Inner>,

@@ -134,6 +134,7 @@
 //! [`LostReason::TakenOver`]: dlock_api::LostReason::TakenOver
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod client;
 mod config;
 mod lease;
 mod lock;

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,9 +20,10 @@ use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 
 use crate::BACKEND;
+use crate::client::{Counters, Inner};
 use crate::config::{RedlockConfig, majority};
 use crate::lease::RedlockLease;
-use crate::nodes::{Slot, connect_all};
+use crate::nodes::connect_all;
 use crate::wake::Hub;
 
 /// Locks over N independent Redis nodes with the Redlock algorithm.
@@ -33,22 +34,6 @@ use crate::wake::Hub;
 #[derive(Clone)]
 pub struct Redlock {
     pub(crate) inner: Arc<Inner>,
-}
-
-pub(crate) struct Inner {
-    pub(crate) config: RedlockConfig,
-    pub(crate) slots: Vec<Arc<Slot>>,
-    pub(crate) hub: Arc<Hub>,
-    stats: Counters,
-    /// Starts this client's watchdogs when their first renewal comes due.
-    pub(crate) timer: dlock_api::raw::GuardTimer,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    rounds: AtomicU64,
-    granted: AtomicU64,
-    split_votes: AtomicU64,
 }
 
 /// How this client's acquire rounds have gone: how often contention ended in a split vote.
@@ -98,7 +83,7 @@ impl Redlock {
     pub async fn connect(config: RedlockConfig) -> Result<Self> {
         config.validate()?;
         let hub = Arc::new(Hub::default());
-        let slots = connect_all(&config, &hub).await?;
+        let slots = connect_all(&config, |node| hub.node_events(node)).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,

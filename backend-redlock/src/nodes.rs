@@ -2,15 +2,14 @@
 //! in the background whenever it is needed, so a node that comes back rejoins by itself.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 
 use dlock_api::{LockError, Result};
 use dlock_redis::RedisConfig;
-use dlock_redis::node::{Node, NodeEvent, NodeEventHandler};
+use dlock_redis::node::{Node, NodeEventHandler};
 
 use crate::BACKEND;
 use crate::config::RedlockConfig;
-use crate::wake::Hub;
 
 /// One node: its connection once it has one. A connection, once open, reconnects by itself
 /// (and subscribes again); only a node that could never be reached is retried here.
@@ -23,13 +22,7 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    fn new(index: usize, config: RedisConfig, hub: &Arc<Hub>) -> Self {
-        let hub: Weak<Hub> = Arc::downgrade(hub);
-        let events: NodeEventHandler = Arc::new(move |event: NodeEvent<'_>| {
-            if let Some(hub) = hub.upgrade() {
-                hub.on_event(index, event);
-            }
-        });
+    fn new(index: usize, config: RedisConfig, events: NodeEventHandler) -> Self {
         Self {
             index,
             config,
@@ -92,11 +85,14 @@ impl Slot {
     }
 }
 
-/// Connects to every node in parallel; succeeds when at least `quorum` answer (the others are
-/// retried when needed).
-pub(crate) async fn connect_all(config: &RedlockConfig, hub: &Arc<Hub>) -> Result<Vec<Arc<Slot>>> {
+/// Connects to every node in parallel, node `i`'s messages and lost connections going to
+/// `events(i)`; succeeds when at least `quorum` answer (the others are retried when needed).
+pub(crate) async fn connect_all(
+    config: &RedlockConfig,
+    events: impl Fn(usize) -> NodeEventHandler,
+) -> Result<Vec<Arc<Slot>>> {
     let slots: Vec<Arc<Slot>> = (0..config.nodes.len())
-        .map(|i| Arc::new(Slot::new(i, config.node_config(i), hub)))
+        .map(|i| Arc::new(Slot::new(i, config.node_config(i), events(i))))
         .collect();
     let results = futures::future::join_all(slots.iter().map(|slot| slot.connect())).await;
     // A node the configuration refuses (its eviction policy) is a deployment mistake to name,
