@@ -1,13 +1,13 @@
 //! `RedisConfig`: where the servers are and how to talk to them, from a URL or key/value pairs.
 
 use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use dlock_api::raw::config::{Secret, UrlParts, duration_option, tls_not_built, unknown_option};
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
-use crate::eviction::EvictionCheck;
 use crate::keys::LockKeys;
 
 /// How the Redis deployment is laid out.
@@ -243,6 +243,47 @@ impl fmt::Display for RedisConfig {
             }
             Topology::Cluster { nodes } => write!(f, "cluster {}", nodes.join(",")),
         }
+    }
+}
+
+/// What [`RedisLock::connect`](crate::RedisLock::connect) does when the server may evict lock keys
+/// (option `eviction_check`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EvictionCheck {
+    /// Log a warning and go on (the default: many managed Redis services default to
+    /// `volatile-lru`, and refusing would make dlock unusable there without a word of why).
+    #[default]
+    Warn,
+    /// Fail the connect with [`LockError::Config`].
+    Refuse,
+    /// Do not ask (for servers that deny `CONFIG GET`, or a policy known to be safe).
+    Off,
+}
+
+impl FromStr for EvictionCheck {
+    type Err = LockError;
+
+    fn from_str(value: &str) -> Result<Self> {
+        match value {
+            "warn" => Ok(Self::Warn),
+            "refuse" => Ok(Self::Refuse),
+            "off" => Ok(Self::Off),
+            other => Err(dlock_api::raw::config::config_error(
+                BACKEND,
+                format!("option `eviction_check` takes warn, refuse or off, not `{other}`"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for EvictionCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Warn => "warn",
+            Self::Refuse => "refuse",
+            Self::Off => "off",
+        })
     }
 }
 

@@ -238,14 +238,8 @@ impl SentinelConn {
 }
 
 impl Conn {
-    /// Connects, then asks the server whether it may evict lock keys (see [`crate::EvictionCheck`]).
+    /// Connects as `config` says (a single node, the primary behind Sentinels, or a Cluster).
     pub(crate) async fn connect(config: &RedisConfig, push: PushHandler) -> Result<Self> {
-        let conn = Self::connect_only(config, push).await?;
-        crate::eviction::check(&conn, config.eviction_check, config.command_timeout).await?;
-        Ok(conn)
-    }
-
-    async fn connect_only(config: &RedisConfig, push: PushHandler) -> Result<Self> {
         #[cfg(feature = "tls-rustls")]
         if config.tls {
             install_crypto_provider();

@@ -7,54 +7,12 @@
 //! that silent hazard into a warning, or a refusal for deployments that want one.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::str::FromStr;
 
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
-use crate::conn::Conn;
-
-/// What [`RedisLock::connect`](crate::RedisLock::connect) does when the server may evict lock keys
-/// (option `eviction_check`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum EvictionCheck {
-    /// Log a warning and go on (the default: many managed Redis services default to
-    /// `volatile-lru`, and refusing would make dlock unusable there without a word of why).
-    #[default]
-    Warn,
-    /// Fail the connect with [`LockError::Config`].
-    Refuse,
-    /// Do not ask (for servers that deny `CONFIG GET`, or a policy known to be safe).
-    Off,
-}
-
-impl FromStr for EvictionCheck {
-    type Err = LockError;
-
-    fn from_str(value: &str) -> Result<Self> {
-        match value {
-            "warn" => Ok(Self::Warn),
-            "refuse" => Ok(Self::Refuse),
-            "off" => Ok(Self::Off),
-            other => Err(dlock_api::raw::config::config_error(
-                BACKEND,
-                format!("option `eviction_check` takes warn, refuse or off, not `{other}`"),
-            )),
-        }
-    }
-}
-
-impl fmt::Display for EvictionCheck {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Warn => "warn",
-            Self::Refuse => "refuse",
-            Self::Off => "off",
-        })
-    }
-}
+use crate::config::{EvictionCheck, RedisConfig};
+use crate::conn::{Conn, PushHandler};
 
 /// Why the server's settings let it evict lock keys, or `None` when they do not.
 fn eviction_hazard(settings: &HashMap<String, String>) -> Option<String> {
@@ -66,6 +24,14 @@ fn eviction_hazard(settings: &HashMap<String, String>) -> Option<String> {
              (set maxmemory-policy noeviction, or maxmemory 0)"
         )
     })
+}
+
+/// Connects as `config` says, then asks the server whether it may evict lock keys and acts on
+/// `config.eviction_check`: every connection a lock or a node makes goes through here.
+pub(crate) async fn connect_checked(config: &RedisConfig, push: PushHandler) -> Result<Conn> {
+    let conn = Conn::connect(config, push).await?;
+    check(&conn, config.eviction_check, config.command_timeout).await?;
+    Ok(conn)
 }
 
 /// Asks the server (in a Cluster, whichever node the driver picks) for its memory limit and

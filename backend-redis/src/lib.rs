@@ -181,8 +181,7 @@ pub mod node;
 mod scripts;
 mod wake;
 
-pub use config::{RedisConfig, Topology};
-pub use eviction::EvictionCheck;
+pub use config::{EvictionCheck, RedisConfig, Topology};
 pub use keys::LockKeys;
 pub use lock::RedisLock;
 

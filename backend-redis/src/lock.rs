@@ -15,7 +15,6 @@ use tokio::time::{Instant, sleep_until};
 use crate::BACKEND;
 use crate::client::Inner;
 use crate::config::RedisConfig;
-use crate::conn::Conn;
 use crate::keys::LockKeys;
 use crate::lease::RedisLease;
 use crate::scripts::Scripts;
@@ -50,7 +49,7 @@ impl RedisLock {
     /// [`LockError::Config`](dlock_api::LockError::Config) if the Sentinels do not know the master.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let hub = Arc::new(Wakeups::default());
-        let conn = Conn::connect(&config, Wakeups::handler(&hub)).await?;
+        let conn = crate::eviction::connect_checked(&config, Wakeups::handler(&hub)).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,

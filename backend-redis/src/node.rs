@@ -293,7 +293,7 @@ impl Node {
             PushKind::Disconnection => events(NodeEvent::Disconnected),
             _ => {}
         });
-        let conn = Conn::connect(&config, push).await?;
+        let conn = crate::eviction::connect_checked(&config, push).await?;
         Ok(Self {
             config,
             conn,
