@@ -66,19 +66,19 @@ pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
 /// leases the cut-off worker keeps the lock until its connection closes; nothing unsafe may
 /// happen either way.
 pub async fn late_release_after_a_partition_spares_the_next_holder(ctx: Ctx) -> CaseResult {
-    let (target, proxy) = proxied(&ctx).await?;
-    let run = Run::start(&ctx).await?;
-    let names = [ctx.name("lock")];
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
-    let mut cut_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl * 3);
-    cut_spec.announce = true;
-    let mut cut = run.spawn_via(&cut_spec, &*(target.reach_at)(&proxy.addrs()))?;
-    holding(&ctx, &mut cut).await?;
+    let (case, cut) = proxied_holder(&ctx, ttl * 3).await?;
+    let ProxiedCase {
+        target,
+        proxy,
+        run,
+        names,
+    } = &case;
     proxy.set_mode(dlock_test_servers::ProxyMode::Blackhole);
     run.log(crate::history::Edge::Start, "blackhole worker 1's link");
     // The next holder keeps the lock well past the cut-off worker's release.
-    let mut next_spec = run.spec(2, &names, 1, ttl, ttl * 4 + timing.bound, ttl * 4);
+    let mut next_spec = run.spec(2, names, 1, ttl, ttl * 4 + timing.bound, ttl * 4);
     next_spec.announce = true;
     let mut next = run.spawn_via(&next_spec, &*target.harness)?;
     let next_holds = tokio::time::timeout(ttl * 2, holding(&ctx, &mut next)).await;
@@ -90,16 +90,13 @@ pub async fn late_release_after_a_partition_spares_the_next_holder(ctx: Ctx) -> 
         crate::history::Edge::Stop,
         "heal worker 1's link (its connections reset)",
     );
-    let third_spec = run.spec(3, &names, 1, ttl, ttl * 8 + timing.bound, THINK);
+    let third_spec = run.spec(3, names, 1, ttl, ttl * 8 + timing.bound, THINK);
     let third = run.spawn_via(&third_spec, &*target.harness)?;
     ctx.within("the cut-off worker's late write and release", cut.finish())
         .await??;
     if next_holds.is_err() {
         holding(&ctx, &mut next).await?;
     }
-    ctx.within("the next holder", next.finish()).await??;
-    ctx.within("the third worker", third.finish()).await??;
-    let residue = ctx.settled_residue_on(&*target.harness, &names).await?;
     let expect = Expect {
         // The cut-off worker writes before the next holder's first write (which comes after a
         // long think, so that the late release lands during that hold): the register has seen
@@ -109,13 +106,7 @@ pub async fn late_release_after_a_partition_spares_the_next_holder(ctx: Ctx) -> 
         lost_updates: Count::Any,
         ..SURVIVED
     };
-    let report = verify(&run, &expect, &run.input(residue)?)?;
-    ensure!(
-        report.liveness.granted == 3,
-        "expected each of the three workers to hold the lock once: {report}"
-    );
-    run.discard();
-    Ok(())
+    each_held_once(&ctx, case, [next, third], &expect).await
 }
 
 /// **A slow link, and a jittery one**: one worker reaches the server through a fault proxy that
@@ -267,15 +258,15 @@ pub async fn lost_acquire_reply_leaves_nothing(ctx: Ctx) -> CaseResult {
 /// retry must never release that newer hold: a third worker waits for the lock meanwhile, and
 /// would be let in early (an overlap the checker sees) if the newer hold were deleted.
 pub async fn lost_release_reply_spares_the_next_holder(ctx: Ctx) -> CaseResult {
-    let (target, proxy) = proxied(&ctx).await?;
-    let run = Run::start(&ctx).await?;
-    let names = [ctx.name("lock")];
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
-    let mut linked_spec = run.spec(1, &names, 1, ttl, timing.bound, THINK * 10);
-    linked_spec.announce = true;
-    let mut linked = run.spawn_via(&linked_spec, &*(target.reach_at)(&proxy.addrs()))?;
-    holding(&ctx, &mut linked).await?;
+    let (case, linked) = proxied_holder(&ctx, THINK * 10).await?;
+    let ProxiedCase {
+        target,
+        proxy,
+        run,
+        names,
+    } = &case;
     // It thinks for a while yet, then writes (the register is reached directly) and releases.
     proxy.set_mode(dlock_test_servers::ProxyMode::DropReplies);
     run.log(
@@ -283,26 +274,17 @@ pub async fn lost_release_reply_spares_the_next_holder(ctx: Ctx) -> CaseResult {
         "drop the replies on worker 1's link, before its release",
     );
     // The next holder keeps the lock (renewing it) long enough for any retry to land.
-    let mut next_spec = run.spec(2, &names, 1, ttl, ttl * 4 + timing.bound, ttl * 2);
+    let mut next_spec = run.spec(2, names, 1, ttl, ttl * 4 + timing.bound, ttl * 2);
     next_spec.announce = true;
     let mut next = run.spawn_via(&next_spec, &*target.harness)?;
     holding(&ctx, &mut next).await?;
-    let third_spec = run.spec(3, &names, 1, ttl, ttl * 4 + timing.bound, THINK);
+    let third_spec = run.spec(3, names, 1, ttl, ttl * 4 + timing.bound, THINK);
     let third = run.spawn_via(&third_spec, &*target.harness)?;
     ctx.within("the worker whose release reply is lost", linked.finish())
         .await??;
     proxy.heal();
     run.log(crate::history::Edge::Stop, "heal worker 1's link");
-    ctx.within("the next holder", next.finish()).await??;
-    ctx.within("the third worker", third.finish()).await??;
-    let residue = ctx.settled_residue_on(&*target.harness, &names).await?;
-    let report = verify(&run, &SURVIVED, &run.input(residue)?)?;
-    ensure!(
-        report.liveness.granted == 3,
-        "expected each of the three workers to hold the lock once: {report}"
-    );
-    run.discard();
-    Ok(())
+    each_held_once(&ctx, case, [next, third], &SURVIVED).await
 }
 
 /// **A reply held back past most of the lease** (the network delays the grant): the server
@@ -346,5 +328,59 @@ pub async fn delayed_grant_counts_from_the_request(ctx: Ctx) -> CaseResult {
     let residue = ctx.settled_residue_on(&*target.harness, &names).await?;
     verify(&run, &SURVIVED, &run.input(residue)?)?;
     run.discard();
+    Ok(())
+}
+
+/// A link case's deployment behind its fault proxies, its run and its one name.
+struct ProxiedCase {
+    target: crate::ProxyTarget,
+    proxy: Link,
+    run: Run,
+    names: [LockName; 1],
+}
+
+/// Worker 1, reaching the server through fault proxies, once it holds the lock (it thinks for
+/// `think` before its write).
+async fn proxied_holder(
+    ctx: &Ctx,
+    think: Duration,
+) -> Result<(ProxiedCase, WorkerProcess), Failure> {
+    let (target, proxy) = proxied(ctx).await?;
+    let run = Run::start(ctx).await?;
+    let names = [ctx.name("lock")];
+    let timing = ctx.timing();
+    let mut spec = run.spec(1, &names, 1, timing.short_ttl, timing.bound, think);
+    spec.announce = true;
+    let mut holder = run.spawn_via(&spec, &*(target.reach_at)(&proxy.addrs()))?;
+    holding(ctx, &mut holder).await?;
+    let case = ProxiedCase {
+        target,
+        proxy,
+        run,
+        names,
+    };
+    Ok((case, holder))
+}
+
+/// The end of a case whose first worker has finished: the other `workers` finish, nothing is
+/// left on the server, the history passes `expect`, and each of the three held the lock once.
+async fn each_held_once(
+    ctx: &Ctx,
+    case: ProxiedCase,
+    workers: [WorkerProcess; 2],
+    expect: &Expect,
+) -> CaseResult {
+    let [next, third] = workers;
+    ctx.within("the next holder", next.finish()).await??;
+    ctx.within("the third worker", third.finish()).await??;
+    let residue = ctx
+        .settled_residue_on(&*case.target.harness, &case.names)
+        .await?;
+    let report = verify(&case.run, expect, &case.run.input(residue)?)?;
+    ensure!(
+        report.liveness.granted == 3,
+        "expected each of the three workers to hold the lock once: {report}"
+    );
+    case.run.discard();
     Ok(())
 }
