@@ -10,7 +10,7 @@ use crate::control::process_control;
 use crate::error::{Result, ServerError};
 use crate::ports::free_port;
 use crate::process::{Launch, Proc, find_program, temp_dir};
-use crate::redis::make_certificates;
+use crate::tls::make_certificates;
 
 const KIND: &str = "etcd";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -120,7 +120,7 @@ impl Etcd {
         let member = Member::new("solo".to_owned())?;
         let cluster = member.initial_cluster_entry();
         let dir = temp_dir(KIND)?;
-        make_certificates(dir.path())?;
+        make_certificates(KIND, dir.path())?;
         let tls = Tls {
             port: free_port().map_err(ServerError::io(KIND, "cannot find a free port"))?,
             dir,

@@ -110,6 +110,7 @@ mod proxy;
 mod redis;
 mod resp;
 mod shared;
+mod tls;
 mod zookeeper;
 
 pub use control::ServerProcess;

@@ -11,7 +11,7 @@ use crate::control::process_control;
 use crate::error::{INSTALL_HINT, Result, ServerError};
 use crate::ports::free_port;
 use crate::process::{Launch, Proc, find_program, temp_dir};
-use crate::redis::make_certificates;
+use crate::tls::make_certificates;
 
 const KIND: &str = "zookeeper";
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -160,7 +160,7 @@ impl ZooKeeper {
             max = ZOOKEEPER_MAX_SESSION_TIMEOUT.as_millis(),
         );
         if let Some(port) = secure {
-            make_certificates(dir.path())?;
+            make_certificates(KIND, dir.path())?;
             // A PEM key store is the key and its certificate in one file.
             let key = fs::read_to_string(dir.path().join("server.key"))
                 .map_err(ServerError::io(KIND, "cannot read server.key"))?;
