@@ -1,8 +1,9 @@
-//! etcd-specific faults: a revoked lease, two tasks of one client on one name, a partition past
-//! the lease, the leader killed while a lock is held, compaction and defragmentation while
-//! waiters wait, a waiter giving up between the holder and the next, a waiter's key revoked
-//! just before the release. Each test that harms a server starts its own. Tests wait on events with
-//! generous bounds and never assert speed.
+//! etcd-specific faults: two tasks of one client on one name, a partition past the lease, the
+//! leader killed while a lock is held, compaction and defragmentation while waiters wait, a
+//! waiter giving up between the holder and the next, a waiter's key revoked just before the
+//! release. Each test that harms a server starts its own. Tests wait on events with generous
+//! bounds and never assert speed. A holder's lease revoked with a waiter queued is the
+//! conformance suite's killed-holder case (the harness kills a holder by revoking its lease).
 
 mod common;
 
@@ -10,10 +11,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, LostReason};
+use dlock_api::{
+    DistributedLock, LockError, LockGuard, LockName, LockOptions, LockStatus, LostReason,
+};
 use dlock_conformance::wait_for;
 use dlock_etcd::EtcdLock;
 use dlock_test_servers::{Etcd, EtcdCluster, FaultProxy, ProxyMode};
+use etcd_client::{Client, CompactionOptions, KeyValue};
+use tokio::task::JoinHandle;
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -35,38 +40,36 @@ async fn until(what: &str, check: impl FnMut() -> bool) {
     wait_for::until(BOUND, what, check).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_revoked_from_another_client_loses_the_guard_and_moves_the_waiter_up() {
-    let etcd = dlock_test_servers::shared_etcd();
-    let url = common::etcd_url(&etcd.endpoints());
-    let (a, b) = (
-        EtcdLock::connect_url(&url).await.unwrap(),
-        EtcdLock::connect_url(&url).await.unwrap(),
-    );
-    let name = name("revoked");
-    let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { b.acquire(&name, &wait()).await }
-    });
-    common::revoke_holder(&url, &name).await.unwrap();
-    let reason = within("the revoked holder's lost signal", guard.lost()).await;
-    assert_eq!(reason, LostReason::SessionExpired);
-    let next = within("the waiter", waiter).await.unwrap().unwrap();
-    assert!(next.fencing_token() > guard.fencing_token());
-    assert!(guard.release().await.is_err());
-    // The revoked holder's client takes locks again on a new lease.
-    assert!(
-        a.try_acquire(&name, &LockOptions::new())
-            .await
-            .unwrap()
-            .is_none()
-    );
-    next.release().await.unwrap();
-    a.acquire(&name, &wait())
-        .await
-        .unwrap()
-        .release()
+/// `client`'s acquire of `name` (waiting within this file's bound) on a task of its own.
+fn spawn_acquire(client: &EtcdLock, name: &LockName) -> JoinHandle<dlock_api::Result<LockGuard>> {
+    let (client, name) = (client.clone(), name.clone());
+    tokio::spawn(async move { client.acquire(&name, &wait()).await })
+}
+
+/// Waits until `name` has `count` keys or more (its holder's and its waiters'), and returns them
+/// oldest first.
+async fn until_keys(raw: &mut Client, url: &str, name: &LockName, count: usize) -> Vec<KeyValue> {
+    within(&format!("{count} keys under the name"), async {
+        loop {
+            let keys = common::queue_keys(raw, url, name).await.unwrap();
+            if keys.len() >= count {
+                break keys;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// Moves the revision on with puts under `filler`, then compacts the whole history before it,
+/// physically: every watch started from an earlier revision is answered "compacted".
+async fn compact_history(raw: &mut Client, filler: &str) {
+    let mut revision = 0;
+    for i in 0..20 {
+        let put = raw.put(format!("{filler}/{i}"), "x", None).await.unwrap();
+        revision = put.header().map_or(0, |h| h.revision());
+    }
+    raw.compact(revision, Some(CompactionOptions::new().with_physical()))
         .await
         .unwrap();
 }
@@ -87,31 +90,9 @@ async fn lost_watch_events_are_caught_by_the_fallback_rereads() {
     b.lose_watch_deletions(true);
     let name = name("lost-events");
     let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { b.acquire(&name, &wait()).await }
-    });
+    let waiter = spawn_acquire(&b, &name);
     let mut raw = common::raw_client(&url).await.unwrap();
-    let range = common::name_range(&url, &name);
-    let holder_key = within("the waiter to queue", async {
-        loop {
-            let found = raw
-                .get(
-                    range.as_str(),
-                    Some(etcd_client::GetOptions::new().with_prefix().with_sort(
-                        etcd_client::SortTarget::Create,
-                        etcd_client::SortOrder::Ascend,
-                    )),
-                )
-                .await
-                .unwrap();
-            if found.kvs().len() >= 2 {
-                break found.kvs()[0].key().to_vec();
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let holder_key = until_keys(&mut raw, &url, &name, 2).await[0].key().to_vec();
     // An operator deletes the holder's key: only that key, its lease lives on.
     raw.delete(holder_key, None).await.unwrap();
     let reason = within("the holder's lost signal without an event", guard.lost()).await;
@@ -126,27 +107,9 @@ async fn lost_watch_events_are_caught_by_the_fallback_rereads() {
 }
 
 /// The oldest key under `name` (its holder's): key, lease, create revision.
-async fn holder_key(
-    raw: &mut etcd_client::Client,
-    url: &str,
-    name: &LockName,
-) -> (Vec<u8>, i64, i64) {
-    let found = raw
-        .get(
-            common::name_range(url, name),
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_sort(
-                        etcd_client::SortTarget::Create,
-                        etcd_client::SortOrder::Ascend,
-                    )
-                    .with_limit(1),
-            ),
-        )
-        .await
-        .unwrap();
-    let kv = &found.kvs()[0];
+async fn holder_key(raw: &mut Client, url: &str, name: &LockName) -> (Vec<u8>, i64, i64) {
+    let queue = common::queue_keys(raw, url, name).await.unwrap();
+    let kv = &queue[0];
     (kv.key().to_vec(), kv.lease(), kv.create_revision())
 }
 
@@ -195,30 +158,8 @@ async fn extend_to_another_ttl_class_moves_the_key_and_the_guard_follows_its_new
         "the moved guard followed its old lease: {:?}",
         guard.status()
     );
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { b.acquire(&name, &wait()).await }
-    });
-    let range = common::name_range(&url, &name);
-    within("the waiter to queue", async {
-        while raw
-            .get(
-                range.as_str(),
-                Some(
-                    etcd_client::GetOptions::new()
-                        .with_prefix()
-                        .with_count_only(),
-                ),
-            )
-            .await
-            .unwrap()
-            .count()
-            < 2
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let waiter = spawn_acquire(&b, &name);
+    until_keys(&mut raw, &url, &name, 2).await;
     // The 10 s lease ends: now the moved guard is lost, and its waiter moves up.
     raw.lease_revoke(new_lease).await.unwrap();
     let reason = within("the moved guard to be lost", guard.lost()).await;
@@ -388,42 +329,8 @@ async fn compaction_and_defragmentation_strand_no_waiter() {
     let mut raw = common::raw_client(&url).await.unwrap();
     // Wait until all three are queued (four keys under the name), then move the revision on and
     // compact everything before it, physically, and defragment.
-    let range = common::name_range(&url, &name);
-    within("three queued waiters", async {
-        loop {
-            let found = raw
-                .get(
-                    range.as_str(),
-                    Some(
-                        etcd_client::GetOptions::new()
-                            .with_prefix()
-                            .with_count_only(),
-                    ),
-                )
-                .await
-                .unwrap()
-                .count();
-            if found >= 4 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    let mut revision = 0;
-    for i in 0..20 {
-        let put = raw
-            .put(format!("dlock-faults-filler/{i}"), "x", None)
-            .await
-            .unwrap();
-        revision = put.header().map_or(0, |h| h.revision());
-    }
-    raw.compact(
-        revision,
-        Some(etcd_client::CompactionOptions::new().with_physical()),
-    )
-    .await
-    .unwrap();
+    until_keys(&mut raw, &url, &name, 4).await;
+    compact_history(&mut raw, "dlock-faults-filler").await;
     raw.defragment().await.unwrap();
     let first = guard.fencing_token();
     guard.release().await.unwrap();
@@ -470,48 +377,14 @@ async fn waiters_cut_off_through_a_release_and_a_compaction_are_not_stranded() {
         }));
     }
     let mut raw = common::raw_client(&url).await.unwrap();
-    let range = common::name_range(&url, &name);
-    within("three queued waiters", async {
-        loop {
-            let found = raw
-                .get(
-                    range.as_str(),
-                    Some(
-                        etcd_client::GetOptions::new()
-                            .with_prefix()
-                            .with_count_only(),
-                    ),
-                )
-                .await
-                .unwrap()
-                .count();
-            if found >= 4 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    until_keys(&mut raw, &url, &name, 4).await;
     // Cut the waiters off, and close their connections so that their watch streams must be
     // opened again, and every watch re-created from where it was.
     proxy.set_mode(ProxyMode::Blackhole);
     proxy.reset();
     let first = guard.fencing_token();
     guard.release().await.unwrap();
-    let mut revision = 0;
-    for i in 0..20 {
-        let put = raw
-            .put(format!("dlock-faults-filler/cut/{i}"), "x", None)
-            .await
-            .unwrap();
-        revision = put.header().map_or(0, |h| h.revision());
-    }
-    raw.compact(
-        revision,
-        Some(etcd_client::CompactionOptions::new().with_physical()),
-    )
-    .await
-    .unwrap();
+    compact_history(&mut raw, "dlock-faults-filler/cut").await;
     proxy.heal();
     for waiter in waiters {
         within("a cut-off waiter after the compaction", waiter)
@@ -671,7 +544,6 @@ async fn a_waiter_ahead_giving_up_does_not_pass_the_lock_while_it_is_held() {
 /// order, and reports the loss instead of taking the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_key_goes_just_before_the_release_does_not_take_the_lock() {
-    use etcd_client::{GetOptions, SortOrder, SortTarget};
     let etcd = dlock_test_servers::shared_etcd();
     let url = common::etcd_url(&etcd.endpoints());
     let (a, b) = (
@@ -680,31 +552,9 @@ async fn a_waiter_whose_key_goes_just_before_the_release_does_not_take_the_lock(
     );
     let name = name("waiter-key-revoked");
     let holder = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { b.acquire(&name, &wait()).await }
-    });
+    let waiter = spawn_acquire(&b, &name);
     let mut raw = common::raw_client(&url).await.unwrap();
-    let waiter_lease = within("the waiter's key", async {
-        loop {
-            let queue = raw
-                .get(
-                    common::name_range(&url, &name),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Ascend),
-                    ),
-                )
-                .await
-                .unwrap();
-            if let Some(kv) = queue.kvs().get(1) {
-                break kv.lease();
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
+    let waiter_lease = until_keys(&mut raw, &url, &name, 2).await[1].lease();
     raw.lease_revoke(waiter_lease).await.unwrap();
     holder.release().await.unwrap();
     let result = within("the waiter's answer", waiter).await.unwrap();

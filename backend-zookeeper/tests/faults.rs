@@ -1,19 +1,23 @@
-//! ZooKeeper-specific faults: the server down for less and for more than the session timeout, a
-//! forced session expiry, an ensemble member killed while a lock is held, a partition past the
+//! ZooKeeper-specific faults: the server down for less and for more than the session timeout, an
+//! ensemble member killed while a lock is held, a partition past the
 //! session, a create whose reply is lost, a queued waiter killed, a pending acquire cancelled
 //! mid-create, a held node deleted by someone else, a connect whose first pass over the hosts
 //! is refused. Each test that harms a server starts its own, and they run one at a time (the
 //! servers are JVMs on a small machine). Tests wait on events with generous bounds and never
-//! assert speed.
+//! assert speed. A forced session expiry, with a waiter queued, is the conformance suite's
+//! killed-holder case (the harness kills a holder by expiring its session).
 
 mod common;
 
 use std::time::Duration;
 
-use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, LostReason};
+use dlock_api::{
+    DistributedLock, LockError, LockGuard, LockName, LockOptions, LockStatus, LostReason,
+};
 use dlock_conformance::wait_for;
 use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper, ZooKeeperEnsemble};
 use dlock_zookeeper::{ZkConfig, ZkLock};
+use tokio::task::JoinHandle;
 
 const BOUND: Duration = Duration::from_secs(45);
 
@@ -60,6 +64,31 @@ async fn queue(hosts: &str, name: &LockName) -> Vec<(String, i64)> {
     let client = common::raw_client(hosts).await.unwrap();
     let config = ZkConfig::from_url(&format!("zk://{hosts}")).unwrap();
     common::queue_of(&client, &config, name).await.unwrap()
+}
+
+/// Waits until the queue under `name` is as `done` wants it, and returns it.
+async fn until_queue(
+    what: &str,
+    hosts: &str,
+    name: &LockName,
+    done: impl Fn(&[(String, i64)]) -> bool + Send + Sync,
+) -> Vec<(String, i64)> {
+    within(what, async {
+        loop {
+            let queue = queue(hosts, name).await;
+            if done(&queue) {
+                break queue;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// `client`'s acquire of `name` (waiting within this file's bound) on a task of its own.
+fn spawn_acquire(client: &ZkLock, name: &LockName) -> JoinHandle<dlock_api::Result<LockGuard>> {
+    let (client, name) = (client.clone(), name.clone());
+    tokio::spawn(async move { client.acquire(&name, &wait()).await })
 }
 
 /// `client` acquires `name` (waiting within this file's bound) and releases it.
@@ -132,47 +161,6 @@ async fn server_down_longer_than_the_session_loses_the_lock_and_the_next_token_i
     // The client whose session expired takes locks again, on a new session.
     next.release().await.unwrap();
     takes_and_releases("the old client on a new session", &holder, &name).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forced_session_expiry_loses_the_guard_and_moves_the_waiter_up() {
-    let zk = dlock_test_servers::shared_zookeeper();
-    let (a, b) = (
-        ZkLock::connect_url(&zk.url()).await.unwrap(),
-        ZkLock::connect_url(&zk.url()).await.unwrap(),
-    );
-    let name = name("forced-expiry");
-    let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { b.acquire(&name, &wait()).await }
-    });
-    let hosts = zk.connect_string();
-    within("the waiter to queue", async {
-        while queue(&hosts, &name).await.len() < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    a.expire_session(None).await.unwrap();
-    let reason = within("the expired holder's lost signal", guard.lost()).await;
-    assert_eq!(reason, LostReason::SessionExpired);
-    let next = within("the waiter", waiter).await.unwrap().unwrap();
-    assert!(next.fencing_token() > guard.fencing_token());
-    assert!(guard.release().await.is_err());
-    assert!(
-        a.try_acquire(&name, &LockOptions::new())
-            .await
-            .unwrap()
-            .is_none()
-    );
-    next.release().await.unwrap();
-    a.acquire(&name, &wait())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,17 +291,10 @@ async fn a_create_whose_reply_is_lost_is_found_again_and_leaves_no_orphan() {
     let direct = ZkLock::connect_url(&zk.url()).await.unwrap();
     let holder = direct.acquire(&name, &LockOptions::new()).await.unwrap();
     proxy.set_mode(ProxyMode::DropReplies);
-    let acquire = tokio::spawn({
-        let (client, name) = (client.clone(), name.clone());
-        async move { client.acquire(&name, &wait()).await }
-    });
+    let acquire = spawn_acquire(&client, &name);
     let session = client.session_id().unwrap();
-    let mut created = Vec::new();
-    within("the create to reach the server", async {
-        while created.len() < 2 {
-            created = queue(&hosts, &name).await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let created = until_queue("the create to reach the server", &hosts, &name, |q| {
+        q.len() >= 2
     })
     .await;
     assert_eq!(created[1].1, session);
@@ -339,12 +320,7 @@ async fn a_create_whose_reply_is_lost_is_found_again_and_leaves_no_orphan() {
 }
 
 async fn until_empty(hosts: &str, name: &LockName) {
-    within("the name's queue to empty", async {
-        while !queue(hosts, name).await.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    until_queue("the name's queue to empty", hosts, name, <[_]>::is_empty).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,24 +335,17 @@ async fn a_pending_acquire_cancelled_mid_create_leaves_no_orphan() {
     let direct = ZkLock::connect_url(&zk.url()).await.unwrap();
     let holder = direct.acquire(&name, &LockOptions::new()).await.unwrap();
     proxy.set_mode(ProxyMode::HoldReplies);
-    let acquire = tokio::spawn({
-        let (client, name) = (client.clone(), name.clone());
-        async move { client.acquire(&name, &wait()).await }
-    });
-    within("the create to reach the server", async {
-        while queue(&hosts, &name).await.len() < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let acquire = spawn_acquire(&client, &name);
+    until_queue("the create to reach the server", &hosts, &name, |q| {
+        q.len() >= 2
     })
     .await;
     // Cancelled while the create's reply is on its way.
     acquire.abort();
     assert!(acquire.await.unwrap_err().is_cancelled());
     proxy.heal();
-    within("the cancelled acquire's node to go", async {
-        while queue(&hosts, &name).await.len() > 1 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    until_queue("the cancelled acquire's node to go", &hosts, &name, |q| {
+        q.len() <= 1
     })
     .await;
     holder.release().await.unwrap();
@@ -398,46 +367,19 @@ async fn a_queued_waiter_killed_lets_its_successor_move_up() {
     let name = name("waiter-killed");
     let hosts = zk.connect_string();
     let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    let b_waits = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { b.acquire(&name, &wait()).await }
-    });
-    within("b to queue", async {
-        while queue(&hosts, &name).await.len() < 2 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    let c_waits = tokio::spawn({
-        let (c, name) = (c.clone(), name.clone());
-        async move { c.acquire(&name, &wait()).await }
-    });
-    within("c to queue", async {
-        while queue(&hosts, &name).await.len() < 3 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let b_waits = spawn_acquire(&b, &name);
+    until_queue("b to queue", &hosts, &name, |q| q.len() >= 2).await;
+    let c_waits = spawn_acquire(&c, &name);
+    until_queue("c to queue", &hosts, &name, |q| q.len() >= 3).await;
     let b_session = b.session_id().unwrap();
     // b's session ends on the server: its node goes, and c now waits for a.
     b.expire_session(None).await.unwrap();
-    within("b's node to go", async {
-        while queue(&hosts, &name)
-            .await
-            .iter()
-            .any(|(_, owner)| *owner == b_session)
-        {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    until_queue("b's node to go", &hosts, &name, |q| {
+        q.iter().all(|(_, owner)| *owner != b_session)
     })
     .await;
     // b queues again on a new session, behind c.
-    within("b to queue again", async {
-        while queue(&hosts, &name).await.len() < 3 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    until_queue("b to queue again", &hosts, &name, |q| q.len() >= 3).await;
     guard.release().await.unwrap();
     let c_guard = within("c after a's release", c_waits)
         .await
@@ -464,18 +406,8 @@ async fn a_held_node_deleted_by_someone_else_loses_the_guard_at_once() {
     let name = name("node-deleted");
     let hosts = zk.connect_string();
     let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { b.acquire(&name, &wait()).await }
-    });
-    let mut nodes = Vec::new();
-    within("the waiter to queue", async {
-        while nodes.len() < 2 {
-            nodes = queue(&hosts, &name).await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let waiter = spawn_acquire(&b, &name);
+    let nodes = until_queue("the waiter to queue", &hosts, &name, |q| q.len() >= 2).await;
     let session = a.session_id().unwrap();
     assert_eq!(nodes[0].1, session);
     // An operator deletes the holder's node with a client of their own; the holder's session

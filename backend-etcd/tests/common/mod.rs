@@ -203,23 +203,31 @@ impl Faults for EtcdHarness {
     }
 }
 
-/// Revokes the lease of `name`'s holder; returns the lease id.
-pub async fn revoke_holder(url: &str, name: &LockName) -> std::result::Result<i64, String> {
-    let mut client = raw_client(url).await?;
-    let first = client
+/// The keys under `name`, oldest first: its holder's, then its waiters' in queue order.
+pub async fn queue_keys(
+    client: &mut Client,
+    url: &str,
+    name: &LockName,
+) -> std::result::Result<Vec<etcd_client::KeyValue>, String> {
+    let found = client
         .get(
             name_range(url, name),
             Some(
                 GetOptions::new()
                     .with_prefix()
-                    .with_sort(SortTarget::Create, SortOrder::Ascend)
-                    .with_limit(1),
+                    .with_sort(SortTarget::Create, SortOrder::Ascend),
             ),
         )
         .await
         .map_err(text)?;
-    let holder = first
-        .kvs()
+    Ok(found.kvs().to_vec())
+}
+
+/// Revokes the lease of `name`'s holder; returns the lease id.
+pub async fn revoke_holder(url: &str, name: &LockName) -> std::result::Result<i64, String> {
+    let mut client = raw_client(url).await?;
+    let queue = queue_keys(&mut client, url, name).await?;
+    let holder = queue
         .first()
         .ok_or_else(|| format!("{name} has no holder"))?;
     let lease = holder.lease();

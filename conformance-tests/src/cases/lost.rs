@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use dlock_api::{DistributedLockExt, LockError, LockOptions, LockStatus, LostReason, Renewal};
+use dlock_api::{
+    DistributedLockExt, LeaseKind, LockError, LockOptions, LockStatus, LostReason, Renewal,
+};
 
 use crate::{CaseResult, Ctx, Failure, ensure};
 
@@ -68,6 +70,72 @@ pub async fn fires_when_holder_killed(ctx: Ctx) -> CaseResult {
         "the killed holder's release freed the new holder's lock"
     );
     next.release().await?;
+    Ok(())
+}
+
+/// Killing the holder server-side while another client waits passes the lock to the waiter,
+/// with a higher token; the killed holder's release fails, and its client takes locks again once
+/// the waiter is done (a new connection, lease or session, as its backend has them).
+///
+/// A hold that is only a key with a TTL can be killed without anyone announcing it (a `DEL` by
+/// an operator): a waiter then learns of it when the lease it saw would have ended, at the
+/// latest (as a Redisson waiter does), so the holder here takes the short TTL, renewed.
+pub async fn killed_holder_passes_the_lock_to_its_waiter(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let hold = match a.capabilities() {
+        caps if caps.lease == LeaseKind::Ttl => LockOptions::new()
+            .with_ttl(ctx.timing().short_ttl.max(caps.min_ttl.unwrap_or_default())),
+        _ => LockOptions::new(),
+    };
+    let guard = a.acquire(&name, &hold).await?;
+    let waiter = tokio::spawn({
+        let (b, name, wait) = (b.clone(), name.clone(), wait.clone());
+        async move { b.acquire(&name, &wait).await }
+    });
+    if a.capabilities().inspect {
+        ctx.within("the waiter to queue", async {
+            loop {
+                let seen = a.inspect(&name).await?;
+                if seen.waiters.is_none_or(|n| n >= 1) {
+                    return Ok::<_, LockError>(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await??;
+    }
+    let faults = ctx.require_faults()?;
+    faults.kill_holder(&name).await.map_err(Failure)?;
+    ctx.within("lost after the holder was killed", guard.lost())
+        .await?;
+    let next = ctx
+        .within("the waiter", waiter)
+        .await?
+        .map_err(|e| Failure(format!("the waiter's task: {e}")))??;
+    ensure!(
+        next.fencing_token() > guard.fencing_token(),
+        "the waiter's token {} is not above the killed holder's {}",
+        next.fencing_token(),
+        guard.fencing_token()
+    );
+    ensure!(
+        guard.release().await.is_err(),
+        "release of a killed holder's guard succeeded"
+    );
+    ensure!(
+        a.try_acquire(&name, &LockOptions::new()).await?.is_none(),
+        "the killed holder's client took the waiter's lock"
+    );
+    next.release().await?;
+    ctx.within(
+        "the killed holder's client to lock again",
+        a.acquire(&name, &wait),
+    )
+    .await??
+    .release()
+    .await?;
     Ok(())
 }
 

@@ -143,6 +143,10 @@ static CASES: &[Case] = &[
     case!(renewal::max_hold_time_releases, NONE),
     case!(lost::fires_when_lease_ends_without_renewal, TTL),
     case!(lost::fires_when_holder_killed, KILL_HOLDER),
+    case!(
+        lost::killed_holder_passes_the_lock_to_its_waiter,
+        KILL_HOLDER
+    ),
     case!(lost::with_lock_stops_work_when_lost, TTL),
     case!(lost::with_lock_releases_after_work, NONE),
     case!(lost::suspended_guard_reports_it_and_resumes, SESSION),
