@@ -119,6 +119,7 @@
 
 mod config;
 mod connect;
+mod enqueue;
 mod error;
 mod lease;
 mod lock;

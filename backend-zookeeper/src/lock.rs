@@ -1,26 +1,24 @@
-//! `ZkLock`: the client, its session, and the queue recipe (create and count in one round trip,
-//! the predecessor watch, the re-list before deciding).
+//! `ZkLock`: the client, its session, and the queue recipe: join the queue (see
+//! [`crate::enqueue`]), watch the predecessor, re-list before deciding.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{
-    Detach, Grant, PendingAcquire, RawLock, RenewedBy, SessionStatus, WaitRecovery,
-};
+use dlock_api::raw::{Grant, RawLock, RenewedBy, SessionStatus, WaitRecovery};
 use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
 };
-use tokio::sync::oneshot;
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiWriteResult};
+use zookeeper_client::Error as ZkError;
 
 use crate::BACKEND;
-use crate::config::{NodeAcl, ZkConfig};
+use crate::config::ZkConfig;
+use crate::enqueue::{Ahead, Node, join_queue};
 use crate::error::{Fail, timed};
 use crate::lease::{ZkLease, delete_node};
-use crate::names::{protected_marker, queue};
+use crate::names::queue;
 use crate::session::ZkSession;
 
 /// A distributed lock on ZooKeeper: one ephemeral sequential node per acquire under the name's
@@ -58,29 +56,6 @@ impl fmt::Display for ZkLock {
     }
 }
 
-/// Our node in a name's queue.
-#[derive(Clone, Debug)]
-pub(crate) struct Node {
-    pub(crate) path: String,
-    pub(crate) seq: i64,
-    pub(crate) czxid: i64,
-    pub(crate) version: i32,
-}
-
-impl Node {
-    fn child_name(&self) -> &str {
-        self.path.rsplit('/').next().unwrap_or_default()
-    }
-}
-
-/// What a create attempt left on the server, for the cleanup of a dropped acquire.
-#[derive(Debug)]
-enum Outcome {
-    Created(Node),
-    NotCreated,
-    Unknown,
-}
-
 /// How a wait on one session ended.
 enum Waited {
     Granted(Grant),
@@ -110,251 +85,6 @@ impl Inner {
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
         Ok(session)
     }
-
-    pub(crate) fn acls(&self) -> Acls<'static> {
-        match self.config.acl {
-            NodeAcl::Open => Acls::anyone_all(),
-            NodeAcl::Creator => Acls::creator_all(),
-        }
-    }
-
-    /// Creates the name's node and the prefix above it as containers (the server removes a
-    /// container once its last child is gone, so nothing is left behind and no cleanup races a
-    /// new waiter).
-    async fn make_parents(&self, client: &Client, parent: &str, timeout: Duration) -> Result<()> {
-        let options = CreateMode::Container.with_acls(self.acls());
-        timed(timeout * 2, client.mkdir(parent, &options))
-            .await
-            .map_err(LockError::from)
-    }
-
-    /// Creates our node (`PARENT/MARKER<seq>`) and learns in the same round trip whether it is
-    /// alone: one transaction creates the node and writes the (empty) data of the name's node,
-    /// and the write answers with the name's node's stat after the create, whose child count
-    /// is exact. A lone node holds the lock with no listing at all. A create whose answer is
-    /// lost is looked up by its marker.
-    async fn enqueue(
-        &self,
-        session: &ZkSession,
-        parent: &str,
-        marker: &str,
-    ) -> std::result::Result<(Node, Ahead), (LockError, Outcome)> {
-        let client = session.client().map_err(|e| (e, Outcome::NotCreated))?;
-        let timeout = session.command_timeout;
-        let path = format!("{parent}/{marker}");
-        let options = CreateMode::EphemeralSequential.with_acls(self.acls());
-        let mut counted = true;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let sent = Instant::now();
-            let created = if counted {
-                timed(timeout, create_counted(&client, &path, parent, &options)).await
-            } else {
-                timed(timeout, client.create(&path, &[], &options))
-                    .await
-                    .map(|(stat, sequence)| {
-                        let created = format!("{path}{sequence}");
-                        (created, sequence.into_i64(), stat.czxid, None)
-                    })
-            };
-            let fail = match created {
-                Ok((created, seq, czxid, children)) => {
-                    session.acked(sent);
-                    let node = Node {
-                        path: created,
-                        seq,
-                        czxid,
-                        version: 0,
-                    };
-                    let ahead = match children {
-                        Some(1) => Ahead::Nobody,
-                        _ => Ahead::Unknown,
-                    };
-                    return Ok((node, ahead));
-                }
-                Err(fail) if fail.is(&ZkError::NoNode) && attempt < 5 => {
-                    self.make_parents(&client, parent, timeout)
-                        .await
-                        .map_err(|e| (e, Outcome::NotCreated))?;
-                    continue;
-                }
-                // The name's node was made by someone else, without letting us write to it:
-                // create alone and list.
-                Err(fail) if counted && fail.is(&ZkError::NoAuth) => {
-                    counted = false;
-                    continue;
-                }
-                Err(fail) => fail,
-            };
-            if !fail.outcome_unknown() {
-                return Err((fail.into(), Outcome::NotCreated));
-            }
-            // The create may have been applied: find it by its marker, as ours.
-            return match find_own(&client, session, parent, marker).await {
-                Ok(Some((node, children))) => Ok((node, Ahead::Listed(children))),
-                Ok(None) | Err(_) => Err((fail.into(), Outcome::Unknown)),
-            };
-        }
-    }
-}
-
-/// What the create of our node told about the nodes ahead of it.
-#[derive(Debug)]
-enum Ahead {
-    /// Our node is the name's only child: the lock is ours.
-    Nobody,
-    /// The name's children, listed after our create.
-    Listed(Vec<String>),
-    /// Not known: list.
-    Unknown,
-}
-
-/// Creates an ephemeral sequential node at `path` and, in the same transaction, writes empty
-/// data to `parent`, whose answered stat counts its children just after the create. Gives the
-/// node's path and sequence, its `czxid` (the transaction's zxid, which is also the parent's new
-/// `mzxid`: the create's own stat is not filled in by every server version), and the count.
-/// An operation's failure comes back as that operation's error.
-async fn create_counted(
-    client: &Client,
-    path: &str,
-    parent: &str,
-    options: &zookeeper_client::CreateOptions<'_>,
-) -> std::result::Result<(String, i64, i64, Option<i32>), ZkError> {
-    let mut writer = client.new_multi_writer();
-    writer.add_create(path, &[], options)?;
-    writer.add_set_data(parent, &[], None)?;
-    let results = writer.commit().await.map_err(ZkError::from)?;
-    match results.as_slice() {
-        [
-            MultiWriteResult::Create { path: created, .. },
-            MultiWriteResult::SetData { stat },
-        ] => {
-            let seq = crate::names::sequence(created).ok_or_else(|| {
-                ZkError::UnexpectedError("a sequential create answered without a sequence".into())
-            })?;
-            Ok((created.clone(), seq, stat.mzxid, Some(stat.num_children)))
-        }
-        _ => Err(ZkError::UnexpectedError(
-            "a create-and-count transaction answered out of shape".into(),
-        )),
-    }
-}
-
-/// Looks for the node a create with `marker` may have left: syncs the parent (so the server
-/// answering has seen every write before), lists it, and takes the child with the marker only
-/// if its ephemeral owner is this session (a node of another session with the same marker is
-/// not ours, whatever its name says).
-async fn find_own(
-    client: &Client,
-    session: &ZkSession,
-    parent: &str,
-    marker: &str,
-) -> std::result::Result<Option<(Node, Vec<String>)>, Fail> {
-    let timeout = session.command_timeout;
-    let sync = client.sync(parent);
-    let list = client.list_children(parent);
-    let (_, listed) = tokio::time::timeout(timeout, futures::future::join(sync, list))
-        .await
-        .map_err(|_| Fail::TimedOut(timeout))?;
-    let children = match listed {
-        Ok(children) => children,
-        Err(ZkError::NoNode) => return Ok(None),
-        Err(error) => return Err(Fail::Zk(error)),
-    };
-    let Some(child) = children.iter().find(|c| c.starts_with(marker)) else {
-        return Ok(None);
-    };
-    let path = format!("{parent}/{child}");
-    let Some(stat) = timed(timeout, client.check_stat(&path)).await? else {
-        return Ok(None);
-    };
-    if stat.ephemeral_owner != session.id {
-        return Ok(None);
-    }
-    let Some(seq) = crate::names::sequence(child) else {
-        return Ok(None);
-    };
-    let node = Node {
-        path,
-        seq,
-        czxid: stat.czxid,
-        version: stat.version,
-    };
-    Ok(Some((node, children)))
-}
-
-/// Arms the cleanup of one create attempt: if the acquire is dropped before its grant exists,
-/// our node goes, also when the create's answer was lost. The create runs detached and reports
-/// what it left through the returned sender, and the cleanup waits for that report, so its
-/// delete always follows the create it undoes.
-fn arm(
-    session: &Arc<ZkSession>,
-    parent: &str,
-    marker: &str,
-) -> (PendingAcquire, oneshot::Sender<Outcome>) {
-    let (report, outcome) = oneshot::channel::<Outcome>();
-    let (session, parent, marker) = (session.clone(), parent.to_owned(), marker.to_owned());
-    let pending = PendingAcquire::arm(move || {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        handle.spawn(async move {
-            match outcome.await {
-                Ok(Outcome::NotCreated) => {}
-                Ok(Outcome::Created(node)) => {
-                    let _ = delete_node(&session, &node.path, node.version).await;
-                }
-                Ok(Outcome::Unknown) | Err(_) => {
-                    // The answer was lost: look for the node, and once more a little later in
-                    // case the create lands after the first look.
-                    for round in 0..2 {
-                        if round > 0 {
-                            tokio::time::sleep(session.command_timeout).await;
-                        }
-                        let Ok(client) = session.client() else { return };
-                        if let Ok(Some((node, _))) =
-                            find_own(&client, &session, &parent, &marker).await
-                        {
-                            let _ = delete_node(&session, &node.path, node.version).await;
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-    });
-    (pending, report)
-}
-
-/// Runs [`Inner::enqueue`] detached (it finishes even if the acquire is dropped) and reports
-/// what it left to the armed cleanup.
-async fn enqueue_detached(
-    inner: &Arc<Inner>,
-    session: &Arc<ZkSession>,
-    parent: &str,
-    marker: &str,
-    report: oneshot::Sender<Outcome>,
-) -> std::result::Result<(Node, Ahead), LockError> {
-    let (inner, session, parent, marker) = (
-        inner.clone(),
-        session.clone(),
-        parent.to_owned(),
-        marker.to_owned(),
-    );
-    Detach::new(async move {
-        match inner.enqueue(&session, &parent, &marker).await {
-            Ok((node, ahead)) => {
-                let _ = report.send(Outcome::Created(node.clone()));
-                Ok((node, ahead))
-            }
-            Err((error, outcome)) => {
-                let _ = report.send(outcome);
-                Err(error)
-            }
-        }
-    })
-    .await
 }
 
 impl ZkLock {
@@ -472,10 +202,7 @@ impl ZkLock {
         options: &LockOptions,
     ) -> Result<Waited> {
         let parent = self.inner.config.name_path(name);
-        let marker = protected_marker();
-        let (pending, report) = arm(session, &parent, &marker);
-        let (node, ahead) =
-            enqueue_detached(&self.inner, session, &parent, &marker, report).await?;
+        let (node, ahead, pending) = join_queue(self.inner.config.acl, session, &parent).await?;
         recovery.reached_server();
         let mut listed = match ahead {
             Ahead::Nobody => {
@@ -635,10 +362,7 @@ impl RawLock for ZkLock {
     async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {
         let session = self.inner.session().await?;
         let parent = self.inner.config.name_path(name);
-        let marker = protected_marker();
-        let (pending, report) = arm(&session, &parent, &marker);
-        let (node, ahead) =
-            enqueue_detached(&self.inner, &session, &parent, &marker, report).await?;
+        let (node, ahead, pending) = join_queue(self.inner.config.acl, &session, &parent).await?;
         let children = match ahead {
             Ahead::Nobody => {
                 let grant = self.grant(name, session, node);
