@@ -89,14 +89,16 @@
 //! | H | 0.80–0.81× | 0.92× | |
 //! | I | 0.85–0.90× (four runs) | 0.78–0.85× | 0.90× / 0.83× / 0.51× / 0.51× |
 //! | J | 0.83×, 0.83×, 0.84×; in a spawned task 0.87× (below) | 0.80×, 0.82×, 0.97× | 0.88× / 0.73× / 0.59× / –, 0.82× / 0.89× / 0.54× / – |
+//! | K | 0.94× [0.93–0.94], 0.93× [0.90–0.95] | 0.74×, 0.76× | 1.05× / 0.97× / 0.56× / –, 1.01× / 0.93× / 0.51× / – (52k pairs/s against 102k) |
 //!
 //! The hand-off is faster than the raw notified hand-off because the grant reaches the waiter
 //! in the release's own round trip, where the raw waiters, once woken, still send their
 //! `SET NX`; the polling peers hand a lock off in 27–99 ms, about 100× slower. The uncontended
-//! goal is not met on any of them, for the reasons below. `dlock bench` measures the
-//! uncontended pair on the thread that called `block_on`, where every reply crosses threads and
-//! finds the client's code cold; its "many names, 1 task" row is the same pair in a spawned task,
-//! as a service's handlers run, and reads higher on VMs whose idle vCPUs wake slowly.
+//! goal is not met on any of them, for the reasons below (VM K came within 0.01–0.02 of it).
+//! `dlock bench` measures the uncontended pair on the thread that called `block_on`, where every
+//! reply crosses threads and finds the client's code cold; its "many names, 1 task" row is the
+//! same pair in a spawned task, as a service's handlers run, and reads higher on VMs whose idle
+//! vCPUs wake slowly.
 //!
 //! ### Where the uncontended pair's time goes
 //! It makes the same round trips, system calls and context switches as the raw pair (on VM I,
