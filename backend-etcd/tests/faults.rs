@@ -35,11 +35,6 @@ async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> 
     wait_for::within(BOUND, what, future).await
 }
 
-/// [`wait_for::until`] at this file's bound.
-async fn until(what: &str, check: impl FnMut() -> bool) {
-    wait_for::until(BOUND, what, check).await
-}
-
 /// `client`'s acquire of `name` (waiting within this file's bound) on a task of its own.
 fn spawn_acquire(client: &EtcdLock, name: &LockName) -> JoinHandle<dlock_api::Result<LockGuard>> {
     let (client, name) = (client.clone(), name.clone());
@@ -211,34 +206,8 @@ async fn partition_past_the_lease_suspends_then_loses_and_the_stale_release_spar
     let ttl = LockOptions::new().with_ttl(Duration::from_secs(2));
     let stale = cut_off.acquire(&name, &ttl).await.unwrap();
     proxy.set_mode(ProxyMode::Blackhole);
-    until("the guard to report suspension", || {
-        matches!(stale.status(), LockStatus::Suspended { .. })
-    })
-    .await;
-    let reason = within("the suspended guard to be lost", stale.lost()).await;
-    assert_eq!(reason, LostReason::SessionExpired);
-    let new = within("another client's acquire", direct.acquire(&name, &wait()))
-        .await
-        .unwrap();
-    assert!(new.fencing_token() > stale.fencing_token());
-    proxy.heal();
-    let released = stale.release().await;
-    assert!(
-        matches!(
-            released,
-            Err(LockError::Lost { .. } | LockError::NotHeld { .. })
-        ),
-        "{released:?}"
-    );
-    assert!(
-        direct
-            .try_acquire(&name, &LockOptions::new())
-            .await
-            .unwrap()
-            .is_none(),
-        "the stale release freed the new holder's lock"
-    );
-    new.release().await.unwrap();
+    wait_for::partitioned_holder_spares_the_next(BOUND, stale, || proxy.heal(), &direct, &name)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -87,3 +87,52 @@ where
             .await
     })
 }
+
+/// What follows when `stale`'s client is cut off (a blackholed link, say) past its lease or
+/// session: the guard reports suspension, then its loss (`SessionExpired`); `direct` takes
+/// `name` with a higher token; once `heal` restores the link, the stale release fails (`Lost`
+/// or `NotHeld`) and leaves the new holder's lock alone. Releases the new holder's lock.
+///
+/// # Panics
+/// When any step does not happen within `bound`, or happens otherwise.
+pub async fn partitioned_holder_spares_the_next<L>(
+    bound: Duration,
+    stale: dlock_api::LockGuard,
+    heal: impl FnOnce(),
+    direct: &L,
+    name: &dlock_api::LockName,
+) where
+    L: dlock_api::DistributedLock,
+{
+    use dlock_api::{LockError, LockOptions, LockStatus, LostReason};
+    until(bound, "the cut-off guard to report suspension", || {
+        matches!(stale.status(), LockStatus::Suspended { .. })
+    })
+    .await;
+    let reason = within(bound, "the suspended guard to be lost", stale.lost()).await;
+    assert_eq!(reason, LostReason::SessionExpired);
+    let wait = LockOptions::new().with_wait_timeout(bound);
+    let new = within(
+        bound,
+        "another client's acquire",
+        direct.acquire(name, &wait),
+    )
+    .await
+    .expect("another client's acquire");
+    assert!(new.fencing_token() > stale.fencing_token());
+    heal();
+    let released = stale.release().await;
+    assert!(
+        matches!(
+            released,
+            Err(LockError::Lost { .. } | LockError::NotHeld { .. })
+        ),
+        "the stale release answered {released:?}"
+    );
+    let busy = direct.try_acquire(name, &LockOptions::new()).await;
+    assert!(
+        matches!(busy, Ok(None)),
+        "the stale release freed the new holder's lock: {busy:?}"
+    );
+    new.release().await.expect("the new holder's release");
+}
