@@ -20,9 +20,22 @@ pub trait ServerProcess: Send + Sync {
     fn resume(&self);
 }
 
-/// Implements `pid`, `kill`, `stop`, `restart`, `pause`, `resume`, … on a handle type with a `proc: Proc` field.
+/// Implements `pid`, `kill`, `stop`, `restart`, `pause`, `resume`, … on a handle type with a `proc: Proc` field,
+/// and `Debug` as its address and pid (`process_control!(Type, custom_debug)` leaves `Debug` to the type).
 macro_rules! process_control {
     ($ty:ident) => {
+        process_control!($ty, custom_debug);
+
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    .field("addr", &self.addr())
+                    .field("pid", &self.pid())
+                    .finish()
+            }
+        }
+    };
+    ($ty:ident, custom_debug) => {
         impl $crate::ServerProcess for $ty {
             fn addr(&self) -> std::net::SocketAddr {
                 $ty::addr(self)

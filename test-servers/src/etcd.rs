@@ -1,6 +1,5 @@
 //! etcd 3.4: a single member, and a three-member cluster.
 
-use std::fmt;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -79,15 +78,6 @@ struct Tls {
 }
 
 process_control!(Etcd);
-
-impl fmt::Debug for Etcd {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Etcd")
-            .field("url", &self.url())
-            .field("pid", &self.pid())
-            .finish()
-    }
-}
 
 impl Etcd {
     /// Starts a single-member etcd and waits until it is healthy.

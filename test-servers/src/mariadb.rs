@@ -1,6 +1,5 @@
 //! MariaDB: a private instance (`mariadb-install-db` into a temporary directory, own socket and port).
 
-use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -42,15 +41,6 @@ pub struct MariaDb {
 }
 
 process_control!(MariaDb);
-
-impl fmt::Debug for MariaDb {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MariaDb")
-            .field("addr", &self.addr())
-            .field("pid", &self.pid())
-            .finish()
-    }
-}
 
 impl MariaDb {
     /// Initializes the data directory, starts the server, waits until `select 1` works, and creates database

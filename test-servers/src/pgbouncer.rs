@@ -45,7 +45,7 @@ pub struct PgBouncer {
     mode: PoolMode,
 }
 
-process_control!(PgBouncer);
+process_control!(PgBouncer, custom_debug);
 
 impl fmt::Debug for PgBouncer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

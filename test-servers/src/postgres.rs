@@ -1,6 +1,5 @@
 //! Postgres: a private instance (`initdb` into a temporary directory, own port and socket directory).
 
-use std::fmt;
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -68,15 +67,6 @@ pub struct Postgres {
 }
 
 process_control!(Postgres);
-
-impl fmt::Debug for Postgres {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Postgres")
-            .field("addr", &self.addr())
-            .field("pid", &self.pid())
-            .finish()
-    }
-}
 
 impl Postgres {
     /// Creates the cluster with `initdb` and starts the server; returns once `pg_isready` succeeds.

@@ -1,6 +1,5 @@
 //! ZooKeeper 3.8: a standalone server, and a three-node ensemble.
 
-use std::fmt;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -87,15 +86,6 @@ pub struct ZooKeeper {
 }
 
 process_control!(ZooKeeper);
-
-impl fmt::Debug for ZooKeeper {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ZooKeeper")
-            .field("addr", &self.addr())
-            .field("pid", &self.pid())
-            .finish()
-    }
-}
 
 impl ZooKeeper {
     /// Starts a standalone server and waits until it serves requests.

@@ -10,7 +10,6 @@ pub use cluster::RedisCluster;
 pub use nodes::RedisNodes;
 pub use sentinel::{RedisSentinel, SENTINEL_MASTER_NAME};
 
-use std::fmt;
 use std::fs;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -97,15 +96,6 @@ struct TlsFiles {
 }
 
 process_control!(RedisServer);
-
-impl fmt::Debug for RedisServer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisServer")
-            .field("addr", &self.addr())
-            .field("pid", &self.pid())
-            .finish()
-    }
-}
 
 impl RedisServer {
     /// Starts a single Redis node on a free loopback port and waits until it answers `PING`.
