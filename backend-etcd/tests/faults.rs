@@ -11,14 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock_api::{
-    DistributedLock, LockError, LockGuard, LockName, LockOptions, LockStatus, LostReason,
-};
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, LostReason};
 use dlock_conformance::wait_for;
 use dlock_etcd::EtcdLock;
 use dlock_test_servers::{Etcd, EtcdCluster, FaultProxy, ProxyMode};
 use etcd_client::{Client, CompactionOptions, KeyValue};
-use tokio::task::JoinHandle;
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -33,12 +30,6 @@ fn wait() -> LockOptions {
 /// [`wait_for::within`] at this file's bound.
 async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
     wait_for::within(BOUND, what, future).await
-}
-
-/// `client`'s acquire of `name` (waiting within this file's bound) on a task of its own.
-fn spawn_acquire(client: &EtcdLock, name: &LockName) -> JoinHandle<dlock_api::Result<LockGuard>> {
-    let (client, name) = (client.clone(), name.clone());
-    tokio::spawn(async move { client.acquire(&name, &wait()).await })
 }
 
 /// Waits until `name` has `count` keys or more (its holder's and its waiters'), and returns them
@@ -85,7 +76,7 @@ async fn lost_watch_events_are_caught_by_the_fallback_rereads() {
     b.lose_watch_deletions(true);
     let name = name("lost-events");
     let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    let waiter = spawn_acquire(&b, &name);
+    let waiter = wait_for::spawned_acquire(BOUND, &b, &name);
     let mut raw = common::raw_client(&url).await.unwrap();
     let holder_key = until_keys(&mut raw, &url, &name, 2).await[0].key().to_vec();
     // An operator deletes the holder's key: only that key, its lease lives on.
@@ -153,7 +144,7 @@ async fn extend_to_another_ttl_class_moves_the_key_and_the_guard_follows_its_new
         "the moved guard followed its old lease: {:?}",
         guard.status()
     );
-    let waiter = spawn_acquire(&b, &name);
+    let waiter = wait_for::spawned_acquire(BOUND, &b, &name);
     until_keys(&mut raw, &url, &name, 2).await;
     // The 10 s lease ends: now the moved guard is lost, and its waiter moves up.
     raw.lease_revoke(new_lease).await.unwrap();
@@ -521,7 +512,7 @@ async fn a_waiter_whose_key_goes_just_before_the_release_does_not_take_the_lock(
     );
     let name = name("waiter-key-revoked");
     let holder = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    let waiter = spawn_acquire(&b, &name);
+    let waiter = wait_for::spawned_acquire(BOUND, &b, &name);
     let mut raw = common::raw_client(&url).await.unwrap();
     let waiter_lease = until_keys(&mut raw, &url, &name, 2).await[1].lease();
     raw.lease_revoke(waiter_lease).await.unwrap();

@@ -34,7 +34,7 @@ impl Node {
 
 /// What a create attempt left on the server, for the cleanup of a dropped acquire.
 #[derive(Debug)]
-pub(crate) enum Outcome {
+enum Outcome {
     Created(Node),
     NotCreated,
     Unknown,

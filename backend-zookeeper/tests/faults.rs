@@ -11,13 +11,10 @@ mod common;
 
 use std::time::Duration;
 
-use dlock_api::{
-    DistributedLock, LockError, LockGuard, LockName, LockOptions, LockStatus, LostReason,
-};
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, LostReason};
 use dlock_conformance::wait_for;
 use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper, ZooKeeperEnsemble};
 use dlock_zookeeper::{ZkConfig, ZkLock};
-use tokio::task::JoinHandle;
 
 const BOUND: Duration = Duration::from_secs(45);
 
@@ -83,12 +80,6 @@ async fn until_queue(
         }
     })
     .await
-}
-
-/// `client`'s acquire of `name` (waiting within this file's bound) on a task of its own.
-fn spawn_acquire(client: &ZkLock, name: &LockName) -> JoinHandle<dlock_api::Result<LockGuard>> {
-    let (client, name) = (client.clone(), name.clone());
-    tokio::spawn(async move { client.acquire(&name, &wait()).await })
 }
 
 /// `client` acquires `name` (waiting within this file's bound) and releases it.
@@ -269,7 +260,7 @@ async fn a_create_whose_reply_is_lost_is_found_again_and_leaves_no_orphan() {
     let direct = ZkLock::connect_url(&zk.url()).await.unwrap();
     let holder = direct.acquire(&name, &LockOptions::new()).await.unwrap();
     proxy.set_mode(ProxyMode::DropReplies);
-    let acquire = spawn_acquire(&client, &name);
+    let acquire = wait_for::spawned_acquire(BOUND, &client, &name);
     let session = client.session_id().unwrap();
     let created = until_queue("the create to reach the server", &hosts, &name, |q| {
         q.len() >= 2
@@ -313,7 +304,7 @@ async fn a_pending_acquire_cancelled_mid_create_leaves_no_orphan() {
     let direct = ZkLock::connect_url(&zk.url()).await.unwrap();
     let holder = direct.acquire(&name, &LockOptions::new()).await.unwrap();
     proxy.set_mode(ProxyMode::HoldReplies);
-    let acquire = spawn_acquire(&client, &name);
+    let acquire = wait_for::spawned_acquire(BOUND, &client, &name);
     until_queue("the create to reach the server", &hosts, &name, |q| {
         q.len() >= 2
     })
@@ -345,9 +336,9 @@ async fn a_queued_waiter_killed_lets_its_successor_move_up() {
     let name = name("waiter-killed");
     let hosts = zk.connect_string();
     let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    let b_waits = spawn_acquire(&b, &name);
+    let b_waits = wait_for::spawned_acquire(BOUND, &b, &name);
     until_queue("b to queue", &hosts, &name, |q| q.len() >= 2).await;
-    let c_waits = spawn_acquire(&c, &name);
+    let c_waits = wait_for::spawned_acquire(BOUND, &c, &name);
     until_queue("c to queue", &hosts, &name, |q| q.len() >= 3).await;
     let b_session = b.session_id().unwrap();
     // b's session ends on the server: its node goes, and c now waits for a.
@@ -384,7 +375,7 @@ async fn a_held_node_deleted_by_someone_else_loses_the_guard_at_once() {
     let name = name("node-deleted");
     let hosts = zk.connect_string();
     let guard = a.acquire(&name, &LockOptions::new()).await.unwrap();
-    let waiter = spawn_acquire(&b, &name);
+    let waiter = wait_for::spawned_acquire(BOUND, &b, &name);
     let nodes = until_queue("the waiter to queue", &hosts, &name, |q| q.len() >= 2).await;
     let session = a.session_id().unwrap();
     assert_eq!(nodes[0].1, session);

@@ -74,18 +74,30 @@ pub async fn queued_waiter<L>(
 where
     L: dlock_api::DistributedLock + Clone + 'static,
 {
-    let options = dlock_api::LockOptions::new();
-    let refused = client.try_acquire(name, &options).await;
+    let refused = client
+        .try_acquire(name, &dlock_api::LockOptions::new())
+        .await;
     assert!(
         matches!(refused, Ok(None)),
         "`{name}` should be busy: {refused:?}"
     );
+    spawned_acquire(bound, client, name)
+}
+
+/// `client`'s blocking acquire of `name` (waiting up to `bound`) on a task of its own, without
+/// looking first (a client whose link is being cut cannot): [`queued_waiter`] checks the name
+/// is busy, then calls this.
+pub fn spawned_acquire<L>(
+    bound: Duration,
+    client: &L,
+    name: &dlock_api::LockName,
+) -> tokio::task::JoinHandle<dlock_api::Result<dlock_api::LockGuard>>
+where
+    L: dlock_api::DistributedLock + Clone + 'static,
+{
     let (client, name) = (client.clone(), name.clone());
-    tokio::spawn(async move {
-        client
-            .acquire(&name, &options.with_wait_timeout(bound))
-            .await
-    })
+    let options = dlock_api::LockOptions::new().with_wait_timeout(bound);
+    tokio::spawn(async move { client.acquire(&name, &options).await })
 }
 
 /// What follows when `stale`'s client is cut off (a blackholed link, say) past its lease or

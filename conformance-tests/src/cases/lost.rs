@@ -84,17 +84,15 @@ pub async fn killed_holder_passes_the_lock_to_its_waiter(ctx: Ctx) -> CaseResult
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let name = ctx.name("lock");
     let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);
-    let hold = match a.capabilities() {
-        caps if caps.lease == LeaseKind::Ttl => LockOptions::new()
-            .with_ttl(ctx.timing().short_ttl.max(caps.min_ttl.unwrap_or_default())),
-        _ => LockOptions::new(),
+    let caps = a.capabilities();
+    let hold = if caps.lease == LeaseKind::Ttl {
+        LockOptions::new().with_ttl(ctx.timing().short_ttl.max(caps.min_ttl.unwrap_or_default()))
+    } else {
+        LockOptions::new()
     };
     let guard = a.acquire(&name, &hold).await?;
-    let waiter = tokio::spawn({
-        let (b, name, wait) = (b.clone(), name.clone(), wait.clone());
-        async move { b.acquire(&name, &wait).await }
-    });
-    if a.capabilities().inspect {
+    let waiter = crate::wait_for::spawned_acquire(ctx.timing().bound, &b, &name);
+    if caps.inspect {
         ctx.within("the waiter to queue", async {
             loop {
                 let seen = a.inspect(&name).await?;
