@@ -325,7 +325,9 @@ impl Conn {
             Self::Sentinel(sentinel) => {
                 let result = bounded(timeout, invoke(&cmd, script, &mut sentinel.manager())).await;
                 if result.as_ref().is_err_and(LockError::is_retryable) {
-                    if let Err(error) = sentinel.refresh().await {
+                    // Boxed: asking the Sentinels is a large future, and in place it would make
+                    // every script call's future (and each lock operation's) as large.
+                    if let Err(error) = Box::pin(sentinel.refresh()).await {
                         tracing::debug!(%error, "redis sentinel: could not refresh the primary");
                     }
                 }
@@ -425,19 +427,27 @@ async fn invoke<T: FromRedisValue>(
 ) -> redis::RedisResult<T> {
     match cmd.query_async(conn).await {
         Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(conn).await?;
-            cmd.query_async(conn).await
+            // Boxed, as rare: in place, loading would grow every script call's future.
+            Box::pin(async {
+                script.load_async(conn).await?;
+                cmd.query_async(conn).await
+            })
+            .await
         }
         done => done,
     }
 }
 
-async fn bounded<T>(
+/// `future` bounded by `timeout`, its error mapped. A plain function rather than an `async fn`:
+/// an `async fn` keeps its argument in its state beside the timeout that wraps it, which would
+/// double the size of every command's future.
+fn bounded<T>(
     timeout: std::time::Duration,
     future: impl std::future::Future<Output = redis::RedisResult<T>>,
-) -> Result<T> {
-    match tokio::time::timeout(timeout, future).await {
+) -> impl std::future::Future<Output = Result<T>> {
+    use futures::FutureExt;
+    tokio::time::timeout(timeout, future).map(move |bounded| match bounded {
         Ok(result) => result.map_err(map_err),
         Err(_) => Err(timed_out(timeout)),
-    }
+    })
 }

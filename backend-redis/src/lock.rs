@@ -152,7 +152,8 @@ impl RedisLock {
                 .map(Some),
             redis::Value::Nil => {
                 pending.disarm();
-                match self.attempt(name, keys, owner, options, false).await? {
+                // Boxed, as rare (free, with waiters queued): keeps the first attempt small.
+                match Box::pin(self.attempt(name, keys, owner, options, false)).await? {
                     Attempt::Granted(grant) => Ok(Some(grant)),
                     Attempt::Busy { .. } => Ok(None),
                 }
@@ -377,6 +378,23 @@ impl RawLock for RedisLock {
         if let Some(grant) = self.attempt_first(name, &keys, &owner, options).await? {
             return Ok(Some(grant));
         }
+        // Boxed: the wait is a large future, and most acquires never get here. In place it would
+        // make every acquire's future (which the trait boxes) as large, to be moved and freed.
+        Box::pin(self.wait_queued(name, options, deadline, keys, owner)).await
+    }
+}
+
+impl RedisLock {
+    /// The blocking wait after a first attempt found the lock busy: queue, then wait for a grant
+    /// announced on the name's channel, re-checking when the holder's lease should end.
+    async fn wait_queued(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+        keys: Arc<LockKeys>,
+        owner: Arc<str>,
+    ) -> Result<Option<Grant>> {
         let timeout = self.inner.config.command_timeout;
         let waiting = self
             .inner

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures::future::Either;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -276,12 +277,14 @@ where
 }
 
 /// Runs `work` inside `span`, or bare when no subscriber wants the span: an instrumented future
-/// enters and leaves its span on every poll, disabled or not.
-async fn in_span<T>(span: tracing::Span, work: impl Future<Output = T>) -> T {
+/// enters and leaves its span on every poll, disabled or not. A plain function rather than an
+/// `async fn`, which would keep `work` in its state beside the future it awaits: twice the size
+/// for every acquire's future to move and free.
+fn in_span<T>(span: tracing::Span, work: impl Future<Output = T>) -> impl Future<Output = T> {
     if span.is_disabled() {
-        work.await
+        Either::Left(work)
     } else {
-        work.instrument(span).await
+        Either::Right(work.instrument(span))
     }
 }
 
