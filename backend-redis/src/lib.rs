@@ -90,6 +90,7 @@
 //! | I | 0.85–0.90× (four runs) | 0.78–0.85× | 0.90× / 0.83× / 0.51× / 0.51× |
 //! | J | 0.83×, 0.83×, 0.84×; in a spawned task 0.87× (below) | 0.80×, 0.82×, 0.97× | 0.88× / 0.73× / 0.59× / –, 0.82× / 0.89× / 0.54× / – |
 //! | K | 0.94× [0.93–0.94], 0.93× [0.90–0.95] | 0.74×, 0.76× | 1.05× / 0.97× / 0.56× / –, 1.01× / 0.93× / 0.51× / – (52k pairs/s against 102k) |
+//! | L | 0.91–0.94× (seven runs) | 0.77–0.87× | 1.04× / 0.95× / 0.51× / – (54k pairs/s against 104k) |
 //!
 //! The hand-off is faster than the raw notified hand-off because the grant reaches the waiter
 //! in the release's own round trip, where the raw waiters, once woken, still send their
@@ -119,7 +120,11 @@
 //!   about half the floor's pairs per second there.
 //! - **Client work.** About 10–13k instructions per pair more than the raw pair (callgrind;
 //!   49.1k against 36.2k on VM G), none of it in one place: futures boxed and moved, about 14
-//!   allocations, the key and owner strings, timeouts, the renewal timer entry, the guard. On
+//!   allocations, the key and owner strings, timeouts, the renewal timer entry, the guard. Since
+//!   the rare paths (Sentinel refresh, script reload, the queued wait) are boxed apart from the
+//!   fast path, a pair allocates 7.1 KB instead of 12.5 KB, and on VM L it ran 43.1k
+//!   instructions against the raw pair's 38.9k (4.2k more: 1.3k in allocations, 1.3k in the
+//!   scripts' longer argument lists, the rest in the engine and the guard). On
 //!   VMs whose idle vCPUs wake slowly every reply finds that code cold, and it costs 13–16 µs of
 //!   process CPU per pair (VM I: 138 µs against 122 µs, `dlock bench`'s CPU column). Sent from a
 //!   bare connection with no dlock code around them, the two scripts alone measured 0.90–0.96×
