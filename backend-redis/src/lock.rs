@@ -300,91 +300,7 @@ impl RedisLock {
         }
         Ok(())
     }
-}
 
-/// The lease the acquire scripts set, in whole milliseconds (at least 1: `PX 0` is an error).
-fn ttl_ms(options: &LockOptions) -> String {
-    options.ttl().as_millis().max(1).to_string()
-}
-
-/// A random owner value, shared by the acquire's keys, cleanup and lease.
-fn owner_token() -> Arc<str> {
-    dlock_api::raw::random_owner().into()
-}
-
-/// How much earlier than `ttl` after its last busy attempt was sent a waiter granted the lock
-/// considers its lease over: the server's clock and ours run at slightly different rates, so
-/// the local deadline errs early, as Redlock's drift allowance does.
-fn grant_margin(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
-dlock_api::impl_distributed_lock!(RedisLock);
-
-#[async_trait]
-impl RawLock for RedisLock {
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            fencing: Fencing::BestEffort,
-            fifo: true,
-            inspect: true,
-            ..Capabilities::TTL_LEASE
-        }
-    }
-
-    /// One read-only script: the lock key's owner and PTTL, the fence counter (the holder's
-    /// token) and the live waiters in the queue.
-    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
-        let inner = &self.inner;
-        let view = crate::node::inspect_on(
-            &inner.conn,
-            &inner.scripts.inspect,
-            &self.keys(name),
-            inner.config.command_timeout,
-        )
-        .await?;
-        Ok(match view.holder {
-            Some(owner) => {
-                let held = Inspection::held(view.fence.map(FencingToken::new))
-                    .with_waiters(view.waiters)
-                    .with_holder(owner);
-                match view.pttl {
-                    Some(pttl) => held.with_remaining(pttl),
-                    None => held,
-                }
-            }
-            None => Inspection::free(Some(view.waiters)),
-        })
-    }
-
-    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
-        let keys = Arc::new(self.keys(name));
-        self.attempt_first(name, &keys, &owner_token(), options)
-            .await
-    }
-
-    async fn wait_grant(
-        &self,
-        name: &LockName,
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        let keys = Arc::new(self.keys(name));
-        let owner = owner_token();
-        if let Some(grant) = self.attempt_first(name, &keys, &owner, options).await? {
-            return Ok(Some(grant));
-        }
-        // Boxed: the wait is a large future, and most acquires never get here. In place it would
-        // make every acquire's future (which the trait boxes) as large, to be moved and freed.
-        Box::pin(self.wait_queued(name, options, deadline, keys, owner)).await
-    }
-}
-
-impl RedisLock {
     /// The blocking wait after a first attempt found the lock busy: queue, then wait for a grant
     /// announced on the name's channel, re-checking when the holder's lease should end.
     async fn wait_queued(
@@ -475,6 +391,88 @@ impl RedisLock {
                 _ = sleep_until(wake_at) => {}
             }
         }
+    }
+}
+
+/// The lease the acquire scripts set, in whole milliseconds (at least 1: `PX 0` is an error).
+fn ttl_ms(options: &LockOptions) -> String {
+    options.ttl().as_millis().max(1).to_string()
+}
+
+/// A random owner value, shared by the acquire's keys, cleanup and lease.
+fn owner_token() -> Arc<str> {
+    dlock_api::raw::random_owner().into()
+}
+
+/// How much earlier than `ttl` after its last busy attempt was sent a waiter granted the lock
+/// considers its lease over: the server's clock and ours run at slightly different rates, so
+/// the local deadline errs early, as Redlock's drift allowance does.
+fn grant_margin(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+dlock_api::impl_distributed_lock!(RedisLock);
+
+#[async_trait]
+impl RawLock for RedisLock {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fencing: Fencing::BestEffort,
+            fifo: true,
+            inspect: true,
+            ..Capabilities::TTL_LEASE
+        }
+    }
+
+    /// One read-only script: the lock key's owner and PTTL, the fence counter (the holder's
+    /// token) and the live waiters in the queue.
+    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+        let inner = &self.inner;
+        let view = crate::node::inspect_on(
+            &inner.conn,
+            &inner.scripts.inspect,
+            &self.keys(name),
+            inner.config.command_timeout,
+        )
+        .await?;
+        Ok(match view.holder {
+            Some(owner) => {
+                let held = Inspection::held(view.fence.map(FencingToken::new))
+                    .with_waiters(view.waiters)
+                    .with_holder(owner);
+                match view.pttl {
+                    Some(pttl) => held.with_remaining(pttl),
+                    None => held,
+                }
+            }
+            None => Inspection::free(Some(view.waiters)),
+        })
+    }
+
+    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
+        let keys = Arc::new(self.keys(name));
+        self.attempt_first(name, &keys, &owner_token(), options)
+            .await
+    }
+
+    async fn wait_grant(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let keys = Arc::new(self.keys(name));
+        let owner = owner_token();
+        if let Some(grant) = self.attempt_first(name, &keys, &owner, options).await? {
+            return Ok(Some(grant));
+        }
+        // Boxed: the wait is a large future, and most acquires never get here. In place it would
+        // make every acquire's future (which the trait boxes) as large, to be moved and freed.
+        Box::pin(self.wait_queued(name, options, deadline, keys, owner)).await
     }
 }
 
