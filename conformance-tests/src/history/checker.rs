@@ -126,10 +126,15 @@ pub struct Report {
 /// Checks everything `input` recorded.
 pub fn check(input: &Input) -> Report {
     let holds = derive_holds(&input.events, &input.deaths);
+    let findings = |snapshot: &RegisterSnapshot| {
+        let mut findings = analyse(snapshot);
+        findings.set_apart_late_writes(&input.deaths);
+        findings
+    };
     Report {
         overlaps: overlaps(&holds),
-        register: analyse(&input.register),
-        shadow: input.shadow.as_ref().map(analyse),
+        register: findings(&input.register),
+        shadow: input.shadow.as_ref().map(findings),
         tokens: token_issues(&holds, input.earlier_max_token),
         max_token: holds
             .iter()

@@ -282,6 +282,49 @@ fn fencing_refuses_the_stale_write_the_shadow_accepts() {
 }
 
 #[test]
+fn a_killed_writers_late_write_is_set_apart_from_lost_updates() {
+    // A (token 1) reads and sends its write, and is killed; B (token 2), granted once A's hold
+    // ends, reads before A's write arrives, then writes: the set loses A's element.
+    let mut run = Run::new();
+    run.acquire(100 * MS, id(1, 0), 1, None);
+    let a_read = run.read();
+    run.acquire(300 * MS, id(2, 0), 2, None);
+    let b_read = run.read();
+    run.write(a_read, id(1, 0), 1, 10);
+    run.write(b_read, id(2, 0), 2, 20);
+    run.release(400 * MS, id(2, 0));
+    let decided_at = |input: &mut Input, t: u64| {
+        for snapshot in [Some(&mut input.register), input.shadow.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            snapshot.log[0].t = t;
+        }
+    };
+    let mut input = run.input();
+    input.deaths.insert(1, 200 * MS);
+
+    // A's write arrived after A died: reported apart, not a lost update.
+    decided_at(&mut input, 350 * MS);
+    let report = check(&input);
+    assert!(report.register.lost.is_empty(), "{report}");
+    assert_eq!(report.register.lost_after_death.len(), 1, "{report}");
+    assert_eq!(report.register.lost_after_death[0].write.element, 10);
+    assert_eq!(Expect::CLEAN.check(&report), Ok(()));
+
+    // The same write decided while A lived is a lost update.
+    decided_at(&mut input, 150 * MS);
+    let report = check(&input);
+    assert_eq!(report.register.lost.len(), 1, "{report}");
+    assert!(report.register.lost_after_death.is_empty());
+    let unmet = Expect::CLEAN.check(&report).unwrap_err();
+    assert!(
+        unmet.contains("lost updates: expected 0, found 1"),
+        "{unmet}"
+    );
+}
+
+#[test]
 fn interleaved_writers_are_reported() {
     let mut shadow = Register::new(RegisterKind::Shadow);
     for (hold, token) in [(id(1, 0), 1), (id(2, 0), 2), (id(1, 0), 1), (id(3, 0), 3)] {

@@ -87,6 +87,10 @@ pub struct RegisterFindings {
     pub interleavings: Vec<Interleaving>,
     /// Accepted elements missing from the final sets.
     pub lost: Vec<LostAdd>,
+    /// Accepted elements missing from the final sets whose write reached the register after the
+    /// harness had killed its writer: kept apart from [`lost`](Self::lost) by
+    /// [`set_apart_late_writes`](Self::set_apart_late_writes).
+    pub lost_after_death: Vec<LostAdd>,
 }
 
 /// Replays the fencing rule over `snapshot`'s log, name by name, in decision order.
@@ -183,6 +187,24 @@ impl RegisterFindings {
     /// wrong rejections and token conflicts.
     pub fn integrity_faults(&self) -> usize {
         self.wrong_rejections.len() + self.token_conflicts.len()
+    }
+
+    /// Moves out of [`lost`](Self::lost) the writes the register decided after their writer was
+    /// killed (`deaths`: when, by worker id). Such a write left its writer while it held the
+    /// lock and arrived after the next holder had read the set: a register that fences writes
+    /// alone takes it (no higher token has written yet), and the next holder's write then drops
+    /// it. No lock can call back a message its dead holder already sent, so these are reported
+    /// and not counted as lost updates; a write that arrived while its writer lived still is.
+    pub fn set_apart_late_writes(&mut self, deaths: &BTreeMap<u32, u64>) {
+        let (late, lost) = std::mem::take(&mut self.lost)
+            .into_iter()
+            .partition(|lost| {
+                deaths
+                    .get(&lost.write.holder.worker)
+                    .is_some_and(|&died| died < lost.write.t)
+            });
+        self.lost = lost;
+        self.lost_after_death = late;
     }
 }
 

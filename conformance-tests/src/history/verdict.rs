@@ -106,17 +106,19 @@ fn register_line(f: &mut fmt::Formatter<'_>, label: &str, r: &RegisterFindings) 
     };
     writeln!(
         f,
-        "{label}: {} writes, {} accepted; stale attempts {}; stale accepted {}; lost adds {}; \
-         interleavings {}; {integrity}",
+        "{label}: {} writes, {} accepted; stale attempts {}; stale accepted {}; lost adds {} \
+         (and {} of killed writers, arrived late); interleavings {}; {integrity}",
         r.writes,
         r.accepted,
         r.rejected.len(),
         r.stale_accepted.len(),
         r.lost.len(),
+        r.lost_after_death.len(),
         r.interleavings.len()
     )?;
     list(f, &r.stale_accepted)?;
     list(f, &r.lost)?;
+    list(f, &r.lost_after_death)?;
     list(f, &r.interleavings)?;
     list(f, &r.token_conflicts)?;
     let wrong: Vec<String> = r
