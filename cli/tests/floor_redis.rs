@@ -1,5 +1,6 @@
-//! `dlock bench`'s raw floors against a real Redis: pairs, the notified hand-off
-//! (`DEL`+`PUBLISH` to a subscriber's `SET NX`) and many tasks on one connection.
+//! `dlock bench`'s raw floors against a real Redis: pairs, the same pairs taking a fencing
+//! token, the notified hand-off (`DEL`+`PUBLISH` to a subscriber's `SET NX`) and many tasks on
+//! one connection.
 
 mod common;
 
@@ -14,4 +15,19 @@ fn bench_measures_every_raw_floor_of_redis() {
         report["raw_parallel_floor"]["client"], "one multiplexed connection",
         "{report}"
     );
+    for round in report["rounds"]
+        .as_array()
+        .expect("rounds")
+        .iter()
+        .chain([&report])
+    {
+        for at in [
+            "/raw_fenced_floor/samples",
+            "/raw_fenced_floor/ops_per_sec",
+            "/ratios/uncontended_throughput_vs_fenced_floor",
+        ] {
+            let figure = round.pointer(at).and_then(serde_json::Value::as_f64);
+            assert!(figure.is_some_and(|n| n > 0.0), "no {at}: {round}");
+        }
+    }
 }

@@ -221,6 +221,8 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
 struct Round {
     uncontended: Samples,
     floor: Option<Samples>,
+    /// The floor's pairs with a fencing token, where the plain floor takes none.
+    fenced_floor: Option<Samples>,
     handoff: Samples,
     handoff_floor: Option<Samples>,
     /// Per task count: dlock's pairs/s, and the raw floor's.
@@ -240,6 +242,7 @@ async fn measure(
     let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(10));
     let mut uncontended = Samples::default();
     let mut floor = floors.map(|_| Samples::default());
+    let mut fenced_floor: Option<Samples> = None;
     for _ in 0..SLICES {
         let pairs = floor::sample(WarmUp::Rounds(50), slice, async || {
             client.acquire(&name, &opts).await?.release().await
@@ -248,6 +251,11 @@ async fn measure(
         uncontended.extend(Samples::from_measured(&pairs));
         if let (Some(floors), Some(floor)) = (floors, floor.as_mut()) {
             floor.extend(Samples::from_measured(&floors.pairs(slice).await?));
+            if let Some(fenced) = floors.fenced_pairs(slice).await? {
+                fenced_floor
+                    .get_or_insert_with(Samples::default)
+                    .extend(Samples::from_measured(&fenced));
+            }
         }
     }
     let handoff = handoff(
@@ -287,6 +295,7 @@ async fn measure(
     Ok(Round {
         uncontended,
         floor,
+        fenced_floor,
         handoff,
         handoff_floor,
         parallel,
@@ -372,6 +381,16 @@ impl Round {
             "samples": floor.micros.len(),
         });
         floor.cost_fields(&mut json["raw_floor"]);
+        if let (Some(op), Some(fenced)) = (ops.fenced_pair, &self.fenced_floor) {
+            json["raw_fenced_floor"] = json!({
+                "op": op,
+                "ops_per_sec": fenced.per_sec().round(),
+                "p50_us": fenced.percentile(50.0).round(),
+                "p99_us": fenced.percentile(99.0).round(),
+                "samples": fenced.micros.len(),
+            });
+            fenced.cost_fields(&mut json["raw_fenced_floor"]);
+        }
         json["raw_handoff_floor"] = json!({
             "op": ops.handoff,
             "p50_us": hf.percentile(50.0).round(),
@@ -386,6 +405,10 @@ impl Round {
             "handoff_p50_vs_floor_round_trip":
                 ratio(handoff.percentile(50.0), floor.percentile(50.0) / 2.0),
         });
+        if let Some(fenced) = &self.fenced_floor {
+            json["ratios"]["uncontended_throughput_vs_fenced_floor"] =
+                json!(ratio(uncontended.per_sec(), fenced.per_sec()));
+        }
         json
     }
 }

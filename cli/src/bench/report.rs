@@ -163,9 +163,18 @@ impl Report<'_> {
             );
         }
         out.push_str(")\n\n");
-        let cpu = |at: &str| self.fig(&format!("{at}/cpu_us_per_op"), Unit::Decimals(1));
-        let switches =
-            |at: &str| self.fig(&format!("{at}/context_switches_per_op"), Unit::Decimals(2));
+        // A row of uncontended pairs: dlock's or a floor's, at JSON pointer `at`.
+        let pairs_row = |label: String, at: &str| {
+            let fig = |key: &str, unit| self.fig(&format!("{at}/{key}"), unit);
+            vec![
+                label,
+                fig("ops_per_sec", Unit::Whole),
+                fig("p50_us", Unit::Whole),
+                fig("p99_us", Unit::Whole),
+                fig("cpu_us_per_op", Unit::Decimals(1)),
+                fig("context_switches_per_op", Unit::Decimals(2)),
+            ]
+        };
         let mut rows = vec![row([
             "phase",
             "ops/s",
@@ -174,23 +183,20 @@ impl Report<'_> {
             "CPU µs/op",
             "switches/op",
         ])];
-        rows.push(vec![
+        rows.push(pairs_row(
             "uncontended acquire+release".to_owned(),
-            whole("/uncontended/ops_per_sec"),
-            whole("/uncontended/p50_us"),
-            whole("/uncontended/p99_us"),
-            cpu("/uncontended"),
-            switches("/uncontended"),
-        ]);
-        if self.has("/raw_floor") {
-            rows.push(vec![
-                format!("raw floor: {}", text("/raw_floor/op")),
-                whole("/raw_floor/ops_per_sec"),
-                whole("/raw_floor/p50_us"),
-                whole("/raw_floor/p99_us"),
-                cpu("/raw_floor"),
-                switches("/raw_floor"),
-            ]);
+            "/uncontended",
+        ));
+        for (at, what) in [
+            ("/raw_floor", "raw floor"),
+            ("/raw_fenced_floor", "raw fenced floor"),
+        ] {
+            if self.has(at) {
+                rows.push(pairs_row(
+                    format!("{what}: {}", text(&format!("{at}/op"))),
+                    at,
+                ));
+            }
         }
         rows.push(vec![
             format!("hand-off ({} clients, hold {:?})", run.waiters, run.hold),
@@ -268,12 +274,22 @@ impl Report<'_> {
         );
         if self.has("/ratios") {
             let ratio = |at: &str| self.fig(at, Unit::Ratio);
+            let _ = writeln!(
+                out,
+                "\nuncontended throughput = {} the floor",
+                ratio("/ratios/uncontended_throughput_vs_floor")
+            );
+            if self.has("/ratios/uncontended_throughput_vs_fenced_floor") {
+                let _ = writeln!(
+                    out,
+                    "uncontended throughput = {} the fenced floor",
+                    ratio("/ratios/uncontended_throughput_vs_fenced_floor")
+                );
+            }
             let _ = write!(
                 out,
-                "\nuncontended throughput = {} the floor\n\
-                 hand-off p50 = {} the raw hand-off floor\n\
+                "hand-off p50 = {} the raw hand-off floor\n\
                  hand-off p50 = {} the floor's round trip (pair p50 / 2)\n",
-                ratio("/ratios/uncontended_throughput_vs_floor"),
                 ratio("/ratios/handoff_p50_vs_raw_handoff_floor"),
                 ratio("/ratios/handoff_p50_vs_floor_round_trip"),
             );
@@ -416,5 +432,37 @@ mod tests {
         };
         assert_eq!(single.fig("/uncontended/ops_per_sec", Unit::Whole), "100");
         assert_eq!(single.fig("/handoff/p99_us", Unit::Whole), "-");
+    }
+
+    #[test]
+    fn the_fenced_floor_has_a_row_and_a_ratio_only_where_it_was_measured() {
+        let run = Run {
+            label: "redis(test)",
+            duration: Duration::from_secs(1),
+            rounds: 1,
+            waiters: 4,
+            hold: Duration::from_millis(2),
+        };
+        let mut figures = round(100.0, 10, 0.9, 1000.0);
+        let plain = Report {
+            figures: &figures,
+            spread: None,
+        }
+        .render(&run);
+        assert!(plain.contains("= 0.90x the floor"), "{plain}");
+        assert!(!plain.contains("fenced"), "{plain}");
+
+        figures["raw_fenced_floor"] = json!({"op": "SET NX PX + token", "ops_per_sec": 110.0});
+        figures["ratios"]["uncontended_throughput_vs_fenced_floor"] = json!(0.91);
+        let fenced = Report {
+            figures: &figures,
+            spread: None,
+        }
+        .render(&run);
+        assert!(
+            fenced.contains("raw fenced floor: SET NX PX + token"),
+            "{fenced}"
+        );
+        assert!(fenced.contains("= 0.91x the fenced floor"), "{fenced}");
     }
 }

@@ -197,6 +197,7 @@ impl Protocol for Etcd {
     fn ops(&self) -> Ops {
         Ops {
             pair: "txn create (create_revision = 0, put on a lease) + txn delete guarded by create revision",
+            fenced_pair: None,
             handoff: "guarded delete, then the waiter's watch (from the read's revision + 1) fires",
             client: "one client (one channel)".to_owned(),
         }

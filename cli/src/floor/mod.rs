@@ -50,6 +50,9 @@ pub(crate) struct Measured {
 pub(crate) struct Ops {
     /// One uncontended lock-and-unlock pair.
     pub(crate) pair: &'static str,
+    /// One uncontended pair of the lightest lock that also hands out fencing tokens as dlock
+    /// does, where the backend measures one ([`Protocol::fenced_pairs`]).
+    pub(crate) fenced_pair: Option<&'static str>,
     /// One hand-off: the holder's release to the waiter's acquire answered.
     pub(crate) handoff: &'static str,
     /// The client the many-names floor's tasks share.
@@ -75,6 +78,15 @@ pub(crate) trait Protocol {
     /// Lock-and-unlock pairs on one key and one client, back to back for `duration` after a
     /// warm-up (through [`sample`]): each pair's latency, and their cost to this process.
     async fn pairs(&self, duration: Duration) -> Result<Measured>;
+
+    /// The pairs of [`pairs`](Self::pairs), with the fewest commands that also take a fencing
+    /// token as dlock's does (above every earlier one, in the same round trip), measured like
+    /// them: the report can then tell what fencing costs on the server from what dlock's own code
+    /// costs. `None` (the default) where the backend does not measure one.
+    async fn fenced_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
+        let _ = duration;
+        Ok(None)
+    }
 
     /// Hand-offs for `duration` after a warm-up: each one's latency, from the holder sending its
     /// release to the next holder's acquire answered. Redis, and the backends whose server queues
@@ -193,6 +205,11 @@ impl Floors {
     /// See [`Protocol::pairs`].
     pub(crate) async fn pairs(&self, duration: Duration) -> Result<Measured> {
         each_protocol!(self, floor, _P => floor.pairs(duration).await)
+    }
+
+    /// See [`Protocol::fenced_pairs`].
+    pub(crate) async fn fenced_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
+        each_protocol!(self, floor, _P => floor.fenced_pairs(duration).await)
     }
 
     /// See [`Protocol::handoffs`].

@@ -124,6 +124,7 @@ impl Protocol for MySql {
     fn ops(&self) -> Ops {
         Ops {
             pair: "GET_LOCK(n,0) + RELEASE_LOCK(n), prepared",
+            fenced_pair: None,
             handoff: "RELEASE_LOCK, then the next blocking GET_LOCK answers (raw connections contending as dlock's clients do)",
             client: format!(
                 "a pool of {} connections (max_connections, as dlock's own pool)",

@@ -123,6 +123,7 @@ impl Protocol for Postgres {
     fn ops(&self) -> Ops {
         Ops {
             pair: "pg_try_advisory_lock + pg_advisory_unlock, prepared",
+            fenced_pair: None,
             handoff: "pg_advisory_unlock, then the next blocking pg_advisory_lock answers (raw connections contending as dlock's clients do)",
             client: format!(
                 "a pool of {} connections (max_connections, as dlock's own pool)",

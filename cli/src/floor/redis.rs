@@ -14,6 +14,22 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 ";
 
+/// Takes the lock key `KEYS[1]` for owner `ARGV[1]` for `ARGV[2]` ms if it is free, with a
+/// fencing token from fence key `KEYS[2]`; returns the token, or 0 when the key is taken: the
+/// acquire of a fenced pair. The token is above the last one and at least the server clock in
+/// microseconds (so it keeps rising if the fence key is lost), which is what dlock's Redis
+/// tokens promise: one `TIME` and one `GETSET` in the common case, the fewest that do.
+pub(super) const FENCED_SET_NX: &str = r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = redis.call('GETSET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6))
+local token = tonumber(last or '0') + 1
+if token <= now then return now end
+redis.call('SET', KEYS[2], string.format('%.0f', token))
+return token
+";
+
 /// Deletes the key and announces it on channel `ARGV[1]` with message `ARGV[2]`, in one step:
 /// the release of a hand-off.
 pub(super) const DELETE_AND_PUBLISH: &str = r"
@@ -141,7 +157,10 @@ mod single {
     use redis::{FromRedisValue, PushInfo, Script};
     use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-    use super::{COMPARE_AND_DELETE, DELETE_AND_PUBLISH, NodeAccess, bounded, set_nx, token};
+    use super::{
+        COMPARE_AND_DELETE, DELETE_AND_PUBLISH, FENCED_SET_NX, LEASE_MS, NodeAccess, bounded,
+        set_nx, token,
+    };
     use crate::contend::{Contender, contend};
     use crate::floor::{Measured, Ops, Pairs, Protocol, Throughput, many, pairs_of};
 
@@ -296,7 +315,21 @@ mod single {
             key: &str,
             args: &[&str],
         ) -> Result<T> {
-            let mut invocation = script.key(key);
+            self.run_script_on(timeout, script, &[key], args).await
+        }
+
+        /// [`run_script`](Self::run_script) with several keys.
+        async fn run_script_on<T: FromRedisValue>(
+            &self,
+            timeout: Duration,
+            script: &Script,
+            keys: &[&str],
+            args: &[&str],
+        ) -> Result<T> {
+            let mut invocation = script.prepare_invoke();
+            for key in keys {
+                invocation.key(*key);
+            }
             for arg in args {
                 invocation.arg(*arg);
             }
@@ -338,6 +371,43 @@ mod single {
             let _: i64 = self
                 .conn
                 .run_script(self.timeout, &self.script, key, &[&token])
+                .await?;
+            Ok(())
+        }
+    }
+
+    /// Fenced pairs on one connection and one key: [`FENCED_SET_NX`] and the compare-and-delete.
+    struct FencedPairs {
+        conn: Conn,
+        key: String,
+        fence: String,
+        acquire: Script,
+        release: Script,
+        timeout: Duration,
+    }
+
+    impl Pairs for FencedPairs {
+        async fn pair(&self, _task: usize) -> Result<()> {
+            let token = token();
+            let lease = LEASE_MS.to_string();
+            let taken: i64 = self
+                .conn
+                .run_script_on(
+                    self.timeout,
+                    &self.acquire,
+                    &[&self.key, &self.fence],
+                    &[&token, &lease],
+                )
+                .await?;
+            if taken == 0 {
+                return Err(LockError::backend(
+                    BACKEND,
+                    "the fenced floor's key was taken",
+                ));
+            }
+            let _: i64 = self
+                .conn
+                .run_script(self.timeout, &self.release, &self.key, &[&token])
                 .await?;
             Ok(())
         }
@@ -403,6 +473,9 @@ mod single {
         fn ops(&self) -> Ops {
             Ops {
                 pair: "SET NX PX + EVALSHA compare-and-delete",
+                fenced_pair: Some(
+                    "EVALSHA (SET NX PX, token: TIME, GETSET) + EVALSHA compare-and-delete",
+                ),
                 handoff: "DEL+PUBLISH, waiters race SET NX",
                 client: "one multiplexed connection".to_owned(),
             }
@@ -411,6 +484,19 @@ mod single {
         async fn pairs(&self, duration: Duration) -> Result<Measured> {
             let pairs = self.pairs_on(vec![self.key("floor")]).await?;
             pairs_of(&pairs, duration).await
+        }
+
+        async fn fenced_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
+            let key = self.key("fenced");
+            let pairs = FencedPairs {
+                conn: self.connect(None).await?,
+                fence: format!("{key}:fence"),
+                key,
+                acquire: Script::new(FENCED_SET_NX),
+                release: Script::new(COMPARE_AND_DELETE),
+                timeout: self.config.command_timeout,
+            };
+            pairs_of(&pairs, duration).await.map(Some)
         }
 
         /// `waiters` connections, each subscribed to the key's channel, run through the same

@@ -162,6 +162,7 @@ impl Protocol for Redlock {
     fn ops(&self) -> Ops {
         Ops {
             pair: "parallel SET NX PX x N + parallel EVALSHA compare-and-delete x N",
+            fenced_pair: None,
             handoff: "parallel DEL+PUBLISH x N, subscriber's parallel SET NX x N to a quorum",
             client: "one multiplexed connection per node".to_owned(),
         }

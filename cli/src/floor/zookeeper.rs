@@ -169,6 +169,7 @@ impl Protocol for ZooKeeper {
     fn ops(&self) -> Ops {
         Ops {
             pair: "create ephemeral-sequential + delete with its version",
+            fenced_pair: None,
             handoff: "delete, then the waiter's exists-watch fires and its listing answers",
             client: "one session".to_owned(),
         }
