@@ -29,5 +29,11 @@ fn bench_measures_every_raw_floor_of_redis() {
             let figure = round.pointer(at).and_then(serde_json::Value::as_f64);
             assert!(figure.is_some_and(|n| n > 0.0), "no {at}: {round}");
         }
+        for entry in round["parallel_names"].as_array().expect("parallel_names") {
+            for field in ["fenced_floor_ops_per_sec", "vs_fenced_floor"] {
+                let figure = entry[field].as_f64();
+                assert!(figure.is_some_and(|n| n > 0.0), "no {field}: {round}");
+            }
+        }
     }
 }

@@ -225,8 +225,16 @@ struct Round {
     fenced_floor: Option<Samples>,
     handoff: Samples,
     handoff_floor: Option<Samples>,
-    /// Per task count: dlock's pairs/s, and the raw floor's.
-    parallel: Vec<(usize, Throughput, Option<Throughput>)>,
+    /// Per task count: dlock's pairs/s, the raw floor's, and the fenced floor's.
+    parallel: Vec<Parallel>,
+}
+
+/// The many-names phase at one task count.
+struct Parallel {
+    tasks: usize,
+    ours: Throughput,
+    floor: Option<Throughput>,
+    fenced_floor: Option<Throughput>,
 }
 
 /// One round: every phase of dlock, each followed (or, uncontended, interleaved) by its floor.
@@ -286,11 +294,19 @@ async fn measure(
             opts: LockOptions::new(),
         });
         let ours = floor::many(pairs, tasks, phase).await?;
-        let raw = match floors {
-            Some(floors) => Some(floors.parallel(tasks, phase).await?),
-            None => None,
+        let (floor, fenced_floor) = match floors {
+            Some(floors) => (
+                Some(floors.parallel(tasks, phase).await?),
+                floors.fenced_parallel(tasks, phase).await?,
+            ),
+            None => (None, None),
         };
-        parallel.push((tasks, ours, raw));
+        parallel.push(Parallel {
+            tasks,
+            ours,
+            floor,
+            fenced_floor,
+        });
     }
     Ok(Round {
         uncontended,
@@ -356,16 +372,21 @@ impl Round {
         json["parallel_names"] = self
             .parallel
             .iter()
-            .map(|&(tasks, ours, raw)| {
+            .map(|run| {
                 let mut entry = json!({
-                    "tasks": tasks,
-                    "ops_per_sec": ours.per_sec.round(),
-                    "cpu_us_per_op": cpu_us_per_pair(&ours),
+                    "tasks": run.tasks,
+                    "ops_per_sec": run.ours.per_sec.round(),
+                    "cpu_us_per_op": cpu_us_per_pair(&run.ours),
                 });
-                if let Some(raw) = raw {
+                if let Some(raw) = run.floor {
                     entry["floor_ops_per_sec"] = json!(raw.per_sec.round());
                     entry["floor_cpu_us_per_op"] = json!(cpu_us_per_pair(&raw));
-                    entry["vs_floor"] = json!(ratio(ours.per_sec, raw.per_sec));
+                    entry["vs_floor"] = json!(ratio(run.ours.per_sec, raw.per_sec));
+                }
+                if let Some(fenced) = run.fenced_floor {
+                    entry["fenced_floor_ops_per_sec"] = json!(fenced.per_sec.round());
+                    entry["fenced_floor_cpu_us_per_op"] = json!(cpu_us_per_pair(&fenced));
+                    entry["vs_fenced_floor"] = json!(ratio(run.ours.per_sec, fenced.per_sec));
                 }
                 entry
             })

@@ -218,22 +218,19 @@ impl Report<'_> {
              uncontended pair)\n",
         );
         let floor = self.has("/raw_parallel_floor");
-        let mut rows = vec![if floor {
-            row([
-                "many names, one client",
-                "dlock pairs/s",
-                "raw floor pairs/s",
-                "dlock / floor",
-                "dlock CPU µs/pair",
-                "floor CPU µs/pair",
-            ])
-        } else {
-            row([
-                "many names, one client",
-                "dlock pairs/s",
-                "dlock CPU µs/pair",
-            ])
-        }];
+        let fenced = self.has("/parallel_names/0/vs_fenced_floor");
+        let mut header = vec!["many names, one client", "dlock pairs/s"];
+        if floor {
+            header.extend(["raw floor pairs/s", "dlock / floor"]);
+        }
+        if fenced {
+            header.extend(["fenced floor pairs/s", "dlock / fenced"]);
+        }
+        header.push("dlock CPU µs/pair");
+        if floor {
+            header.push("floor CPU µs/pair");
+        }
+        let mut rows = vec![header.into_iter().map(str::to_owned).collect::<Vec<_>>()];
         let entries = self
             .figures
             .pointer("/parallel_names")
@@ -251,6 +248,10 @@ impl Report<'_> {
             if floor {
                 line.push(whole(&at("floor_ops_per_sec")));
                 line.push(self.fig(&at("vs_floor"), Unit::Ratio));
+            }
+            if fenced {
+                line.push(whole(&at("fenced_floor_ops_per_sec")));
+                line.push(self.fig(&at("vs_fenced_floor"), Unit::Ratio));
             }
             line.push(self.fig(&at("cpu_us_per_op"), Unit::Decimals(1)));
             if floor {
@@ -435,7 +436,7 @@ mod tests {
     }
 
     #[test]
-    fn the_fenced_floor_has_a_row_and_a_ratio_only_where_it_was_measured() {
+    fn the_fenced_floor_has_its_rows_and_ratios_only_where_it_was_measured() {
         let run = Run {
             label: "redis(test)",
             duration: Duration::from_secs(1),
@@ -454,6 +455,7 @@ mod tests {
 
         figures["raw_fenced_floor"] = json!({"op": "SET NX PX + token", "ops_per_sec": 110.0});
         figures["ratios"]["uncontended_throughput_vs_fenced_floor"] = json!(0.91);
+        figures["parallel_names"][0]["vs_fenced_floor"] = json!(0.97);
         let fenced = Report {
             figures: &figures,
             spread: None,
@@ -464,5 +466,7 @@ mod tests {
             "{fenced}"
         );
         assert!(fenced.contains("= 0.91x the fenced floor"), "{fenced}");
+        assert!(fenced.contains("dlock / fenced"), "{fenced}");
+        assert!(fenced.contains("0.97x"), "{fenced}");
     }
 }

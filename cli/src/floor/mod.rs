@@ -105,6 +105,17 @@ pub(crate) trait Protocol {
     /// `tasks` tasks sharing one client ([`Ops::client`]), each with a key of its own, running
     /// pairs back to back for `duration` (through [`many`]): pairs per second, and their cost.
     async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput>;
+
+    /// [`parallel`](Self::parallel) with the fenced pairs of
+    /// [`fenced_pairs`](Self::fenced_pairs); `None` (the default) where the backend has none.
+    async fn fenced_parallel(
+        &self,
+        tasks: usize,
+        duration: Duration,
+    ) -> Result<Option<Throughput>> {
+        let _ = (tasks, duration);
+        Ok(None)
+    }
 }
 
 /// The floors of the backend a URL names.
@@ -225,6 +236,15 @@ impl Floors {
     /// See [`Protocol::parallel`].
     pub(crate) async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
         each_protocol!(self, floor, _P => floor.parallel(tasks, duration).await)
+    }
+
+    /// See [`Protocol::fenced_parallel`].
+    pub(crate) async fn fenced_parallel(
+        &self,
+        tasks: usize,
+        duration: Duration,
+    ) -> Result<Option<Throughput>> {
+        each_protocol!(self, floor, _P => floor.fenced_parallel(tasks, duration).await)
     }
 }
 

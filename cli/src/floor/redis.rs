@@ -355,10 +355,13 @@ mod single {
         }
     }
 
-    /// Pairs on one connection, a key per task.
+    /// Pairs on one connection, a key per task: plain (`SET NX PX`), or fenced
+    /// ([`FENCED_SET_NX`], with a fence key per task); released by compare-and-delete.
     struct RedisPairs {
         conn: Conn,
         keys: Vec<String>,
+        /// The fenced acquire and each task's fence key, for fenced pairs.
+        fenced: Option<(Script, Vec<String>)>,
         script: Script,
         timeout: Duration,
     }
@@ -367,7 +370,26 @@ mod single {
         async fn pair(&self, task: usize) -> Result<()> {
             let key = &self.keys[task];
             let token = token();
-            let _: Option<String> = self.conn.query(self.timeout, &set_nx(key, &token)).await?;
+            match &self.fenced {
+                None => {
+                    let _: Option<String> =
+                        self.conn.query(self.timeout, &set_nx(key, &token)).await?;
+                }
+                Some((acquire, fences)) => {
+                    let lease = LEASE_MS.to_string();
+                    let keys = [key.as_str(), fences[task].as_str()];
+                    let taken: i64 = self
+                        .conn
+                        .run_script_on(self.timeout, acquire, &keys, &[&token, &lease])
+                        .await?;
+                    if taken == 0 {
+                        return Err(LockError::backend(
+                            BACKEND,
+                            format!("the fenced floor's key {key} was taken"),
+                        ));
+                    }
+                }
+            }
             let _: i64 = self
                 .conn
                 .run_script(self.timeout, &self.script, key, &[&token])
@@ -376,51 +398,26 @@ mod single {
         }
     }
 
-    /// Fenced pairs on one connection and one key: [`FENCED_SET_NX`] and the compare-and-delete.
-    struct FencedPairs {
-        conn: Conn,
-        key: String,
-        fence: String,
-        acquire: Script,
-        release: Script,
-        timeout: Duration,
-    }
-
-    impl Pairs for FencedPairs {
-        async fn pair(&self, _task: usize) -> Result<()> {
-            let token = token();
-            let lease = LEASE_MS.to_string();
-            let taken: i64 = self
-                .conn
-                .run_script_on(
-                    self.timeout,
-                    &self.acquire,
-                    &[&self.key, &self.fence],
-                    &[&token, &lease],
-                )
-                .await?;
-            if taken == 0 {
-                return Err(LockError::backend(
-                    BACKEND,
-                    "the fenced floor's key was taken",
-                ));
-            }
-            let _: i64 = self
-                .conn
-                .run_script(self.timeout, &self.release, &self.key, &[&token])
-                .await?;
-            Ok(())
-        }
-    }
-
     impl Redis {
-        async fn pairs_on(&self, keys: Vec<String>) -> Result<RedisPairs> {
+        async fn pairs_on(&self, keys: Vec<String>, fenced: bool) -> Result<RedisPairs> {
+            let fenced = fenced.then(|| {
+                let fences = keys.iter().map(|key| format!("{key}:fence")).collect();
+                (Script::new(FENCED_SET_NX), fences)
+            });
             Ok(RedisPairs {
                 conn: self.connect(None).await?,
                 keys,
+                fenced,
                 script: Script::new(COMPARE_AND_DELETE),
                 timeout: self.config.command_timeout,
             })
+        }
+
+        /// The keys of `tasks` tasks in the many-names phase.
+        fn parallel_keys(&self, what: &str, tasks: usize) -> Vec<String> {
+            (0..tasks)
+                .map(|i| self.key(&format!("{what}/{tasks}/{i}")))
+                .collect()
         }
     }
 
@@ -482,20 +479,12 @@ mod single {
         }
 
         async fn pairs(&self, duration: Duration) -> Result<Measured> {
-            let pairs = self.pairs_on(vec![self.key("floor")]).await?;
+            let pairs = self.pairs_on(vec![self.key("floor")], false).await?;
             pairs_of(&pairs, duration).await
         }
 
         async fn fenced_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
-            let key = self.key("fenced");
-            let pairs = FencedPairs {
-                conn: self.connect(None).await?,
-                fence: format!("{key}:fence"),
-                key,
-                acquire: Script::new(FENCED_SET_NX),
-                release: Script::new(COMPARE_AND_DELETE),
-                timeout: self.config.command_timeout,
-            };
+            let pairs = self.pairs_on(vec![self.key("fenced")], true).await?;
             pairs_of(&pairs, duration).await.map(Some)
         }
 
@@ -534,10 +523,18 @@ mod single {
         }
 
         async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
-            let keys = (0..tasks)
-                .map(|i| self.key(&format!("parallel/{tasks}/{i}")))
-                .collect();
-            many(Arc::new(self.pairs_on(keys).await?), tasks, duration).await
+            let keys = self.parallel_keys("parallel", tasks);
+            many(Arc::new(self.pairs_on(keys, false).await?), tasks, duration).await
+        }
+
+        async fn fenced_parallel(
+            &self,
+            tasks: usize,
+            duration: Duration,
+        ) -> Result<Option<Throughput>> {
+            let keys = self.parallel_keys("fenced", tasks);
+            let pairs = Arc::new(self.pairs_on(keys, true).await?);
+            many(pairs, tasks, duration).await.map(Some)
         }
     }
 }
