@@ -60,8 +60,41 @@ pub struct BenchArgs {
     flood_wait: Duration,
 }
 
-/// How many alternating slices the uncontended phase and its floor are measured in.
+/// How many alternating slices the uncontended phase and its floors are measured in.
 const SLICES: u32 = 6;
+
+/// How many alternating slices each many-names task count and its floors are measured in.
+const MANY_SLICES: u32 = 3;
+
+/// What one slice of an interleaved phase measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Dlock,
+    Floor,
+    FencedFloor,
+}
+
+impl Side {
+    /// dlock, and the floors `floors` measures.
+    fn all(floors: Option<&Floors>) -> Vec<Self> {
+        let mut sides = vec![Self::Dlock];
+        if let Some(floors) = floors {
+            sides.push(Self::Floor);
+            if floors.ops().fenced_pair.is_some() {
+                sides.push(Self::FencedFloor);
+            }
+        }
+        sides
+    }
+
+    /// The order of `sides` in slice `slice`: turned by one each slice, so that each goes first
+    /// as often. What runs first after another phase (the hand-off, a smaller task count) runs
+    /// under other conditions than what follows it: on a VM, a third faster or slower.
+    fn rotated(sides: &[Self], slice: u32) -> impl Iterator<Item = Self> + '_ {
+        let turn = slice as usize % sides.len().max(1);
+        sides[turn..].iter().chain(&sides[..turn]).copied()
+    }
+}
 
 /// Latency samples of one phase.
 #[derive(Default)]
@@ -177,9 +210,9 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    // dlock and the raw floors run interleaved (the uncontended phase in alternating slices),
-    // so drift in the machine's speed over the run (common on shared VMs) affects both alike
-    // and the ratios stay fair.
+    // dlock and the raw floors run interleaved (the uncontended and many-names phases in
+    // alternating slices, each side first in turn), so drift in the machine's speed over the run
+    // (common on shared VMs) affects both alike and the ratios stay fair.
     let floors = Floors::for_url(&args.backend.url()?)?;
     let mut clients = Vec::with_capacity(args.waiters);
     for _ in 0..args.waiters {
@@ -237,7 +270,8 @@ struct Parallel {
     fenced_floor: Option<Throughput>,
 }
 
-/// One round: every phase of dlock, each followed (or, uncontended, interleaved) by its floor.
+/// One round: every phase of dlock with its floors, the hand-off followed by its floor, the
+/// others interleaved with theirs in alternating slices.
 async fn measure(
     args: &BenchArgs,
     client: &Arc<dyn DistributedLock>,
@@ -248,21 +282,31 @@ async fn measure(
     let name = LockName::new(format!("{run}/uncontended"))?;
     let slice = args.duration / SLICES;
     let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(10));
+    let sides = Side::all(floors);
     let mut uncontended = Samples::default();
-    let mut floor = floors.map(|_| Samples::default());
+    let mut floor: Option<Samples> = None;
     let mut fenced_floor: Option<Samples> = None;
-    for _ in 0..SLICES {
-        let pairs = floor::sample(WarmUp::Rounds(50), slice, async || {
-            client.acquire(&name, &opts).await?.release().await
-        })
-        .await?;
-        uncontended.extend(Samples::from_measured(&pairs));
-        if let (Some(floors), Some(floor)) = (floors, floor.as_mut()) {
-            floor.extend(Samples::from_measured(&floors.pairs(slice).await?));
-            if let Some(fenced) = floors.fenced_pairs(slice).await? {
-                fenced_floor
+    for slice_no in 0..SLICES {
+        for side in Side::rotated(&sides, slice_no) {
+            let measured = match (side, floors) {
+                (Side::Dlock, _) => {
+                    let pairs = floor::sample(WarmUp::Rounds(50), slice, async || {
+                        client.acquire(&name, &opts).await?.release().await
+                    })
+                    .await?;
+                    uncontended.extend(Samples::from_measured(&pairs));
+                    continue;
+                }
+                (Side::Floor, Some(floors)) => (&mut floor, Some(floors.pairs(slice).await?)),
+                (Side::FencedFloor, Some(floors)) => {
+                    (&mut fenced_floor, floors.fenced_pairs(slice).await?)
+                }
+                (_, None) => continue,
+            };
+            if let (samples, Some(pairs)) = measured {
+                samples
                     .get_or_insert_with(Samples::default)
-                    .extend(Samples::from_measured(&fenced));
+                    .extend(Samples::from_measured(&pairs));
             }
         }
     }
@@ -284,7 +328,7 @@ async fn measure(
     let mut parallel = Vec::new();
     for &tasks in &args.parallel {
         let tasks = tasks.max(1);
-        let phase = args.duration / 2;
+        let slice = args.duration / 2 / MANY_SLICES;
         let names = (0..tasks)
             .map(|i| LockName::new(format!("{run}/parallel/{tasks}/{i}")))
             .collect::<Result<_, _>>()?;
@@ -293,20 +337,36 @@ async fn measure(
             names,
             opts: LockOptions::new(),
         });
-        let ours = floor::many(pairs, tasks, phase).await?;
-        let (floor, fenced_floor) = match floors {
-            Some(floors) => (
-                Some(floors.parallel(tasks, phase).await?),
-                floors.fenced_parallel(tasks, phase).await?,
-            ),
-            None => (None, None),
-        };
-        parallel.push(Parallel {
+        let mut measured = Parallel {
             tasks,
-            ours,
-            floor,
-            fenced_floor,
-        });
+            ours: Throughput::default(),
+            floor: None,
+            fenced_floor: None,
+        };
+        for slice_no in 0..MANY_SLICES {
+            for side in Side::rotated(&sides, slice_no) {
+                let (total, run) = match (side, floors) {
+                    (Side::Dlock, _) => {
+                        let run = floor::many(pairs.clone(), tasks, slice).await?;
+                        measured.ours = measured.ours.add(run);
+                        continue;
+                    }
+                    (Side::Floor, Some(floors)) => (
+                        &mut measured.floor,
+                        Some(floors.parallel(tasks, slice).await?),
+                    ),
+                    (Side::FencedFloor, Some(floors)) => (
+                        &mut measured.fenced_floor,
+                        floors.fenced_parallel(tasks, slice).await?,
+                    ),
+                    (_, None) => continue,
+                };
+                if let Some(run) = run {
+                    *total = Some(total.unwrap_or_default().add(run));
+                }
+            }
+        }
+        parallel.push(measured);
     }
     Ok(Round {
         uncontended,
@@ -375,18 +435,18 @@ impl Round {
             .map(|run| {
                 let mut entry = json!({
                     "tasks": run.tasks,
-                    "ops_per_sec": run.ours.per_sec.round(),
+                    "ops_per_sec": run.ours.per_sec().round(),
                     "cpu_us_per_op": cpu_us_per_pair(&run.ours),
                 });
                 if let Some(raw) = run.floor {
-                    entry["floor_ops_per_sec"] = json!(raw.per_sec.round());
+                    entry["floor_ops_per_sec"] = json!(raw.per_sec().round());
                     entry["floor_cpu_us_per_op"] = json!(cpu_us_per_pair(&raw));
-                    entry["vs_floor"] = json!(ratio(run.ours.per_sec, raw.per_sec));
+                    entry["vs_floor"] = json!(ratio(run.ours.per_sec(), raw.per_sec()));
                 }
                 if let Some(fenced) = run.fenced_floor {
-                    entry["fenced_floor_ops_per_sec"] = json!(fenced.per_sec.round());
+                    entry["fenced_floor_ops_per_sec"] = json!(fenced.per_sec().round());
                     entry["fenced_floor_cpu_us_per_op"] = json!(cpu_us_per_pair(&fenced));
-                    entry["vs_fenced_floor"] = json!(ratio(run.ours.per_sec, fenced.per_sec));
+                    entry["vs_fenced_floor"] = json!(ratio(run.ours.per_sec(), fenced.per_sec()));
                 }
                 entry
             })
@@ -509,8 +569,8 @@ mod tests {
         );
 
         let many = Throughput {
-            per_sec: 4000.0,
             pairs: 3,
+            elapsed: Duration::from_micros(750),
             cost: ProcessCost {
                 cpu: Duration::from_micros(100),
                 context_switches: 0,
@@ -521,5 +581,19 @@ mod tests {
         let mut unmeasured = json!({});
         Samples::from_durations(&measured.latencies).cost_fields(&mut unmeasured);
         assert_eq!(unmeasured, json!({}));
+    }
+
+    #[test]
+    fn each_side_goes_first_in_as_many_slices() {
+        let sides = [Side::Dlock, Side::Floor, Side::FencedFloor];
+        let orders: Vec<Vec<Side>> = (0..3).map(|k| Side::rotated(&sides, k).collect()).collect();
+        assert_eq!(orders[0], sides);
+        assert_eq!(orders[1], [Side::Floor, Side::FencedFloor, Side::Dlock]);
+        assert_eq!(orders[2], [Side::FencedFloor, Side::Dlock, Side::Floor]);
+        assert_eq!(
+            Side::rotated(&[Side::Dlock], 5).collect::<Vec<_>>(),
+            [Side::Dlock]
+        );
+        assert_eq!(Side::rotated(&[], 1).count(), 0);
     }
 }

@@ -29,12 +29,28 @@ mod zookeeper;
 
 pub(crate) use cost::ProcessCost;
 
-/// Pairs run by many tasks at once: how many per second, and what they cost this process.
-#[derive(Clone, Copy, Debug)]
+/// Pairs run by many tasks at once: how many in how long, and what they cost this process.
+#[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Throughput {
-    pub(crate) per_sec: f64,
     pub(crate) pairs: u64,
+    pub(crate) elapsed: Duration,
     pub(crate) cost: ProcessCost,
+}
+
+impl Throughput {
+    /// Pairs per second.
+    pub(crate) fn per_sec(&self) -> f64 {
+        self.pairs as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Both runs' pairs over both runs' time, as if run back to back.
+    pub(crate) fn add(self, other: Self) -> Self {
+        Self {
+            pairs: self.pairs + other.pairs,
+            elapsed: self.elapsed + other.elapsed,
+            cost: self.cost + other.cost,
+        }
+    }
 }
 
 /// Pairs measured back to back: each one's latency, and what the measured ones (not the
@@ -398,8 +414,8 @@ pub(crate) async fn many<P: Pairs>(
     match failed {
         Some(error) => Err(error),
         None => Ok(Throughput {
-            per_sec: total as f64 / started.elapsed().as_secs_f64(),
             pairs: total,
+            elapsed: started.elapsed(),
             cost,
         }),
     }
