@@ -91,6 +91,7 @@
 //! | J | 0.83×, 0.83×, 0.84×; in a spawned task 0.87× (below) | 0.80×, 0.82×, 0.97× | 0.88× / 0.73× / 0.59× / –, 0.82× / 0.89× / 0.54× / – |
 //! | K | 0.94× [0.93–0.94], 0.93× [0.90–0.95] | 0.74×, 0.76× | 1.05× / 0.97× / 0.56× / –, 1.01× / 0.93× / 0.51× / – (52k pairs/s against 102k) |
 //! | L | 0.91–0.94× (seven runs) | 0.77–0.87× | 1.04× / 0.95× / 0.51× / – (54k pairs/s against 104k) |
+//! | M | 0.85–0.94× (twelve runs); 0.93–0.98× of the fenced floor | 0.87–0.93× | 1.14× / 0.92× / 0.67× / – (46k pairs/s against 72k); of the fenced floor 1.18× / 1.00× / 0.94× / – |
 //!
 //! The hand-off is faster than the raw notified hand-off because the grant reaches the waiter
 //! in the release's own round trip, where the raw waiters, once woken, still send their
@@ -100,6 +101,13 @@
 //! reply crosses threads and finds the client's code cold; its "many names, 1 task" row is the
 //! same pair in a spawned task, as a service's handlers run, and reads higher on VMs whose idle
 //! vCPUs wake slowly.
+//!
+//! Since VM M the bench also measures a **fenced floor** in the same slices: the raw pair with
+//! its `SET NX PX` in a script that takes a token as dlock's does (`TIME`, `GETSET`), released by
+//! the same compare-and-delete. dlock measured 0.93–0.98× of it uncontended (median 0.96× over ten
+//! runs) and 0.91–0.96× with 16 tasks, against 0.85–0.94× and 0.66–0.71× of the plain floor: most
+//! of what dlock loses to the plain pair is what the clock-floored token costs the server, the
+//! cost of the first section below, and dlock's own code is the smaller part.
 //!
 //! ### Where the uncontended pair's time goes
 //! It makes the same round trips, system calls and context switches as the raw pair (on VM I,
@@ -164,7 +172,11 @@
 //!   of its six commands pays the server's per-command cost;
 //! - the first attempt without the queue check, or the release without its `LPOP`: within the
 //!   noise (9.1 µs against 9.0 µs of server time on VM F);
-//! - the clock passed to `GETSET` as a Lua number instead of a built string: no cheaper;
+//! - the clock passed to `GETSET` as a Lua number instead of a built string: no cheaper (VM M,
+//!   warm server: 4.86 against 4.84 µs per first attempt; there a script with its three keys and
+//!   two arguments that returns at once costs 1.27 µs, and `EXISTS` 0.30, `SET NX PX` 1.15, `TIME`
+//!   0.63, building the clock string 0.46 and `GETSET` 0.50 more, 4.96 µs in all against 0.62 µs
+//!   for the plain `SET`);
 //!   `FCALL` of a Redis function instead of `EVALSHA`: 0.25 µs less per call;
 //! - a whole-program build (fat LTO, one codegen unit): no change.
 //!
