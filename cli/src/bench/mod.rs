@@ -327,46 +327,8 @@ async fn measure(
     };
     let mut parallel = Vec::new();
     for &tasks in &args.parallel {
-        let tasks = tasks.max(1);
-        let slice = args.duration / 2 / MANY_SLICES;
-        let names = (0..tasks)
-            .map(|i| LockName::new(format!("{run}/parallel/{tasks}/{i}")))
-            .collect::<Result<_, _>>()?;
-        let pairs = Arc::new(DlockPairs {
-            client: client.clone(),
-            names,
-            opts: LockOptions::new(),
-        });
-        let mut measured = Parallel {
-            tasks,
-            ours: Throughput::default(),
-            floor: None,
-            fenced_floor: None,
-        };
-        for slice_no in 0..MANY_SLICES {
-            for side in Side::rotated(&sides, slice_no) {
-                let (total, run) = match (side, floors) {
-                    (Side::Dlock, _) => {
-                        let run = floor::many(pairs.clone(), tasks, slice).await?;
-                        measured.ours = measured.ours.add(run);
-                        continue;
-                    }
-                    (Side::Floor, Some(floors)) => (
-                        &mut measured.floor,
-                        Some(floors.parallel(tasks, slice).await?),
-                    ),
-                    (Side::FencedFloor, Some(floors)) => (
-                        &mut measured.fenced_floor,
-                        floors.fenced_parallel(tasks, slice).await?,
-                    ),
-                    (_, None) => continue,
-                };
-                if let Some(run) = run {
-                    *total = Some(total.unwrap_or_default().add(run));
-                }
-            }
-        }
-        parallel.push(measured);
+        let phase = args.duration / 2;
+        parallel.push(many_names(client, floors, &sides, run, tasks.max(1), phase).await?);
     }
     Ok(Round {
         uncontended,
@@ -376,6 +338,57 @@ async fn measure(
         handoff_floor,
         parallel,
     })
+}
+
+/// The many-names phase at `tasks` tasks: dlock's pairs, a name per task, on `client`, and the
+/// floors' (`sides`), alternating in [`MANY_SLICES`] slices that together last `phase` each.
+async fn many_names(
+    client: &Arc<dyn DistributedLock>,
+    floors: Option<&Floors>,
+    sides: &[Side],
+    run: &str,
+    tasks: usize,
+    phase: Duration,
+) -> Result<Parallel, LockError> {
+    let slice = phase / MANY_SLICES;
+    let names = (0..tasks)
+        .map(|i| LockName::new(format!("{run}/parallel/{tasks}/{i}")))
+        .collect::<Result<_, _>>()?;
+    let pairs = Arc::new(DlockPairs {
+        client: client.clone(),
+        names,
+        opts: LockOptions::new(),
+    });
+    let mut measured = Parallel {
+        tasks,
+        ours: Throughput::default(),
+        floor: None,
+        fenced_floor: None,
+    };
+    for slice_no in 0..MANY_SLICES {
+        for side in Side::rotated(sides, slice_no) {
+            let (total, run) = match (side, floors) {
+                (Side::Dlock, _) => {
+                    let run = floor::many(pairs.clone(), tasks, slice).await?;
+                    measured.ours = measured.ours.add(run);
+                    continue;
+                }
+                (Side::Floor, Some(floors)) => (
+                    &mut measured.floor,
+                    Some(floors.parallel(tasks, slice).await?),
+                ),
+                (Side::FencedFloor, Some(floors)) => (
+                    &mut measured.fenced_floor,
+                    floors.fenced_parallel(tasks, slice).await?,
+                ),
+                (_, None) => continue,
+            };
+            if let Some(run) = run {
+                *total = Some(total.unwrap_or_default().add(run));
+            }
+        }
+    }
+    Ok(measured)
 }
 
 /// dlock's pairs on one client, a name per task.
