@@ -360,10 +360,18 @@ mod single {
     struct RedisPairs {
         conn: Conn,
         keys: Vec<String>,
-        /// The fenced acquire and each task's fence key, for fenced pairs.
-        fenced: Option<(Script, Vec<String>)>,
+        /// What fenced pairs take their tokens with.
+        fenced: Option<Fenced>,
         script: Script,
         timeout: Duration,
+    }
+
+    /// The acquire of fenced pairs: the script, each task's fence key, and the lease argument,
+    /// all made once so that the timed pairs do no more than the protocol's work.
+    struct Fenced {
+        acquire: Script,
+        fences: Vec<String>,
+        lease_ms: String,
     }
 
     impl Pairs for RedisPairs {
@@ -375,12 +383,12 @@ mod single {
                     let _: Option<String> =
                         self.conn.query(self.timeout, &set_nx(key, &token)).await?;
                 }
-                Some((acquire, fences)) => {
-                    let lease = LEASE_MS.to_string();
-                    let keys = [key.as_str(), fences[task].as_str()];
+                Some(fenced) => {
+                    let keys = [key.as_str(), fenced.fences[task].as_str()];
+                    let args = [token.as_str(), fenced.lease_ms.as_str()];
                     let taken: i64 = self
                         .conn
-                        .run_script_on(self.timeout, acquire, &keys, &[&token, &lease])
+                        .run_script_on(self.timeout, &fenced.acquire, &keys, &args)
                         .await?;
                     if taken == 0 {
                         return Err(LockError::backend(
@@ -400,9 +408,10 @@ mod single {
 
     impl Redis {
         async fn pairs_on(&self, keys: Vec<String>, fenced: bool) -> Result<RedisPairs> {
-            let fenced = fenced.then(|| {
-                let fences = keys.iter().map(|key| format!("{key}:fence")).collect();
-                (Script::new(FENCED_SET_NX), fences)
+            let fenced = fenced.then(|| Fenced {
+                acquire: Script::new(FENCED_SET_NX),
+                fences: keys.iter().map(|key| format!("{key}:fence")).collect(),
+                lease_ms: LEASE_MS.to_string(),
             });
             Ok(RedisPairs {
                 conn: self.connect(None).await?,
