@@ -220,13 +220,13 @@ impl MySqlConfig {
         Ok(())
     }
 
-    /// The fencing table, quoted for SQL.
-    pub(crate) fn quoted_table(&self) -> String {
+    /// The fencing table (MySQL), quoted for SQL: `` `name` `` or `` `database`.`name` ``.
+    pub fn quoted_table(&self) -> String {
         quote_path(&self.table)
     }
 
     /// The fencing sequence (MariaDB): the table's name with `_seq`, quoted for SQL.
-    pub(crate) fn quoted_sequence(&self) -> String {
+    pub fn quoted_sequence(&self) -> String {
         quote_path(&format!("{}_seq", self.table))
     }
 }

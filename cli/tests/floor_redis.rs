@@ -15,25 +15,8 @@ fn bench_measures_every_raw_floor_of_redis() {
         report["raw_parallel_floor"]["client"], "one multiplexed connection",
         "{report}"
     );
-    for round in report["rounds"]
-        .as_array()
-        .expect("rounds")
-        .iter()
-        .chain([&report])
-    {
-        for at in [
-            "/raw_fenced_floor/samples",
-            "/raw_fenced_floor/ops_per_sec",
-            "/ratios/uncontended_throughput_vs_fenced_floor",
-        ] {
-            let figure = round.pointer(at).and_then(serde_json::Value::as_f64);
-            assert!(figure.is_some_and(|n| n > 0.0), "no {at}: {round}");
-        }
-        for entry in round["parallel_names"].as_array().expect("parallel_names") {
-            for field in ["fenced_floor_ops_per_sec", "vs_fenced_floor"] {
-                let figure = entry[field].as_f64();
-                assert!(figure.is_some_and(|n| n > 0.0), "no {field}: {round}");
-            }
-        }
-    }
+    common::assert_fenced_floor_measured(&report);
+    // Nothing of the floors is left on the server, not even a fence key.
+    let keys = redis.command(&["KEYS", "*dlock-bench-*"]).unwrap();
+    assert!(keys.items().is_empty(), "{keys:?} left");
 }

@@ -1,6 +1,7 @@
 //! `dlock bench`'s raw floors against three independent Redis nodes: parallel pairs on every
 //! node, the multi-node notified hand-off (the waiter takes a quorum on the first
-//! announcement) and many tasks on one connection per node.
+//! announcement) and many tasks on one connection per node, each plain and taking
+//! fencing tokens.
 
 mod common;
 
@@ -15,7 +16,8 @@ fn bench_measures_every_raw_floor_of_redlock() {
         &report,
         "parallel DEL+PUBLISH x N, subscriber's parallel SET NX x N to a quorum",
     );
-    // Nothing of the floors is left on any node.
+    common::assert_fenced_floor_measured(&report);
+    // Nothing of the floors is left on any node, not even a fence key.
     for node in nodes.nodes() {
         let keys = node.command(&["KEYS", "*dlock-bench-*"]).unwrap();
         assert!(keys.items().is_empty(), "{keys:?} left on {}", node.addr());

@@ -3,31 +3,18 @@
 //! subscriber's `SET NX`). The commands, scripts and node connections here are Redlock's too.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_api::raw::config::Secret;
 use dlock_api::{LockError, Result};
 
+use crate::floor::{Measured, Pairs, Throughput, many, pairs_of};
+
 /// Deletes the key if it still holds the owner token: the release of a pair.
 pub(super) const COMPARE_AND_DELETE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-";
-
-/// Takes the lock key `KEYS[1]` for owner `ARGV[1]` for `ARGV[2]` ms if it is free, with a
-/// fencing token from fence key `KEYS[2]`; returns the token, or 0 when the key is taken: the
-/// acquire of a fenced pair. The token is above the last one and at least the server clock in
-/// microseconds (so it keeps rising if the fence key is lost), which is what dlock's Redis
-/// tokens promise: one `TIME` and one `GETSET` in the common case, the fewest that do.
-pub(super) const FENCED_SET_NX: &str = r"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = redis.call('GETSET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6))
-local token = tonumber(last or '0') + 1
-if token <= now then return now end
-redis.call('SET', KEYS[2], string.format('%.0f', token))
-return token
 ";
 
 /// Deletes the key and announces it on channel `ARGV[1]` with message `ARGV[2]`, in one step:
@@ -50,6 +37,88 @@ pub(super) fn set_nx(key: &str, owner: &str) -> redis::Cmd {
 /// A fresh owner token.
 pub(super) fn token() -> String {
     format!("{:032x}", rand::random::<u128>())
+}
+
+/// Keys of this run under `prefix`: `PREFIX:{dlock-bench-WHAT/PID}`, each in one hash slot.
+#[derive(Debug)]
+pub(super) struct RunKeys {
+    pub(super) prefix: String,
+}
+
+impl RunKeys {
+    /// The key of `what`.
+    pub(super) fn key(&self, what: &str) -> String {
+        format!(
+            "{}:{{dlock-bench-{what}/{}}}",
+            self.prefix,
+            std::process::id()
+        )
+    }
+
+    /// The keys of `tasks` tasks in the many-names phase, `what` telling the floors apart.
+    pub(super) fn parallel(&self, what: &str, tasks: usize) -> Vec<String> {
+        (0..tasks)
+            .map(|i| self.key(&format!("{what}/{tasks}/{i}")))
+            .collect()
+    }
+}
+
+/// The fence key of each lock key, where fenced floors count their tokens.
+pub(super) fn fence_keys(keys: &[String]) -> Vec<String> {
+    keys.iter().map(|key| format!("{key}:fence")).collect()
+}
+
+/// Pairs of a Redis-protocol floor, which may count tokens on fence keys.
+pub(super) trait ForgetFences: Pairs {
+    /// Deletes the fence keys the pairs counted tokens on (none for plain pairs), so a bench
+    /// leaves nothing behind.
+    fn forget_fences(&self) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// A Redis-protocol floor (one node, or Redlock's N) whose pairs run plain or fenced on keys
+/// of this run: its uncontended and many-names phases are [`uncontended`] and [`many_keys`].
+pub(super) trait KeyedFloor: Sync {
+    type Pairs: ForgetFences;
+
+    /// The keys of this run.
+    fn run_keys(&self) -> &RunKeys;
+
+    /// Pairs on `keys`, fenced with a fence key per lock key.
+    fn pairs_on(
+        &self,
+        keys: Vec<String>,
+        fenced: bool,
+    ) -> impl Future<Output = Result<Self::Pairs>> + Send;
+}
+
+/// `floor`'s pairs on one key, plain or fenced, for `duration`.
+pub(super) async fn uncontended<F: KeyedFloor>(
+    floor: &F,
+    fenced: bool,
+    duration: Duration,
+) -> Result<Measured> {
+    let what = if fenced { "fenced" } else { "floor" };
+    let pairs = floor
+        .pairs_on(vec![floor.run_keys().key(what)], fenced)
+        .await?;
+    let measured = pairs_of(&pairs, duration).await;
+    pairs.forget_fences().await?;
+    measured
+}
+
+/// `floor`'s pairs in `tasks` tasks, a key each, plain or fenced, for `duration`.
+pub(super) async fn many_keys<F: KeyedFloor>(
+    floor: &F,
+    fenced: bool,
+    tasks: usize,
+    duration: Duration,
+) -> Result<Throughput> {
+    let what = if fenced { "fenced" } else { "parallel" };
+    let keys = floor.run_keys().parallel(what, tasks);
+    let pairs = Arc::new(floor.pairs_on(keys, fenced).await?);
+    let run = many(pairs.clone(), tasks, duration).await;
+    pairs.forget_fences().await?;
+    run
 }
 
 /// Waits for a driver call at most `timeout`.
@@ -146,7 +215,6 @@ pub(super) use single::Redis;
 
 #[cfg(feature = "redis")]
 mod single {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use dlock_api::{LockError, Result};
@@ -158,25 +226,44 @@ mod single {
     use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
     use super::{
-        COMPARE_AND_DELETE, DELETE_AND_PUBLISH, FENCED_SET_NX, LEASE_MS, NodeAccess, bounded,
-        set_nx, token,
+        COMPARE_AND_DELETE, DELETE_AND_PUBLISH, ForgetFences, KeyedFloor, LEASE_MS, NodeAccess,
+        RunKeys, bounded, fence_keys, many_keys, set_nx, token, uncontended,
     };
     use crate::contend::{Contender, contend};
-    use crate::floor::{Measured, Ops, Pairs, Protocol, Throughput, many, pairs_of};
+    use crate::floor::{Measured, Ops, Pairs, Protocol, Throughput};
 
     const BACKEND: &str = "redis";
+
+    /// Takes the lock key `KEYS[1]` for owner `ARGV[1]` for `ARGV[2]` ms if it is free, with a
+    /// fencing token from fence key `KEYS[2]`; returns the token, or 0 when the key is taken: the
+    /// acquire of a fenced pair. The token is above the last one and at least the server clock in
+    /// microseconds (so it keeps rising if the fence key is lost), which is what dlock's Redis
+    /// tokens promise: one `TIME` and one `GETSET` in the common case, the fewest that do.
+    const FENCED_SET_NX: &str = r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = redis.call('GETSET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6))
+local token = tonumber(last or '0') + 1
+if token <= now then return now end
+redis.call('SET', KEYS[2], string.format('%.0f', token))
+return token
+";
 
     /// Redis (single node, the primary behind Sentinels, or a Cluster), as a URL names it.
     #[derive(Debug)]
     pub(crate) struct Redis {
         config: RedisConfig,
+        keys: RunKeys,
     }
 
     impl Redis {
         pub(crate) fn new(url: &str) -> Result<Self> {
-            Ok(Self {
-                config: RedisConfig::from_url(url)?,
-            })
+            let config = RedisConfig::from_url(url)?;
+            let keys = RunKeys {
+                prefix: config.prefix.clone(),
+            };
+            Ok(Self { config, keys })
         }
 
         fn access(&self) -> NodeAccess<'_> {
@@ -188,15 +275,6 @@ mod single {
                 database: c.database,
                 ca_cert: c.ca_cert.as_deref(),
             }
-        }
-
-        /// A key of this run: `PREFIX:{dlock-bench-WHAT/PID}`, one hash slot.
-        fn key(&self, what: &str) -> String {
-            format!(
-                "{}:{{dlock-bench-{what}/{}}}",
-                self.config.prefix,
-                std::process::id()
-            )
         }
 
         /// One multiplexed RESP3 connection (the primary's, behind Sentinels; the cluster's
@@ -357,7 +435,7 @@ mod single {
 
     /// Pairs on one connection, a key per task: plain (`SET NX PX`), or fenced
     /// ([`FENCED_SET_NX`], with a fence key per task); released by compare-and-delete.
-    struct RedisPairs {
+    pub(crate) struct RedisPairs {
         conn: Conn,
         keys: Vec<String>,
         /// What fenced pairs take their tokens with.
@@ -406,11 +484,28 @@ mod single {
         }
     }
 
-    impl Redis {
+    impl ForgetFences for RedisPairs {
+        async fn forget_fences(&self) -> Result<()> {
+            for fence in self.fenced.iter().flat_map(|fenced| &fenced.fences) {
+                let mut del = redis::cmd("DEL");
+                del.arg(fence);
+                let _: i64 = self.conn.query(self.timeout, &del).await?;
+            }
+            Ok(())
+        }
+    }
+
+    impl KeyedFloor for Redis {
+        type Pairs = RedisPairs;
+
+        fn run_keys(&self) -> &RunKeys {
+            &self.keys
+        }
+
         async fn pairs_on(&self, keys: Vec<String>, fenced: bool) -> Result<RedisPairs> {
             let fenced = fenced.then(|| Fenced {
                 acquire: Script::new(FENCED_SET_NX),
-                fences: keys.iter().map(|key| format!("{key}:fence")).collect(),
+                fences: fence_keys(&keys),
                 lease_ms: LEASE_MS.to_string(),
             });
             Ok(RedisPairs {
@@ -420,13 +515,6 @@ mod single {
                 script: Script::new(COMPARE_AND_DELETE),
                 timeout: self.config.command_timeout,
             })
-        }
-
-        /// The keys of `tasks` tasks in the many-names phase.
-        fn parallel_keys(&self, what: &str, tasks: usize) -> Vec<String> {
-            (0..tasks)
-                .map(|i| self.key(&format!("{what}/{tasks}/{i}")))
-                .collect()
         }
     }
 
@@ -488,13 +576,11 @@ mod single {
         }
 
         async fn pairs(&self, duration: Duration) -> Result<Measured> {
-            let pairs = self.pairs_on(vec![self.key("floor")], false).await?;
-            pairs_of(&pairs, duration).await
+            uncontended(self, false, duration).await
         }
 
         async fn fenced_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
-            let pairs = self.pairs_on(vec![self.key("fenced")], true).await?;
-            pairs_of(&pairs, duration).await.map(Some)
+            uncontended(self, true, duration).await.map(Some)
         }
 
         /// `waiters` connections, each subscribed to the key's channel, run through the same
@@ -508,7 +594,7 @@ mod single {
             waiters: usize,
             hold: Duration,
         ) -> Result<Vec<Duration>> {
-            let key = self.key("handoff");
+            let key = self.keys.key("handoff");
             let channel = format!("{key}:released");
             let waiters = waiters.max(2);
             let mut contenders = Vec::with_capacity(waiters);
@@ -532,8 +618,7 @@ mod single {
         }
 
         async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
-            let keys = self.parallel_keys("parallel", tasks);
-            many(Arc::new(self.pairs_on(keys, false).await?), tasks, duration).await
+            many_keys(self, false, tasks, duration).await
         }
 
         async fn fenced_parallel(
@@ -541,9 +626,7 @@ mod single {
             tasks: usize,
             duration: Duration,
         ) -> Result<Option<Throughput>> {
-            let keys = self.parallel_keys("fenced", tasks);
-            let pairs = Arc::new(self.pairs_on(keys, true).await?);
-            many(pairs, tasks, duration).await.map(Some)
+            many_keys(self, true, tasks, duration).await.map(Some)
         }
     }
 }

@@ -3,7 +3,6 @@
 //! compare-and-delete on every node in parallel; the hand-off is the multi-node analogue of
 //! Redis's notified one.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_api::{LockError, Result};
@@ -16,10 +15,11 @@ use redis::{AsyncConnectionConfig, PushInfo, Script};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
-use super::redis::{COMPARE_AND_DELETE, DELETE_AND_PUBLISH, NodeAccess, bounded, set_nx, token};
-use crate::floor::{
-    Measured, Ops, Pairs, Protocol, Throughput, WarmUp, many, pairs_of, sample_timed,
+use super::redis::{
+    COMPARE_AND_DELETE, DELETE_AND_PUBLISH, ForgetFences, KeyedFloor, NodeAccess, RunKeys, bounded,
+    fence_keys, many_keys, set_nx, token, uncontended,
 };
+use crate::floor::{Measured, Ops, Pairs, Protocol, Throughput, WarmUp, sample_timed};
 
 const BACKEND: &str = "redlock";
 
@@ -27,22 +27,16 @@ const BACKEND: &str = "redlock";
 #[derive(Debug)]
 pub(crate) struct Redlock {
     config: RedlockConfig,
+    keys: RunKeys,
 }
 
 impl Redlock {
     pub(crate) fn new(url: &str) -> Result<Self> {
-        Ok(Self {
-            config: RedlockConfig::from_url(url)?,
-        })
-    }
-
-    /// A key of this run on every node: `PREFIX:{dlock-bench-WHAT/PID}`.
-    fn key(&self, what: &str) -> String {
-        format!(
-            "{}:{{dlock-bench-{what}/{}}}",
-            self.config.prefix,
-            std::process::id()
-        )
+        let config = RedlockConfig::from_url(url)?;
+        let keys = RunKeys {
+            prefix: config.prefix.clone(),
+        };
+        Ok(Self { config, keys })
     }
 
     /// One multiplexed RESP3 connection per node, in the URL's order, each sending its push
@@ -78,10 +72,12 @@ impl Redlock {
     }
 }
 
-/// Pairs on one connection per node, a key per task.
-struct RedlockPairs {
+/// Pairs on one connection per node, a key per task: plain (`SET NX PX`), or fenced (`SET NX
+/// PX` and `INCR` of a fence key per task, pipelined, as dlock's first attempt counts).
+pub(crate) struct RedlockPairs {
     conns: Vec<MultiplexedConnection>,
     keys: Vec<String>,
+    fences: Option<Vec<String>>,
     script: Script,
     timeout: Duration,
 }
@@ -89,16 +85,27 @@ struct RedlockPairs {
 impl Pairs for RedlockPairs {
     async fn pair(&self, task: usize) -> Result<()> {
         let (key, timeout) = (&self.keys[task], self.timeout);
+        let fence = self.fences.as_ref().map(|fences| &fences[task]);
         let token = token();
         let sets = join_all(self.conns.iter().map(|conn| {
             let (mut conn, set) = (conn.clone(), set_nx(key, &token));
             async move {
-                bounded(
-                    BACKEND,
-                    timeout,
-                    set.query_async::<Option<String>>(&mut conn),
-                )
-                .await
+                match fence {
+                    None => {
+                        bounded(
+                            BACKEND,
+                            timeout,
+                            set.query_async::<Option<String>>(&mut conn),
+                        )
+                        .await
+                    }
+                    Some(fence) => {
+                        let mut take = redis::pipe();
+                        take.add_command(set).cmd("INCR").arg(fence);
+                        let taken = take.query_async::<(Option<String>, u64)>(&mut conn);
+                        Ok(bounded(BACKEND, timeout, taken).await?.0)
+                    }
+                }
             }
         }))
         .await;
@@ -124,11 +131,41 @@ impl Pairs for RedlockPairs {
     }
 }
 
-impl Redlock {
-    async fn pairs_on(&self, keys: Vec<String>) -> Result<RedlockPairs> {
+impl ForgetFences for RedlockPairs {
+    /// On every node.
+    async fn forget_fences(&self) -> Result<()> {
+        let Some(fences) = &self.fences else {
+            return Ok(());
+        };
+        let deleted =
+            join_all(
+                self.conns.iter().map(|conn| {
+                    let mut conn = conn.clone();
+                    let mut del = redis::cmd("DEL");
+                    del.arg(fences);
+                    async move {
+                        bounded(BACKEND, self.timeout, del.query_async::<i64>(&mut conn)).await
+                    }
+                }),
+            )
+            .await;
+        deleted.into_iter().try_for_each(|result| result.map(drop))
+    }
+}
+
+impl KeyedFloor for Redlock {
+    type Pairs = RedlockPairs;
+
+    fn run_keys(&self) -> &RunKeys {
+        &self.keys
+    }
+
+    async fn pairs_on(&self, keys: Vec<String>, fenced: bool) -> Result<RedlockPairs> {
+        let fences = fenced.then(|| fence_keys(&keys));
         Ok(RedlockPairs {
             conns: self.connect(None).await?,
             keys,
+            fences,
             script: Script::new(COMPARE_AND_DELETE),
             timeout: self.config.command_timeout,
         })
@@ -162,15 +199,22 @@ impl Protocol for Redlock {
     fn ops(&self) -> Ops {
         Ops {
             pair: "parallel SET NX PX x N + parallel EVALSHA compare-and-delete x N",
-            fenced_pair: None,
+            fenced_pair: Some(
+                "parallel (SET NX PX, INCR fence) pipelined x N + parallel EVALSHA compare-and-delete x N",
+            ),
             handoff: "parallel DEL+PUBLISH x N, subscriber's parallel SET NX x N to a quorum",
             client: "one multiplexed connection per node".to_owned(),
         }
     }
 
     async fn pairs(&self, duration: Duration) -> Result<Measured> {
-        let pairs = self.pairs_on(vec![self.key("floor")]).await?;
-        pairs_of(&pairs, duration).await
+        uncontended(self, false, duration).await
+    }
+
+    /// As [`pairs`](Self::pairs), each node's `SET NX PX` pipelined with an `INCR` of the
+    /// name's fence counter, as dlock's first attempt takes its token.
+    async fn fenced_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
+        uncontended(self, true, duration).await.map(Some)
     }
 
     /// The holder holds the key on every node; the waiter is subscribed to the key's channel on
@@ -190,7 +234,7 @@ impl Protocol for Redlock {
         let holder = self.connect(None).await?;
         let waiter = self.connect(Some(tx)).await?;
         let every: Vec<usize> = (0..waiter.len()).collect();
-        let key = self.key("handoff");
+        let key = self.keys.key("handoff");
         let channel = format!("{key}:released");
         for result in join_all(waiter.iter().map(|conn| {
             let mut conn = conn.clone();
@@ -291,9 +335,14 @@ impl Protocol for Redlock {
     }
 
     async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
-        let keys = (0..tasks)
-            .map(|i| self.key(&format!("parallel/{tasks}/{i}")))
-            .collect();
-        many(Arc::new(self.pairs_on(keys).await?), tasks, duration).await
+        many_keys(self, false, tasks, duration).await
+    }
+
+    async fn fenced_parallel(
+        &self,
+        tasks: usize,
+        duration: Duration,
+    ) -> Result<Option<Throughput>> {
+        many_keys(self, true, tasks, duration).await.map(Some)
     }
 }

@@ -102,3 +102,29 @@ pub(crate) fn assert_every_floor_measured(report: &Value, handoff_op: &str) {
         );
     }
 }
+
+/// Every round also measured the fenced floor (the plain pair taking a fencing token as dlock
+/// does), uncontended and at every task count, with dlock's ratios to it.
+pub(crate) fn assert_fenced_floor_measured(report: &Value) {
+    for round in report["rounds"]
+        .as_array()
+        .expect("rounds")
+        .iter()
+        .chain([report])
+    {
+        for at in [
+            "/raw_fenced_floor/samples",
+            "/raw_fenced_floor/ops_per_sec",
+            "/ratios/uncontended_throughput_vs_fenced_floor",
+        ] {
+            let figure = round.pointer(at).and_then(Value::as_f64);
+            assert!(figure.is_some_and(|n| n > 0.0), "no {at}: {round}");
+        }
+        for entry in round["parallel_names"].as_array().expect("parallel_names") {
+            for field in ["fenced_floor_ops_per_sec", "vs_fenced_floor"] {
+                let figure = entry[field].as_f64();
+                assert!(figure.is_some_and(|n| n > 0.0), "no {field}: {round}");
+            }
+        }
+    }
+}
