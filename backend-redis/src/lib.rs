@@ -92,6 +92,7 @@
 //! | K | 0.94× [0.93–0.94], 0.93× [0.90–0.95] | 0.74×, 0.76× | 1.05× / 0.97× / 0.56× / –, 1.01× / 0.93× / 0.51× / – (52k pairs/s against 102k) |
 //! | L | 0.91–0.94× (seven runs) | 0.77–0.87× | 1.04× / 0.95× / 0.51× / – (54k pairs/s against 104k) |
 //! | M | 0.85–0.94× (twelve runs); 0.93–0.98× of the fenced floor | 0.87–0.93× | 1.14× / 0.92× / 0.67× / – (46k pairs/s against 72k); of the fenced floor 1.18× / 1.00× / 0.94× / – |
+//! | N | 0.84–0.91× (four runs); 0.92–0.96× of the fenced floor | 0.79–0.92× | 0.96–1.00× / 0.81–0.87× / 0.50–0.58× / – (27–31k pairs/s against 53–58k); of the fenced floor 0.92–1.02× / 0.88–1.01× / 0.87–0.95× / – |
 //!
 //! The hand-off is faster than the raw notified hand-off because the grant reaches the waiter
 //! in the release's own round trip, where the raw waiters, once woken, still send their
