@@ -121,6 +121,7 @@ const NOW_MICROS: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED)";
 
 /// The fenced floor's acquire: `GET_LOCK(name, 0)` taking a fencing token in the same
 /// statement as dlock does, from a counter of this measurement's own, dropped after it.
+#[derive(Clone)]
 struct FencedAcquire {
     /// Parameters: the name (twice for a counter row).
     sql: String,
@@ -259,12 +260,52 @@ impl MySql {
         }
     }
 
-    /// The many-names pairs of `tasks` tasks on a pool as large as dlock's, fenced or not.
+    /// Runs `measure` with a counter created for it on a connection of its own, and drops the
+    /// counter afterwards; `None` where no counter can be created.
+    async fn with_counter<T>(
+        &self,
+        measure: impl AsyncFnOnce(&FencedAcquire) -> Result<T>,
+    ) -> Result<Option<T>> {
+        let within = self.config.command_timeout;
+        let mut setup = self.connect().await?;
+        let measured = match self.fenced_acquire(&mut setup).await {
+            Ok(Some(fenced)) => {
+                let measured = measure(&fenced).await;
+                let _ = timeout(within, fenced.counter.drop_on(&mut setup)).await;
+                measured.map(Some)
+            }
+            other => other.map(|_| None),
+        };
+        let _ = timeout(within, setup.close()).await;
+        measured
+    }
+
+    /// Pairs on **one connection held throughout**, fenced with `fenced`, after a warm-up of
+    /// 200 ms (at most a fifth of `duration`).
+    async fn held_pairs(
+        &self,
+        duration: Duration,
+        fenced: Option<&FencedAcquire>,
+    ) -> Result<Measured> {
+        let mut conn = self.connect().await?;
+        let name = Self::name(if fenced.is_some() { "-fenced" } else { "" });
+        let within = self.config.command_timeout;
+        let warm_up = WarmUp::For(Duration::from_millis(200).min(duration / 5));
+        let samples = sample(warm_up, duration, async || {
+            pair(&mut conn, &name, within, fenced).await
+        })
+        .await;
+        let _ = timeout(within, conn.close()).await;
+        samples
+    }
+
+    /// The many-names pairs of `tasks` tasks on a pool as large as dlock's, fenced with
+    /// `fenced`.
     async fn parallel_pairs(
         &self,
         tasks: usize,
         duration: Duration,
-        fenced: Option<FencedAcquire>,
+        fenced: Option<&FencedAcquire>,
     ) -> Result<Throughput> {
         let run = Self::name("-parallel");
         let pairs = Arc::new(PooledPairs {
@@ -273,7 +314,7 @@ impl MySql {
             names: (0..tasks).map(|i| format!("{run}/{i}")).collect(),
             connect_timeout: self.config.connect_timeout,
             within: self.config.command_timeout,
-            fenced,
+            fenced: fenced.cloned(),
         });
         let result = many(pairs.clone(), tasks, duration).await;
         if let Some(pairs) = Arc::into_inner(pairs) {
@@ -303,35 +344,14 @@ impl Protocol for MySql {
     /// On **one connection held throughout**, after a warm-up of 200 ms (at most a fifth of
     /// `duration`).
     async fn pairs(&self, duration: Duration) -> Result<Measured> {
-        let mut conn = self.connect().await?;
-        let name = Self::name("");
-        let within = self.config.command_timeout;
-        let warm_up = WarmUp::For(Duration::from_millis(200).min(duration / 5));
-        let samples = sample(warm_up, duration, async || {
-            pair(&mut conn, &name, within, None).await
-        })
-        .await?;
-        let _ = timeout(within, conn.close()).await;
-        Ok(samples)
+        self.held_pairs(duration, None).await
     }
 
     /// As [`pairs`](Self::pairs), each `GET_LOCK` taking a token in its statement as dlock's
     /// does, from a counter created for the measurement.
     async fn fenced_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
-        let mut conn = self.connect().await?;
-        let Some(fenced) = self.fenced_acquire(&mut conn).await? else {
-            return Ok(None);
-        };
-        let name = Self::name("-fenced");
-        let within = self.config.command_timeout;
-        let warm_up = WarmUp::For(Duration::from_millis(200).min(duration / 5));
-        let samples = sample(warm_up, duration, async || {
-            pair(&mut conn, &name, within, Some(&fenced)).await
-        })
-        .await;
-        let _ = timeout(within, fenced.counter.drop_on(&mut conn)).await;
-        let _ = timeout(within, conn.close()).await;
-        samples.map(Some)
+        self.with_counter(async |fenced| self.held_pairs(duration, Some(fenced)).await)
+            .await
     }
 
     /// `waiters` connections, each waiting in a blocking `GET_LOCK(name, 3600)` and holding the
@@ -369,16 +389,8 @@ impl Protocol for MySql {
         tasks: usize,
         duration: Duration,
     ) -> Result<Option<Throughput>> {
-        let mut setup = self.connect().await?;
-        let Some(fenced) = self.fenced_acquire(&mut setup).await? else {
-            return Ok(None);
-        };
-        let counter = fenced.counter.clone();
-        let result = self.parallel_pairs(tasks, duration, Some(fenced)).await;
-        let within = self.config.command_timeout;
-        let _ = timeout(within, counter.drop_on(&mut setup)).await;
-        let _ = timeout(within, setup.close()).await;
-        result.map(Some)
+        self.with_counter(async |fenced| self.parallel_pairs(tasks, duration, Some(fenced)).await)
+            .await
     }
 }
 
