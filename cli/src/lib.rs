@@ -23,7 +23,8 @@
 //!
 //! Exit codes follow sysexits(3) where one fits: 0 success; the command's own status for
 //! `dlock run`; 1 a conformance case failed; 64 bad usage or configuration (also `dlock status`
-//! on a backend that cannot inspect); 69 backend unavailable; 74 the lock was lost while the command ran; 75 the lock was busy (timed out).
+//! on a backend that cannot inspect); 69 backend unavailable; 74 the lock was lost while the command ran; 75 the lock was busy (timed out);
+//! 127 (not found) or 126 (not runnable) when `dlock run` cannot start the command, as `env(1)` exits.
 
 mod bench;
 mod conformance;

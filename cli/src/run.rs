@@ -60,29 +60,28 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
         locks.acquire(&name, &opts).await?
     };
 
-    let mut child = Command::new(&args.command[0])
+    let spawned = Command::new(&args.command[0])
         .args(&args.command[1..])
         .env("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("DLOCK_LOCK_NAME", name.as_str())
         .kill_on_drop(true)
         // Its own process group, so that stopping it reaches everything it started.
         .process_group(0)
-        .spawn()
-        .map_err(|e| {
-            LockError::invalid(
-                "command",
-                format!("cannot start `{}`: {e}", args.command[0]),
-            )
-        })?;
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(error) => {
+            eprintln!("dlock: cannot start `{}`: {error}", args.command[0]);
+            // Released now, not by the dropped guard in the background: the next `dlock run`
+            // on this name must find it free, and this one must not exit while still holding it.
+            release_after_command(guard, &name).await;
+            return Ok(ExitCode::from(cannot_start_code(&error)));
+        }
+    };
 
     match supervise(&mut child, &guard, args.kill_after).await {
         Supervised::Exited(status) => {
-            if let Err(error) = guard.release().await {
-                eprintln!(
-                    "dlock: releasing `{name}` after the command: {}",
-                    crate::error_chain(&error)
-                );
-            }
+            release_after_command(guard, &name).await;
             Ok(exit_code_of(status))
         }
         Supervised::Lost(reason) => {
@@ -91,6 +90,27 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
             );
             Ok(ExitCode::from(74))
         }
+    }
+}
+
+/// Releases the lock the command ran (or was to run) under, reporting a failed release on stderr:
+/// the command's outcome, not the release's, decides the exit code.
+async fn release_after_command(guard: LockGuard, name: &LockName) {
+    if let Err(error) = guard.release().await {
+        eprintln!(
+            "dlock: releasing `{name}` after the command: {}",
+            crate::error_chain(&error)
+        );
+    }
+}
+
+/// The exit code for a command that could not be started, as `env(1)`, `timeout(1)` and shells
+/// give it: 127 when it was not found, 126 when it was found but could not be run.
+fn cannot_start_code(error: &std::io::Error) -> u8 {
+    if error.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
     }
 }
 

@@ -57,6 +57,26 @@ fn run_passes_the_token_and_the_exit_status() {
     );
 }
 
+/// A command that cannot be started exits as `env(1)` and shells do (127 not found, 126 not
+/// runnable), and dlock releases the lock it took for it rather than leaving the dropped guard
+/// to release it in the background.
+#[test]
+fn run_of_a_command_that_cannot_start_releases_and_exits_127_or_126() {
+    let dir = std::env::temp_dir().join(format!("dlock-cli-nostart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let not_runnable = dir.join("not-runnable");
+    std::fs::write(&not_runnable, "#!/bin/sh\nexit 0\n").unwrap();
+    let missing = dir.join("missing");
+    for (command, code) in [(&missing, 127), (&not_runnable, 126)] {
+        let out = dlock(&["run", "cli-nostart", "--", command.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{stderr}");
+        assert!(stderr.contains("cannot start"), "{stderr}");
+        assert!(!stderr.contains("without release"), "{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_input_is_a_usage_error_before_connecting() {
     let out = dlock(&["run", "--ttl", "0s", "x", "--", "true"]);

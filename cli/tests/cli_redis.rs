@@ -83,6 +83,33 @@ fn run_stops_the_command_and_exits_74_when_the_lock_is_lost() {
     let _ = std::fs::remove_file(&marker);
 }
 
+/// A command that cannot be started leaves the lock free when `dlock run` exits: the lock it took
+/// for the command is released before the process ends, not left to its lease.
+#[test]
+fn run_of_a_missing_command_leaves_the_lock_free() {
+    let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let missing = tempfile_path("dlock-missing-command");
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args([
+            "run",
+            "--backend",
+            &redis.url(),
+            "cli-nostart",
+            "--",
+            &missing,
+        ])
+        .output()
+        .expect("run dlock");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(127), "{stderr}");
+    let held = redis.command(&["EXISTS", "dlock:{cli-nostart}"]).unwrap();
+    assert_eq!(
+        held.as_text().as_deref(),
+        Some("0"),
+        "the lock outlived `dlock run`: {stderr}"
+    );
+}
+
 fn tempfile_path(prefix: &str) -> String {
     let dir = std::env::temp_dir();
     format!(
