@@ -1,6 +1,7 @@
 //! `PostgresConfig`: where the server is and how the client behaves, from a URL or key/value pairs.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock_api::raw::config::{
@@ -9,6 +10,7 @@ use dlock_api::raw::config::{
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
+use crate::tls::{SslMode, certificate_option};
 
 /// Configuration of a [`PostgresLock`](crate::PostgresLock).
 ///
@@ -31,7 +33,9 @@ use crate::BACKEND;
 /// | `tcp_keepalives_interval` | `5s` | server-side TCP keepalive: time between probes |
 /// | `tcp_keepalives_count` | `3` | server-side TCP keepalive: unanswered probes before the server drops the session (and its locks) |
 /// | `application_name` | `dlock` | shown in `pg_stat_activity` |
-/// | `sslmode` | `disable` | only `disable`, `allow` and `prefer` (plain TCP): this build has no TLS |
+/// | `sslmode` | `disable` | libpq's modes ([`SslMode`](crate::SslMode)): `disable`, `allow`, `prefer`, `require`, `verify-ca`, `verify-full`; those past `prefer` need the `tls-rustls` feature |
+/// | `sslrootcert` | (webpki roots) | PEM file of the CA to trust (a private CA); needs `tls-rustls` |
+/// | `sslcert`, `sslkey` | none | PEM files of a client certificate and its key, both or neither; need `tls-rustls` |
 ///
 /// `Debug` and `Display` never show the password.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +77,14 @@ pub struct PostgresConfig {
     pub tcp_keepalives_count: u32,
     /// `application_name` of the client's connections.
     pub application_name: String,
+    /// How connections use TLS.
+    pub sslmode: SslMode,
+    /// The CA to trust instead of the webpki roots.
+    pub sslrootcert: Option<PathBuf>,
+    /// A client certificate to present (with [`sslkey`](Self::sslkey)).
+    pub sslcert: Option<PathBuf>,
+    /// The client certificate's key.
+    pub sslkey: Option<PathBuf>,
 }
 
 impl Default for PostgresConfig {
@@ -96,6 +108,10 @@ impl Default for PostgresConfig {
             tcp_keepalives_interval: Duration::from_secs(5),
             tcp_keepalives_count: 3,
             application_name: "dlock".into(),
+            sslmode: SslMode::Disable,
+            sslrootcert: None,
+            sslcert: None,
+            sslkey: None,
         }
     }
 }
@@ -145,7 +161,7 @@ const MAX_FENCE_WINDOW: u64 = 1 << 40;
 /// The longest suffix [`quote_qualified_suffixed`] is given.
 const LONGEST_SUFFIX: &str = "_window";
 
-const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, wait_slice, fencing, fence_sequence, fence_window, create_fence, tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count, application_name, sslmode";
+const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, wait_slice, fencing, fence_sequence, fence_window, create_fence, tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count, application_name, sslmode, sslrootcert, sslcert, sslkey";
 
 impl PostgresConfig {
     /// Parses `postgres://[user[:password]@]host[:port][/database][?option=value…]` (also
@@ -227,14 +243,10 @@ impl PostgresConfig {
                 }
                 self.application_name = value.to_owned();
             }
-            "sslmode" => match value {
-                "disable" | "allow" | "prefer" => {}
-                other => {
-                    return Err(config_error(format!(
-                        "sslmode `{other}` needs TLS, which this build of dlock-postgres does not include (use disable, allow or prefer)"
-                    )));
-                }
-            },
+            "sslmode" => self.sslmode = SslMode::parse(value)?,
+            "sslrootcert" => self.sslrootcert = Some(certificate_option(key, value)?),
+            "sslcert" => self.sslcert = Some(certificate_option(key, value)?),
+            "sslkey" => self.sslkey = Some(certificate_option(key, value)?),
             other => return Err(unknown_option(BACKEND, other, KNOWN)),
         }
         Ok(())
@@ -322,11 +334,23 @@ mod tests {
             "postgres://h/db?fence_window=-1",
             "postgres://h/db?fence_window=many",
             "postgres://h/db?fence_window=1099511627777",
-            "postgres://h/db?sslmode=require",
+            "postgres://h/db?sslmode=required",
         ] {
             assert!(
                 matches!(PostgresConfig::from_url(bad), Err(LockError::Config { .. })),
                 "{bad}"
+            );
+        }
+        // Without TLS in the build, nothing that needs it parses.
+        for tls_only in [
+            "postgres://h/db?sslmode=require",
+            "postgres://h/db?sslmode=verify-full",
+            "postgres://h/db?sslrootcert=/ca.pem",
+        ] {
+            assert_eq!(
+                PostgresConfig::from_url(tls_only).is_ok(),
+                cfg!(feature = "tls-rustls"),
+                "{tls_only}"
             );
         }
         let mut c = PostgresConfig::default();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, Waited};
 use dlock_api::{LockError, Result};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
+use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::time::timeout;
 
@@ -17,6 +17,7 @@ use crate::error::{
 use crate::fence::Fence;
 use crate::key::RawKey;
 use crate::sql::{self, Sql};
+use crate::tls::{self, Certificates};
 
 /// Session advisory locks for a [`SessionPool`](dlock_api::raw::SessionPool); tokens are drawn
 /// in the same statement, and renewed by the [`Fence`] when outside its window.
@@ -28,28 +29,44 @@ pub(crate) struct PgDriver {
     connect: PgConnectOptions,
 }
 
-/// The connect options every dlock connection uses.
-pub(crate) fn connect_options(config: &PostgresConfig) -> PgConnectOptions {
-    let mut options = PgConnectOptions::new_without_pgpass()
-        .host(&config.host)
-        .port(config.port)
-        .username(&config.user)
-        .database(&config.database)
-        .ssl_mode(PgSslMode::Disable)
-        .application_name(&config.application_name)
-        // dlock reads no floats; and a pooler refuses start-up parameters it does not know, so
-        // the session settings go in `prepare`'s statement, not in the start-up packet.
-        .extra_float_digits(None)
-        .disable_statement_logging();
-    if let Some(password) = &config.password {
-        options = options.password(password.expose());
+impl PostgresConfig {
+    /// The sqlx connect options of every connection dlock opens: the server, the user, TLS as
+    /// `sslmode` asks (certificate files read now), no `.pgpass`, no statement logging, and no
+    /// start-up parameters a pooler would refuse. For tools that talk to the same server with
+    /// sqlx directly, as `dlock bench` does for its raw floors.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] if a certificate file cannot be read, or `sslcert` comes without
+    /// `sslkey` (or the reverse).
+    pub fn connect_options(&self) -> Result<PgConnectOptions> {
+        let mut options = PgConnectOptions::new_without_pgpass()
+            .host(&self.host)
+            .port(self.port)
+            .username(&self.user)
+            .database(&self.database)
+            .application_name(&self.application_name)
+            // dlock reads no floats; and a pooler refuses start-up parameters it does not know, so
+            // the session settings go in `prepare`'s statement, not in the start-up packet.
+            .extra_float_digits(None)
+            .disable_statement_logging();
+        if let Some(password) = &self.password {
+            options = options.password(password.expose());
+        }
+        tls::apply(
+            options,
+            self.sslmode,
+            &Certificates {
+                root: self.sslrootcert.as_deref(),
+                client_cert: self.sslcert.as_deref(),
+                client_key: self.sslkey.as_deref(),
+            },
+        )
     }
-    options
 }
 
 /// Opens one connection within the connect timeout.
 pub(crate) async fn open_connection(config: &PostgresConfig) -> Result<PgConnection> {
-    open_with(&connect_options(config), config.connect_timeout).await
+    open_with(&config.connect_options()?, config.connect_timeout).await
 }
 
 async fn open_with(options: &PgConnectOptions, within: Duration) -> Result<PgConnection> {
@@ -62,8 +79,22 @@ async fn open_with(options: &PgConnectOptions, within: Duration) -> Result<PgCon
                 e.as_database_error().map(|d| d.message()).unwrap_or("")
             )))
         }
+        // An untrusted certificate, a name it does not cover, a server without TLS: retrying
+        // will not help, the URL or the server's setup must change. (rustls reports a refused
+        // certificate as invalid data on the socket.)
+        Ok(Err(e)) if is_tls_failure(&e) => Err(crate::config::config_error(format!(
+            "TLS with the server failed: {e}"
+        ))),
         Ok(Err(e)) => Err(LockError::unavailable(crate::BACKEND, e)),
         Err(_) => Err(timed_out(within)),
+    }
+}
+
+fn is_tls_failure(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(e) => e.kind() == std::io::ErrorKind::InvalidData,
+        _ => false,
     }
 }
 
@@ -76,13 +107,13 @@ fn failure(error: sqlx::Error) -> DriverError {
 }
 
 impl PgDriver {
-    pub(crate) fn new(config: PostgresConfig, sql: Sql, fence: Option<Fence>) -> Self {
-        Self {
-            connect: connect_options(&config),
+    pub(crate) fn new(config: PostgresConfig, sql: Sql, fence: Option<Fence>) -> Result<Self> {
+        Ok(Self {
+            connect: config.connect_options()?,
             config,
             sql,
             fence,
-        }
+        })
     }
 
     /// The token of a grant whose statement drew `drawn`: kept, or renewed by the fence on

@@ -97,6 +97,16 @@
 //! `postgres://[user[:password]@]host[:port][/database][?option=value…]` (or `postgresql://`);
 //! options are listed on [`PostgresConfig`].
 //!
+//! ### TLS
+//! With the `tls-rustls` feature, libpq's options ask for TLS:
+//! `?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem` checks the server's certificate against
+//! your CA and its name against the host (without `sslrootcert`, against the webpki roots);
+//! `sslmode=require` encrypts without checking; `sslcert` and `sslkey` present a client
+//! certificate. The default is `disable`. A certificate the client does not trust, or a server
+//! that will not speak TLS, is a [`LockError::Config`](dlock_api::LockError::Config) at
+//! connect, as is a certificate file that cannot be read (before any network call). Without the
+//! feature, a URL that needs TLS is refused when parsed, never sent in the clear.
+//!
 //! ### Through PgBouncer: session mode only
 //! Session advisory locks belong to the server session that took them. PgBouncer in
 //! *transaction* (or statement) pooling mode hands a different server session to each
@@ -157,11 +167,13 @@ mod key;
 mod lock;
 mod pooler;
 mod sql;
+mod tls;
 mod xact;
 
 pub use config::PostgresConfig;
 pub use key::AdvisoryKey;
 pub use lock::PostgresLock;
+pub use tls::SslMode;
 pub use xact::{RowKey, RowLock, RowLockOutcome, RowWait, try_xact_lock, xact_lock};
 
 /// The sqlx version these helpers take transactions of ([`xact_lock`], [`RowLock`]).

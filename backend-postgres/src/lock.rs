@@ -66,7 +66,7 @@ impl PostgresLock {
             None
         };
         let sql = Sql::new(fence.as_ref().map(Fence::draw_sql).as_deref());
-        let driver = PgDriver::new(config, sql, fence);
+        let driver = PgDriver::new(config, sql, fence)?;
         let pid = driver.prepare(&mut conn).await?;
         let pool_config = driver.pool_config();
         let pool = SessionPool::new(driver, pool_config);

@@ -2,6 +2,7 @@
 
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use crate::control::process_control;
 use crate::error::{INSTALL_HINT, Result, ServerError};
 use crate::ports::free_port;
 use crate::process::{Launch, Proc, RunAs, temp_dir};
+use crate::tls::make_certificates;
 
 const KIND: &str = "postgres";
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -75,6 +77,20 @@ impl Postgres {
     /// [`ServerError::NotInstalled`] without the binaries; [`ServerError::CommandFailed`] when `initdb` fails;
     /// [`ServerError::StartFailed`] with the server's log.
     pub fn start() -> Result<Self> {
+        Self::start_with(false)
+    }
+
+    /// Starts a server as [`start`](Self::start) does that accepts TCP connections **only over
+    /// TLS** (`hostnossl … reject`), with a certificate for `127.0.0.1` from a private CA made
+    /// with `openssl`; clients trust [`ca_cert`](Self::ca_cert).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start), and [`ServerError::NotInstalled`] without `openssl`.
+    pub fn start_tls() -> Result<Self> {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Result<Self> {
         let bin = bin_dir()?;
         let user = run_as()?;
         let port = free_port().map_err(ServerError::io(KIND, "cannot find a free port"))?;
@@ -104,6 +120,11 @@ impl Postgres {
             .run_as(user)
             .run(KIND, TOOL_TIMEOUT)?;
         let initdb_took = begun.elapsed();
+        let tls_settings = if tls {
+            require_tls(dir.path(), &data, user)?
+        } else {
+            Vec::new()
+        };
 
         let launch = Launch::new(bin.join("postgres"))
             .arg("-D")
@@ -121,6 +142,7 @@ impl Postgres {
                 "full_page_writes=off",
             ])
             .args(["-c", "shared_buffers=32MB", "-c", "max_connections=200"])
+            .args(tls_settings)
             .cwd(dir.path())
             .run_as(user);
         let ready = Launch::new(bin.join("pg_isready")).args([
@@ -144,6 +166,12 @@ impl Postgres {
         proc.start()?;
         eprintln!("dlock-test-servers: postgres initdb took {initdb_took:.2?}");
         Ok(Postgres { proc, port, bin })
+    }
+
+    /// The PEM file of the private CA that signed the certificate of a server from
+    /// [`start_tls`](Self::start_tls).
+    pub fn ca_cert(&self) -> PathBuf {
+        self.proc.dir().join("ca.pem")
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`
@@ -188,4 +216,34 @@ impl Postgres {
             .env("PGCONNECT_TIMEOUT", "2")
             .run(KIND, Duration::from_secs(30))
     }
+}
+
+/// Makes the certificates in `dir`, lets only TLS connections in over TCP (`pg_hba.conf`), and
+/// returns the server settings that turn TLS on.
+fn require_tls(dir: &Path, data: &Path, user: Option<RunAs>) -> Result<Vec<String>> {
+    make_certificates(KIND, dir)?;
+    let key = dir.join("server.key");
+    let io = |what: &'static str| ServerError::io(KIND, what);
+    // Postgres refuses a key that others can read, or that its own user cannot.
+    fs::set_permissions(&key, fs::Permissions::from_mode(0o600))
+        .map_err(io("cannot restrict the server key"))?;
+    if let Some(user) = user {
+        for file in ["server.key", "server.pem"] {
+            user.chown(&dir.join(file))
+                .map_err(io("cannot give the certificate to user postgres"))?;
+        }
+    }
+    fs::write(
+        data.join("pg_hba.conf"),
+        "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n",
+    )
+    .map_err(io("cannot write pg_hba.conf"))?;
+    Ok(vec![
+        "-c".into(),
+        "ssl=on".into(),
+        "-c".into(),
+        format!("ssl_cert_file={}", dir.join("server.pem").display()),
+        "-c".into(),
+        format!("ssl_key_file={}", key.display()),
+    ])
 }

@@ -80,6 +80,29 @@ impl PgHarness {
         }
     }
 
+    /// A private Postgres that takes TCP connections only over TLS, reached with
+    /// `sslmode=verify-full` trusting its private CA; `DLOCK_TEST_POSTGRES_URL` if set (a worker
+    /// process of this harness).
+    pub fn start_tls() -> Self {
+        if let Some(harness) = Self::from_env() {
+            return harness;
+        }
+        let server = Postgres::start_tls()
+            .unwrap_or_else(|e| panic!("cannot start Postgres over TLS for the tests: {e}"));
+        let url = with_options(
+            &server.url(),
+            &format!(
+                "sslmode=verify-full&sslrootcert={}",
+                server.ca_cert().display()
+            ),
+        );
+        Self {
+            url,
+            _server: Some(server),
+            pooler: None,
+        }
+    }
+
     fn from_env() -> Option<Self> {
         let url = std::env::var("DLOCK_TEST_POSTGRES_URL").ok()?;
         Some(Self {
@@ -99,6 +122,8 @@ impl Harness for PgHarness {
     fn label(&self) -> &str {
         if self.pooler.is_some() {
             "postgres through pgbouncer (session mode)"
+        } else if self.url.contains("sslmode=verify-full") {
+            "postgres over TLS"
         } else {
             "postgres"
         }

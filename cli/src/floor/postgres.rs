@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use dlock_api::{LockError, Result};
 use dlock_postgres::PostgresConfig;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
-use sqlx::{ConnectOptions, Connection};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio::time::timeout;
 
 use crate::contend::{Contender, contend};
@@ -37,27 +37,10 @@ impl Postgres {
         })
     }
 
-    /// Connections as dlock opens them (no TLS, no `.pgpass`, no start-up parameters a pooler
+    /// A connection as dlock opens one (TLS as the URL asks, no start-up parameters a pooler
     /// would refuse, no statement logging), without any session settings.
-    fn options(&self) -> PgConnectOptions {
-        let c = &self.config;
-        let mut options = PgConnectOptions::new_without_pgpass()
-            .host(&c.host)
-            .port(c.port)
-            .username(&c.user)
-            .database(&c.database)
-            .ssl_mode(PgSslMode::Disable)
-            .application_name(&c.application_name)
-            .extra_float_digits(None)
-            .disable_statement_logging();
-        if let Some(password) = &c.password {
-            options = options.password(password.expose());
-        }
-        options
-    }
-
     async fn connect(&self) -> Result<PgConnection> {
-        connect(&self.options(), self.config.connect_timeout).await
+        connect(&self.config.connect_options()?, self.config.connect_timeout).await
     }
 }
 
@@ -174,7 +157,7 @@ impl Protocol for Postgres {
     async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
         let pairs = Arc::new(PooledPairs {
             pool: FreeList::new(self.config.max_connections),
-            options: self.options(),
+            options: self.config.connect_options()?,
             keys: (0..tasks).map(|_| rand::random()).collect(),
             connect_timeout: self.config.connect_timeout,
             within: self.config.command_timeout,
