@@ -1,11 +1,10 @@
 //! `PostgresConfig`: where the server is and how the client behaves, from a URL or key/value pairs.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock_api::raw::config::{
-    Secret, UrlParts, bool_option, duration_option, join_host_port, unknown_option,
+    Secret, TlsFiles, UrlParts, bool_option, duration_option, join_host_port, unknown_option,
 };
 use dlock_api::{LockError, Result};
 
@@ -79,12 +78,10 @@ pub struct PostgresConfig {
     pub application_name: String,
     /// How connections use TLS.
     pub sslmode: SslMode,
-    /// The CA to trust instead of the webpki roots.
-    pub sslrootcert: Option<PathBuf>,
-    /// A client certificate to present (with [`sslkey`](Self::sslkey)).
-    pub sslcert: Option<PathBuf>,
-    /// The client certificate's key.
-    pub sslkey: Option<PathBuf>,
+    /// The certificate files: `sslrootcert` (the CA to trust instead of the webpki roots) is
+    /// `ca_cert`, `sslcert` and `sslkey` (a client certificate and its key) are `client_cert`
+    /// and `client_key`.
+    pub tls_files: TlsFiles,
 }
 
 impl Default for PostgresConfig {
@@ -109,9 +106,7 @@ impl Default for PostgresConfig {
             tcp_keepalives_count: 3,
             application_name: "dlock".into(),
             sslmode: SslMode::Disable,
-            sslrootcert: None,
-            sslcert: None,
-            sslkey: None,
+            tls_files: TlsFiles::default(),
         }
     }
 }
@@ -244,9 +239,9 @@ impl PostgresConfig {
                 self.application_name = value.to_owned();
             }
             "sslmode" => self.sslmode = SslMode::parse(value)?,
-            "sslrootcert" => self.sslrootcert = Some(certificate_option(key, value)?),
-            "sslcert" => self.sslcert = Some(certificate_option(key, value)?),
-            "sslkey" => self.sslkey = Some(certificate_option(key, value)?),
+            "sslrootcert" => self.tls_files.ca_cert = Some(certificate_option(key, value)?),
+            "sslcert" => self.tls_files.client_cert = Some(certificate_option(key, value)?),
+            "sslkey" => self.tls_files.client_key = Some(certificate_option(key, value)?),
             other => return Err(unknown_option(BACKEND, other, KNOWN)),
         }
         Ok(())

@@ -17,7 +17,7 @@ use crate::error::{
 use crate::fence::Fence;
 use crate::key::RawKey;
 use crate::sql::{self, Sql};
-use crate::tls::{self, Certificates};
+use crate::tls;
 
 /// Session advisory locks for a [`SessionPool`](dlock_api::raw::SessionPool); tokens are drawn
 /// in the same statement, and renewed by the [`Fence`] when outside its window.
@@ -52,15 +52,7 @@ impl PostgresConfig {
         if let Some(password) = &self.password {
             options = options.password(password.expose());
         }
-        tls::apply(
-            options,
-            self.sslmode,
-            &Certificates {
-                root: self.sslrootcert.as_deref(),
-                client_cert: self.sslcert.as_deref(),
-                client_key: self.sslkey.as_deref(),
-            },
-        )
+        tls::apply(options, self.sslmode, &self.tls_files)
     }
 }
 

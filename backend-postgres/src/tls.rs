@@ -5,9 +5,8 @@
 //! refused when the URL is parsed, so a build without TLS never talks in the clear to a server the
 //! URL meant to reach over TLS.
 
-use std::path::Path;
-
 use dlock_api::Result;
+use dlock_api::raw::config::TlsFiles;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 fn config_error(reason: impl Into<String>) -> dlock_api::LockError {
@@ -86,15 +85,9 @@ pub(crate) fn certificate_option(key: &str, value: &str) -> Result<std::path::Pa
     Ok(value.into())
 }
 
-/// The certificate files of a connection, as the URL names them.
-pub(crate) struct Certificates<'a> {
-    pub(crate) root: Option<&'a Path>,
-    pub(crate) client_cert: Option<&'a Path>,
-    pub(crate) client_key: Option<&'a Path>,
-}
-
-/// Sets `mode` and the certificates on `options`, reading the files now: a missing or unreadable
-/// file is a configuration error before any network call, not a failed handshake.
+/// Sets `mode` and the certificate files (`sslrootcert` as `ca_cert`, `sslcert` and `sslkey`) on
+/// `options`, reading the files now: a missing or unreadable file is a configuration error before
+/// any network call, not a failed handshake.
 ///
 /// # Errors
 /// [`LockError::Config`](dlock_api::LockError::Config) for an unreadable file, or a client
@@ -102,7 +95,7 @@ pub(crate) struct Certificates<'a> {
 pub(crate) fn apply(
     mut options: PgConnectOptions,
     mode: SslMode,
-    certificates: &Certificates<'_>,
+    files: &TlsFiles,
 ) -> Result<PgConnectOptions> {
     options = options.ssl_mode(match mode {
         // Without TLS in the build, `allow` and `prefer` are plain TCP, as with a libpq built
@@ -114,33 +107,32 @@ pub(crate) fn apply(
         SslMode::VerifyCa => PgSslMode::VerifyCa,
         SslMode::VerifyFull => PgSslMode::VerifyFull,
     });
-    if let Some(root) = certificates.root {
-        options = options.ssl_root_cert_from_pem(read_pem("sslrootcert", root)?);
+    if files.client_cert.is_some() != files.client_key.is_some() {
+        return Err(config_error(
+            "options `sslcert` and `sslkey` go together: a client certificate needs its key",
+        ));
     }
-    match (certificates.client_cert, certificates.client_key) {
-        (Some(cert), Some(key)) => {
-            options = options
-                .ssl_client_cert_from_pem(read_pem("sslcert", cert)?)
-                .ssl_client_key_from_pem(read_pem("sslkey", key)?);
-        }
-        (None, None) => {}
-        _ => {
-            return Err(config_error(
-                "options `sslcert` and `sslkey` go together: a client certificate needs its key",
-            ));
-        }
+    let pem = files.read(crate::BACKEND)?;
+    if let Some(ca_cert) = pem.ca_cert {
+        options = options.ssl_root_cert_from_pem(ca_cert.into_bytes());
+    }
+    if let Some((cert, key)) = pem.identity {
+        options = options
+            .ssl_client_cert_from_pem(cert)
+            .ssl_client_key_from_pem(key);
     }
     Ok(options)
-}
-
-fn read_pem(key: &str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path)
-        .map_err(|e| config_error(format!("cannot read {key} {}: {e}", path.display())))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn files(key: &str, path: &str) -> TlsFiles {
+        let mut files = TlsFiles::default();
+        assert!(files.set_option(key, path));
+        files
+    }
 
     #[test]
     fn parses_libpq_modes() {
@@ -159,11 +151,7 @@ mod tests {
         let error = apply(
             PgConnectOptions::new(),
             SslMode::Disable,
-            &Certificates {
-                root: None,
-                client_cert: Some(Path::new("/nonexistent/client.pem")),
-                client_key: None,
-            },
+            &files("cert", "/nonexistent/client.pem"),
         )
         .unwrap_err();
         assert!(error.to_string().contains("go together"), "{error}");
@@ -174,11 +162,7 @@ mod tests {
         let error = apply(
             PgConnectOptions::new(),
             SslMode::Disable,
-            &Certificates {
-                root: Some(Path::new("/nonexistent/ca.pem")),
-                client_cert: None,
-                client_key: None,
-            },
+            &files("ca_cert", "/nonexistent/ca.pem"),
         )
         .unwrap_err();
         assert!(
