@@ -4,11 +4,12 @@ use std::fmt;
 use std::time::Duration;
 
 use dlock_api::raw::config::{
-    Secret, UrlParts, bool_option, duration_option, join_host_port, unknown_option,
+    Secret, TlsFiles, UrlParts, bool_option, duration_option, join_host_port, unknown_option,
 };
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
+use crate::tls::{SslMode, set_certificate_option};
 
 /// Configuration of a [`MySqlLock`](crate::MySqlLock).
 ///
@@ -26,6 +27,11 @@ use crate::BACKEND;
 /// | `fencing` | `true` | fencing tokens (a sequence on MariaDB, a counter table on MySQL); `false`: plain `GET_LOCK`, every token 0, no table |
 /// | `create_table` | `true` | create the table (or sequence) on first use; `false`: call [`MySqlLock::migrate`](crate::MySqlLock::migrate) or create it yourself |
 /// | `prefix` | *(empty)* | prepended to every `GET_LOCK` key, to keep dlock's names apart from other users of named locks on the server |
+/// | `ssl_mode` | `DISABLED` | MySQL's modes ([`SslMode`](crate::SslMode)), in any case: `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_CA`, `VERIFY_IDENTITY`; the last three need the `tls-rustls` feature |
+/// | `ssl_ca` | (webpki roots) | PEM file of the CA to trust (a private CA); needs `tls-rustls` |
+/// | `ssl_cert`, `ssl_key` | none | PEM files of a client certificate and its key, both or neither; need `tls-rustls` |
+///
+/// The TLS options also take MySQL's spelling: `ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key`.
 ///
 /// `Debug` and `Display` never show the password.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +65,11 @@ pub struct MySqlConfig {
     pub create_table: bool,
     /// Prefix of every `GET_LOCK` key.
     pub prefix: String,
+    /// How connections use TLS.
+    pub ssl_mode: SslMode,
+    /// The certificate files: `ssl_ca` is `ca_cert`, `ssl_cert` and `ssl_key` are
+    /// `client_cert` and `client_key`.
+    pub tls_files: TlsFiles,
 }
 
 impl Default for MySqlConfig {
@@ -78,6 +89,8 @@ impl Default for MySqlConfig {
             fencing: true,
             create_table: true,
             prefix: String::new(),
+            ssl_mode: SslMode::Disabled,
+            tls_files: TlsFiles::default(),
         }
     }
 }
@@ -97,7 +110,7 @@ fn identifier(part: &str) -> bool {
 /// The longest prefix accepted: the rest of the 64 characters must hold a digest key.
 const MAX_PREFIX: usize = 24;
 
-const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, session_timeout, table, fencing, create_table, prefix";
+const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, session_timeout, table, fencing, create_table, prefix, ssl_mode, ssl_ca, ssl_cert, ssl_key";
 
 impl MySqlConfig {
     /// Parses `mysql://[user[:password]@]host[:port][/database][?option=value…]`; `mariadb://` is
@@ -170,7 +183,12 @@ impl MySqlConfig {
                 }
                 self.prefix = value.to_owned();
             }
-            other => return Err(unknown_option(BACKEND, other, KNOWN)),
+            "ssl_mode" | "ssl-mode" => self.ssl_mode = SslMode::parse(value)?,
+            other => {
+                if !set_certificate_option(&mut self.tls_files, other, value)? {
+                    return Err(unknown_option(BACKEND, other, KNOWN));
+                }
+            }
         }
         Ok(())
     }

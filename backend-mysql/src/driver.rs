@@ -7,13 +7,38 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::LockError;
 use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, Waited};
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlSslMode};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
 
 use crate::BACKEND;
-use crate::config::MySqlConfig;
+use crate::config::{MySqlConfig, config_error};
 use crate::error::{is_connection_error, map_err};
 use crate::sql::{Cmd, Fence, HELLO, Reply, Sql, exec, raise_sequence};
+use crate::tls;
+
+impl MySqlConfig {
+    /// The sqlx connect options of every connection dlock opens: the server, the user, TLS as
+    /// `ssl_mode` asks (certificate files read now), no statement logging. For tools that talk to
+    /// the same server with sqlx directly, as `dlock bench` does for its raw floors.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] if a certificate file cannot be read, or `ssl_cert` comes without
+    /// `ssl_key` (or the reverse).
+    pub fn connect_options(&self) -> dlock_api::Result<MySqlConnectOptions> {
+        let mut options = MySqlConnectOptions::new()
+            .host(&self.host)
+            .port(self.port)
+            .username(&self.username)
+            .disable_statement_logging();
+        if let Some(password) = &self.password {
+            options = options.password(password.expose());
+        }
+        if let Some(database) = &self.database {
+            options = options.database(database);
+        }
+        tls::apply(options, self.ssl_mode, &self.tls_files)
+    }
+}
 
 /// `GET_LOCK` named locks for a [`SessionPool`](dlock_api::raw::SessionPool). Keys are mapped
 /// names (with the prefix); tokens come from the fencing table in the same statement.
@@ -27,27 +52,14 @@ pub(crate) struct MySqlDriver {
 }
 
 impl MySqlDriver {
-    pub(crate) fn new(config: MySqlConfig) -> Self {
-        let mut connect = MySqlConnectOptions::new()
-            .host(&config.host)
-            .port(config.port)
-            .username(&config.username)
-            .ssl_mode(MySqlSslMode::Disabled)
-            .statement_cache_capacity(16)
-            .disable_statement_logging();
-        if let Some(password) = &config.password {
-            connect = connect.password(password.expose());
-        }
-        if let Some(database) = &config.database {
-            connect = connect.database(database);
-        }
-        Self {
+    pub(crate) fn new(config: MySqlConfig) -> dlock_api::Result<Self> {
+        Ok(Self {
             sql: Sql::new(&config),
             init: Sql::init(&config),
-            connect,
+            connect: config.connect_options()?.statement_cache_capacity(16),
             config,
             fence: OnceLock::new(),
-        }
+        })
     }
 
     /// Where this client's tokens come from (`Row` until a connection has met the server).
@@ -127,7 +139,13 @@ impl SessionDriver for MySqlDriver {
     async fn open(&self) -> dlock_api::Result<(MySqlConnection, u64)> {
         let mut conn = MySqlConnection::connect_with(&self.connect)
             .await
-            .map_err(map_err)?;
+            .map_err(|e| {
+                if tls::is_tls_refusal(&e) {
+                    config_error(format!("TLS with the server failed: {e}"))
+                } else {
+                    map_err(e)
+                }
+            })?;
         conn.execute(sqlx::raw_sql(&self.init))
             .await
             .map_err(map_err)?;

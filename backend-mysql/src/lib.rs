@@ -66,7 +66,17 @@
 //! `mysql://[user[:password]@]host[:port]/database[?option=value…]`; `mariadb://` is the same.
 //! The database holds the fencing sequence or table. Options (see [`MySqlConfig`]): `connect_timeout`,
 //! `command_timeout`, `max_connections`, `keepalive`, `session_timeout`, `table`,
-//! `create_table`, `prefix`.
+//! `create_table`, `prefix`, `ssl_mode`, `ssl_ca`, `ssl_cert`, `ssl_key`.
+//!
+//! ### TLS
+//! With the `tls-rustls` feature, MySQL's options ask for TLS (in MySQL's spelling too:
+//! `ssl-mode`, `ssl-ca`, …): `?ssl_mode=VERIFY_IDENTITY&ssl_ca=/etc/ssl/db-ca.pem` checks the
+//! server's certificate against your CA and its name against the host (without `ssl_ca`, against
+//! the webpki roots); `ssl_mode=REQUIRED` encrypts without checking; `ssl_cert` and `ssl_key`
+//! present a client certificate. The default is `DISABLED`. A certificate the client does not
+//! trust is a [`LockError::Config`](dlock_api::LockError::Config) at connect, as is a certificate
+//! file that cannot be read (before any network call). Without the feature, a URL that needs TLS
+//! is refused when parsed, never sent in the clear.
 //!
 //! ## Names
 //! The server limits lock names to 64 characters (and documents them as case-insensitive), so
@@ -134,9 +144,11 @@ mod error;
 mod inspect;
 mod lock;
 mod sql;
+mod tls;
 
 pub use config::MySqlConfig;
 pub use lock::MySqlLock;
+pub use tls::SslMode;
 
 /// The URL schemes this backend serves (`mariadb://` is a `mysql://` URL).
 pub const SCHEMES: &[&str] = &["mysql", "mariadb"];

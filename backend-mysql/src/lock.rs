@@ -51,7 +51,7 @@ impl MySqlLock {
         let keys = KeyMapper::new(MAX_KEY_CHARS - config.prefix.len())
             .case_insensitive()
             .with_allowed(key_char);
-        let driver = MySqlDriver::new(config);
+        let driver = MySqlDriver::new(config)?;
         let pool_config = driver.pool_config();
         let pool = SessionPool::new(driver, pool_config);
         // Open the first connection now, so a wrong address or password fails here.

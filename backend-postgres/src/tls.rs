@@ -6,7 +6,7 @@
 //! URL meant to reach over TLS.
 
 use dlock_api::Result;
-use dlock_api::raw::config::TlsFiles;
+use dlock_api::raw::config::{TlsFiles, tls_option_not_built};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 fn config_error(reason: impl Into<String>) -> dlock_api::LockError {
@@ -69,9 +69,11 @@ impl SslMode {
 const TLS_BUILT_IN: bool = cfg!(feature = "tls-rustls");
 
 fn no_tls(what: &str) -> dlock_api::LockError {
-    config_error(format!(
-        "{what} needs TLS, which this build of dlock-postgres does not include (enable its `tls-rustls` feature, or `tls-rustls` of dlock)"
-    ))
+    tls_option_not_built(
+        crate::BACKEND,
+        what,
+        "`tls-rustls` of dlock-postgres (or of dlock)",
+    )
 }
 
 /// Checks a certificate option (`sslrootcert`, `sslcert`, `sslkey`) of a URL: it needs TLS.
@@ -107,11 +109,7 @@ pub(crate) fn apply(
         SslMode::VerifyCa => PgSslMode::VerifyCa,
         SslMode::VerifyFull => PgSslMode::VerifyFull,
     });
-    if files.client_cert.is_some() != files.client_key.is_some() {
-        return Err(config_error(
-            "options `sslcert` and `sslkey` go together: a client certificate needs its key",
-        ));
-    }
+    files.check_pair(crate::BACKEND, "sslcert", "sslkey")?;
     let pem = files.read(crate::BACKEND)?;
     if let Some(ca_cert) = pem.ca_cert {
         options = options.ssl_root_cert_from_pem(ca_cert.into_bytes());

@@ -84,6 +84,7 @@
 mod case;
 pub mod cases;
 mod deployment;
+pub mod errors;
 mod harness;
 pub mod history;
 pub mod inputs;

@@ -8,6 +8,7 @@ use crate::control::process_control;
 use crate::error::{Result, ServerError};
 use crate::ports::free_port;
 use crate::process::{Launch, Proc, find_program, temp_dir};
+use crate::tls::make_certificates;
 
 const KIND: &str = "mariadb";
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -38,6 +39,8 @@ pub struct MariaDb {
     proc: Proc,
     port: u16,
     client: PathBuf,
+    /// Whether the server takes only TLS connections, so that its tools must use TLS too.
+    tls: bool,
 }
 
 process_control!(MariaDb);
@@ -59,6 +62,20 @@ impl MariaDb {
     /// # Errors
     /// As [`start`](Self::start).
     pub fn start_with_env(env: &[(String, String)]) -> Result<Self> {
+        Self::start_with(env, false)
+    }
+
+    /// Starts a server as [`start`](Self::start) does that accepts connections **only over TLS**
+    /// (`require_secure_transport`), with a certificate for `127.0.0.1` from a private CA made
+    /// with `openssl`; clients trust [`ca_cert`](Self::ca_cert).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start), and [`ServerError::NotInstalled`] without `openssl`.
+    pub fn start_tls() -> Result<Self> {
+        Self::start_with(&[], true)
+    }
+
+    fn start_with(env: &[(String, String)], tls: bool) -> Result<Self> {
         let server = find_program(KIND, "mariadbd")?;
         let install = find_program(KIND, "mariadb-install-db")?;
         let client = find_program(KIND, "mariadb")?;
@@ -81,6 +98,18 @@ impl MariaDb {
             .cwd(dir.path())
             .run(KIND, TOOL_TIMEOUT)?;
         let install_took = begun.elapsed();
+        let tls_settings = if tls {
+            make_certificates(KIND, dir.path())?;
+            let file = |name: &str| dir.path().join(name).display().to_string();
+            vec![
+                format!("--ssl-cert={}", file("server.pem")),
+                format!("--ssl-key={}", file("server.key")),
+                format!("--ssl-ca={}", file("ca.pem")),
+                "--require-secure-transport=ON".to_owned(),
+            ]
+        } else {
+            Vec::new()
+        };
 
         let launch = Launch::new(server)
             .arg("--no-defaults")
@@ -110,11 +139,12 @@ impl MariaDb {
             ])
             .arg(&tmpdir)
             .args(COMMON)
+            .args(tls_settings)
             .cwd(dir.path());
         let launch = env
             .iter()
             .fold(launch, |launch, (key, value)| launch.env(key, value));
-        let ready = Self::client_command(&client, port, "select 1");
+        let ready = Self::client_command(&client, port, tls, "select 1");
         let proc = Proc::new(
             KIND,
             format!("127.0.0.1:{port}"),
@@ -125,14 +155,19 @@ impl MariaDb {
             libc::SIGTERM,
         );
         proc.start()?;
-        let db = MariaDb { proc, port, client };
+        let db = MariaDb {
+            proc,
+            port,
+            client,
+            tls,
+        };
         db.query("create database if not exists test")?;
         eprintln!("dlock-test-servers: mariadb install-db took {install_took:.2?}");
         Ok(db)
     }
 
-    fn client_command(client: &Path, port: u16, sql: &str) -> Launch {
-        Launch::new(client)
+    fn client_command(client: &Path, port: u16, tls: bool, sql: &str) -> Launch {
+        let launch = Launch::new(client)
             .args([
                 "--no-defaults",
                 "-h",
@@ -144,7 +179,15 @@ impl MariaDb {
                 "-B",
             ])
             .arg(format!("--port={port}"))
-            .args(["-e", sql])
+            .args(["-e", sql]);
+        // The server of `start_tls` refuses plain connections; the tools trust it unchecked.
+        if tls { launch.arg("--ssl") } else { launch }
+    }
+
+    /// The PEM file of the private CA that signed the certificate of a server from
+    /// [`start_tls`](Self::start_tls).
+    pub fn ca_cert(&self) -> PathBuf {
+        self.proc.dir().join("ca.pem")
     }
 
     /// `mysql://root@127.0.0.1:PORT/test`
@@ -172,6 +215,7 @@ impl MariaDb {
     /// # Errors
     /// [`ServerError::CommandFailed`] when the client fails (its message is in the error).
     pub fn query(&self, sql: &str) -> Result<String> {
-        Self::client_command(&self.client, self.port, sql).run(KIND, Duration::from_secs(30))
+        Self::client_command(&self.client, self.port, self.tls, sql)
+            .run(KIND, Duration::from_secs(30))
     }
 }

@@ -1,5 +1,5 @@
-//! Certificates for the servers that tests run over TLS (Redis, etcd, ZooKeeper, Postgres): a
-//! private CA and a server certificate for `127.0.0.1`, made with `openssl`.
+//! Certificates for the servers that tests run over TLS (Redis, etcd, ZooKeeper, Postgres,
+//! MariaDB): a private CA and a server certificate for `127.0.0.1`, made with `openssl`.
 
 use std::fs;
 use std::path::Path;

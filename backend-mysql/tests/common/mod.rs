@@ -16,17 +16,49 @@ pub struct MySqlHarness {
     url: String,
     /// Whether the server is ours (fault hooks work).
     owned: bool,
+    /// Keeps a server of this harness's own alive as long as the harness.
+    _server: Option<MariaDb>,
 }
 
 impl MySqlHarness {
     /// `DLOCK_TEST_MYSQL_URL` if set, else the test binary's shared private MariaDB.
     pub fn shared() -> Self {
         if let Ok(url) = std::env::var("DLOCK_TEST_MYSQL_URL") {
-            return Self { url, owned: false };
+            return Self::at(url);
         }
         Self {
             url: shared_mariadb().url(),
             owned: true,
+            _server: None,
+        }
+    }
+
+    /// A private MariaDB that takes connections only over TLS, reached with
+    /// `ssl-mode=VERIFY_IDENTITY` trusting its private CA (MySQL's spelling of the options, which
+    /// sqlx reads too); `DLOCK_TEST_MYSQL_URL` if set (a worker process of this harness).
+    pub fn tls() -> Self {
+        if let Ok(url) = std::env::var("DLOCK_TEST_MYSQL_URL") {
+            return Self::at(url);
+        }
+        let server = MariaDb::start_tls()
+            .unwrap_or_else(|e| panic!("cannot start MariaDB over TLS for the MySQL tests: {e}"));
+        Self {
+            url: format!(
+                "{}?ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+                server.url(),
+                server.ca_cert().display()
+            ),
+            owned: true,
+            _server: Some(server),
+        }
+    }
+
+    /// A server this harness does not own, at `url`.
+    fn at(url: String) -> Self {
+        Self {
+            url,
+            owned: false,
+            _server: None,
         }
     }
 
@@ -72,7 +104,11 @@ pub async fn kill_connection(url: &str, id: u64) -> std::result::Result<(), Stri
 #[async_trait]
 impl Harness for MySqlHarness {
     fn label(&self) -> &str {
-        "mysql"
+        if self.url.contains("ssl-mode=VERIFY_IDENTITY") {
+            "mysql over TLS"
+        } else {
+            "mysql"
+        }
     }
 
     async fn client(&self) -> Result<Arc<dyn DistributedLock>> {
@@ -152,10 +188,7 @@ impl Faults for MySqlHarness {
     }
 
     async fn own_server(&self) -> std::result::Result<OwnServer, String> {
-        OwnServer::start(MariaDb::start, |url| {
-            Arc::new(MySqlHarness { url, owned: false })
-        })
-        .await
+        OwnServer::start(MariaDb::start, |url| Arc::new(MySqlHarness::at(url))).await
     }
 
     /// `KILL`s the connections whose statement waits in `GET_LOCK` on the name's key (state

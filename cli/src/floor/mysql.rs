@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use dlock_api::{LockError, Result};
 use dlock_mysql::MySqlConfig;
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlSslMode};
-use sqlx::{ConnectOptions, Connection, Executor};
+use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
+use sqlx::{Connection, Executor};
 use tokio::time::timeout;
 
 use crate::contend::{Contender, contend};
@@ -43,26 +43,10 @@ impl MySql {
         })
     }
 
-    /// Plain connections: no TLS, no statement logging, nothing of dlock's.
-    fn options(&self) -> MySqlConnectOptions {
-        let c = &self.config;
-        let mut options = MySqlConnectOptions::new()
-            .host(&c.host)
-            .port(c.port)
-            .username(&c.username)
-            .ssl_mode(MySqlSslMode::Disabled)
-            .disable_statement_logging();
-        if let Some(password) = &c.password {
-            options = options.password(password.expose());
-        }
-        if let Some(database) = &c.database {
-            options = options.database(database);
-        }
-        options
-    }
-
+    /// A connection as dlock opens one (TLS as the URL asks, no statement logging), with
+    /// nothing of dlock's session settings.
     async fn connect(&self) -> Result<MySqlConnection> {
-        connect(&self.options(), self.config.connect_timeout).await
+        connect(&self.config.connect_options()?, self.config.connect_timeout).await
     }
 
     /// A lock name of this run.
@@ -310,7 +294,7 @@ impl MySql {
         let run = Self::name("-parallel");
         let pairs = Arc::new(PooledPairs {
             pool: FreeList::new(self.config.max_connections),
-            options: self.options(),
+            options: self.config.connect_options()?,
             names: (0..tasks).map(|i| format!("{run}/{i}")).collect(),
             connect_timeout: self.config.connect_timeout,
             within: self.config.command_timeout,

@@ -29,6 +29,16 @@ pub fn tls_not_built(backend: &'static str, scheme: &str, feature: &str) -> Lock
     )
 }
 
+/// The refusal of an option that needs TLS (`what`, such as ``sslmode `require` ``) by a build
+/// without TLS, so that a connection meant to be encrypted is never made in the clear; `feature`
+/// says which feature to enable, and of which crate.
+pub fn tls_option_not_built(backend: &'static str, what: &str, feature: &str) -> LockError {
+    config_error(
+        backend,
+        format!("{what} needs TLS, which this build does not include: enable feature {feature}"),
+    )
+}
+
 /// The longest duration a configuration option takes (a year): longer is surely a unit mistake,
 /// and it keeps sums of configured durations far from overflow.
 pub const MAX_OPTION_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -158,10 +168,26 @@ impl TlsFiles {
                 format!("options `ca_cert`, `cert` and `key` need {tls_scheme}://"),
             ));
         }
+        self.check_pair(backend, "cert", "key")
+    }
+
+    /// Checks that a client certificate comes with its key and the reverse; `cert_option` and
+    /// `key_option` are the options that set them, as the backend's URL names them.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for `backend` naming the options.
+    pub fn check_pair(
+        &self,
+        backend: &'static str,
+        cert_option: &str,
+        key_option: &str,
+    ) -> Result<()> {
         if self.client_cert.is_some() != self.client_key.is_some() {
             return Err(config_error(
                 backend,
-                "options `cert` and `key` go together",
+                format!(
+                    "options `{cert_option}` and `{key_option}` go together: a client certificate needs its key"
+                ),
             ));
         }
         Ok(())
