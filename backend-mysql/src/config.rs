@@ -27,6 +27,7 @@ use crate::tls::{SslMode, set_certificate_option};
 /// | `fencing` | `true` | fencing tokens (a sequence on MariaDB, a counter table on MySQL); `false`: plain `GET_LOCK`, every token 0, no table |
 /// | `create_table` | `true` | create the table (or sequence) on first use; `false`: call [`MySqlLock::migrate`](crate::MySqlLock::migrate) or create it yourself |
 /// | `prefix` | *(empty)* | prepended to every `GET_LOCK` key, to keep dlock's names apart from other users of named locks on the server |
+/// | `socket` | none | path of the server's Unix socket: connect through it instead of TCP (host and port are then only for display) |
 /// | `ssl_mode` | `DISABLED` | MySQL's modes ([`SslMode`](crate::SslMode)), in any case: `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_CA`, `VERIFY_IDENTITY`; the last three need the `tls-rustls` feature |
 /// | `ssl_ca` | (webpki roots) | PEM file of the CA to trust (a private CA); needs `tls-rustls` |
 /// | `ssl_cert`, `ssl_key` | none | PEM files of a client certificate and its key, both or neither; need `tls-rustls` |
@@ -65,6 +66,8 @@ pub struct MySqlConfig {
     pub create_table: bool,
     /// Prefix of every `GET_LOCK` key.
     pub prefix: String,
+    /// The server's Unix socket, to connect through instead of TCP.
+    pub socket: Option<std::path::PathBuf>,
     /// How connections use TLS.
     pub ssl_mode: SslMode,
     /// The certificate files: `ssl_ca` is `ca_cert`, `ssl_cert` and `ssl_key` are
@@ -89,6 +92,7 @@ impl Default for MySqlConfig {
             fencing: true,
             create_table: true,
             prefix: String::new(),
+            socket: None,
             ssl_mode: SslMode::Disabled,
             tls_files: TlsFiles::default(),
         }
@@ -110,7 +114,7 @@ fn identifier(part: &str) -> bool {
 /// The longest prefix accepted: the rest of the 64 characters must hold a digest key.
 const MAX_PREFIX: usize = 24;
 
-const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, session_timeout, table, fencing, create_table, prefix, ssl_mode, ssl_ca, ssl_cert, ssl_key";
+const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, session_timeout, table, fencing, create_table, prefix, socket, ssl_mode, ssl_ca, ssl_cert, ssl_key";
 
 impl MySqlConfig {
     /// Parses `mysql://[user[:password]@]host[:port][/database][?option=value…]`; `mariadb://` is
@@ -183,6 +187,7 @@ impl MySqlConfig {
                 }
                 self.prefix = value.to_owned();
             }
+            "socket" => self.socket = Some(value.into()),
             "ssl_mode" | "ssl-mode" => self.ssl_mode = SslMode::parse(value)?,
             other => {
                 if !set_certificate_option(&mut self.tls_files, other, value)? {
@@ -259,7 +264,10 @@ fn quote_path(path: &str) -> String {
 
 impl fmt::Display for MySqlConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&join_host_port(&self.host, self.port))?;
+        match &self.socket {
+            Some(socket) => write!(f, "{}", socket.display())?,
+            None => f.write_str(&join_host_port(&self.host, self.port))?,
+        }
         if let Some(db) = &self.database {
             write!(f, "/{db}")?;
         }

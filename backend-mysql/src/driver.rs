@@ -17,7 +17,7 @@ use crate::sql::{Cmd, Fence, HELLO, Reply, Sql, exec, raise_sequence};
 use crate::tls;
 
 impl MySqlConfig {
-    /// The sqlx connect options of every connection dlock opens: the server, the user, TLS as
+    /// The sqlx connect options of every connection dlock opens: the server (or its socket), the user, TLS as
     /// `ssl_mode` asks (certificate files read now), no statement logging. For tools that talk to
     /// the same server with sqlx directly, as `dlock bench` does for its raw floors.
     ///
@@ -35,6 +35,9 @@ impl MySqlConfig {
         }
         if let Some(database) = &self.database {
             options = options.database(database);
+        }
+        if let Some(socket) = &self.socket {
+            options = options.socket(socket);
         }
         tls::apply(options, self.ssl_mode, &self.tls_files)
     }

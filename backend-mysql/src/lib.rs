@@ -66,7 +66,8 @@
 //! `mysql://[user[:password]@]host[:port]/database[?option=value…]`; `mariadb://` is the same.
 //! The database holds the fencing sequence or table. Options (see [`MySqlConfig`]): `connect_timeout`,
 //! `command_timeout`, `max_connections`, `keepalive`, `session_timeout`, `table`,
-//! `create_table`, `prefix`, `ssl_mode`, `ssl_ca`, `ssl_cert`, `ssl_key`.
+//! `create_table`, `prefix`, `socket`, `ssl_mode`, `ssl_ca`, `ssl_cert`, `ssl_key`. On the
+//! server's machine, `?socket=/run/mysqld/mysqld.sock` connects through its Unix socket.
 //!
 //! ### TLS
 //! With the `tls-rustls` feature, MySQL's options ask for TLS (in MySQL's spelling too:

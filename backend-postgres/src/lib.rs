@@ -95,7 +95,9 @@
 //!
 //! ## URL
 //! `postgres://[user[:password]@]host[:port][/database][?option=value…]` (or `postgresql://`);
-//! options are listed on [`PostgresConfig`].
+//! options are listed on [`PostgresConfig`]. As with libpq, a host that is a path is the
+//! directory of the server's Unix socket: `postgres://app@%2Fvar%2Frun%2Fpostgresql/shop`
+//! (percent-encoded) connects through `/var/run/postgresql/.s.PGSQL.5432`.
 //!
 //! ### TLS
 //! With the `tls-rustls` feature, libpq's options ask for TLS:
