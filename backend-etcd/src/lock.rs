@@ -143,10 +143,7 @@ impl EtcdLock {
         let own = kind.own_id();
         let (created, outcome) = oneshot::channel::<bool>();
         let pending = PendingAcquire::arm(move || {
-            let Ok(handle) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            handle.spawn(async move {
+            dlock_api::raw::spawn_cleanup(async move {
                 let known = outcome.await.unwrap_or(false);
                 let rounds = if known { 1 } else { 2 };
                 for round in 0..rounds {

@@ -263,11 +263,8 @@ pub(crate) async fn grant_lease(
 
 /// Revokes `id` in the background, bounded by `command_timeout`.
 pub(crate) fn revoke_in_background(client: &Client, id: i64, command_timeout: Duration) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
     let mut leases = client.lease_client();
-    handle.spawn(async move {
+    dlock_api::raw::spawn_cleanup(async move {
         let _ = tokio::time::timeout(command_timeout, leases.revoke(id)).await;
     });
 }

@@ -81,10 +81,7 @@ impl RedisLease {
     /// The cleanup of a cancelled acquire: whatever the server did with `owner` (took the lock,
     /// queued it, granted it the lock), undo it.
     pub(crate) fn spawn_cleanup(inner: Arc<Inner>, keys: Arc<LockKeys>, owner: Arc<str>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
+        dlock_api::raw::spawn_cleanup(async move {
             if let Err(error) = Self::cancel(&inner, &keys, &owner).await {
                 tracing::warn!(key = %keys.lock, %error, "redis: cleanup of a cancelled acquire failed; the lease will end on its own");
             }

@@ -381,13 +381,10 @@ impl Redlock {
 /// that lost the agreed node to this attempt wakes on it). Each release rides the node's
 /// connection after the `SET` it undoes.
 pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: Arc<LockKeys>, owner: String) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
     let timeout = inner.config.command_timeout;
     for slot in &inner.slots {
         let (slot, keys, owner) = (slot.clone(), keys.clone(), owner.clone());
-        runtime.spawn(async move {
+        dlock_api::raw::spawn_cleanup(async move {
             let Ok(node) = slot.get() else { return };
             if let Err(error) = node.release(&keys, &owner, timeout).await {
                 tracing::debug!(node = %slot.addr(), key = %keys.lock, %error, "redlock: release of a failed attempt failed; the key ends with its TTL");

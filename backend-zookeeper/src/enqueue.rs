@@ -246,10 +246,7 @@ fn arm(
     let (report, outcome) = oneshot::channel::<Outcome>();
     let (session, parent, marker) = (session.clone(), parent.to_owned(), marker.to_owned());
     let pending = PendingAcquire::arm(move || {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        handle.spawn(async move {
+        dlock_api::raw::spawn_cleanup(async move {
             match outcome.await {
                 Ok(Outcome::NotCreated) => {}
                 Ok(Outcome::Created(node)) => {

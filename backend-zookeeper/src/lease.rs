@@ -260,11 +260,8 @@ impl Drop for ZkLease {
         if self.released.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let (session, path, version) = (self.session.clone(), self.path.clone(), self.version);
-        handle.spawn(async move {
+        dlock_api::raw::spawn_cleanup(async move {
             let _ = delete_node(&session, &path, version).await;
         });
     }

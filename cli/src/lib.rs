@@ -24,7 +24,9 @@
 //! Exit codes follow sysexits(3) where one fits: 0 success; the command's own status for
 //! `dlock run`; 1 a conformance case failed; 64 bad usage or configuration (also `dlock status`
 //! on a backend that cannot inspect); 69 backend unavailable; 74 the lock was lost while the command ran; 75 the lock was busy (timed out);
-//! 127 (not found) or 126 (not runnable) when `dlock run` cannot start the command, as `env(1)` exits.
+//! 127 (not found) or 126 (not runnable) when `dlock run` cannot start the command, as `env(1)` exits;
+//! 130 or 143 when SIGINT or SIGTERM ended `dlock run`'s wait for the lock (its place in the queue
+//! is given up before it exits). Every command lets background releases finish before it exits.
 
 mod bench;
 mod conformance;
@@ -115,12 +117,31 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Bench(args) => bench::bench(args).await,
         Command::Status(args) => status::status(args).await,
     };
-    match result {
+    let code = match result {
         Ok(code) => code,
         Err(error) => {
             eprintln!("dlock: {}", error_chain(&error));
             ExitCode::from(exit_code_for(&error))
         }
+    };
+    settle_before_exit().await;
+    code
+}
+
+/// How long the process waits, before it exits, for releases still running in the background.
+const SETTLE_BOUND: Duration = Duration::from_secs(10);
+
+/// Lets the background releases of dropped guards and cut-short acquires finish: the runtime,
+/// and with it the process, would otherwise end them half done and leave their locks to their
+/// leases. Bounded, because a server that stopped answering cannot be waited for.
+async fn settle_before_exit() {
+    if tokio::time::timeout(SETTLE_BOUND, dlock::settle())
+        .await
+        .is_err()
+    {
+        eprintln!(
+            "dlock: locks still being released after {SETTLE_BOUND:?} are left to their leases"
+        );
     }
 }
 

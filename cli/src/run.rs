@@ -2,11 +2,12 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitCode, ExitStatus};
+use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_api::{LockError, LockGuard, LockName, LockOptions};
+use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::{BackendArgs, parse_duration};
 
@@ -47,17 +48,21 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
         opts = opts.with_wait_timeout(wait);
     }
     opts.validate()?;
-    let locks = args.backend.connect().await?;
-    let guard = if args.no_wait {
-        match locks.try_acquire(&name, &opts).await? {
-            Some(guard) => guard,
-            None => {
-                eprintln!("dlock: lock `{name}` is busy");
-                return Ok(ExitCode::from(75));
-            }
+    // Installed before the wait, so that a signal at any point from here on is ours to handle:
+    // once a handler exists, the signal no longer kills the process.
+    let mut signals = Signals::install();
+    let waited = tokio::select! {
+        waited = connect_and_lock(&args, &name, &opts) => waited?,
+        signal = signals.next() => {
+            // The wait's future is dropped here: its cancellation undoes whatever it started on
+            // the server in the background, and `run`'s caller settles that before exiting.
+            eprintln!("dlock: interrupted while waiting for lock `{name}`");
+            return Ok(ExitCode::from(128u8.wrapping_add(signal as u8)));
         }
-    } else {
-        locks.acquire(&name, &opts).await?
+    };
+    let Some((_locks, guard)) = waited else {
+        eprintln!("dlock: lock `{name}` is busy");
+        return Ok(ExitCode::from(75));
     };
 
     let spawned = Command::new(&args.command[0])
@@ -79,7 +84,7 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
         }
     };
 
-    match supervise(&mut child, &guard, args.kill_after).await {
+    match supervise(&mut child, &guard, &mut signals, args.kill_after).await {
         Supervised::Exited(status) => {
             release_after_command(guard, &name).await;
             Ok(exit_code_of(status))
@@ -91,6 +96,22 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
             Ok(ExitCode::from(74))
         }
     }
+}
+
+/// Connects and takes the lock: `None` if `-n` found it busy. The client is returned with the
+/// guard so that it outlives it.
+async fn connect_and_lock(
+    args: &RunArgs,
+    name: &LockName,
+    opts: &LockOptions,
+) -> Result<Option<(Arc<dyn DistributedLock>, LockGuard)>, LockError> {
+    let locks = args.backend.connect().await?;
+    let guard = if args.no_wait {
+        locks.try_acquire(name, opts).await?
+    } else {
+        Some(locks.acquire(name, opts).await?)
+    };
+    Ok(guard.map(|guard| (locks, guard)))
 }
 
 /// Releases the lock the command ran (or was to run) under, reporting a failed release on stderr:
@@ -119,11 +140,49 @@ enum Supervised {
     Lost(dlock_api::LostReason),
 }
 
+/// SIGINT and SIGTERM, handled by dlock from the wait on: an interrupted wait ends cleanly, and a
+/// running command gets the signal instead of dlock.
+struct Signals {
+    interrupt: Option<Signal>,
+    terminate: Option<Signal>,
+}
+
+impl Signals {
+    fn install() -> Self {
+        Self {
+            interrupt: signal(SignalKind::interrupt()).ok(),
+            terminate: signal(SignalKind::terminate()).ok(),
+        }
+    }
+
+    /// The next SIGINT or SIGTERM to arrive.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a signal that arrives while nobody awaits it is kept for the next call.
+    async fn next(&mut self) -> libc::c_int {
+        tokio::select! {
+            Some(()) = recv(&mut self.interrupt) => libc::SIGINT,
+            Some(()) = recv(&mut self.terminate) => libc::SIGTERM,
+            else => std::future::pending().await,
+        }
+    }
+}
+
+async fn recv(signal: &mut Option<Signal>) -> Option<()> {
+    match signal {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Waits for the command, forwarding SIGINT/SIGTERM to its process group; stops the group if the
 /// lock is lost.
-async fn supervise(child: &mut Child, guard: &LockGuard, kill_after: Duration) -> Supervised {
-    let mut interrupt = signal(SignalKind::interrupt()).ok();
-    let mut terminate = signal(SignalKind::terminate()).ok();
+async fn supervise(
+    child: &mut Child,
+    guard: &LockGuard,
+    signals: &mut Signals,
+    kill_after: Duration,
+) -> Supervised {
     loop {
         tokio::select! {
             status = child.wait() => {
@@ -133,16 +192,8 @@ async fn supervise(child: &mut Child, guard: &LockGuard, kill_after: Duration) -
                 stop(child, kill_after).await;
                 return Supervised::Lost(reason);
             }
-            Some(()) = recv(&mut interrupt) => send_signal(child, libc::SIGINT),
-            Some(()) = recv(&mut terminate) => send_signal(child, libc::SIGTERM),
+            signal = signals.next() => send_signal(child, signal),
         }
-    }
-}
-
-async fn recv(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
-    match signal {
-        Some(signal) => signal.recv().await,
-        None => std::future::pending().await,
     }
 }
 

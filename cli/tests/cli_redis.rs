@@ -110,6 +110,58 @@ fn run_of_a_missing_command_leaves_the_lock_free() {
     );
 }
 
+/// SIGINT (Ctrl-C) or SIGTERM while `dlock run` waits ends the wait cleanly: dlock exits 130 or
+/// 143, as a shell reports a command killed by the signal, its place in the server's queue is
+/// gone by the time it has exited, and the command never runs.
+#[test]
+fn run_interrupted_while_waiting_leaves_no_waiter() {
+    use dlock_api::{LockName, LockOptions};
+    let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let locks = runtime.block_on(dlock::connect(&redis.url())).unwrap();
+    let name = LockName::new("cli-interrupted").unwrap();
+    let opts = LockOptions::new();
+    let holder = runtime.block_on(locks.acquire(&name, &opts)).unwrap();
+    let waiters = || runtime.block_on(locks.inspect(&name)).unwrap().waiters;
+    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let marker = tempfile_path("dlock-interrupted-ran");
+        let child = Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .args(["run", "--backend", &redis.url(), name.as_str()])
+            .args(["--", "touch", &marker])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run dlock");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while waiters() != Some(1) {
+            assert!(Instant::now() < deadline, "dlock run never queued");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on the child we spawned and have not reaped.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, signal);
+        }
+        let out = child.wait_with_output().expect("wait for dlock");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{stderr}");
+        assert!(stderr.contains("interrupted"), "{stderr}");
+        assert_eq!(
+            waiters(),
+            Some(0),
+            "an interrupted `dlock run` left its waiter: {stderr}"
+        );
+        assert!(
+            !std::path::Path::new(&marker).exists(),
+            "the command ran without the lock"
+        );
+    }
+    // No ghost waiter is owed the lock: another client takes it at once after the release.
+    runtime.block_on(holder.release()).unwrap();
+    let next = runtime.block_on(locks.try_acquire(&name, &opts)).unwrap();
+    assert!(next.is_some(), "the lock was not free after its release");
+    runtime.block_on(next.unwrap().release()).unwrap();
+}
+
 fn tempfile_path(prefix: &str) -> String {
     let dir = std::env::temp_dir();
     format!(

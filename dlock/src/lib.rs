@@ -23,6 +23,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Before the program exits
+//! A guard dropped without [`release`](LockGuard::release), and an acquire cut short, are
+//! cleaned up by a background task, which a runtime drops unfinished when it shuts down. Await
+//! [`settle`] before `main` returns (as `Pool::close` in sqlx) so that those locks are freed at
+//! once rather than when their leases end.
+//!
 //! ## `#[locked]`: a lock around an async fn
 //! [`locked`] is `@DistributedLock(key, waitTime, leaseTime)` for Rust: the body of an `async fn`
 //! runs under [`with_lock`](DistributedLockExt::with_lock) (stopped if the lock is lost, released
@@ -115,7 +121,7 @@ pub use dlock_api::{
     BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,
     FencingGate, FencingToken, Inspection, KeyMapper, LeaseKind, LockContext, LockError, LockGuard,
     LockName, LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy, error_chain,
-    observability, raw,
+    observability, raw, settle,
 };
 
 /// What `#[locked]`'s expansion calls; not an API. The traits exist for their compile errors:

@@ -23,10 +23,10 @@
 //! |---|---|---|---|---|
 //! | nothing shared (tests, one process) | [`MemoryLock`] | TTL | strict | the whole contract, in-process |
 //! | Redis | `dlock-redis` | TTL + watchdog | best effort (failover can lose a lock) | FIFO hand-off by grant, about one round trip |
-//! | several independent Redis nodes | `dlock-redlock` (planned) | TTL | best effort | survives a minority of nodes down; assumes bounded clock drift |
+//! | several independent Redis nodes | `dlock-redlock` | TTL | best effort | survives a minority of nodes down; assumes bounded clock drift |
 //! | MySQL / MariaDB | `dlock-mysql` | the connection | strict (counter row) | no extra infrastructure |
 //! | Postgres | `dlock-postgres` | the connection | strict (`CACHE 1` sequence) | advisory, transaction and row locks |
-//! | etcd | `dlock-etcd` (planned) | lease + keep-alive | strict (revision) | consensus: survives failover |
+//! | etcd | `dlock-etcd` | lease + keep-alive | strict (revision) | consensus: survives failover |
 //! | ZooKeeper | `dlock-zookeeper` | the session | strict (czxid) | consensus: survives failover |
 //!
 //! ## The contract in brief
@@ -42,7 +42,8 @@
 //! 7. **Lost signal**: [`LockGuard::lost`] fires when the lock is lost, with a [`LostReason`].
 //! 8. **Renewal**: with [`Renewal::auto`] (the default) a watchdog keeps the lease while held.
 //! 9. **Cancel safety**: dropping an acquire future leaves nothing held; dropping a guard
-//!    releases in the background.
+//!    releases in the background, and [`settle`] waits for those releases before the program
+//!    exits.
 //! 10. **Clear errors**: bad input fails before any network call with
 //!     [`LockError::InvalidArgument`]; nothing fails as a silent `false`.
 //!
@@ -84,6 +85,7 @@ pub use lock::{DistributedLock, DistributedLockExt, DynDistributedLock, LockCont
 pub use memory::MemoryLock;
 pub use name::{KeyMapper, LockName};
 pub use options::{LockOptions, Renewal, RetryPolicy};
+pub use raw::background::settle;
 pub use status::{LockStatus, LostReason};
 pub use token::FencingToken;
 

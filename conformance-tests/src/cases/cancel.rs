@@ -203,6 +203,50 @@ pub async fn aborted_release_leaves_client_usable(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// Once `settle()` returns, the background work of dropped guards and cut-short acquires is done:
+/// another client's `try_acquire`, which does not wait, finds every name free at once. A
+/// program that awaits `settle()` before it exits leaves no lock to its lease.
+pub async fn settle_finishes_background_cleanup(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let (dropped, raced, queued) = (ctx.name("dropped"), ctx.name("raced"), ctx.name("queued"));
+    let opts = LockOptions::new();
+    let unreleased = a.acquire(&dropped, &opts).await?;
+    // Cut short from before the request to after the reply; a guard that arrives is dropped.
+    for micros in [0u64, 50, 100, 200, 400, 800, 1600, 3200] {
+        let _ = tokio::time::timeout(Duration::from_micros(micros), a.acquire(&raced, &opts)).await;
+    }
+    let holder = b.acquire(&queued, &opts).await?;
+    let waiting = tokio::time::timeout(Duration::from_millis(200), a.acquire(&queued, &opts)).await;
+    ensure!(
+        waiting.is_err(),
+        "the waiting acquire finished while the lock was held"
+    );
+    drop(unreleased);
+    tokio::time::timeout(ctx.timing().bound, dlock_api::settle())
+        .await
+        .map_err(|_| {
+            Failure(format!(
+                "settle() did not return within {:?}",
+                ctx.timing().bound
+            ))
+        })?;
+    let mut holder = Some(holder);
+    for name in [&dropped, &raced, &queued] {
+        if *name == queued
+            && let Some(holder) = holder.take()
+        {
+            holder.release().await?;
+        }
+        let Some(guard) = b.try_acquire(name, &opts).await? else {
+            return Err(Failure(format!(
+                "`{name}` was still taken after settle(): its background cleanup had not finished"
+            )));
+        };
+        guard.release().await?;
+    }
+    Ok(())
+}
+
 /// Lets other tasks run for about `delay`, at a finer grain than tokio's 1 ms timer.
 async fn spin_for(delay: Duration) {
     let started = std::time::Instant::now();

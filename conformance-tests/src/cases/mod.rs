@@ -209,6 +209,7 @@ static CASES: &[Case] = &[
     case!(cancel::dropped_acquire_race_leaves_nothing, NONE),
     case!(cancel::storm_leaves_every_name_free, NONE),
     case!(cancel::aborted_release_leaves_client_usable, NONE),
+    case!(cancel::settle_finishes_background_cleanup, NONE),
     case!(names::unicode_names_work, NONE),
     case!(names::names_are_case_sensitive, NONE),
     case!(names::names_differ_after_byte_64, NONE),

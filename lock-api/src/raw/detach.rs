@@ -5,7 +5,7 @@ use std::task::{Context, Poll};
 
 /// A future that runs to completion even when its caller drops it: polled in place while the
 /// caller waits (no task hop on the fast path), and moved into a spawned task if the caller goes
-/// away first (a `select!`, a timeout, an aborted task).
+/// away first (a `select!`, a timeout, an aborted task), which [`settle`](super::settle) waits for.
 ///
 /// Wrap every step whose effects must not be cut in half: a statement on a connection (so the
 /// connection is never left mid-protocol), a release together with the client's record of it
@@ -52,17 +52,12 @@ where
     F::Output: Send + 'static,
 {
     fn drop(&mut self) {
-        if let Some(future) = self.future.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(future);
-                }
-                Err(_) => {
-                    tracing::warn!(
-                        "dlock: an operation was cut off outside a tokio runtime and cannot finish"
-                    );
-                }
-            }
+        if let Some(future) = self.future.take()
+            && !super::spawn_cleanup(future)
+        {
+            tracing::warn!(
+                "dlock: an operation was cut off outside a tokio runtime and cannot finish"
+            );
         }
     }
 }

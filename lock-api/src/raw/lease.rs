@@ -60,20 +60,17 @@ pub trait RawLease: Debug + Send + Sync + 'static {
 /// Releases `lease` in the background: what dropping an unreleased guard does.
 ///
 /// It never blocks (async drop does not exist, and `block_on` in `Drop` can deadlock a
-/// runtime): with a tokio runtime it spawns the release; without one it drops the lease, so a
-/// session backend closes its connection and a TTL backend's lock ends at its TTL. Both paths log.
+/// runtime): with a tokio runtime it spawns the release (counted by [`settle`](super::settle));
+/// without one it drops the lease, so a session backend closes its connection and a TTL
+/// backend's lock ends at its TTL. Both paths log.
 pub fn spawn_release(name: &str, lease: Arc<dyn RawLease>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => {
-            let name = name.to_owned();
-            handle.spawn(async move {
-                if let Err(error) = lease.release().await {
-                    tracing::warn!(name = %name, %error, "background release of a dropped guard failed; the lease will end on its own");
-                }
-            });
+    let owned_name = name.to_owned();
+    let started = super::spawn_cleanup(async move {
+        if let Err(error) = lease.release().await {
+            tracing::warn!(name = %owned_name, %error, "background release of a dropped guard failed; the lease will end on its own");
         }
-        Err(_) => {
-            tracing::warn!(name = %name, "guard dropped outside a tokio runtime; the lock ends when its lease or session does");
-        }
+    });
+    if !started {
+        tracing::warn!(name = %name, "guard dropped outside a tokio runtime; the lock ends when its lease or session does");
     }
 }

@@ -41,6 +41,9 @@
 //! - [`Detach`]: runs a step to completion even if its caller is dropped (every release runs in
 //!   one, so a task aborted inside `release().await` still releases and still updates the
 //!   client's records).
+//! - [`spawn_cleanup`]: where that work, and every other undoing of a dropped guard or a
+//!   cancelled acquire, runs once its caller is gone, counted so that [`settle`] can wait for it
+//!   before the program exits.
 //! - [`WaitRecovery`]: lets a blocking wait survive its connection being killed.
 //! - [`LocalQueue`]: a client's own FIFO per name, so only its first waiter holds a server-side
 //!   wait (and a connection) at a time; the others step up in turn.
@@ -49,6 +52,7 @@
 //! - [`config`]: option values and URL parts parsed, and refused, the same way in every backend.
 //! - [`random_owner`]: the random value a backend writes to tell its own key from others'.
 
+pub(crate) mod background;
 pub mod config;
 pub(crate) mod detach;
 mod engine;
@@ -66,6 +70,7 @@ pub(crate) mod timer;
 pub(crate) mod watchdog;
 
 pub use crate::inspect::inspect;
+pub use background::{running_cleanups, settle, spawn_cleanup};
 pub use detach::Detach;
 pub use engine::{Grant, RawLock, acquire, acquire_by, try_acquire, try_acquire_by};
 pub use lease::{RawLease, RenewedBy, spawn_release};

@@ -72,13 +72,13 @@ impl Attempt {
         if !phase.running {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
-        };
+        }
         phase.interrupting = true;
         drop(phase);
         let (attempt, core) = (self.clone(), core.clone());
-        runtime.spawn(async move {
+        crate::raw::spawn_cleanup(async move {
             for round in 1..=INTERRUPT_ROUNDS {
                 let done = attempt.statement_done.notified();
                 tokio::pin!(done);
