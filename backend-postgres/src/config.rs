@@ -19,6 +19,8 @@ use crate::tls::{SslMode, certificate_option};
 ///
 /// | option | default | meaning |
 /// |---|---|---|
+/// | `host` | the URL's | a host name or address, or the directory of the server's Unix socket (an absolute path), as libpq's `host` |
+/// | `port`, `dbname`, `user`, `password` | the URL's | as libpq's, for URLs that do not give them in place |
 /// | `connect_timeout` | `2s` | TCP connect and startup handshake |
 /// | `command_timeout` | `2s` | each non-waiting statement's reply; no call waits longer on a dead server |
 /// | `max_connections` | `10` | most connections one client opens (lock sessions plus blocking waits) |
@@ -153,20 +155,45 @@ pub(crate) fn quote_qualified_suffixed(name: &str, suffix: &str) -> Result<Strin
 /// The largest `fence_window`: 2^40 tokens.
 const MAX_FENCE_WINDOW: u64 = 1 << 40;
 
+/// Where libpq looks for the server's socket when a URL names no host, as it was built on
+/// Debian and on most other systems.
+const SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
+
+/// The host of a URL that names none: the first socket directory with a socket for `port`.
+fn default_host(port: u16) -> String {
+    SOCKET_DIRS
+        .iter()
+        .find(|dir| std::path::Path::new(&format!("{dir}/.s.PGSQL.{port}")).exists())
+        .map_or_else(|| "localhost".to_owned(), |dir| (*dir).to_owned())
+}
+
+fn non_empty(key: &str, value: &str) -> Result<String> {
+    if value.is_empty() {
+        return Err(config_error(format!("option `{key}` is empty")));
+    }
+    Ok(value.to_owned())
+}
+
 /// The longest suffix [`quote_qualified_suffixed`] is given.
 const LONGEST_SUFFIX: &str = "_window";
 
-const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepalive, wait_slice, fencing, fence_sequence, fence_window, create_fence, tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count, application_name, sslmode, sslrootcert, sslcert, sslkey";
+const KNOWN: &str = "host, port, dbname, user, password, connect_timeout, command_timeout, max_connections, keepalive, wait_slice, fencing, fence_sequence, fence_window, create_fence, tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count, application_name, sslmode, sslrootcert, sslcert, sslkey";
 
 impl PostgresConfig {
-    /// Parses `postgres://[user[:password]@]host[:port][/database][?option=value…]` (also
-    /// `postgresql://`). The user defaults to `postgres`, the port to 5432, the database to the
-    /// user name. Options are listed on [`PostgresConfig`].
+    /// Parses `postgres://[user[:password]@][host][:port][/database][?option=value…]` (also
+    /// `postgresql://`), as libpq reads it. The user defaults to `postgres`, the port to 5432,
+    /// the database to the user name. Options are listed on [`PostgresConfig`].
+    ///
+    /// The host is a name or an address, or a directory holding the server's Unix socket: an
+    /// absolute path, percent-encoded in the authority (`postgres://app@%2Fvar%2Frun%2Fpostgresql/db`)
+    /// or given as the `host` option (`postgres:///db?host=/var/run/postgresql`). A URL without
+    /// one, as libpq, uses the socket in `/var/run/postgresql` or `/tmp`, whichever has one for
+    /// the port, and `localhost` if neither has.
     ///
     /// # Errors
     /// [`LockError::Config`] saying what is wrong; no network call is made.
     pub fn from_url(url: &str) -> Result<Self> {
-        let parts = UrlParts::parse(BACKEND, url, crate::SCHEMES)?;
+        let parts = UrlParts::parse_host_optional(BACKEND, url, crate::SCHEMES)?;
         if parts.hosts.len() > 1 {
             return Err(config_error(
                 "postgres:// takes one host (multi-host failover URLs are not supported)",
@@ -177,11 +204,20 @@ impl PostgresConfig {
             config.user = user;
         }
         config.password = parts.password.clone();
-        (config.host, config.port) = parts.one_host(BACKEND, config.port)?;
+        config.host.clear();
+        if !parts.hosts.is_empty() {
+            (config.host, config.port) = parts.one_host(BACKEND, config.port)?;
+        }
         parts.at_most_segments(BACKEND, 1)?;
-        // Like libpq: the database defaults to the user's name.
-        config.database = parts.path.first().unwrap_or(&config.user).clone();
+        config.database = parts.path.first().cloned().unwrap_or_default();
         parts.apply_options(|key, value| config.set_option(key, value))?;
+        if config.database.is_empty() {
+            // Like libpq: the database defaults to the user's name.
+            config.database = config.user.clone();
+        }
+        if config.host.is_empty() {
+            config.host = default_host(config.port);
+        }
         Ok(config)
     }
 
@@ -238,6 +274,11 @@ impl PostgresConfig {
                 }
                 self.application_name = value.to_owned();
             }
+            "host" => self.host = non_empty(key, value)?,
+            "port" => self.port = parse_number(key, value)?,
+            "dbname" => self.database = non_empty(key, value)?,
+            "user" => self.user = non_empty(key, value)?,
+            "password" => self.password = Some(Secret::new(value)),
             "sslmode" => self.sslmode = SslMode::parse(value)?,
             "sslrootcert" => self.tls_files.ca_cert = Some(certificate_option(key, value)?),
             "sslcert" => self.tls_files.client_cert = Some(certificate_option(key, value)?),
@@ -311,9 +352,36 @@ mod tests {
     }
 
     #[test]
+    fn parses_libpq_host_options_and_urls_without_a_host() {
+        let c = PostgresConfig::from_url(
+            "postgresql:///orders?host=%2Frun%2Fpg&port=6000&user=app&password=pw",
+        )
+        .unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("/run/pg", 6000));
+        assert_eq!((c.user.as_str(), c.database.as_str()), ("app", "orders"));
+        assert_eq!(c.password.as_ref().map(|p| p.expose()), Some("pw"));
+        // The database defaults to the user's name, wherever the user was given.
+        let d = PostgresConfig::from_url("postgres://h?user=app").unwrap();
+        assert_eq!(d.database, "app");
+        let e = PostgresConfig::from_url("postgres://h/x?dbname=y&host=other").unwrap();
+        assert_eq!((e.host.as_str(), e.database.as_str()), ("other", "y"));
+        // No host at all: a default socket directory that has the port's socket, or localhost.
+        for url in ["postgres://", "postgres:///db", "postgres://app@/db"] {
+            let f = PostgresConfig::from_url(url).unwrap();
+            let socket = format!("{}/.s.PGSQL.{}", f.host, f.port);
+            assert!(
+                f.host == "localhost"
+                    || (SOCKET_DIRS.contains(&f.host.as_str())
+                        && std::path::Path::new(&socket).exists()),
+                "{url}: {}",
+                f.host
+            );
+        }
+    }
+
+    #[test]
     fn rejects_bad_urls_and_options() {
         for bad in [
-            "postgres://",
             "mysql://h/db",
             "postgres//h",
             "postgres://h:port/db",
@@ -324,6 +392,9 @@ mod tests {
             "postgres://h/db?command_timeout=0s",
             "postgres://h/db?max_connections=0",
             "postgres://h/db?fencing=maybe",
+            "postgres://h/db?host=",
+            "postgres://h/db?user=",
+            "postgres://h/db?port=99999",
             "postgres://h/db?fence_sequence=a;drop",
             "postgres://h/db?fence_sequence=a.b.c",
             "postgres://h/db?fence_window=-1",

@@ -94,10 +94,12 @@
 //!   for it, opened on first use.
 //!
 //! ## URL
-//! `postgres://[user[:password]@]host[:port][/database][?option=value…]` (or `postgresql://`);
+//! `postgres://[user[:password]@][host][:port][/database][?option=value…]` (or `postgresql://`);
 //! options are listed on [`PostgresConfig`]. As with libpq, a host that is a path is the
 //! directory of the server's Unix socket: `postgres://app@%2Fvar%2Frun%2Fpostgresql/shop`
-//! (percent-encoded) connects through `/var/run/postgresql/.s.PGSQL.5432`.
+//! (percent-encoded) and `postgres:///shop?host=/var/run/postgresql&user=app` both connect
+//! through `/var/run/postgresql/.s.PGSQL.5432`; a URL with no host at all uses that socket (or
+//! `/tmp`'s) if it exists, and `localhost` if not.
 //!
 //! ### TLS
 //! With the `tls-rustls` feature, libpq's options ask for TLS:

@@ -143,14 +143,36 @@ impl fmt::Display for BackendScheme {
     }
 }
 
-/// `url` with its password replaced by `***`, for errors and logs.
+/// `url` with its password replaced by `***`, for errors and logs: the one in the user info, and
+/// a `password` option (libpq's form).
 pub fn redact(url: &str) -> String {
     match Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
+        Ok(mut parsed) => {
+            let in_user_info = parsed.password().is_some();
+            if in_user_info {
+                let _ = parsed.set_password(Some("***"));
+            }
+            let in_query = parsed.query_pairs().any(|(key, _)| key == "password");
+            if in_query {
+                let pairs: Vec<(String, String)> = parsed
+                    .query_pairs()
+                    .map(|(key, value)| {
+                        let value = if key == "password" {
+                            "***".into()
+                        } else {
+                            value
+                        };
+                        (key.into_owned(), value.into_owned())
+                    })
+                    .collect();
+                parsed.query_pairs_mut().clear().extend_pairs(pairs);
+            }
+            if in_user_info || in_query {
+                parsed.to_string()
+            } else {
+                url.to_owned()
+            }
         }
-        Ok(_) => url.to_owned(),
         // Unparsable: drop anything that looks like user info rather than risk printing a secret.
         Err(_) => match (url.find("://"), url.rfind('@')) {
             (Some(start), Some(at)) if at > start => {
@@ -192,6 +214,10 @@ mod tests {
         assert_eq!(redact("redis://:s3cret@h:1/0"), "redis://:***@h:1/0");
         assert_eq!(redact("mysql://u:pw@h/db"), "mysql://u:***@h/db");
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact("postgres:///db?host=/run&password=pw&sslmode=require"),
+            "postgres:///db?host=%2Frun&password=***&sslmode=require"
+        );
         assert!(!redact("bad url://u:pw@h").contains("pw"));
     }
 }

@@ -270,7 +270,8 @@ pub struct UrlParts {
     pub user: Option<String>,
     /// The password, if one was given and not empty.
     pub password: Option<Secret>,
-    /// The hosts, in order (at least one).
+    /// The hosts, in order: at least one, unless parsed by
+    /// [`parse_host_optional`](Self::parse_host_optional).
     pub hosts: Vec<HostPort>,
     /// The non-empty path segments.
     pub path: Vec<String>,
@@ -285,6 +286,20 @@ impl UrlParts {
     /// [`LockError::Config`] for `backend`: no `scheme://`, a scheme not in `schemes`, no host,
     /// an empty host in a list, an unclosed `[`, a port that is not a number.
     pub fn parse(backend: &'static str, url: &str, schemes: &[&str]) -> Result<Self> {
+        let parts = Self::parse_host_optional(backend, url, schemes)?;
+        if parts.hosts.is_empty() {
+            return Err(config_error(backend, "the URL names no host"));
+        }
+        Ok(parts)
+    }
+
+    /// As [`parse`](Self::parse), but a URL without a host (`postgres:///db`) is accepted, with
+    /// no [`hosts`](Self::hosts): for a backend whose URLs can name the server another way, as
+    /// libpq's can with a `host` option or its default socket directory.
+    ///
+    /// # Errors
+    /// As [`parse`](Self::parse), except for the missing host.
+    pub fn parse_host_optional(backend: &'static str, url: &str, schemes: &[&str]) -> Result<Self> {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             config_error(
                 backend,
@@ -321,13 +336,13 @@ impl UrlParts {
             }
             None => (None, None),
         };
-        if hosts.is_empty() {
-            return Err(config_error(backend, "the URL names no host"));
-        }
-        let hosts = hosts
-            .split(',')
-            .map(|host| host_port(backend, host))
-            .collect::<Result<Vec<_>>>()?;
+        let hosts = match hosts {
+            "" => Vec::new(),
+            hosts => hosts
+                .split(',')
+                .map(|host| host_port(backend, host))
+                .collect::<Result<Vec<_>>>()?,
+        };
         Ok(Self {
             scheme,
             user,
