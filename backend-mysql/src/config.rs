@@ -118,21 +118,32 @@ const KNOWN: &str = "connect_timeout, command_timeout, max_connections, keepaliv
 
 impl MySqlConfig {
     /// Parses `mysql://[user[:password]@]host[:port][/database][?option=value…]`; `mariadb://` is
-    /// the same. The user defaults to `root`, the port to 3306.
+    /// the same. The user defaults to `root`, the port to 3306. With `socket=PATH` the host may
+    /// be left out (`mysql://app@/shop?socket=/run/mysqld/mysqld.sock`); it then shows as
+    /// `localhost`.
     ///
     /// # Errors
     /// [`LockError::Config`] saying what is wrong; no network call is made.
     pub fn from_url(url: &str) -> Result<Self> {
-        let parts = UrlParts::parse(BACKEND, url, crate::SCHEMES)?;
+        let parts = UrlParts::parse_host_optional(BACKEND, url, crate::SCHEMES)?;
         let mut config = Self::default();
         if let Some(user) = parts.user.clone() {
             config.username = user;
         }
         config.password = parts.password.clone();
-        (config.host, config.port) = parts.one_host(BACKEND, config.port)?;
+        if parts.hosts.is_empty() {
+            config.host = "localhost".into();
+        } else {
+            (config.host, config.port) = parts.one_host(BACKEND, config.port)?;
+        }
         parts.at_most_segments(BACKEND, 1)?;
         config.database = parts.path.first().cloned();
         parts.apply_options(|key, value| config.set_option(key, value))?;
+        if parts.hosts.is_empty() && config.socket.is_none() {
+            return Err(config_error(
+                "the URL names no host: give one, or the server's Unix socket with `?socket=PATH`",
+            ));
+        }
         config.check()?;
         Ok(config)
     }
@@ -303,9 +314,22 @@ mod tests {
     }
 
     #[test]
+    fn takes_a_socket_without_a_host() {
+        let c = MySqlConfig::from_url("mysql://app@/shop?socket=/run/mysqld/mysqld.sock").unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("localhost", 3306));
+        assert_eq!(c.database.as_deref(), Some("shop"));
+        assert_eq!(
+            c.socket.as_deref(),
+            Some(std::path::Path::new("/run/mysqld/mysqld.sock"))
+        );
+    }
+
+    #[test]
     fn rejects_bad_urls_and_options() {
         for bad in [
             "mysql://",
+            "mysql:///db",
+            "mysql://app@/db?ssl_mode=required",
             "postgres://h/db",
             "mysql://h:port/db",
             "mysql://a,b/db",

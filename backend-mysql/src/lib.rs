@@ -67,7 +67,8 @@
 //! The database holds the fencing sequence or table. Options (see [`MySqlConfig`]): `connect_timeout`,
 //! `command_timeout`, `max_connections`, `keepalive`, `session_timeout`, `table`,
 //! `create_table`, `prefix`, `socket`, `ssl_mode`, `ssl_ca`, `ssl_cert`, `ssl_key`. On the
-//! server's machine, `?socket=/run/mysqld/mysqld.sock` connects through its Unix socket.
+//! server's machine, `?socket=/run/mysqld/mysqld.sock` connects through its Unix socket, and the
+//! host may then be left out (`mysql://app@/shop?socket=…`).
 //!
 //! ### TLS
 //! With the `tls-rustls` feature, MySQL's options ask for TLS (in MySQL's spelling too:
