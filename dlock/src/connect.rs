@@ -22,8 +22,8 @@ use crate::scheme::{BackendScheme, redact};
 /// # Errors
 /// [`LockError::Config`] for a malformed URL, an unknown scheme, or a backend not compiled into
 /// this build (the message names the feature to enable); the backend's connect errors
-/// ([`LockError::Unavailable`]) when its server cannot be reached. Passwords never appear in
-/// errors.
+/// ([`LockError::Unavailable`]) when its server cannot be reached, their cause preceded by a
+/// [`Connecting`](crate::Connecting) naming the URL. Passwords never appear in errors.
 ///
 /// # Examples
 /// ```
@@ -53,12 +53,21 @@ where
         .into_iter()
         .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
         .collect();
+    connect_backend(url, &options)
+        .await
+        .map_err(|error| error.connecting_to(redact(url)))
+}
+
+async fn connect_backend(
+    url: &str,
+    options: &[(String, String)],
+) -> Result<Arc<dyn DistributedLock>> {
     match BackendScheme::parse(url)? {
-        BackendScheme::Memory => connect_memory(url, &options),
+        BackendScheme::Memory => connect_memory(url, options),
         #[cfg(feature = "redis")]
         BackendScheme::Redis => {
             let mut config = dlock_redis::RedisConfig::from_url(url)?;
-            for (key, value) in &options {
+            for (key, value) in options {
                 config.set_option(key, value)?;
             }
             Ok(Arc::new(dlock_redis::RedisLock::connect(config).await?))
@@ -66,7 +75,7 @@ where
         #[cfg(feature = "redlock")]
         BackendScheme::Redlock => {
             let mut config = dlock_redlock::RedlockConfig::from_url(url)?;
-            for (key, value) in &options {
+            for (key, value) in options {
                 config.set_option(key, value)?;
             }
             Ok(Arc::new(dlock_redlock::Redlock::connect(config).await?))
@@ -74,7 +83,7 @@ where
         #[cfg(feature = "mysql")]
         BackendScheme::MySql => {
             let mut config = dlock_mysql::MySqlConfig::from_url(url)?;
-            for (key, value) in &options {
+            for (key, value) in options {
                 config.set_option(key, value)?;
             }
             Ok(Arc::new(dlock_mysql::MySqlLock::connect(config).await?))
@@ -82,7 +91,7 @@ where
         #[cfg(feature = "postgres")]
         BackendScheme::Postgres => {
             let mut config = dlock_postgres::PostgresConfig::from_url(url)?;
-            for (key, value) in &options {
+            for (key, value) in options {
                 config.set_option(key, value)?;
             }
             Ok(Arc::new(
@@ -92,7 +101,7 @@ where
         #[cfg(feature = "etcd")]
         BackendScheme::Etcd => {
             let mut config = dlock_etcd::EtcdConfig::from_url(url)?;
-            for (key, value) in &options {
+            for (key, value) in options {
                 config.set_option(key, value)?;
             }
             Ok(Arc::new(dlock_etcd::EtcdLock::connect(config).await?))
@@ -100,7 +109,7 @@ where
         #[cfg(feature = "zookeeper")]
         BackendScheme::ZooKeeper => {
             let mut config = dlock_zookeeper::ZkConfig::from_url(url)?;
-            for (key, value) in &options {
+            for (key, value) in options {
                 config.set_option(key, value)?;
             }
             Ok(Arc::new(dlock_zookeeper::ZkLock::connect(config).await?))

@@ -118,10 +118,10 @@ pub use dlock_zookeeper::{NodeAcl, ZkConfig, ZkLock};
 
 #[doc(inline)]
 pub use dlock_api::{
-    BoxError, Capabilities, DistributedLock, DistributedLockExt, DynDistributedLock, Fencing,
-    FencingGate, FencingToken, Inspection, KeyMapper, LeaseKind, LockContext, LockError, LockGuard,
-    LockName, LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy, error_chain,
-    observability, raw, settle,
+    BoxError, Capabilities, Connecting, DistributedLock, DistributedLockExt, DynDistributedLock,
+    Fencing, FencingGate, FencingToken, Inspection, KeyMapper, LeaseKind, LockContext, LockError,
+    LockGuard, LockName, LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy,
+    error_chain, observability, raw, settle,
 };
 
 /// What `#[locked]`'s expansion calls; not an API. The traits exist for their compile errors:

@@ -181,5 +181,33 @@ async fn a_refused_connection_says_each_cause_once() {
                 dlock::error_chain(&error)
             );
         }
+        let chain = dlock::error_chain(&error);
+        assert!(
+            chain.contains(&format!("unavailable: connecting to {url}: ")),
+            "the error does not say where it was connecting to: {chain}"
+        );
+    }
+}
+
+/// The URL an error names has its passwords hidden, in the user info and in a `password` option.
+#[tokio::test]
+async fn a_refused_connection_hides_the_password_it_names() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    for url in [
+        format!("redis://:s3cret@{closed}?connect_timeout=2s"),
+        format!("postgres://app:s3cret@{closed}/db?connect_timeout=2s"),
+        format!("postgres://{closed}/db?user=app&password=s3cret&connect_timeout=2s"),
+    ] {
+        let Err(error) = dlock::connect(&url).await else {
+            panic!("{url}: connected to a closed port");
+        };
+        let chain = dlock::error_chain(&error);
+        assert!(
+            chain.contains("connecting to") && chain.contains("***") && !chain.contains("s3cret"),
+            "{chain}"
+        );
     }
 }

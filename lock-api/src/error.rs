@@ -109,6 +109,20 @@ pub struct CommandTimeout {
     pub after: Duration,
 }
 
+/// The source of an [`LockError::Unavailable`] or [`LockError::Backend`] met while connecting:
+/// names where the client was connecting to (a URL with its password hidden), with the driver's
+/// error as its own source.
+#[derive(Debug, thiserror::Error)]
+#[error("connecting to {target}")]
+#[non_exhaustive]
+pub struct Connecting {
+    /// Where the client was connecting to.
+    pub target: String,
+    /// What went wrong.
+    #[source]
+    pub source: BoxError,
+}
+
 /// A plain message as an error source, for failures a backend describes in words.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -192,6 +206,31 @@ impl LockError {
     /// `after`; its source is a [`CommandTimeout`].
     pub fn command_timeout(backend: &'static str, after: Duration) -> Self {
         Self::unavailable(backend, CommandTimeout { after })
+    }
+
+    /// This error, if it is [`Unavailable`](LockError::Unavailable) or
+    /// [`Backend`](LockError::Backend), with [`Connecting`] naming `target` put before its
+    /// cause: `postgres unavailable: connecting to postgres://app@db/shop: Connection refused`.
+    /// Other errors already say what is wrong without a server, and come back unchanged.
+    #[must_use]
+    pub fn connecting_to(self, target: impl Into<String>) -> Self {
+        let wrap = |source: BoxError| -> BoxError {
+            Box::new(Connecting {
+                target: target.into(),
+                source,
+            })
+        };
+        match self {
+            Self::Unavailable { backend, source } => Self::Unavailable {
+                backend,
+                source: wrap(source),
+            },
+            Self::Backend { backend, source } => Self::Backend {
+                backend,
+                source: wrap(source),
+            },
+            other => other,
+        }
     }
 
     /// An [`Unavailable`](LockError::Unavailable) error described in words.
@@ -282,5 +321,30 @@ mod tests {
             "test unavailable: no reply within 1s"
         );
         assert!(timeout.source_as::<CommandTimeout>().is_some());
+    }
+
+    #[test]
+    fn connecting_to_names_the_target_and_keeps_every_cause() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let error = LockError::unavailable("test", Chatty(refused)).connecting_to("test://h");
+        assert_eq!(
+            error_chain(&error),
+            "test unavailable: connecting to test://h: driver failed: refused"
+        );
+        assert_eq!(
+            error.source_as::<Connecting>().map(|c| c.target.as_str()),
+            Some("test://h")
+        );
+        assert!(error.source_as::<std::io::Error>().is_some());
+        let timeout = LockError::command_timeout("test", Duration::from_secs(1)).connecting_to("t");
+        assert!(timeout.source_as::<CommandTimeout>().is_some());
+        let config = LockError::Config {
+            backend: "test",
+            reason: "bad".into(),
+        };
+        assert!(matches!(
+            config.connecting_to("t"),
+            LockError::Config { reason, .. } if reason == "bad"
+        ));
     }
 }

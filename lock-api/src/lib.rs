@@ -77,7 +77,7 @@ mod status;
 mod token;
 
 pub use capabilities::{Capabilities, Fencing, LeaseKind};
-pub use error::{BoxError, CommandTimeout, LockError, Result, error_chain};
+pub use error::{BoxError, CommandTimeout, Connecting, LockError, Result, error_chain};
 pub use fencing::FencingGate;
 pub use guard::{LockGuard, Lost};
 pub use inspect::Inspection;
