@@ -15,8 +15,9 @@
 //!   names on one client, each against the backend's raw protocol floor (the same operations
 //!   with its driver alone) measured in the same run; medians and spreads over N rounds;
 //! - `dlock status --backend URL NAME…`: who holds each name, with its fencing token, the lease
-//!   it has left and how many wait, as the server says (`--json`; `--watch` refreshes). A backend
-//!   that cannot tell (ZooKeeper, for now) is named, with exit code 64.
+//!   it has left and how many wait, as the server says (`--json`; `--watch` refreshes). Every
+//!   built-in backend can tell; a backend that cannot (one without
+//!   [`Capabilities::inspect`](dlock_api::Capabilities::inspect)) is named, with exit code 64.
 //!
 //! The backend is a URL (`--backend`, or `DLOCK_URL`) or a TOML config file (`--config`,
 //! `DLOCK_CONFIG`), as [`dlock::connect`] and [`dlock::Config`] take them.
@@ -25,8 +26,8 @@
 //! `dlock run`; 1 a conformance case failed; 64 bad usage or configuration (also `dlock status`
 //! on a backend that cannot inspect); 69 backend unavailable; 74 the lock was lost while the command ran; 75 the lock was busy (timed out);
 //! 127 (not found) or 126 (not runnable) when `dlock run` cannot start the command, as `env(1)` exits;
-//! 130 or 143 when SIGINT or SIGTERM ended `dlock run`'s wait for the lock (its place in the queue
-//! is given up before it exits). Every command lets background releases finish before it exits.
+//! 128 + the signal's number (130 for Ctrl-C) when SIGINT, SIGTERM, SIGHUP or SIGQUIT ended
+//! `dlock run`'s wait for the lock (its place in the queue is given up before it exits). Every command lets background releases finish before it exits.
 
 mod bench;
 mod conformance;

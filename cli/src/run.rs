@@ -3,6 +3,7 @@
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitCode, ExitStatus};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
@@ -140,43 +141,53 @@ enum Supervised {
     Lost(dlock_api::LostReason),
 }
 
-/// SIGINT and SIGTERM, handled by dlock from the wait on: an interrupted wait ends cleanly, and a
-/// running command gets the signal instead of dlock.
+/// The signals dlock handles from the wait on. SIGINT, SIGQUIT and SIGHUP reach the terminal's
+/// whole foreground group, which the command, in its own group, is not in; left at their
+/// defaults they would kill dlock and leave the command running on without the lock.
+fn handled() -> [(SignalKind, libc::c_int); 4] {
+    [
+        (SignalKind::interrupt(), libc::SIGINT),
+        (SignalKind::terminate(), libc::SIGTERM),
+        (SignalKind::hangup(), libc::SIGHUP),
+        (SignalKind::quit(), libc::SIGQUIT),
+    ]
+}
+
+/// The [`handled`] signals: an interrupted wait ends cleanly, and a running command gets the
+/// signal instead of dlock.
 struct Signals {
-    interrupt: Option<Signal>,
-    terminate: Option<Signal>,
+    streams: Vec<(libc::c_int, Signal)>,
 }
 
 impl Signals {
     fn install() -> Self {
         Self {
-            interrupt: signal(SignalKind::interrupt()).ok(),
-            terminate: signal(SignalKind::terminate()).ok(),
+            streams: handled()
+                .into_iter()
+                .filter_map(|(kind, number)| signal(kind).ok().map(|stream| (number, stream)))
+                .collect(),
         }
     }
 
-    /// The next SIGINT or SIGTERM to arrive.
+    /// The number of the next handled signal to arrive.
     ///
     /// # Cancel safety
     /// Cancel safe: a signal that arrives while nobody awaits it is kept for the next call.
     async fn next(&mut self) -> libc::c_int {
-        tokio::select! {
-            Some(()) = recv(&mut self.interrupt) => libc::SIGINT,
-            Some(()) = recv(&mut self.terminate) => libc::SIGTERM,
-            else => std::future::pending().await,
-        }
+        std::future::poll_fn(|cx| {
+            for (number, stream) in &mut self.streams {
+                if let Poll::Ready(Some(())) = stream.poll_recv(cx) {
+                    return Poll::Ready(*number);
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 }
 
-async fn recv(signal: &mut Option<Signal>) -> Option<()> {
-    match signal {
-        Some(signal) => signal.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Waits for the command, forwarding SIGINT/SIGTERM to its process group; stops the group if the
-/// lock is lost.
+/// Waits for the command, forwarding the handled signals to its process group; stops the group
+/// if the lock is lost.
 async fn supervise(
     child: &mut Child,
     guard: &LockGuard,

@@ -77,6 +77,56 @@ fn run_of_a_command_that_cannot_start_releases_and_exits_127_or_126() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A signal sent to `dlock run` while the command runs goes to the command (it is in its own
+/// process group, out of the terminal's reach), and dlock exits with the command's status: a
+/// hangup or Ctrl-\ does not kill dlock and leave the command running on without the lock.
+#[test]
+fn run_passes_signals_on_to_the_command() {
+    let dir = std::env::temp_dir().join(format!("dlock-cli-signals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (signal, name) in [
+        (libc::SIGINT, "INT"),
+        (libc::SIGTERM, "TERM"),
+        (libc::SIGHUP, "HUP"),
+        (libc::SIGQUIT, "QUIT"),
+    ] {
+        let ready = dir.join(format!("{name}.ready"));
+        let caught = dir.join(format!("{name}.caught"));
+        let script = format!(
+            "trap 'echo {name} > {caught}; exit 3' {name}; touch {ready}; while :; do sleep 0.05; done",
+            caught = caught.display(),
+            ready = ready.display(),
+        );
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .args(["run", "cli-signals", "--", "sh", "-c", &script])
+            .env_remove("DLOCK_URL")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run dlock");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !ready.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the command never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // SAFETY: kill(2) on the child we spawned and have not reaped.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, signal);
+        }
+        let out = child.wait_with_output().expect("wait for dlock");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "SIG{name}: {stderr}");
+        assert_eq!(
+            std::fs::read_to_string(&caught).unwrap_or_default().trim(),
+            name,
+            "the command did not get SIG{name}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_input_is_a_usage_error_before_connecting() {
     let out = dlock(&["run", "--ttl", "0s", "x", "--", "true"]);

@@ -110,8 +110,8 @@ fn run_of_a_missing_command_leaves_the_lock_free() {
     );
 }
 
-/// SIGINT (Ctrl-C) or SIGTERM while `dlock run` waits ends the wait cleanly: dlock exits 130 or
-/// 143, as a shell reports a command killed by the signal, its place in the server's queue is
+/// SIGINT (Ctrl-C), SIGTERM, SIGHUP or SIGQUIT while `dlock run` waits ends the wait cleanly:
+/// dlock exits 128 + the signal's number, as a shell reports a command killed by it, its place in the server's queue is
 /// gone by the time it has exited, and the command never runs.
 #[test]
 fn run_interrupted_while_waiting_leaves_no_waiter() {
@@ -123,7 +123,12 @@ fn run_interrupted_while_waiting_leaves_no_waiter() {
     let opts = LockOptions::new();
     let holder = runtime.block_on(locks.acquire(&name, &opts)).unwrap();
     let waiters = || runtime.block_on(locks.inspect(&name)).unwrap().waiters;
-    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+    for (signal, code) in [
+        (libc::SIGINT, 130),
+        (libc::SIGTERM, 143),
+        (libc::SIGHUP, 129),
+        (libc::SIGQUIT, 131),
+    ] {
         let marker = tempfile_path("dlock-interrupted-ran");
         let child = Command::new(env!("CARGO_BIN_EXE_dlock"))
             .args(["run", "--backend", &redis.url(), name.as_str()])
