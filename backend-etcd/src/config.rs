@@ -20,7 +20,7 @@ pub const DEFAULT_PORT: u16 = 2379;
 ///
 /// | option | default | meaning |
 /// |---|---|---|
-/// | `prefix` | `dlock` (or the URL's path) | key prefix: keys are `PREFIX/NAME/LEASE-NONCE` |
+/// | `prefix` | `dlock` (or the URL's path) | key prefix: keys are `PREFIX/NAME/LEASE-SLOT` |
 /// | `connect_timeout` | `2s` | connecting to a member, and the probe that proves the cluster answers |
 /// | `command_timeout` | `2s` | each request's reply, and each keep-alive answer |
 /// | `ca_cert` | (system roots) | with `etcds://`: a PEM file of the CA to trust |

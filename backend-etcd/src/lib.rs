@@ -1,6 +1,6 @@
 //! # dlock-etcd: distributed locks on etcd
 //!
-//! The etcd backend for [dlock](https://docs.rs/dlock): an [`EtcdLock`] implements
+//! The etcd backend for [dlock](https://docs.rs/dlock-rs): an [`EtcdLock`] implements
 //! [`dlock_api::DistributedLock`] on an etcd cluster (v3 API; one member or many).
 //!
 //! ```no_run
@@ -18,8 +18,9 @@
 //! ## What it promises
 //! - [x] **Strict fencing**: the token is the key's *create revision*, a cluster-wide counter
 //!   that only grows, across restarts and leader changes.
-//! - [x] **FIFO, woken on release**: waiters queue by create revision; each watches only the key
-//!   just before its own, so a release wakes exactly one waiter, about one round trip later.
+//! - [x] **FIFO, woken on release**: waiters queue by create revision; each watches the name's
+//!   deletions (one watch stream per client) and takes the lock once every key ahead of it is
+//!   gone, about one round trip after the release.
 //! - [x] **Extend** and automatic renewal, through leases this client keeps alive.
 //! - [x] **Lost signal and suspension**: a guard reports `Suspended` while its lease's keep-alives
 //!   fail, and `Lost` when the lease ends or its key goes.

@@ -1,6 +1,6 @@
 //! # dlock-mysql: distributed locks on MySQL and MariaDB named locks
 //!
-//! The MySQL / MariaDB backend for [dlock](https://docs.rs/dlock): a [`MySqlLock`] implements
+//! The MySQL / MariaDB backend for [dlock](https://docs.rs/dlock-rs): a [`MySqlLock`] implements
 //! [`dlock_api::DistributedLock`] with the server's named locks (`GET_LOCK` / `RELEASE_LOCK`), so
 //! a service that already has a MySQL or MariaDB database needs no other lock server.
 //!
@@ -65,7 +65,7 @@
 //! ## URLs
 //! `mysql://[user[:password]@]host[:port]/database[?option=value…]`; `mariadb://` is the same.
 //! The database holds the fencing sequence or table. Options (see [`MySqlConfig`]): `connect_timeout`,
-//! `command_timeout`, `max_connections`, `keepalive`, `session_timeout`, `table`,
+//! `command_timeout`, `max_connections`, `keepalive`, `session_timeout`, `table`, `fencing`,
 //! `create_table`, `prefix`, `socket`, `ssl_mode`, `ssl_ca`, `ssl_cert`, `ssl_key`. On the
 //! server's machine, `?socket=/run/mysqld/mysqld.sock` connects through its Unix socket, and the
 //! host may then be left out (`mysql://app@/shop?socket=…`).

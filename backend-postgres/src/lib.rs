@@ -1,6 +1,6 @@
 //! # dlock-postgres: distributed locks on Postgres
 //!
-//! The Postgres backend for [dlock](https://docs.rs/dlock): a [`PostgresLock`] implements
+//! The Postgres backend for [dlock](https://docs.rs/dlock-rs): a [`PostgresLock`] implements
 //! [`dlock_api::DistributedLock`] with **session advisory locks**, and the crate adds helpers
 //! for locks that live inside *your* transaction: [`xact_lock`] (transaction-scoped advisory
 //! locks) and [`RowLock`] (`SELECT … FOR UPDATE` with `NOWAIT`, `SKIP LOCKED` or a bounded wait).

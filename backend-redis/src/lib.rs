@@ -1,6 +1,6 @@
 //! # dlock-redis: distributed locks on Redis
 //!
-//! The Redis backend for [dlock](https://docs.rs/dlock): a [`RedisLock`] implements
+//! The Redis backend for [dlock](https://docs.rs/dlock-rs): a [`RedisLock`] implements
 //! [`dlock_api::DistributedLock`] on a single node, a Sentinel-managed primary, or a Cluster.
 //!
 //! ```no_run
@@ -16,9 +16,11 @@
 //! ```
 //!
 //! ## How it works
-//! - **Acquire** is one Lua script: `SET PREFIX:{NAME} OWNER NX PX TTL`, and on success it raises
-//!   the name's fence key and returns the new fencing token; on failure it returns the holder's
-//!   remaining TTL. Scripts go by SHA (`EVALSHA`) and fall back to `EVAL` when the server forgot
+//! - **Acquire**: the first attempt is one small Lua script: if nobody queues,
+//!   `SET PREFIX:{NAME} OWNER NX PX TTL`, and on success it raises the name's fence key and
+//!   returns the new fencing token; 0 if the lock is held. A waiter's attempts use the full
+//!   script, which also queues it (a live waiter goes first) and returns the holder's remaining
+//!   TTL. Scripts go by SHA (`EVALSHA`) and fall back to `EVAL` when the server forgot
 //!   them (restart, `SCRIPT FLUSH`).
 //! - **Waiting**: a busy acquire joins the name's FIFO queue (`PREFIX:{NAME}:queue`) and subscribes
 //!   to `PREFIX:{NAME}:released` (once per name per client; all of a client's subscriptions ride its

@@ -1,6 +1,6 @@
 //! # dlock-redlock: distributed locks over N independent Redis nodes
 //!
-//! The Redlock backend for [dlock](https://docs.rs/dlock): a [`Redlock`] implements
+//! The Redlock backend for [dlock](https://docs.rs/dlock-rs): a [`Redlock`] implements
 //! [`dlock_api::DistributedLock`] on N independent Redis nodes (no replication between them,
 //! no Sentinel, no Cluster), and holds a lock while a majority of them agree.
 //!

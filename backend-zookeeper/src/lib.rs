@@ -1,6 +1,6 @@
 //! # dlock-zookeeper: distributed locks on ZooKeeper
 //!
-//! The ZooKeeper backend for [dlock](https://docs.rs/dlock): a [`ZkLock`] implements
+//! The ZooKeeper backend for [dlock](https://docs.rs/dlock-rs): a [`ZkLock`] implements
 //! [`dlock_api::DistributedLock`] on a ZooKeeper ensemble (3.5 or later; tested on 3.8, one
 //! server and three).
 //!

@@ -23,8 +23,10 @@
 //! `DLOCK_CONFIG`), as [`dlock::connect`] and [`dlock::Config`] take them.
 //!
 //! Exit codes follow sysexits(3) where one fits: 0 success; the command's own status for
-//! `dlock run`; 1 a conformance case failed; 64 bad usage or configuration (also `dlock status`
-//! on a backend that cannot inspect); 69 backend unavailable; 74 the lock was lost while the command ran; 75 the lock was busy (timed out);
+//! `dlock run`; 1 a conformance case failed; 2 a command line the parser rejects (an unknown
+//! flag, a missing argument); 64 an invalid value or configuration (a bad lock name, URL or
+//! config file; also `dlock status` on a backend that cannot inspect); 69 backend unavailable;
+//! 74 the lock was lost while the command ran; 75 the lock was busy (timed out);
 //! 127 (not found) or 126 (not runnable) when `dlock run` cannot start the command, as `env(1)` exits;
 //! 128 + the signal's number (130 for Ctrl-C) when SIGINT, SIGTERM, SIGHUP or SIGQUIT ended
 //! `dlock run`'s wait for the lock (its place in the queue is given up before it exits). Every command lets background releases finish before it exits.

@@ -25,7 +25,8 @@
 //! (see [`Needs`]) show as *ignored* with the reason in their name, never as passed.
 //!
 //! The same table drives `dlock conformance --backend URL` through [`run_all`]; cases that need
-//! fault hooks do not run there.
+//! server-side fault hooks do not run there, and with `--faults` the worker-process and
+//! fault-proxy cases do.
 //!
 //! ## What a harness can offer beyond clients
 //! - [`Harness::residue`]: what is left on the server of a case's names (locks held, waiters

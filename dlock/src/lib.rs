@@ -61,8 +61,9 @@
 //! ## The `dlock` command
 //! The `dlock-cli` crate (`cargo install dlock-cli --features full`): `dlock demo` (the coupon
 //! scenario with and without a lock), `dlock run NAME -- CMD` (like `flock(1)`, across
-//! machines), `dlock conformance` (the suite against a deployed backend) and `dlock bench`
-//! (latency and hand-off figures against the raw protocol floors).
+//! machines), `dlock conformance` (the suite against a deployed backend), `dlock bench`
+//! (latency and hand-off figures against the raw protocol floors) and `dlock status` (who holds
+//! a lock, with its token, the lease it has left and how many wait).
 //!
 //! ## Package name
 //! This crate is published as `dlock-rs` (the name `dlock` belongs to another crate on

@@ -24,7 +24,7 @@
 //! | nothing shared (tests, one process) | [`MemoryLock`] | TTL | strict | the whole contract, in-process |
 //! | Redis | `dlock-redis` | TTL + watchdog | best effort (failover can lose a lock) | FIFO hand-off by grant, about one round trip |
 //! | several independent Redis nodes | `dlock-redlock` | TTL | best effort | survives a minority of nodes down; assumes bounded clock drift |
-//! | MySQL / MariaDB | `dlock-mysql` | the connection | strict (counter row) | no extra infrastructure |
+//! | MySQL / MariaDB | `dlock-mysql` | the connection | strict (sequence on MariaDB, counter row on MySQL) | no extra infrastructure |
 //! | Postgres | `dlock-postgres` | the connection | strict (`CACHE 1` sequence) | advisory, transaction and row locks |
 //! | etcd | `dlock-etcd` | lease + keep-alive | strict (revision) | consensus: survives failover |
 //! | ZooKeeper | `dlock-zookeeper` | the session | strict (czxid) | consensus: survives failover |
