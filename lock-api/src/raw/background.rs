@@ -69,8 +69,3 @@ where
 pub async fn settle() {
     tracker().wait().await;
 }
-
-/// How many background cleanups are running now.
-pub fn running_cleanups() -> usize {
-    tracker().len()
-}

@@ -70,7 +70,7 @@ pub(crate) mod timer;
 pub(crate) mod watchdog;
 
 pub use crate::inspect::inspect;
-pub use background::{running_cleanups, settle, spawn_cleanup};
+pub use background::{settle, spawn_cleanup};
 pub use detach::Detach;
 pub use engine::{Grant, RawLock, acquire, acquire_by, try_acquire, try_acquire_by};
 pub use lease::{RawLease, RenewedBy, spawn_release};
