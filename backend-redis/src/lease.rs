@@ -18,6 +18,9 @@ pub(crate) struct RedisLease {
     name: LockName,
     keys: Arc<LockKeys>,
     owner: Arc<str>,
+    /// Taken with nobody queued: the release first tries the script without the hand-off. A
+    /// lock granted after a wait goes straight to the hand-off, as others likely wait too.
+    taken_uncontended: bool,
 }
 
 impl RedisLease {
@@ -26,12 +29,14 @@ impl RedisLease {
         name: LockName,
         keys: Arc<LockKeys>,
         owner: Arc<str>,
+        taken_uncontended: bool,
     ) -> Self {
         Self {
             inner,
             name,
             keys,
             owner,
+            taken_uncontended,
         }
     }
 
@@ -42,31 +47,48 @@ impl RedisLease {
         keys: &LockKeys,
         owner: &str,
     ) -> Result<i64> {
-        let (names, args) = (
-            [
-                keys.lock.as_str(),
-                keys.fence.as_str(),
-                keys.queue.as_str(),
-                keys.waiters.as_str(),
-            ],
-            [owner, keys.channel.as_str()],
-        );
+        let names = [
+            keys.lock.as_str(),
+            keys.fence.as_str(),
+            keys.queue.as_str(),
+            keys.waiters.as_str(),
+        ];
+        Self::run_with(inner, script, &names, &[owner, keys.channel.as_str()]).await
+    }
+
+    async fn run_with(
+        inner: &Inner,
+        script: &redis::Script,
+        names: &[&str],
+        args: &[&str],
+    ) -> Result<i64> {
         let attempt = || {
             inner
                 .conn
-                .run_script(inner.config.command_timeout, script, &names, &args)
+                .run_script(inner.config.command_timeout, script, names, args)
         };
         match attempt().await {
             // A Sentinel connection that found its primary gone has switched to the new one:
-            // both scripts check the owner, so running one again there is safe, and a release
-            // that would otherwise fail leaves the lock held until its TTL.
+            // every release script checks the owner, so running one again there is safe, and a
+            // release that would otherwise fail leaves the lock held until its TTL.
             Err(error) if error.is_retryable() && inner.conn.follows_failover() => attempt().await,
             done => done,
         }
     }
 
     /// Releases `owner`'s hold, handing the lock to the next live waiter. True if it was held.
-    async fn release_script(inner: &Inner, keys: &LockKeys, owner: &str) -> Result<bool> {
+    async fn release_script(&self) -> Result<bool> {
+        let (inner, keys, owner) = (&self.inner, &self.keys, &*self.owner);
+        if self.taken_uncontended {
+            let names = [keys.lock.as_str(), keys.queue.as_str()];
+            match Self::run_with(inner, &inner.scripts.release_uncontended, &names, &[owner])
+                .await?
+            {
+                // Waiters queued while it was held: the full release hands it over.
+                2 => {}
+                released => return Ok(released == 1),
+            }
+        }
         Ok(Self::run(inner, &inner.scripts.release, keys, owner).await? == 1)
     }
 
@@ -92,7 +114,7 @@ impl RedisLease {
 #[async_trait]
 impl RawLease for RedisLease {
     async fn release(&self) -> Result<()> {
-        if Self::release_script(&self.inner, &self.keys, &self.owner).await? {
+        if self.release_script().await? {
             Ok(())
         } else {
             Err(LockError::NotHeld {

@@ -31,6 +31,14 @@ pub struct RedisLock {
     inner: Arc<Inner>,
 }
 
+/// What the server granted: the fencing token, until when the lease surely lasts, and whether the
+/// lock was taken with nobody queued (see [`RedisLease`]).
+struct Held {
+    token: i64,
+    valid_until: Instant,
+    uncontended: bool,
+}
+
 enum Attempt {
     Granted(Grant),
     /// Not ours. `pttl`: the holder's remaining lease in ms; -2 free but a live waiter is first;
@@ -89,24 +97,18 @@ impl RedisLock {
             .max(Duration::from_secs(2))
     }
 
-    fn guard(
-        &self,
-        name: &LockName,
-        keys: &Arc<LockKeys>,
-        owner: &Arc<str>,
-        token: i64,
-        valid_until: Instant,
-    ) -> Grant {
-        let state = Arc::new(LeaseState::new(Some(valid_until)));
+    fn guard(&self, name: &LockName, keys: &Arc<LockKeys>, owner: &Arc<str>, held: Held) -> Grant {
+        let state = Arc::new(LeaseState::new(Some(held.valid_until)));
         let lease = Arc::new(RedisLease::new(
             self.inner.clone(),
             name.clone(),
             keys.clone(),
             owner.clone(),
+            held.uncontended,
         ));
         Grant::new(
             name.clone(),
-            FencingToken::new(token as u64),
+            FencingToken::new(held.token as u64),
             lease,
             state,
             RenewedBy::Guard,
@@ -145,8 +147,11 @@ impl RedisLock {
                     name,
                     keys,
                     owner,
-                    token,
-                    after(started, options.ttl()),
+                    Held {
+                        token,
+                        valid_until: after(started, options.ttl()),
+                        uncontended: true,
+                    },
                 )
                 .await
                 .map(Some),
@@ -207,7 +212,12 @@ impl RedisLock {
             Some([1, token, pttl]) => {
                 let lease = Duration::from_millis(pttl.max(0) as u64).min(options.ttl());
                 let valid_until = after(started, lease);
-                self.granted(pending, name, keys, owner, token, valid_until)
+                let held = Held {
+                    token,
+                    valid_until,
+                    uncontended: false,
+                };
+                self.granted(pending, name, keys, owner, held)
                     .await
                     .map(Attempt::Granted)
             }
@@ -262,14 +272,13 @@ impl RedisLock {
         name: &LockName,
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
-        token: i64,
-        valid_until: Instant,
+        held: Held,
     ) -> Result<Grant> {
         if self.inner.config.wait_replicas > 0 {
             self.wait_for_replicas().await?;
         }
         pending.disarm();
-        Ok(self.guard(name, keys, owner, token, valid_until))
+        Ok(self.guard(name, keys, owner, held))
     }
 
     /// `WAIT n timeout`: fails the acquire (the pending cleanup then releases) if too few replicas
@@ -345,8 +354,11 @@ impl RedisLock {
                         name,
                         &keys,
                         &owner,
-                        token as i64,
-                        valid_until,
+                        Held {
+                            token: token as i64,
+                            valid_until,
+                            uncontended: false,
+                        },
                     )));
                 }
                 // An ended grant, or too little of the lease is certain: the attempt below asks

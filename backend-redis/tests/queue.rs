@@ -1,6 +1,8 @@
 //! The grant queue against a real Redis, where a lock is free but waiters are queued (its holder's
 //! lease ran out rather than being released): a new acquire does not jump a live waiter, and
-//! waiters whose presence lapsed are dropped so that they cannot keep the lock from anyone.
+//! waiters whose presence lapsed are dropped so that they cannot keep the lock from anyone; and a
+//! lock taken with nobody queued, whose release starts with the script without the hand-off, still
+//! goes to a waiter that queued while it was held.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -35,17 +37,34 @@ async fn queue_waiter(
         .unwrap();
 }
 
-#[tokio::test]
-async fn free_lock_goes_to_a_live_waiter_first_and_lapsed_waiters_are_dropped() {
+/// A client, a bare connection to the same server, and a name of this test process under `prefix`.
+async fn setup(
+    prefix: &str,
+) -> (
+    RedisLock,
+    redis::aio::MultiplexedConnection,
+    LockName,
+    dlock_redis::LockKeys,
+) {
     let lock = RedisLock::connect_url(&url()).await.unwrap();
     let client = redis::Client::open(url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let name = LockName::new(format!("dlock-test/queue/{}", std::process::id())).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let name = LockName::new(format!("{prefix}/{}", std::process::id())).unwrap();
     let keys = lock.keys(&name);
-    let now_ms = SystemTime::now()
+    (lock, conn, name, keys)
+}
+
+fn unix_ms() -> u128 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
-        .as_millis();
+        .as_millis()
+}
+
+#[tokio::test]
+async fn free_lock_goes_to_a_live_waiter_first_and_lapsed_waiters_are_dropped() {
+    let (lock, mut conn, name, keys) = setup("dlock-test/queue").await;
+    let now_ms = unix_ms();
     let options = LockOptions::new().with_ttl(Duration::from_secs(30));
 
     // A live waiter is first in line and nobody holds the lock.
@@ -75,4 +94,45 @@ async fn free_lock_goes_to_a_live_waiter_first_and_lapsed_waiters_are_dropped() 
         .unwrap();
     assert_eq!(queued, 0, "the lapsed waiter is still queued");
     guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lock_taken_uncontended_is_handed_to_a_waiter_that_queued_while_it_was_held() {
+    let (lock, mut conn, name, keys) = setup("dlock-test/queue-handoff").await;
+    let options = LockOptions::new().with_ttl(Duration::from_secs(30));
+
+    // Nobody queued at the acquire: the release starts with the script that has no hand-off.
+    let guard = lock
+        .try_acquire(&name, &options)
+        .await
+        .unwrap()
+        .expect("the lock is free");
+    queue_waiter(&mut conn, &keys, "queued-waiter", unix_ms() + 60_000).await;
+
+    let token = guard.fencing_token().get();
+    guard.release().await.unwrap();
+    let holder: Option<String> = redis::cmd("GET")
+        .arg(&keys.lock)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        holder.as_deref(),
+        Some("queued-waiter"),
+        "the release did not hand the lock to the waiter that queued while it was held"
+    );
+    let fence: u64 = redis::cmd("GET")
+        .arg(&keys.fence)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(fence > token, "the hand-off took no new fencing token");
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.lock)
+        .arg(&keys.fence)
+        .arg(&keys.queue)
+        .arg(&keys.waiters)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
 }
