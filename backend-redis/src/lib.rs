@@ -28,11 +28,12 @@
 //! - **Release** compares the owner, deletes the lock and, in the same script, **grants** it to the
 //!   first live waiter: sets the lock to that waiter's owner token, raises the fence, and publishes
 //!   `granted OWNER TOKEN`. The waiter holds the lock the moment the message arrives, so a hand-off
-//!   costs about one round trip instead of a poll interval, and waiters are served in order.
-//!   With nobody waiting it publishes `free`. A lock taken with nobody queued is released first
-//!   by a smaller script (the lock and queue keys, the owner) that deletes it only if still
-//!   nobody is queued; if waiters queued meanwhile, it leaves the lock held and the full release
-//!   hands it over. **Extend** is a compare-and-`PEXPIRE`.
+//!   costs about one round trip instead of a poll interval, and waiters are served in order. If
+//!   every queued waiter's presence has lapsed, it publishes `free` (one of them may be alive and
+//!   queue again); with nobody queued it publishes nothing. A lock taken with nobody queued is
+//!   released first by a smaller script (the lock and queue keys, the owner) that deletes it only
+//!   if still nobody is queued; if waiters queued meanwhile, it leaves the lock held and the full
+//!   release above hands it over, one round trip later. **Extend** is a compare-and-`PEXPIRE`.
 //! - **Renewal**: the shared dlock watchdog extends the lease every TTL/3; when the key is gone or
 //!   someone else's, or the server stays unreachable until the lease ends, the guard's `lost`
 //!   fires.
@@ -121,9 +122,10 @@
 //! - **Server time.** The raw pair is a plain `SET NX PX` and a two-call compare-and-delete
 //!   script; dlock's is two scripts: the first attempt (`EXISTS` on the queue, `SET NX PX`,
 //!   `TIME`, one `GETSET` that stores the clock and returns the last token) and the release
-//!   (`GET`, `DEL`, `LPOP`; since VM Q, when nobody queued, `GET`, `EXISTS`, `DEL` with two keys). Piped 20,000 times into one server (`INFO commandstats`, VM I): the
-//!   first attempt 7.8–10.1 µs and the release 3.7 µs, against 1.3 µs for the `SET` and 2.5 µs for
-//!   the compare-and-delete. Built up call by call: an empty script 1.5 µs, `SET NX PX` alone
+//!   (`GET`, `DEL`, `LPOP`; since VM Q, when nobody queued, `GET`, `EXISTS`, `DEL` with two
+//!   keys). Piped 20,000 times into one server (`INFO commandstats`, VM I): the first attempt
+//!   7.8–10.1 µs and the release 3.7 µs, against 1.3 µs for the `SET` and 2.5 µs for the
+//!   compare-and-delete. Built up call by call: an empty script 1.5 µs, `SET NX PX` alone
 //!   3.9, with the queue check 5.5, with `TIME` 5.9, the whole first attempt 7.8: each call from
 //!   Lua costs about 1.5 µs, because Redis 7 turns every reply into RESP and parses it back into
 //!   Lua (callgrind on redis-server: about 11.5k instructions to set a script up, 5k per call;
@@ -191,9 +193,10 @@
 //! two keys and one argument instead of four and two, falling back to the full release only if
 //! waiters queued while it was held (VM Q: 90.7k → 86.1k server instructions per pair, counted by
 //! callgrind on a private redis-server over about 6,000 pairs each; with 16 tasks on one
-//! connection 14.7–16.8 µs of server CPU per pair against 17.1–20.3 µs, in alternating runs); the acquire path's metric keys built once per backend rather than
-//! per call, and no span fields recorded on a span no subscriber wants (client instructions per
-//! pair 52.3k → 49.1k); guards renewed from one timer per client instead of a task per guard.
+//! connection 14.7–16.8 µs of server CPU per pair against 17.1–20.3 µs, in alternating runs);
+//! the acquire path's metric keys built once per backend rather than per call, and no span fields
+//! recorded on a span no subscriber wants (client instructions per pair 52.3k → 49.1k); guards
+//! renewed from one timer per client instead of a task per guard.
 //! Redlock, whose per-node counters have no clock floor, takes its first attempt with plain
 //! pipelined commands ([`node::Counting::EveryAttempt`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -2,7 +2,7 @@
 //! lease ran out rather than being released): a new acquire does not jump a live waiter, and
 //! waiters whose presence lapsed are dropped so that they cannot keep the lock from anyone; and a
 //! lock taken with nobody queued, whose release starts with the script without the hand-off, still
-//! goes to a waiter that queued while it was held.
+//! goes to a waiter that queued while it was held, and is freed if that waiter's presence lapsed.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -96,43 +96,61 @@ async fn free_lock_goes_to_a_live_waiter_first_and_lapsed_waiters_are_dropped() 
     guard.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_lock_taken_uncontended_is_handed_to_a_waiter_that_queued_while_it_was_held() {
-    let (lock, mut conn, name, keys) = setup("dlock-test/queue-handoff").await;
+/// Takes a lock with nobody queued (so that its release starts with the script without the
+/// hand-off), queues a waiter by hand, present until `deadline_ms`, and releases. Returns who
+/// holds the lock after the release and the fencing token before and after it, having deleted
+/// the name's keys.
+async fn release_with_a_waiter_queued_meanwhile(
+    prefix: &str,
+    deadline_ms: u128,
+) -> (Option<String>, u64, u64) {
+    let (lock, mut conn, name, keys) = setup(prefix).await;
     let options = LockOptions::new().with_ttl(Duration::from_secs(30));
-
-    // Nobody queued at the acquire: the release starts with the script that has no hand-off.
     let guard = lock
         .try_acquire(&name, &options)
         .await
         .unwrap()
         .expect("the lock is free");
-    queue_waiter(&mut conn, &keys, "queued-waiter", unix_ms() + 60_000).await;
-
-    let token = guard.fencing_token().get();
+    queue_waiter(&mut conn, &keys, "queued-waiter", deadline_ms).await;
+    let before = guard.fencing_token().get();
     guard.release().await.unwrap();
-    let holder: Option<String> = redis::cmd("GET")
+    let (holder, after): (Option<String>, u64) = redis::pipe()
+        .cmd("GET")
         .arg(&keys.lock)
+        .cmd("GET")
+        .arg(&keys.fence)
+        .cmd("DEL")
+        .arg(&keys.lock)
+        .arg(&keys.fence)
+        .arg(&keys.queue)
+        .arg(&keys.waiters)
+        .ignore()
         .query_async(&mut conn)
         .await
         .unwrap();
+    (holder, before, after)
+}
+
+#[tokio::test]
+async fn a_lock_taken_uncontended_is_handed_to_a_waiter_that_queued_while_it_was_held() {
+    let (holder, before, after) =
+        release_with_a_waiter_queued_meanwhile("dlock-test/queue-handoff", unix_ms() + 60_000)
+            .await;
     assert_eq!(
         holder.as_deref(),
         Some("queued-waiter"),
         "the release did not hand the lock to the waiter that queued while it was held"
     );
-    let fence: u64 = redis::cmd("GET")
-        .arg(&keys.fence)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(fence > token, "the hand-off took no new fencing token");
-    let _: () = redis::cmd("DEL")
-        .arg(&keys.lock)
-        .arg(&keys.fence)
-        .arg(&keys.queue)
-        .arg(&keys.waiters)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    assert!(after > before, "the hand-off took no new fencing token");
+}
+
+#[tokio::test]
+async fn a_lock_taken_uncontended_is_freed_when_the_waiter_that_queued_has_lapsed() {
+    let (holder, before, after) =
+        release_with_a_waiter_queued_meanwhile("dlock-test/queue-lapsed", 1).await;
+    assert_eq!(
+        holder, None,
+        "the lock went to a waiter whose presence lapsed"
+    );
+    assert_eq!(after, before, "a lapsed waiter was given a fencing token");
 }
