@@ -56,6 +56,11 @@ pub struct Needs {
     pub workers: bool,
     /// Holder inspection ([`Capabilities::inspect`]).
     pub inspect: bool,
+    /// Waiters served in arrival order ([`Capabilities::fifo`]): the case checks the claim.
+    pub fifo: bool,
+    /// Waiters woken by the server on release ([`Capabilities::wake_on_release`]): the case
+    /// checks the claim.
+    pub wake_on_release: bool,
 }
 
 impl Needs {
@@ -72,6 +77,12 @@ impl Needs {
         }
         if self.inspect && !caps.inspect {
             return Some("backend cannot inspect holders");
+        }
+        if self.fifo && !caps.fifo {
+            return Some("backend does not promise arrival order");
+        }
+        if self.wake_on_release && !caps.wake_on_release {
+            return Some("backend's waiters poll rather than being woken on release");
         }
         if self.extend && !caps.extend {
             return Some("backend cannot extend leases");

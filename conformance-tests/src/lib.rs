@@ -97,6 +97,9 @@ pub mod wait_for;
 pub use case::{Case, CaseResult, Ctx, Failure, Needs};
 pub use cases::cases;
 pub use deployment::Deployment;
+/// The server processes an [`OwnServer`] and a [`Deployment`] are built from, re-exported so that
+/// a harness for a backend of one's own needs no dependency of its own on them.
+pub use dlock_test_servers;
 pub use harness::{
     Amnesia, ClientLink, Fault, Faults, Harness, OwnServer, ProxyTarget, ReachThrough,
     SessionControl, TaskClient, Timing,

@@ -7,6 +7,11 @@ use crate::options::LockOptions;
 
 /// What a backend promises, beyond the contract every backend keeps.
 ///
+/// The conformance suite checks the claims it can observe: `fifo` (waiters served in arrival
+/// order), `wake_on_release` (a waiter let in on release, with a retry policy that would poll
+/// too late), `extend`, `inspect` and the lease model (their own cases); cases a backend's
+/// claims rule out show as ignored.
+///
 /// Naming rule: plain nouns for features (`extend`, `fifo`), `max_*` for limits. Backends build it
 /// with struct-update syntax from the base of their lease model
 /// (`Capabilities { fifo: true, ..Capabilities::TTL_LEASE }`), which is why it is not
@@ -70,7 +75,7 @@ pub enum LeaseKind {
 impl Capabilities {
     /// A lease that ends at its TTL, extended by its guard; waiters woken on release, loss
     /// signalled. Without fencing, FIFO order, failover, inspection or limits: a backend names
-    /// what it adds.
+    /// what it adds, and a backend whose waiters poll sets `wake_on_release: false`.
     pub const TTL_LEASE: Self = Self {
         fencing: Fencing::None,
         lease: LeaseKind::Ttl,

@@ -12,7 +12,7 @@ use crate::{CaseResult, Ctx, Failure, ensure};
 const TTL: Duration = Duration::from_secs(10);
 
 /// Asks until `done` holds of the answer, within the case's bound.
-async fn until(
+pub(crate) async fn until(
     ctx: &Ctx,
     locks: &dyn DistributedLock,
     name: &LockName,

@@ -27,9 +27,20 @@ const NONE: Needs = Needs {
     child_process: false,
     workers: false,
     inspect: false,
+    fifo: false,
+    wake_on_release: false,
 };
 const INSPECT: Needs = Needs {
     inspect: true,
+    ..NONE
+};
+const FIFO: Needs = Needs {
+    fifo: true,
+    inspect: true,
+    ..NONE
+};
+const WAKE_ON_RELEASE: Needs = Needs {
+    wake_on_release: true,
     ..NONE
 };
 const TTL: Needs = Needs {
@@ -129,6 +140,11 @@ static CASES: &[Case] = &[
     case!(waiting::acquire_times_out_within_bound, NONE),
     case!(waiting::release_wakes_waiter, NONE),
     case!(waiting::waiters_acquire_in_turn, NONE),
+    case!(
+        waiting::release_wakes_waiter_without_polling,
+        WAKE_ON_RELEASE
+    ),
+    case!(waiting::waiters_acquire_in_arrival_order, FIFO),
     case!(waiting::waiter_survives_killed_connection, KILL_WAITERS),
     case!(ownership::stale_guard_cannot_release, TTL),
     case!(ownership::stale_guard_cannot_extend, TTL),

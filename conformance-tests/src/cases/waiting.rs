@@ -2,9 +2,12 @@
 
 use std::time::Duration;
 
-use dlock_api::{LockError, LockOptions};
+use std::sync::{Arc, Mutex};
+
+use dlock_api::{LockError, LockOptions, RetryPolicy};
 use tokio::time::Instant;
 
+use super::inspect::until;
 use crate::{CaseResult, Ctx, Failure, ensure};
 
 /// `try_acquire` on a held name returns `None` without waiting.
@@ -58,22 +61,31 @@ pub async fn acquire_times_out_within_bound(ctx: Ctx) -> CaseResult {
 
 /// A release wakes a waiting `acquire` long before the holder's lease would end.
 pub async fn release_wakes_waiter(ctx: Ctx) -> CaseResult {
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
-    let name = ctx.name("lock");
     // A lease far longer than the bound: only a release can let the waiter in.
     let long = LockOptions::new().with_ttl(ctx.timing().bound * 4);
-    let guard = a.acquire(&name, &long).await?;
+    let waiting = long.clone().with_wait_timeout(ctx.timing().bound);
+    release_lets_waiter_in(&ctx, long, waiting, "the waiter after release").await
+}
+
+/// One client holds a name with `held`, another waits for it with `waiting`; the holder
+/// releases, and the waiter must hold the lock within the case's bound (`what` names the wait).
+async fn release_lets_waiter_in(
+    ctx: &Ctx,
+    held: LockOptions,
+    waiting: LockOptions,
+    what: &str,
+) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let guard = a.acquire(&name, &held).await?;
     let waiter = {
-        let (name, opts) = (
-            name.clone(),
-            long.clone().with_wait_timeout(ctx.timing().bound),
-        );
-        tokio::spawn(async move { b.acquire(&name, &opts).await })
+        let name = name.clone();
+        tokio::spawn(async move { b.acquire(&name, &waiting).await })
     };
     tokio::task::yield_now().await;
     guard.release().await?;
     let got = ctx
-        .within("the waiter after release", waiter)
+        .within(what, waiter)
         .await?
         .map_err(|e| Failure(e.to_string()))??;
     got.release().await?;
@@ -104,6 +116,74 @@ pub async fn waiters_acquire_in_turn(ctx: Ctx) -> CaseResult {
             .await?
             .map_err(|e| Failure(e.to_string()))??;
     }
+    Ok(())
+}
+
+/// A backend that promises `wake_on_release` hands the lock to a waiter on release, not at its
+/// next poll: the waiter's retry policy puts any poll after the case's bound, so only a wake-up
+/// by the server (or the release itself) lets it in within that bound.
+pub async fn release_wakes_waiter_without_polling(ctx: Ctx) -> CaseResult {
+    let bound = ctx.timing().bound;
+    let never_polls_in_time = RetryPolicy::exponential(bound * 2, bound * 2).with_jitter(false);
+    let long = LockOptions::new()
+        .with_ttl(bound * 4)
+        .with_retry(never_polls_in_time);
+    let waiting = long.clone().with_wait_timeout(bound * 3);
+    release_lets_waiter_in(
+        &ctx,
+        long,
+        waiting,
+        "the waiter after release (the backend claims wake_on_release, and a poll would come after the bound)",
+    )
+    .await
+}
+
+/// A backend that promises `fifo` serves waiters in the order they started waiting: four
+/// waiters, each started once the server counts the one before it, get the lock in that order.
+pub async fn waiters_acquire_in_arrival_order(ctx: Ctx) -> CaseResult {
+    let holder = ctx.client().await?;
+    let name = ctx.name("lock");
+    let opts = LockOptions::new()
+        .with_ttl(ctx.timing().bound * 4)
+        .with_wait_timeout(ctx.timing().bound * 2);
+    let first = holder.acquire(&name, &opts).await?;
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for arrival in 0..4usize {
+        let client = ctx.client().await?;
+        let (own_name, opts, served) = (name.clone(), opts.clone(), served.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = client.acquire(&own_name, &opts).await?;
+            served
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(arrival);
+            guard.release().await
+        }));
+        let queued = until(
+            &ctx,
+            holder.as_ref(),
+            &name,
+            "the server to count the new waiter",
+            |seen| seen.waiters.is_none_or(|count| count > arrival),
+        )
+        .await?;
+        ensure!(
+            queued.waiters.is_some(),
+            "the backend claims fifo and inspect, but its inspection does not count waiters, so the case cannot tell arrival order"
+        );
+    }
+    first.release().await?;
+    for waiter in waiters {
+        ctx.within("a waiter", waiter)
+            .await?
+            .map_err(|e| Failure(e.to_string()))??;
+    }
+    let served = served.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    ensure!(
+        served == [0, 1, 2, 3],
+        "waiters were served in the order {served:?}, not in the order they started waiting"
+    );
     Ok(())
 }
 

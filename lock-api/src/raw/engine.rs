@@ -109,9 +109,11 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>>;
 
     /// Waits until the server grants `name` or `deadline` passes (`Ok(None)`); `None` waits
-    /// without limit. Called with options already checked. It is woken by the server, not by
-    /// polling, and rides out a lost connection within the deadline
-    /// ([`WaitRecovery`](super::WaitRecovery)).
+    /// without limit. Called with options already checked. It should be woken by the server,
+    /// not by polling; a backend whose server cannot wake it polls with
+    /// [`LockOptions::retry`](crate::LockOptions::retry) and says `wake_on_release: false` in
+    /// its capabilities (the conformance suite checks the claim). It rides out a lost connection
+    /// within the deadline ([`WaitRecovery`](super::WaitRecovery)).
     ///
     /// # Cancel safety
     /// Must be cancel safe: a dropped wait leaves no lock held and no waiter registered.

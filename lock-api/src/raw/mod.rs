@@ -17,6 +17,14 @@
 //!   [`try_acquire_by`] and [`acquire_by`].
 //! - Optionally [`RawLock::inspect`] (a read-only query of who holds a name), with `inspect: true`
 //!   in its capabilities; otherwise [`inspect`] refuses before any network call.
+//! - `Debug` and `Display` for the lock type: `Display` names the client in errors and logs, as
+//!   `redis(10.0.0.5:6379)` does, without credentials.
+//!
+//! Time is the monotonic clock's ([`tokio::time::Instant`], so paused time in tests moves it):
+//! validity, deadlines and renewals never read the wall clock, which an NTP correction or a
+//! resumed VM steps (the conformance case `clock::client_wall_clock_steps_change_nothing`). A
+//! backend that keeps a deadline in shared storage keeps it as a time to live the server counts
+//! down, or on a clock every client agrees on.
 //!
 //! ## The three lease models
 //! - **TTL per lock** (Redis, memory): the state carries a deadline measured from before the
