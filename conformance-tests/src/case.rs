@@ -61,6 +61,9 @@ pub struct Needs {
     /// Waiters woken by the server on release ([`Capabilities::wake_on_release`]): the case
     /// checks the claim.
     pub wake_on_release: bool,
+    /// A lost signal on loss the backend detects ([`Capabilities::lost_signal`]): the case
+    /// checks the claim.
+    pub lost_signal: bool,
 }
 
 impl Needs {
@@ -83,6 +86,9 @@ impl Needs {
         }
         if self.wake_on_release && !caps.wake_on_release {
             return Some("backend's waiters poll rather than being woken on release");
+        }
+        if self.lost_signal && !caps.lost_signal {
+            return Some("backend signals a loss only at the lease's local deadline");
         }
         if self.extend && !caps.extend {
             return Some("backend cannot extend leases");

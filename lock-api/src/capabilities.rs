@@ -9,8 +9,9 @@ use crate::options::LockOptions;
 ///
 /// The conformance suite checks the claims it can observe: `fifo` (waiters served in arrival
 /// order), `wake_on_release` (a waiter let in on release, with a retry policy that would poll
-/// too late), `extend`, `inspect` and the lease model (their own cases); cases a backend's
-/// claims rule out show as ignored.
+/// too late), `lost_signal` (a holder killed on the server, where the harness can kill one),
+/// `extend`, `inspect` and the lease model (their own cases); cases a backend's claims rule out
+/// show as ignored.
 ///
 /// Naming rule: plain nouns for features (`extend`, `fifo`), `max_*` for limits. Backends build it
 /// with struct-update syntax from the base of their lease model

@@ -29,6 +29,7 @@ const NONE: Needs = Needs {
     inspect: false,
     fifo: false,
     wake_on_release: false,
+    lost_signal: false,
 };
 const INSPECT: Needs = Needs {
     inspect: true,
@@ -112,6 +113,10 @@ const KILL_HOLDER: Needs = Needs {
     fault: Some(Fault::KillHolder),
     ..NONE
 };
+const KILL_HOLDER_LOST: Needs = Needs {
+    lost_signal: true,
+    ..KILL_HOLDER
+};
 const SESSION: Needs = Needs {
     fault: Some(Fault::SuspendSession),
     ..NONE
@@ -158,7 +163,7 @@ static CASES: &[Case] = &[
     case!(renewal::extend_refused_where_unsupported, NO_EXTEND),
     case!(renewal::max_hold_time_releases, NONE),
     case!(lost::fires_when_lease_ends_without_renewal, TTL),
-    case!(lost::fires_when_holder_killed, KILL_HOLDER),
+    case!(lost::fires_when_holder_killed, KILL_HOLDER_LOST),
     case!(
         lost::killed_holder_passes_the_lock_to_its_waiter,
         KILL_HOLDER
