@@ -1,8 +1,7 @@
 //! Bounded waiting and wake-up on release.
 
-use std::time::Duration;
-
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use dlock_api::{LockError, LockOptions, RetryPolicy};
 use tokio::time::Instant;
