@@ -14,9 +14,10 @@ use crate::BackendArgs;
 pub struct ConformanceArgs {
     #[command(flatten)]
     backend: BackendArgs,
-    /// Run only the cases whose id contains this text (e.g. `fencing::`).
+    /// Run only the cases whose id contains this text (e.g. `fencing::`); given more than once,
+    /// the cases that match any of them.
     #[arg(long)]
-    filter: Option<String>,
+    filter: Vec<String>,
     /// Also run the fault cases that need only client-side powers: worker processes (this
     /// program, re-executed) that take locks and write to a fenced register while they are
     /// paused and killed, or reach the server through a fault proxy started here (a partition,
@@ -224,7 +225,7 @@ pub(super) async fn conformance(args: ConformanceArgs) -> Result<ExitCode, LockE
         label,
         workers: args.faults,
     });
-    let report = dlock_conformance::run_all(harness, args.filter.as_deref())
+    let report = dlock_conformance::run_all(harness, &args.filter)
         .await
         .map_err(|f| LockError::Config {
             backend: "dlock",

@@ -152,6 +152,21 @@ fn conformance_on_memory_ends_with_the_summary_line() {
 }
 
 #[test]
+fn conformance_runs_the_cases_any_filter_selects() {
+    let out = dlock(&[
+        "conformance",
+        "--filter",
+        "exclusion::",
+        "--filter",
+        "fencing::tokens_strictly_increase",
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("fencing::tokens_strictly_increase"), "{text}");
+    assert_eq!(text.lines().last(), Some("5 passed, 0 failed"), "{text}");
+}
+
+#[test]
 fn bench_prints_json_with_the_documented_fields() {
     let out = dlock(&["bench", "--duration", "200ms", "--json"]);
     assert!(

@@ -21,7 +21,8 @@
 //! ```
 //!
 //! Each case becomes a libtest trial named `conformance::<area>::<property>`, so
-//! `cargo test -p dlock-foo -- fencing::` runs one area. Cases that need what the backend lacks
+//! `cargo test -p dlock-foo -- fencing::` runs one area (several filters run what matches any,
+//! and `--exact`, `--skip` and `--list` work as with libtest). Cases that need what the backend lacks
 //! (see [`Needs`]) show as *ignored* with the reason in their name, never as passed.
 //!
 //! The same table drives `dlock conformance --backend URL` through [`run_all`]; cases that need
@@ -82,6 +83,7 @@
 //! - Assert the exact error variant (`matches!(e, Err(LockError::NotHeld { .. }))`).
 //! - Safety assertions (two holders, a stale write accepted) never depend on timing.
 
+mod args;
 mod case;
 pub mod cases;
 mod deployment;

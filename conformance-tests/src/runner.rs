@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::{Conclusion, Trial};
 
+use crate::args::CommandLine;
 use crate::case::{Case, Ctx, Failure};
 use crate::cases::cases;
 use crate::harness::Harness;
@@ -53,7 +54,8 @@ async fn check_residue(ctx: &Ctx) -> Result<(), Failure> {
 /// Runs the whole suite as a `cargo test` binary (`[[test]] harness = false`) against the
 /// harness `setup` builds, on one multi-thread runtime shared by all cases.
 ///
-/// Filtering works as with libtest (`cargo test -p dlock-redis -- fencing::`), and the closing
+/// Filtering works as with libtest (`cargo test -p dlock-redis -- fencing:: waiting::` runs the
+/// cases that match either filter; `--exact` and `--skip` as libtest), and the closing
 /// `test result:` line is libtest's. Cases whose needs the backend does not meet are reported as
 /// *ignored* with the reason in their name; they never count as passed.
 ///
@@ -90,7 +92,7 @@ where
             }
         };
     }
-    let args = Arguments::from_args();
+    let line = CommandLine::from_env();
     let harness: Arc<dyn Harness> = Arc::new(runtime.block_on(setup()));
     let caps = runtime
         .block_on(harness.client())
@@ -107,10 +109,7 @@ where
         .iter()
         .map(|case| {
             if let Some(reason) = case.needs.unmet(&caps, &*harness) {
-                return Trial::test(format!("{} (not run: {reason})", trial_name(case)), || {
-                    Ok(())
-                })
-                .with_ignored_flag(true);
+                return not_run(case, reason);
             }
             let (handle, ctx, case) = (
                 runtime.handle().clone(),
@@ -124,7 +123,7 @@ where
             })
         })
         .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
+    let conclusion = run_selected(&line, trials);
     runtime.block_on(async move { drop(harness) });
     conclusion.exit_code()
 }
@@ -133,7 +132,7 @@ where
 /// (tokio's `start_paused`) and its own harness: TTLs pass instantly. For in-process backends
 /// only; a real server's clock does not pause.
 pub fn main_paused<H: Harness>(setup: fn() -> H) -> ExitCode {
-    let args = Arguments::from_args();
+    let line = CommandLine::from_env();
     let paused = || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -151,10 +150,7 @@ pub fn main_paused<H: Harness>(setup: fn() -> H) -> ExitCode {
         .iter()
         .map(|case| {
             if let Some(reason) = case.needs.unmet(&caps, &*probe) {
-                return Trial::test(format!("{} (not run: {reason})", trial_name(case)), || {
-                    Ok(())
-                })
-                .with_ignored_flag(true);
+                return not_run(case, reason);
             }
             let (case, run) = (*case, run.clone());
             Trial::test(trial_name(&case), move || {
@@ -165,7 +161,23 @@ pub fn main_paused<H: Harness>(setup: fn() -> H) -> ExitCode {
             })
         })
         .collect();
-    libtest_mimic::run(&args, trials).exit_code()
+    run_selected(&line, trials).exit_code()
+}
+
+/// A case the backend cannot run, listed as ignored with the reason in its name. Run anyway
+/// (`--ignored`, `--include-ignored`), it fails: a case that did not run never counts as passed.
+fn not_run(case: &Case, reason: &'static str) -> Trial {
+    Trial::test(
+        format!("{} (not run: {reason})", trial_name(case)),
+        move || Err(format!("not run on this backend: {reason}").into()),
+    )
+    .with_ignored_flag(true)
+}
+
+/// Runs the trials the command line's filters select, as libtest would.
+fn run_selected(line: &CommandLine, trials: Vec<Trial>) -> Conclusion {
+    let arguments = line.arguments_for(trials.iter().map(Trial::name));
+    libtest_mimic::run(&arguments, trials)
 }
 
 /// How one case ended.
@@ -219,14 +231,14 @@ impl Report {
     }
 }
 
-/// Runs the cases whose id contains `filter` (all if `None`) against `harness`, at most four at a
-/// time, on the caller's runtime. For `dlock conformance --backend URL`.
-pub async fn run_all(harness: Arc<dyn Harness>, filter: Option<&str>) -> Result<Report, Failure> {
+/// Runs the cases whose id contains one of `filters` (all if there is none) against `harness`, at
+/// most four at a time, on the caller's runtime. For `dlock conformance --backend URL`.
+pub async fn run_all(harness: Arc<dyn Harness>, filters: &[String]) -> Result<Report, Failure> {
     let caps = harness.client().await?.capabilities();
     let run = run_id();
     let selected: Vec<&Case> = cases()
         .iter()
-        .filter(|c| filter.is_none_or(|f| c.id.contains(f)))
+        .filter(|c| filters.is_empty() || filters.iter().any(|f| c.id.contains(f.as_str())))
         .collect();
     let results = futures::stream::iter(selected)
         .map(|case| {
