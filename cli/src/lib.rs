@@ -111,6 +111,18 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| e.to_string())
 }
 
+/// The exit code for a command line the parser did not take: 64 (`EX_USAGE`, as for any invalid
+/// value) for a value it refused (`--ttl 5`, without a unit); otherwise clap's own, 0 for
+/// `--help` and `--version` and 2 for a line of the wrong shape (an unknown flag, a missing
+/// argument).
+pub fn command_line_exit_code(error: &clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    match error.kind() {
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation | ErrorKind::InvalidUtf8 => 64,
+        _ => u8::try_from(error.exit_code()).unwrap_or(2),
+    }
+}
+
 /// Runs a parsed command line and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
@@ -169,5 +181,7 @@ pub fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only for a person: escape codes in a log file or a CI log are noise.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }

@@ -20,6 +20,12 @@ fn main() -> ExitCode {
     if let Some(code) = dlock_cli::run_worker_if_asked(&runtime) {
         return code;
     }
-    let cli = dlock_cli::Cli::parse();
+    let cli = match dlock_cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let _ = error.print();
+            return ExitCode::from(dlock_cli::command_line_exit_code(&error));
+        }
+    };
     runtime.block_on(dlock_cli::run(cli))
 }

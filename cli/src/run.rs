@@ -66,15 +66,18 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
         return Ok(ExitCode::from(75));
     };
 
-    let spawned = Command::new(&args.command[0])
+    let placement = Placement::here();
+    let mut command = Command::new(&args.command[0]);
+    command
         .args(&args.command[1..])
         .env("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("DLOCK_LOCK_NAME", name.as_str())
-        .kill_on_drop(true)
-        // Its own process group, so that stopping it reaches everything it started.
-        .process_group(0)
-        .spawn();
-    let mut child = match spawned {
+        .kill_on_drop(true);
+    if placement == Placement::OwnGroup {
+        command.process_group(0);
+    }
+    let spawned = command.spawn();
+    let child = match spawned {
         Ok(child) => child,
         Err(error) => {
             eprintln!("dlock: cannot start `{}`: {error}", args.command[0]);
@@ -85,7 +88,8 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
         }
     };
 
-    match supervise(&mut child, &guard, &mut signals, args.kill_after).await {
+    let mut command = Running { child, placement };
+    match supervise(&mut command, &guard, &mut signals, args.kill_after).await {
         Supervised::Exited(status) => {
             release_after_command(guard, &name).await;
             Ok(exit_code_of(status))
@@ -94,6 +98,10 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
             eprintln!(
                 "dlock: lock `{name}` lost while the command ran ({reason}); the command was stopped"
             );
+            // Whatever of the lock is left on the server goes now; that the release reports the
+            // loss again is expected, and dropping the guard instead would warn of a guard never
+            // released.
+            let _ = guard.release().await;
             Ok(ExitCode::from(74))
         }
     }
@@ -141,9 +149,9 @@ enum Supervised {
     Lost(dlock_api::LostReason),
 }
 
-/// The signals dlock handles from the wait on. SIGINT, SIGQUIT and SIGHUP reach the terminal's
-/// whole foreground group, which the command, in its own group, is not in; left at their
-/// defaults they would kill dlock and leave the command running on without the lock.
+/// The signals dlock handles from the wait on. Left at their defaults they would kill dlock and
+/// leave the command running on without the lock: SIGINT, SIGQUIT and SIGHUP from the terminal
+/// reach its whole foreground group, whether the command is in it or not.
 fn handled() -> [(SignalKind, libc::c_int); 4] {
     [
         (SignalKind::interrupt(), libc::SIGINT),
@@ -186,45 +194,93 @@ impl Signals {
     }
 }
 
-/// Waits for the command, forwarding the handled signals to its process group; stops the group
-/// if the lock is lost.
+/// Where the command runs, as to process groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placement {
+    /// In a process group of its own, so that stopping it reaches everything it started, and a
+    /// signal for dlock reaches it only as dlock forwards it.
+    OwnGroup,
+    /// In dlock's process group, the foreground of the terminal dlock runs in (a job of an
+    /// interactive shell): as under flock(1), the command can read the terminal (a background
+    /// group reading it would be stopped), and the terminal's Ctrl-C, Ctrl-\ and hang-up reach it
+    /// directly, so dlock forwards only SIGTERM.
+    TerminalForeground,
+}
+
+impl Placement {
+    fn here() -> Self {
+        // SAFETY: isatty, tcgetpgrp and getpgrp only read the process's and terminal's state.
+        let in_foreground = [0, 1, 2]
+            .into_iter()
+            .any(|fd| unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == libc::getpgrp() });
+        if in_foreground {
+            Self::TerminalForeground
+        } else {
+            Self::OwnGroup
+        }
+    }
+}
+
+/// The command as started.
+struct Running {
+    child: Child,
+    placement: Placement,
+}
+
+impl Running {
+    /// Sends `signal` to the command: to its whole process group (the command and everything it
+    /// started) when it has its own, else to the command alone.
+    fn signal(&self, signal: libc::c_int) {
+        let Some(pid) = self.child.id() else { return };
+        let target = match self.placement {
+            Placement::OwnGroup => -(pid as libc::pid_t),
+            Placement::TerminalForeground => pid as libc::pid_t,
+        };
+        // SAFETY: kill(2) on a child we have not reaped yet (or the group we created for it) has
+        // no memory effects.
+        unsafe {
+            libc::kill(target, signal);
+        }
+    }
+
+    /// Passes on a signal dlock received, unless the terminal sent it to the command already.
+    fn forward(&self, signal: libc::c_int) {
+        if self.placement == Placement::OwnGroup || signal == libc::SIGTERM {
+            self.signal(signal);
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after `grace`.
+    async fn stop(&mut self, grace: Duration) {
+        self.signal(libc::SIGTERM);
+        if tokio::time::timeout(grace, self.child.wait())
+            .await
+            .is_err()
+        {
+            self.signal(libc::SIGKILL);
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// Waits for the command, forwarding the handled signals to it; stops it if the lock is lost.
 async fn supervise(
-    child: &mut Child,
+    command: &mut Running,
     guard: &LockGuard,
     signals: &mut Signals,
     kill_after: Duration,
 ) -> Supervised {
     loop {
         tokio::select! {
-            status = child.wait() => {
+            status = command.child.wait() => {
                 return Supervised::Exited(status.unwrap_or_else(|_| ExitStatus::from_raw(1 << 8)));
             }
             reason = guard.lost() => {
-                stop(child, kill_after).await;
+                command.stop(kill_after).await;
                 return Supervised::Lost(reason);
             }
-            signal = signals.next() => send_signal(child, signal),
+            signal = signals.next() => command.forward(signal),
         }
-    }
-}
-
-/// Sends `signal` to the command's whole process group (the command and everything it started).
-fn send_signal(child: &Child, signal: libc::c_int) {
-    if let Some(pid) = child.id() {
-        // SAFETY: kill(2) on the process group we created for a child we have not reaped yet has
-        // no memory effects.
-        unsafe {
-            libc::kill(-(pid as libc::pid_t), signal);
-        }
-    }
-}
-
-/// SIGTERM to the command's process group, then SIGKILL to it after `grace`.
-async fn stop(child: &mut Child, grace: Duration) {
-    send_signal(child, libc::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        send_signal(child, libc::SIGKILL);
-        let _ = child.kill().await;
     }
 }
 

@@ -127,6 +127,72 @@ fn run_passes_signals_on_to_the_command() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs `dlock ARGS` as the job of a shell on a terminal (a pseudo-terminal `script(1)` makes),
+/// typing `keys` into it once its output shows `after`.
+fn dlock_on_a_terminal(args: &str, after: &str, keys: &[u8]) -> (Option<i32>, String) {
+    use std::io::{Read, Write};
+    let line = format!("{} {args}", env!("CARGO_BIN_EXE_dlock"));
+    let mut script = Command::new("script")
+        .args(["--quiet", "--return", "--command", &line, "/dev/null"])
+        .env_remove("DLOCK_URL")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux (Debian's bsdutils) runs commands on a pseudo-terminal");
+    // Kept open until the end: a closed input would end the terminal session.
+    let mut stdin = script.stdin.take().expect("stdin");
+    let mut stdout = script.stdout.take().expect("stdout");
+    let (chunks, output) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 256];
+        while let Ok(n @ 1..) = stdout.read(&mut chunk) {
+            if chunks.send(chunk[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    // A command stopped for reading the terminal would hang the session: bounded, it fails.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let (mut seen, mut typed) = (String::new(), false);
+    loop {
+        if !typed && seen.contains(after) {
+            stdin.write_all(keys).expect("type into the terminal");
+            typed = true;
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match output.recv_timeout(left) {
+            Ok(chunk) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let _ = script.kill();
+                panic!("`dlock {args}` on a terminal did not finish; its output: {seen}");
+            }
+        }
+    }
+    let status = script.wait().expect("wait for script");
+    (status.code(), seen)
+}
+
+#[test]
+fn run_on_a_terminal_lets_the_command_read_it_and_take_ctrl_c() {
+    // As under flock(1): the command is in the terminal's foreground, not stopped for reading it.
+    let (code, out) = dlock_on_a_terminal(
+        "run cli-terminal -- sh -c 'echo ready; read line; echo got $line'",
+        "ready",
+        b"hello\n",
+    );
+    assert!(out.contains("got hello"), "{out}");
+    assert_eq!(code, Some(0), "{out}");
+    // Ctrl-C on the terminal reaches the command once, and dlock exits as the command did.
+    let (code, out) = dlock_on_a_terminal(
+        "run cli-terminal -- sh -c 'trap \"echo caught; exit 3\" INT; echo ready; while :; do sleep 0.05; done'",
+        "ready",
+        b"\x03",
+    );
+    assert_eq!(out.matches("caught").count(), 1, "{out}");
+    assert_eq!(code, Some(3), "{out}");
+}
+
 #[test]
 fn bad_input_is_a_usage_error_before_connecting() {
     let out = dlock(&["run", "--ttl", "0s", "x", "--", "true"]);
@@ -137,6 +203,11 @@ fn bad_input_is_a_usage_error_before_connecting() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid ttl"));
+    // A value the argument parser refuses is an invalid value too, not a malformed line.
+    let out = dlock(&["run", "--ttl", "5", "x", "--", "true"]);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let out = dlock(&["run", "--no-such-flag", "x", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
     let out = dlock(&["demo", "--backend", "ftp://nowhere"]);
     assert_eq!(out.status.code(), Some(64));
     let out = dlock(&["demo", "--backend", "redis://:secret@127.0.0.1:1"]);
@@ -262,9 +333,9 @@ fn extreme_duration_flags_never_panic() {
         assert_eq!(out.status.code(), Some(64), "--ttl {ttl}: {stderr}");
         assert!(!stderr.contains("panicked"), "--ttl {ttl}: {stderr}");
     }
-    // humantime has no fractions: a parse error, also exit 2 or 64, never a panic.
+    // humantime has no fractions: a refused value, exit 64, never a panic.
     let out = dlock(&["run", "--ttl", "0.0000001s", "cli-extreme", "--", "true"]);
-    assert!(matches!(out.status.code(), Some(2 | 64)), "{out:?}");
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
 }
 
