@@ -8,6 +8,8 @@ use syn::{Expr, Ident, LitStr, Path};
 
 /// `dlock::LockOptions::MAX_TTL`.
 const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+/// `dlock::LockOptions::MIN_INTERVAL`: the shortest lease and renewal interval.
+const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
 const OPTIONS: &str = "`locks`, `name`, `wait`, `ttl`, `max_hold`, `options`, `context`, `crate`";
 
@@ -17,7 +19,8 @@ pub(crate) struct Args {
     pub(crate) locks: Option<Expr>,
     pub(crate) name: Option<LitStr>,
     pub(crate) wait: Option<Duration>,
-    pub(crate) ttl: Option<Duration>,
+    /// With its literal: whether it is too short to renew is known once `options` is.
+    pub(crate) ttl: Option<(Duration, LitStr)>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) options: Option<Expr>,
     pub(crate) context: Option<Ident>,
@@ -57,16 +60,9 @@ impl Args {
                 })?;
                 set(&mut self.name, name, repeated)
             }
-            "wait" => set(&mut self.wait, duration(&meta, "wait", false)?, repeated),
-            "ttl" => {
-                let ttl = duration(&meta, "ttl", true)?;
-                set(&mut self.ttl, ttl, repeated)
-            }
-            "max_hold" => set(
-                &mut self.max_hold,
-                duration(&meta, "max_hold", true)?,
-                repeated,
-            ),
+            "wait" => set(&mut self.wait, duration(&meta, "wait")?.0, repeated),
+            "ttl" => set(&mut self.ttl, duration(&meta, "ttl")?, repeated),
+            "max_hold" => set(&mut self.max_hold, duration(&meta, "max_hold")?.0, repeated),
             "options" => set(&mut self.options, meta.value()?.parse()?, repeated),
             "context" => set(&mut self.context, meta.value()?.parse()?, repeated),
             "crate" => set(&mut self.krate, meta.value()?.parse()?, repeated),
@@ -93,6 +89,23 @@ impl Args {
                  function's arguments, such as `name = \"coupon:{coupon_id}\"`",
             ));
         };
+        if let Some((ttl, lit)) = &self.ttl {
+            // `validate`'s renewal rule: without `options` renewal is on, every third of the
+            // ttl. `options` may turn it off or set the interval, so then only `validate` knows.
+            let interval = ttl.checked_div(3).unwrap_or_default();
+            if self.options.is_none() && interval < MIN_INTERVAL {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`ttl = \"{}\"` is too short to renew (a third of it is under 1 ms), and \
+                         renewal is on by default; write a ttl of at least \"3ms\", or turn \
+                         renewal off with `options = dlock::LockOptions::new()\
+                         .with_renewal(dlock::Renewal::Off)`",
+                        lit.value()
+                    ),
+                ));
+            }
+        }
         let krate = match self.krate {
             Some(path) => quote::quote!(#path),
             None => quote::quote!(::dlock),
@@ -101,7 +114,7 @@ impl Args {
             locks,
             name,
             wait: self.wait,
-            ttl: self.ttl,
+            ttl: self.ttl.map(|(ttl, _)| ttl),
             max_hold: self.max_hold,
             options: self.options,
             context: self.context,
@@ -122,8 +135,10 @@ fn set<T>(
     Ok(())
 }
 
-/// Parses `key = "5s"` now, so a typo fails the build instead of the first call.
-fn duration(meta: &ParseNestedMeta<'_>, key: &str, nonzero: bool) -> syn::Result<Duration> {
+/// Parses `key = "5s"` now, so a typo fails the build instead of the first call; and refuses
+/// what `LockOptions::validate` would refuse of the value alone (the ttl's renewal rule is in
+/// [`Args::finish`]).
+fn duration(meta: &ParseNestedMeta<'_>, key: &str) -> syn::Result<(Duration, LitStr)> {
     let lit: LitStr = meta.value()?.parse().map_err(|e| {
         syn::Error::new(
             e.span(),
@@ -140,23 +155,23 @@ fn duration(meta: &ParseNestedMeta<'_>, key: &str, nonzero: bool) -> syn::Result
             ),
         )
     })?;
-    // The bounds `LockOptions::validate` enforces at run time, moved to the build.
-    if key == "ttl" && !(Duration::from_millis(1)..=MAX_TTL).contains(&duration) {
+    let refused = match key {
+        "ttl" if duration.is_zero() => {
+            Some("must be greater than zero: a zero lease ends as it starts")
+        }
+        "ttl" if duration < MIN_INTERVAL => Some("must be at least 1 ms"),
+        "ttl" if duration > MAX_TTL => Some("is longer than the limit of 365 days"),
+        "max_hold" if duration.is_zero() => {
+            Some("must be greater than zero: the lock would be given up as it is taken")
+        }
+        // Any wait is valid: zero tries once, one too long to reach waits without limit.
+        _ => None,
+    };
+    if let Some(reason) = refused {
         return Err(syn::Error::new(
             lit.span(),
-            format!(
-                "`ttl = \"{text}\"` is outside the leases dlock accepts (1ms to 365 days); \
-                 write e.g. \"30s\""
-            ),
+            format!("`{key} = \"{text}\"` {reason}; write e.g. \"30s\""),
         ));
     }
-    if nonzero && duration.is_zero() {
-        return Err(syn::Error::new(
-            lit.span(),
-            format!(
-                "`{key}` must be longer than zero: a zero lease ends as it starts; write e.g. \"30s\""
-            ),
-        ));
-    }
-    Ok(duration)
+    Ok((duration, lit))
 }

@@ -11,13 +11,15 @@
 //! The attribute keeps the function's signature and replaces its body with:
 //! 1. the name, `format!`ted from the arguments the name's `{placeholders}` mention;
 //! 2. the `LockOptions`, with the durations given in the attribute, parsed at compile time;
-//! 3. the original body as a future, handed to `with_lock` on the `locks` expression, which
-//!    acquires, runs the body, drops it at its next `.await` if the lock is lost, and releases
-//!    only after the body (and so its commit) has returned;
-//! 4. a lock error turned into the function's own error type through `From<dlock::LockError>`.
+//! 3. the `locks` expression, evaluated once, before the body;
+//! 4. the original body as a future, handed to `with_lock` on that client, which acquires, runs
+//!    the body, drops it at its next `.await` if the lock is lost, and releases only after the
+//!    body (and so its commit) has returned;
+//! 5. a lock error turned into the function's own error type through `From<dlock::LockError>`.
 //!
 //! Misuse is a compile error that says the fix: a plain `fn`, a missing `name` or `locks`, a
-//! placeholder that is not an argument, a duration that does not parse, a return type that cannot
+//! placeholder that is not an argument, a duration that does not parse or that
+//! `LockOptions::validate` would refuse at every call, a return type that cannot
 //! carry a lock error (those checks live in the facade's hidden support traits, whose
 //! `#[diagnostic::on_unimplemented]` messages rustc shows). `tests/ui/` holds one case of each.
 //!
@@ -81,16 +83,18 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 /// # Arguments
 /// | argument | meaning |
 /// |---|---|
-/// | `locks = EXPR` (required) | the lock client, any expression whose value implements `DistributedLock`: a field (`self.locks`), an argument, a call (`app.locks()`); borrowed for the call |
+/// | `locks = EXPR` (required) | the lock client, any expression whose value implements `DistributedLock`: a field (`self.locks`), an argument, a call (`app.locks()`); evaluated before the body starts and borrowed for the call (in a `&mut self` method, write `self.locks.clone()`: see below) |
 /// | `name = "…"` (required) | the lock name as a format string; each `{placeholder}` is an argument of the function, or a field of one (`{order.id}`, `{self.tenant}`), with an optional format spec (`{id:08}`) |
 /// | `wait = "5s"` | how long to wait for the lock before the call fails with `LockError::Timeout` (`"0s"`: try once); unset, it waits without limit |
-/// | `ttl = "30s"` | the lease, renewed while the body runs (the default is 30 s) |
-/// | `max_hold = "2m"` | the longest the body may hold the lock; past it the lock is given up and the body stopped |
-/// | `options = EXPR` | a `LockOptions` to start from (renewal, retry); `wait`, `ttl` and `max_hold` are applied on top |
+/// | `ttl = "30s"` | the lease, renewed every third of it while the body runs (the default is 30 s); from 1 ms to 365 days, and at least 3 ms unless `options` sets the renewal |
+/// | `max_hold = "2m"` | the longest the body may hold the lock (more than zero); past it the lock is given up and the body stopped |
+/// | `options = EXPR` | the options to start from (renewal, retry): a `LockOptions`, a `&LockOptions` or an `Arc<LockOptions>`, cloned at each call; `wait`, `ttl` and `max_hold` are applied on top |
 /// | `context = IDENT` | binds the `LockContext` in the body: `IDENT.fencing_token()` to send with every write |
 /// | `crate = PATH` | where dlock is, if not at `::dlock` (a renamed dependency) |
 ///
-/// Durations are humantime strings (`"300ms"`, `"5s"`, `"1m 30s"`), parsed at compile time.
+/// Durations are humantime strings (`"300ms"`, `"5s"`, `"1m 30s"`), parsed at compile time, where
+/// a value that `LockOptions::validate` would refuse at every call is an error. A `ttl` that
+/// is valid only with the renewal `options` sets is left to `validate`, at the call.
 ///
 /// # What the function must be
 /// - `async`, with a body.
@@ -109,8 +113,40 @@ use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 /// release.
 ///
 /// The body is a future borrowing the arguments as it needs, as the original function did; the
-/// `locks` expression is borrowed beside it for the whole call, so the body cannot also consume
-/// what `locks` borrows.
+/// value of the `locks` expression is borrowed beside it for the whole call, so the body cannot
+/// also take what `locks` borrows. With `locks = self.locks`, a `&mut self` body may change
+/// other fields (`self.entries.push(..)`) but not use `self` whole, as a call to another
+/// `&mut self` method does; write `locks = self.locks.clone()` (an `Arc<dyn DistributedLock>`
+/// or a backend clones cheaply) and the body has `self` to itself:
+///
+/// ```
+/// use std::sync::Arc;
+/// use dlock::DistributedLock;
+///
+/// struct Stock {
+///     locks: Arc<dyn DistributedLock>,
+///     left: u32,
+/// }
+///
+/// impl Stock {
+///     async fn take_one(&mut self) {
+///         self.left -= 1;
+///     }
+///
+///     #[dlock::locked(locks = self.locks.clone(), name = "stock")]
+///     async fn take_two(&mut self) -> dlock::Result<u32> {
+///         self.take_one().await;
+///         self.take_one().await;
+///         Ok(self.left)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dlock::Result<()> {
+/// let mut stock = Stock { locks: Arc::new(dlock::MemoryLock::new()), left: 10 };
+/// assert_eq!(stock.take_two().await?, 8);
+/// # Ok(()) }
+/// ```
 #[proc_macro_attribute]
 pub fn locked(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut args = args::Args::default();
@@ -174,9 +210,10 @@ fn expand(args: args::Args, item: TokenStream2) -> syn::Result<TokenStream2> {
     let krate = &args.krate;
     // Mixed-site: the body (user spans) cannot see or shadow these.
     let local = |name: &str| format_ident!("__dlock_{}", name, span = Span::mixed_site());
-    let (name_var, options_var, body_var, context_var, outcome_var, error_var) = (
+    let (name_var, options_var, locks_var, body_var, context_var, outcome_var, error_var) = (
         local("name"),
         local("options"),
+        local("locks"),
         local("body"),
         local("context"),
         local("outcome"),
@@ -186,7 +223,14 @@ fn expand(args: args::Args, item: TokenStream2) -> syn::Result<TokenStream2> {
     let format = &name.format;
     let format_args = &name.args;
     let base = match &args.options {
-        Some(expr) => quote!(::core::clone::Clone::clone(&(#expr))),
+        // Through `Borrow`, so that a `LockOptions`, a `&LockOptions` and an `Arc<LockOptions>`
+        // all clone the options themselves: `Clone::clone(&base)` on a `&LockOptions` would
+        // clone the reference.
+        Some(expr) => quote_spanned!(expr.span()=>
+            ::core::clone::Clone::clone(
+                ::core::borrow::Borrow::<#krate::LockOptions>::borrow(&(#expr))
+            )
+        ),
         None => quote!(#krate::LockOptions::new()),
     };
     let setters = [
@@ -204,10 +248,15 @@ fn expand(args: args::Args, item: TokenStream2) -> syn::Result<TokenStream2> {
     });
 
     let locks = &args.locks;
-    let body = &function.block;
-    // The body is built before `with_lock` and not moved into its closure: a non-`move` async
-    // block borrows each argument only as the body uses it, as the original function did, so a
-    // `&mut self` body can run beside `self.locks` borrowed for the lock.
+    // The statements, not the block: `async { { Ok(1) } }` would warn of unnecessary braces in
+    // the user's code.
+    let body = &function.block.stmts;
+    // `locks` is evaluated before the body future exists, so that a body taking `self` whole
+    // (`&mut self` calling another `&mut self` method) can follow `locks = self.locks.clone()`:
+    // the clone's borrow of `self` has ended when the body's begins. The body is not moved
+    // into `with_lock`'s closure: a non-`move` async block borrows each argument only as the
+    // body uses it, as the original function did, so a `&mut self` body that uses other fields
+    // can run beside `self.locks` borrowed for the lock.
     let (context_slot, context_binding, work) = match &args.context {
         Some(context) => (
             quote!(let #context_var = ::std::sync::OnceLock::<#krate::LockContext>::new();),
@@ -241,19 +290,27 @@ fn expand(args: args::Args, item: TokenStream2) -> syn::Result<TokenStream2> {
     let ItemFn {
         attrs, vis, sig, ..
     } = &function;
+    // syn keeps the body's inner attributes (`#![allow(..)]`) with the function's own: they go
+    // back at the top of the body, where they still cover the whole function.
+    let (outer, inner): (Vec<_>, Vec<_>) = attrs
+        .iter()
+        .partition(|attr| matches!(attr.style, syn::AttrStyle::Outer));
     Ok(quote! {
-        #(#attrs)*
+        #(#outer)*
         #vis #sig {
+            #(#inner)*
             let #name_var: ::std::string::String = ::std::format!(#format #(, #format_args)*);
             let #options_var: #krate::LockOptions = #base #(#setters)*;
             #context_slot
+            // A temporary (`self.locks.clone()`, `app.locks()`) lives to the end of the call.
+            let #locks_var = &(#locks);
             let #body_var = async {
                 #context_binding
-                #body
+                #(#body)*
             };
             let #outcome_var = {
                 use #krate::DistributedLockExt as _;
-                (#locks).with_lock(#name_var, &#options_var, #work).await
+                #locks_var.with_lock(#name_var, &#options_var, #work).await
             };
             match #outcome_var {
                 ::core::result::Result::Ok(output) => output,
