@@ -37,8 +37,10 @@ use serde::Deserialize;
 pub struct Config {
     /// The backend URL (see [`connect`](crate::connect)).
     pub url: String,
-    /// Backend options, overriding the URL's query parameters.
-    #[serde(default)]
+    /// Backend options, overriding the URL's query parameters. In the file, a value may be
+    /// written as TOML's number or boolean too (`wait_replicas = 1`, `fencing = false`): it is
+    /// kept as the text a URL would carry.
+    #[serde(default, deserialize_with = "option_values::deserialize")]
     pub options: BTreeMap<String, String>,
     /// Default lock options.
     #[serde(default)]
@@ -62,6 +64,40 @@ pub struct LockDefaults {
     /// Longest hold time.
     #[serde(default, with = "opt_duration")]
     pub max_hold: Option<Duration>,
+}
+
+mod option_values {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer};
+
+    /// A scalar as a URL's query parameter would carry it.
+    #[derive(Deserialize)]
+    #[serde(untagged, expecting = "a string, a number or a boolean")]
+    enum Scalar {
+        Text(String),
+        Integer(i64),
+        Float(f64),
+        Boolean(bool),
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, String>, D::Error> {
+        let values = BTreeMap::<String, Scalar>::deserialize(d)?;
+        Ok(values
+            .into_iter()
+            .map(|(key, value)| {
+                let text = match value {
+                    Scalar::Text(text) => text,
+                    Scalar::Integer(n) => n.to_string(),
+                    Scalar::Float(x) => x.to_string(),
+                    Scalar::Boolean(b) => b.to_string(),
+                };
+                (key, text)
+            })
+            .collect())
+    }
 }
 
 mod opt_duration {
@@ -147,6 +183,36 @@ mod tests {
         assert_eq!(o.wait_timeout(), Some(Duration::from_millis(250)));
         assert_eq!(o.renewal(), Renewal::Off);
         assert_eq!(o.max_hold(), Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn option_values_may_be_numbers_and_booleans() {
+        let c = Config::from_toml(
+            "url = 'memory://'\n[options]\nwait_replicas = 1\nfencing = false\nratio = 0.5\nprefix = 'app'",
+        )
+        .unwrap();
+        let options: Vec<(&str, &str)> = c
+            .options
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            options,
+            [
+                ("fencing", "false"),
+                ("prefix", "app"),
+                ("ratio", "0.5"),
+                ("wait_replicas", "1")
+            ]
+        );
+        let nested = Config::from_toml("url = 'memory://'\n[options]\nhosts = ['a', 'b']");
+        let Err(LockError::Config { reason, .. }) = nested else {
+            panic!("an array is no option value: {nested:?}");
+        };
+        assert!(
+            reason.contains("a string, a number or a boolean"),
+            "{reason}"
+        );
     }
 
     #[test]

@@ -145,38 +145,19 @@ fn connect_memory(url: &str, options: &[(String, String)]) -> Result<Arc<dyn Dis
 fn not_available(scheme: BackendScheme) -> Result<Arc<dyn DistributedLock>> {
     let compiled: Vec<&str> = BackendScheme::ALL
         .iter()
-        .filter(|(s, _, _)| compiled_in(*s) && implemented(*s))
+        .filter(|(s, _, _)| compiled_in(*s))
         .map(|(s, _, _)| s.tag())
         .collect();
-    let reason = if implemented(scheme) {
-        format!(
-            "backend `{scheme}` not compiled in: enable feature `{}` of the dlock crate (compiled in: {})",
-            scheme.feature(),
-            compiled.join(", ")
-        )
-    } else {
-        format!(
-            "backend `{scheme}` is not implemented in this version of dlock yet (available: {})",
-            compiled.join(", ")
-        )
-    };
     Err(LockError::Config {
         backend: scheme.tag(),
-        reason,
+        // The package, not the library: `dlock-rs` is what a Cargo.toml names.
+        reason: format!(
+            "backend `{scheme}` not compiled in: enable feature `{}` of the dlock-rs package \
+             (compiled in: {})",
+            scheme.feature(),
+            compiled.join(", ")
+        ),
     })
-}
-
-/// Backends that have landed (the others' crates are still placeholders).
-fn implemented(scheme: BackendScheme) -> bool {
-    matches!(
-        scheme,
-        BackendScheme::Memory
-            | BackendScheme::Redis
-            | BackendScheme::Redlock
-            | BackendScheme::MySql
-            | BackendScheme::Postgres
-            | BackendScheme::Etcd
-    )
 }
 
 fn compiled_in(scheme: BackendScheme) -> bool {
@@ -188,5 +169,27 @@ fn compiled_in(scheme: BackendScheme) -> bool {
         BackendScheme::Postgres => cfg!(feature = "postgres"),
         BackendScheme::Etcd => cfg!(feature = "etcd"),
         BackendScheme::ZooKeeper => cfg!(feature = "zookeeper"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_backend_not_compiled_in_names_its_feature_and_package() {
+        for (scheme, spellings, _) in BackendScheme::ALL {
+            if compiled_in(*scheme) {
+                continue;
+            }
+            let url = format!("{}://127.0.0.1:1", spellings[0]);
+            let error = connect(&url).await.err().map(|e| e.to_string());
+            let error = error.expect("a backend not compiled in cannot connect");
+            assert!(
+                error.contains(&format!("feature `{}`", scheme.feature()))
+                    && error.contains("dlock-rs"),
+                "{url}: {error}"
+            );
+        }
     }
 }

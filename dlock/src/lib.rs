@@ -118,11 +118,12 @@ pub use dlock_etcd::{EtcdConfig, EtcdLock};
 pub use dlock_zookeeper::{NodeAcl, ZkConfig, ZkLock};
 
 #[doc(inline)]
+// Every public item of dlock-api's root, so that no user needs to depend on it as well.
 pub use dlock_api::{
-    BoxError, Capabilities, Connecting, DistributedLock, DistributedLockExt, DynDistributedLock,
-    Fencing, FencingGate, FencingToken, Inspection, KeyMapper, LeaseKind, LockContext, LockError,
-    LockGuard, LockName, LockOptions, Lost, LostReason, MemoryLock, Renewal, Result, RetryPolicy,
-    error_chain, observability, raw, settle,
+    BoxError, Capabilities, CommandTimeout, Connecting, DistributedLock, DistributedLockExt,
+    DynDistributedLock, Fencing, FencingGate, FencingToken, Inspection, KeyMapper, LeaseKind,
+    LockContext, LockError, LockGuard, LockName, LockOptions, LockStatus, Lost, LostReason,
+    MemoryLock, Renewal, Result, RetryPolicy, error_chain, observability, raw, settle,
 };
 
 /// What `#[locked]`'s expansion calls; not an API. The traits exist for their compile errors:
