@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
 use crate::name::LockName;
 use crate::observability::{End, GuardLabels, GuardProbe};
@@ -42,6 +43,8 @@ pub struct LockGuard {
     lease: Option<Arc<dyn RawLease>>,
     state: Arc<LeaseState>,
     backend: &'static str,
+    /// The backend's, to check an `extend`'s TTL as an acquire's was.
+    capabilities: Capabilities,
     probe: GuardProbe,
     /// The watchdog's start, while it waits on the client's renewal timer: dropped with the
     /// guard, so a released guard leaves nothing scheduled.
@@ -53,7 +56,7 @@ impl LockGuard {
     /// starts the watchdog if `options` ask for renewal (and the guard renews its own lease) or a
     /// maximum hold time.
     pub(crate) fn assemble(
-        backend: &'static str,
+        (capabilities, backend): (Capabilities, &'static str),
         name: LockName,
         token: FencingToken,
         lease: Arc<dyn RawLease>,
@@ -78,6 +81,7 @@ impl LockGuard {
             lease: Some(lease),
             state,
             backend,
+            capabilities,
             probe: GuardProbe::start(backend),
             _watchdog: watchdog,
         }
@@ -168,16 +172,18 @@ impl LockGuard {
     /// - [`LockError::Lost`] without a network call if the lock is already known to be lost;
     /// - [`LockError::NotHeld`] if the server says someone else holds it (the guard is then lost);
     /// - [`LockError::Unsupported`] on session backends, which have no lease to extend;
-    /// - [`LockError::InvalidArgument`] for a zero or absurd `ttl`, before any network call.
+    /// - [`LockError::InvalidArgument`] for a `ttl` an acquire would refuse (zero, absurd, or
+    ///   beyond the backend's [`min_ttl`](Capabilities::min_ttl) and
+    ///   [`max_ttl`](Capabilities::max_ttl)), before any network call.
     ///
     /// # Cancel safety
     /// Cancel safe in that dropping it leaves the lock held; the lease may or may not have been
     /// extended.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
-        LockOptions::new()
+        let extended = LockOptions::new()
             .with_ttl(ttl)
-            .with_renewal(crate::Renewal::Off)
-            .validate()?;
+            .with_renewal(crate::Renewal::Off);
+        self.capabilities.check(self.backend, &extended)?;
         self.check_held()?;
         let lease = self.lease.as_ref().expect("lease present until release");
         match lease.extend(ttl).await {

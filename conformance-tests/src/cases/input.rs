@@ -52,6 +52,29 @@ pub async fn bad_options_rejected(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// An `extend` to a TTL an acquire would refuse (zero, absurd, beyond the backend's
+/// `min_ttl` or `max_ttl`) is refused before any network call, and the lock stays held.
+pub async fn bad_extend_rejected(ctx: Ctx) -> CaseResult {
+    let client = ctx.client().await?;
+    let caps = client.capabilities();
+    let guard = client
+        .acquire(&ctx.name("lock"), &LockOptions::new())
+        .await?;
+    let mut bad = vec![Duration::ZERO, Duration::from_secs(10 * 365 * 24 * 3600)];
+    bad.extend(
+        caps.min_ttl
+            .and_then(|min| min.checked_sub(Duration::from_millis(1))),
+    );
+    bad.extend(caps.max_ttl.map(|max| max + Duration::from_secs(1)));
+    for ttl in bad {
+        let got = guard.extend(ttl).await;
+        ensure!(invalid(&got), "extend({ttl:?}) returned {got:?}");
+    }
+    ensure!(guard.is_held(), "a refused extend lost the lock");
+    guard.release().await?;
+    Ok(())
+}
+
 /// How many random inputs one run of an `input::any_*` case draws.
 const SAMPLES: usize = 32;
 

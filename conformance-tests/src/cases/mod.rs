@@ -238,6 +238,7 @@ static CASES: &[Case] = &[
     case!(names::longest_name_works, NONE),
     case!(input::bad_names_rejected, NONE),
     case!(input::bad_options_rejected, NONE),
+    case!(input::bad_extend_rejected, EXTEND),
     case!(input::any_options_behave, NONE),
     case!(input::any_names_behave, NONE),
 ];

@@ -62,14 +62,14 @@ impl Grant {
     /// acquire's span and metrics record the grant.
     fn into_guard(
         mut self,
-        backend: &'static str,
+        (capabilities, backend): (Capabilities, &'static str),
         options: &LockOptions,
         probe: &mut AcquireProbe,
     ) -> LockGuard {
         probe.acquired(&self.name, self.token);
         let lease = self.lease.take().expect("a grant's lease is taken once");
         LockGuard::assemble(
-            backend,
+            (capabilities, backend),
             self.name.clone(),
             self.token,
             lease,
@@ -216,7 +216,11 @@ async fn try_acquire_engine(
             Err(error) => Err(error),
         };
         match granted {
-            Ok(Some(grant)) => Ok(Some(grant.into_guard(backend, options, &mut probe))),
+            Ok(Some(grant)) => Ok(Some(grant.into_guard(
+                (capabilities, backend),
+                options,
+                &mut probe,
+            ))),
             Ok(None) => {
                 probe.finish(Outcome::Busy);
                 Ok(None)
@@ -268,7 +272,7 @@ where
             Err(error) => Err(error),
         };
         match granted {
-            Ok(grant) => Ok(grant.into_guard(backend, options, &mut probe)),
+            Ok(grant) => Ok(grant.into_guard((capabilities, backend), options, &mut probe)),
             Err(error) => {
                 probe.failed(&error);
                 Err(error)
