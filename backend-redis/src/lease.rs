@@ -109,6 +109,43 @@ impl RedisLease {
             }
         });
     }
+
+    /// The cleanup of an acquire whose reply never came (a command timeout, a broken
+    /// connection). Its script may still run, late: a stalled server runs it when it wakes, and
+    /// after a reconnect it may arrive on the old connection after the cancel on the new one.
+    /// So the cancel runs once as [`spawn_cleanup`](Self::spawn_cleanup)'s does, then again
+    /// every command timeout until the server answers (for at most `ttl`, by when a lock the
+    /// script took in time has ended anyway), and once more after that answer.
+    ///
+    /// Only the first cancel counts for `settle`: a program on its way out does not wait for a
+    /// server that may not come back. The later ones stop when the client is dropped.
+    pub(crate) fn spawn_cleanup_of_lost_reply(
+        inner: Arc<Inner>,
+        keys: Arc<LockKeys>,
+        owner: Arc<str>,
+        ttl: Duration,
+    ) {
+        dlock_api::raw::spawn_cleanup(async move {
+            let mut answered = Self::cancel(&inner, &keys, &owner).await.is_ok();
+            let (inner, every) = (Arc::downgrade(&inner), inner.config.command_timeout);
+            let give_up = after(Instant::now(), ttl);
+            tokio::spawn(async move {
+                loop {
+                    if !answered && Instant::now() >= give_up {
+                        tracing::warn!(key = %keys.lock, "redis: the server did not answer the cleanup of an acquire whose reply was lost; a late lock will end with its lease");
+                        return;
+                    }
+                    tokio::time::sleep(every).await;
+                    let Some(inner) = inner.upgrade() else { return };
+                    let ok = Self::cancel(&inner, &keys, &owner).await.is_ok();
+                    if answered {
+                        return;
+                    }
+                    answered = ok;
+                }
+            });
+        });
+    }
 }
 
 #[async_trait]

@@ -34,6 +34,11 @@
 //!   released first by a smaller script (the lock and queue keys, the owner) that deletes it only
 //!   if still nobody is queued; if waiters queued meanwhile, it leaves the lock held and the full
 //!   release above hands it over, one round trip later. **Extend** is a compare-and-`PEXPIRE`.
+//! - **A failed or cancelled acquire** is undone by a cancel script in the background: it
+//!   releases a lock the acquire took (or a release granted it meanwhile) and leaves the queue.
+//!   When the acquire's reply never came (a command timeout, a broken connection), its script may
+//!   still run later (a server that stalled runs it when it wakes), so the cancel is retried every
+//!   command timeout until the server answers, for up to the TTL, and run once more after that.
 //! - **Renewal**: the shared dlock watchdog extends the lease every TTL/3; when the key is gone or
 //!   someone else's, or the server stays unreachable until the lease ends, the guard's `lost`
 //!   fires.

@@ -133,6 +133,7 @@ impl RedisLock {
                 owner,
                 &[&keys.lock, &keys.fence, &keys.queue],
                 &[owner, &ttl_ms],
+                options.ttl(),
             )
             .await?;
         match reply {
@@ -195,6 +196,7 @@ impl RedisLock {
                     &presence_ms,
                     &keys.channel,
                 ],
+                options.ttl(),
             )
             .await?;
         let answer = match &reply {
@@ -253,6 +255,7 @@ impl RedisLock {
         owner: &Arc<str>,
         key_names: &[&str],
         args: &[&str],
+        ttl: Duration,
     ) -> Result<(redis::Value, Instant, PendingAcquire)> {
         let started = Instant::now();
         let pending = self.arm_cleanup(keys, owner);
@@ -260,8 +263,21 @@ impl RedisLock {
             .inner
             .conn
             .run_script(self.inner.config.command_timeout, script, key_names, args)
-            .await?;
-        Ok((reply, started, pending))
+            .await;
+        match reply {
+            Ok(reply) => Ok((reply, started, pending)),
+            Err(error) => {
+                // The script may have run, or may still run, without our knowing.
+                pending.disarm();
+                RedisLease::spawn_cleanup_of_lost_reply(
+                    self.inner.clone(),
+                    keys.clone(),
+                    owner.clone(),
+                    ttl,
+                );
+                Err(error)
+            }
+        }
     }
 
     /// The guard of a grant the server just made: once enough replicas have it, if asked to wait

@@ -340,3 +340,40 @@ async fn waiters_are_granted_the_lock_in_queue_order() {
     }
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
 }
+
+/// An acquire whose reply never came, because the server stalled (SIGSTOP) past the command
+/// timeout and past the cleanup's first cancel: the server runs the script when it wakes, and the
+/// cleanup, retried until the server answers, frees what it took. Another client gets the lock
+/// long before its 60 s lease would have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_reply_was_lost_to_a_stalled_server_leaves_nothing() {
+    let redis = server();
+    let stalled = RedisLock::connect_url(&format!("{}?command_timeout=300ms", redis.url()))
+        .await
+        .unwrap();
+    let other = RedisLock::connect_url(&redis.url()).await.unwrap();
+    for round in 0..3 {
+        let lock = name(&format!("lost-reply-{round}"));
+        redis.pause();
+        let long = LockOptions::new().with_ttl(Duration::from_secs(60));
+        let failed = stalled.try_acquire(&lock, &long).await;
+        assert!(
+            matches!(failed, Err(LockError::Unavailable { .. })),
+            "{failed:?}"
+        );
+        // Past the first cancel's timeout too.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        redis.resume();
+        let free = timeout(Duration::from_secs(20), async {
+            loop {
+                if let Some(guard) = other.try_acquire(&lock, &LockOptions::new()).await.unwrap() {
+                    return guard;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: the lock the late script took was left held"));
+        free.release().await.unwrap();
+    }
+}
