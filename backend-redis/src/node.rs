@@ -337,6 +337,31 @@ impl Node {
         Ok(replication_hazard(&info))
     }
 
+    /// The server's `run_id` (from `INFO server`): the same for every address of one server
+    /// process, so a caller can tell that two addresses reach the same server. `None` where the
+    /// server does not say (a proxy that hides `INFO`).
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] if the node does not answer within the command timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn run_id(&self) -> Result<Option<String>> {
+        let info: String = match self
+            .conn
+            .query(
+                self.config.command_timeout,
+                redis::cmd("INFO").arg("server"),
+            )
+            .await
+        {
+            Ok(info) => info,
+            Err(error @ LockError::Unavailable { .. }) => return Err(error),
+            Err(_) => return Ok(None),
+        };
+        Ok(info_field(&info, "run_id").map(str::to_owned))
+    }
+
     /// The configuration this node was connected with.
     pub fn config(&self) -> &RedisConfig {
         &self.config
@@ -532,11 +557,14 @@ impl fmt::Debug for Node {
 }
 
 /// What an `INFO replication` answer says against using the node as an independent one.
+/// The value of `name` in an `INFO` reply.
+fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
+}
+
 fn replication_hazard(info: &str) -> Option<String> {
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
-    };
+    let field = |name: &str| info_field(info, name);
     match field("role") {
         Some("master") => {}
         Some(role) => return Some(format!("it is a replica (role {role})")),

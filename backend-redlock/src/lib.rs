@@ -90,7 +90,8 @@
 //! `redlock://[[user]:password@]h1[:port],h2[:port],…[/db][?option=value…]`, or `redlocks://`
 //! for TLS to every node (feature `tls-rustls`). See [`RedlockConfig`] for the options (quorum,
 //! per-node timeout, drift, minimum validity, retry delay). A quorum below a majority is refused,
-//! and so is a node listed twice. The client starts when a quorum of nodes answers; the others
+//! and so is a node listed twice, also under another address (`localhost` and `127.0.0.1`:
+//! connect compares the servers' `run_id`). The client starts when a quorum of nodes answers; the others
 //! are connected again whenever they are needed.
 //!
 //! ## Performance

@@ -1,8 +1,9 @@
 //! The N nodes: one connection each, opened at start and, for a node that was down then, again
 //! in the background whenever it is needed, so a node that comes back rejoins by itself.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use dlock_api::{LockError, Result};
 use dlock_redis::RedisConfig;
@@ -19,16 +20,27 @@ pub(crate) struct Slot {
     node: OnceLock<Arc<Node>>,
     connecting: AtomicBool,
     events: NodeEventHandler,
+    /// Every node's server, by `run_id`: one server under two addresses is one node.
+    servers: Arc<Servers>,
 }
 
+/// The servers the nodes reached: `run_id` → the node's address.
+type Servers = Mutex<HashMap<String, String>>;
+
 impl Slot {
-    fn new(index: usize, config: RedisConfig, events: NodeEventHandler) -> Self {
+    fn new(
+        index: usize,
+        config: RedisConfig,
+        events: NodeEventHandler,
+        servers: Arc<Servers>,
+    ) -> Self {
         Self {
             index,
             config,
             node: OnceLock::new(),
             connecting: AtomicBool::new(false),
             events,
+            servers,
         }
     }
 
@@ -55,6 +67,26 @@ impl Slot {
                 ),
             });
         }
+        // The configuration refuses a node listed twice by its text; the same server under two
+        // names (`localhost` and `127.0.0.1`) would count twice towards the quorum.
+        if let Some(run_id) = node.run_id().await? {
+            let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
+            let addr = self.addr();
+            match servers.get(&run_id) {
+                Some(other) if *other != addr => {
+                    return Err(LockError::Config {
+                        backend: BACKEND,
+                        reason: format!(
+                            "nodes {other} and {addr} are the same server (run_id {run_id}); \
+                             each node must be an independent server"
+                        ),
+                    });
+                }
+                _ => {
+                    servers.insert(run_id, addr);
+                }
+            }
+        }
         let _ = self.node.set(Arc::new(node));
         Ok(())
     }
@@ -69,8 +101,14 @@ impl Slot {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let slot = self.clone();
                 runtime.spawn(async move {
-                    if let Err(error) = slot.connect().await {
-                        tracing::debug!(node = %slot.addr(), %error, "redlock: node still unreachable");
+                    match slot.connect().await {
+                        Ok(()) => {}
+                        Err(error @ LockError::Config { .. }) => {
+                            tracing::error!(node = %slot.addr(), %error, "redlock: node refused");
+                        }
+                        Err(error) => {
+                            tracing::debug!(node = %slot.addr(), %error, "redlock: node still unreachable");
+                        }
                     }
                     slot.connecting.store(false, Ordering::SeqCst);
                 });
@@ -91,8 +129,16 @@ pub(crate) async fn connect_all(
     config: &RedlockConfig,
     events: impl Fn(usize) -> NodeEventHandler,
 ) -> Result<Vec<Arc<Slot>>> {
+    let servers = Arc::new(Servers::default());
     let slots: Vec<Arc<Slot>> = (0..config.nodes.len())
-        .map(|i| Arc::new(Slot::new(i, config.node_config(i), events(i))))
+        .map(|i| {
+            Arc::new(Slot::new(
+                i,
+                config.node_config(i),
+                events(i),
+                servers.clone(),
+            ))
+        })
         .collect();
     let results = futures::future::join_all(slots.iter().map(|slot| slot.connect())).await;
     // A node the configuration refuses (its eviction policy) is a deployment mistake to name,

@@ -371,6 +371,25 @@ async fn a_replicated_node_is_refused_at_connect() {
     guard.release().await.unwrap();
 }
 
+/// One server listed under two addresses (`localhost` and `127.0.0.1`) is one node, however the
+/// URL spells it: connect refuses it, naming both, instead of counting it twice towards the
+/// quorum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_under_two_addresses_is_refused_at_connect() {
+    let nodes = tokio::task::block_in_place(|| start_nodes(2));
+    let (first, second) = (nodes.node(0).port(), nodes.node(1).port());
+    let url = format!("redlock://127.0.0.1:{first},127.0.0.1:{second},localhost:{first}");
+    match Redlock::connect_url(&url).await {
+        Err(LockError::Config { reason, .. }) => assert!(
+            reason.contains("same server")
+                && reason.contains(&format!("127.0.0.1:{first}"))
+                && reason.contains(&format!("localhost:{first}")),
+            "{reason}"
+        ),
+        other => panic!("expected a config error for a server listed twice, got {other:?}"),
+    }
+}
+
 /// Cuts the remaining TTL of `name`'s key on node `i` to 1 ms: what a forward jump of that
 /// node's wall clock does (Redis keeps a key's expiry as an absolute wall-clock time, so the
 /// key expires early). libfaketime cannot be preloaded into this redis-server (jemalloc calls
