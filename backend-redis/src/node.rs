@@ -319,22 +319,10 @@ impl Node {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn replication_hazard(&self) -> Result<Option<String>> {
-        let info: String = match self
-            .conn
-            .query(
-                self.config.command_timeout,
-                redis::cmd("INFO").arg("replication"),
-            )
-            .await
-        {
-            Ok(info) => info,
-            Err(error @ LockError::Unavailable { .. }) => return Err(error),
-            Err(error) => {
-                tracing::info!(%error, "redis: cannot read the replication role; not checked");
-                return Ok(None);
-            }
-        };
-        Ok(replication_hazard(&info))
+        Ok(self
+            .info("replication")
+            .await?
+            .and_then(|info| replication_hazard(&info)))
     }
 
     /// The server's `run_id` (from `INFO server`): the same for every address of one server
@@ -347,19 +335,24 @@ impl Node {
     /// # Cancel safety
     /// Cancel safe: it only reads.
     pub async fn run_id(&self) -> Result<Option<String>> {
-        let info: String = match self
-            .conn
-            .query(
-                self.config.command_timeout,
-                redis::cmd("INFO").arg("server"),
-            )
-            .await
-        {
-            Ok(info) => info,
-            Err(error @ LockError::Unavailable { .. }) => return Err(error),
-            Err(_) => return Ok(None),
-        };
-        Ok(info_field(&info, "run_id").map(str::to_owned))
+        Ok(self
+            .info("server")
+            .await?
+            .and_then(|info| info_field(&info, "run_id").map(str::to_owned)))
+    }
+
+    /// `INFO section`, or `None` where the server refuses it (an ACL, a proxy): what it would
+    /// have told is then not checked.
+    async fn info(&self, section: &str) -> Result<Option<String>> {
+        let asked = redis::cmd("INFO").arg(section).clone();
+        match self.conn.query(self.config.command_timeout, &asked).await {
+            Ok(info) => Ok(Some(info)),
+            Err(error @ LockError::Unavailable { .. }) => Err(error),
+            Err(error) => {
+                tracing::info!(%error, section, "redis: cannot read INFO; not checked");
+                Ok(None)
+            }
+        }
     }
 
     /// The configuration this node was connected with.
