@@ -37,7 +37,8 @@
 //! 4. **Fencing**: every acquire returns a [`FencingToken`] above all earlier ones for the name;
 //!    a resource that remembers the highest (see [`FencingGate`]) refuses stale holders.
 //! 5. **Bounded waiting**: [`try_acquire`](DistributedLock::try_acquire) returns at once;
-//!    [`acquire`](DistributedLock::acquire) returns within its wait timeout plus one round trip.
+//!    [`acquire`](DistributedLock::acquire) returns within its wait timeout plus one round trip
+//!    (against a server that does not answer, that round trip is the command timeout).
 //! 6. **Notification, not polling**: waiters are woken by the backend on release.
 //! 7. **Lost signal**: [`LockGuard::lost`] fires when the lock is lost, with a [`LostReason`].
 //! 8. **Renewal**: with [`Renewal::auto`] (the default) a watchdog keeps the lease while held.

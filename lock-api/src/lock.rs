@@ -60,7 +60,9 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
     ///
     /// # Behavior
     /// - Waits while another guard holds the lock; returns [`LockError::Timeout`] within the
-    ///   wait timeout plus one round trip (`waiting::acquire_times_out_within_bound`).
+    ///   wait timeout plus one round trip (`waiting::acquire_times_out_within_bound`). A round
+    ///   trip to a server that does not answer lasts the backend's command timeout and ends in
+    ///   [`LockError::Unavailable`].
     /// - A release wakes the next waiter (`waiting::release_wakes_waiter`).
     /// - A holder that vanished frees the lock after its lease (`expiry::forgotten_holder_frees_after_ttl`).
     ///
