@@ -104,3 +104,23 @@ async fn a_cut_off_client_loses_its_lease_and_cannot_release_the_next() {
         .unwrap();
     assert_eq!(store.active_names(), 0);
 }
+
+/// A named store is dropped with its last client, and made anew by the next `shared`: its
+/// locks go, but a name's fencing tokens keep rising, as a test that connects again expects.
+#[tokio::test]
+async fn tokens_keep_rising_across_a_dropped_and_remade_store() {
+    let store = format!("tokens-across-stores-{}", std::process::id());
+    let mut last = 0;
+    for _ in 0..3 {
+        let locks = MemoryLock::shared(&store);
+        let guard = locks
+            .acquire_str("rising", &LockOptions::new())
+            .await
+            .unwrap();
+        let token = guard.fencing_token().get();
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+        guard.release().await.unwrap();
+        drop(locks);
+    }
+}

@@ -29,7 +29,8 @@ const BACKEND: &str = "memory";
 /// testing code that uses dlock.
 ///
 /// It keeps the whole contract within the process: TTL expiry, renewal, strictly increasing
-/// fencing tokens, FIFO waiters woken on release, the lost signal, cancel safety. A freed lock
+/// fencing tokens (one counter for the whole process, so they keep rising across stores and
+/// reconnects), FIFO waiters woken on release, the lost signal, cancel safety. A freed lock
 /// is held at once for the first waiter, for the lease it asked for, dated from then: a waiter
 /// whose task is not polled when its turn comes (a stalled task holding a pending acquire) holds
 /// the queue up for that lease at most, then queues again at the back. Time is tokio's,
@@ -77,7 +78,8 @@ impl MemoryLock {
     }
 
     /// A client of the process-wide store called `name`, created on first use and dropped when its
-    /// last client is. `dlock::connect("memory://NAME")` returns this; `memory://` is `"default"`.
+    /// last client is (its locks go with it; its fencing tokens keep rising in the next store).
+    /// `dlock::connect("memory://NAME")` returns this; `memory://` is `"default"`.
     pub fn shared(name: &str) -> Self {
         static STORES: OnceLock<Mutex<HashMap<String, Weak<Store>>>> = OnceLock::new();
         let mut stores = STORES

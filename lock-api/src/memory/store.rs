@@ -2,6 +2,7 @@
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -64,10 +65,13 @@ pub(super) enum Attempt {
 /// The store's counters, apart from the entries so both can be borrowed at once.
 #[derive(Debug, Default)]
 struct Counters {
-    /// One counter for all names: strictly increasing per name, and nothing to keep per name.
-    last_token: u64,
     last_id: u64,
 }
+
+/// The last fencing token of the process. One counter for every name of every store: strictly
+/// increasing per name with nothing kept per name, also across the stores `memory://NAME` makes
+/// and drops with their clients (a test that connects again must not see tokens start over).
+static LAST_TOKEN: AtomicU64 = AtomicU64::new(0);
 
 impl Counters {
     fn next_id(&mut self) -> u64 {
@@ -77,8 +81,7 @@ impl Counters {
     }
 
     fn next_token(&mut self) -> u64 {
-        self.last_token = self.last_token.saturating_add(1);
-        self.last_token
+        LAST_TOKEN.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 
