@@ -81,7 +81,8 @@ impl Counters {
     }
 
     fn next_token(&mut self) -> u64 {
-        LAST_TOKEN.fetch_add(1, Ordering::Relaxed) + 1
+        // Tokens are handed out under the store's mutex; the atomic only spans stores.
+        LAST_TOKEN.fetch_add(1, Ordering::Relaxed).saturating_add(1)
     }
 }
 
