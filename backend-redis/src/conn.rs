@@ -74,13 +74,29 @@ fn manager_config(config: &RedisConfig, push: &PushHandler) -> ConnectionManager
 #[cfg(feature = "tls-rustls")]
 fn tls_certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificates>> {
     install_crypto_provider();
-    let Some(path) = config.ca_cert.as_ref().filter(|_| config.tls) else {
+    let Some(path) = config.ca_cert.as_ref() else {
         return Ok(None);
     };
+    if !config.tls {
+        return Err(LockError::Config {
+            backend: crate::BACKEND,
+            reason: "ca_cert is for TLS: use rediss:// (or rediss+sentinel://, rediss+cluster://)"
+                .into(),
+        });
+    }
     let root_cert = std::fs::read(path).map_err(|e| LockError::Config {
         backend: crate::BACKEND,
         reason: format!("cannot read ca_cert {}: {e}", path.display()),
     })?;
+    if !root_cert
+        .windows(b"-----BEGIN CERTIFICATE-----".len())
+        .any(|w| w == b"-----BEGIN CERTIFICATE-----")
+    {
+        return Err(LockError::Config {
+            backend: crate::BACKEND,
+            reason: format!("ca_cert {} holds no PEM certificate", path.display()),
+        });
+    }
     Ok(Some(redis::TlsCertificates {
         client_tls: None,
         root_cert: Some(root_cert),
@@ -98,7 +114,17 @@ fn install_crypto_provider() {
 
 /// A driver client for one node, trusting the configured CA when there is one.
 fn open_client(config: &RedisConfig, node: &str) -> Result<redis::Client> {
-    let url = config.node_url(node, true);
+    client_with_tls(config, node, config.node_url(node, true))
+}
+
+/// A client of a Sentinel: without the data nodes' credentials and database, but with their
+/// TLS and its certificates (a private CA signs the Sentinels too).
+fn sentinel_client(config: &RedisConfig, sentinel: &str) -> Result<redis::Client> {
+    let scheme = if config.tls { "rediss" } else { "redis" };
+    client_with_tls(config, sentinel, format!("{scheme}://{sentinel}"))
+}
+
+fn client_with_tls(config: &RedisConfig, node: &str, url: String) -> Result<redis::Client> {
     #[cfg(feature = "tls-rustls")]
     if config.tls {
         install_crypto_provider();
@@ -132,11 +158,10 @@ async fn manager_for(
 
 /// Asks the Sentinels, in order, where the primary `master` is.
 async fn find_primary(config: &RedisConfig, sentinels: &[String], master: &str) -> Result<String> {
-    let mut last_error = None;
+    let (mut last_error, mut unknown) = (None, None);
     for sentinel in sentinels {
-        let scheme = if config.tls { "rediss" } else { "redis" };
         let asked = async {
-            let client = redis::Client::open(format!("{scheme}://{sentinel}")).map_err(map_err)?;
+            let client = sentinel_client(config, sentinel)?;
             let mut conn = client
                 .get_multiplexed_async_connection()
                 .await
@@ -151,8 +176,9 @@ async fn find_primary(config: &RedisConfig, sentinels: &[String], master: &str) 
         };
         match tokio::time::timeout(config.connect_timeout, asked).await {
             Ok(Ok(Some((host, port)))) => return Ok(format!("{host}:{port}")),
+            // A Sentinel just replaced may not monitor the master yet: ask the next.
             Ok(Ok(None)) => {
-                return Err(LockError::Config {
+                unknown = Some(LockError::Config {
                     backend: crate::BACKEND,
                     reason: format!("sentinel {sentinel} does not know a master named `{master}`"),
                 });
@@ -161,29 +187,28 @@ async fn find_primary(config: &RedisConfig, sentinels: &[String], master: &str) 
             Err(_) => last_error = Some(timed_out(config.connect_timeout)),
         }
     }
-    Err(last_error.unwrap_or_else(|| timed_out(config.connect_timeout)))
+    Err(unknown
+        .or(last_error)
+        .unwrap_or_else(|| timed_out(config.connect_timeout)))
 }
 
 /// Follows failovers as they are announced: subscribes to a Sentinel's `+switch-master` channel
 /// and re-resolves the primary on every announcement (and once after each (re)subscription, in
 /// case one was missed). Without this, a client could keep writing to a demoted primary that has
 /// not yet been told to replicate, for as long as Sentinel takes to reconfigure it.
-async fn watch_switches(
-    conn: std::sync::Weak<SentinelConn>,
-    sentinels: Vec<String>,
-    scheme: &'static str,
-) {
+async fn watch_switches(conn: std::sync::Weak<SentinelConn>, sentinels: Vec<String>) {
     use futures::StreamExt;
     loop {
         for sentinel in &sentinels {
-            let Some(timeout) = conn.upgrade().map(|c| c.config.connect_timeout) else {
+            let Some(config) = conn.upgrade().map(|c| c.config.clone()) else {
                 return;
             };
+            let timeout = config.connect_timeout;
             let subscribed = async {
-                let client = redis::Client::open(format!("{scheme}://{sentinel}"))?;
-                let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe("+switch-master").await?;
-                Ok::<_, redis::RedisError>(pubsub)
+                let client = sentinel_client(&config, sentinel)?;
+                let mut pubsub = client.get_async_pubsub().await.map_err(map_err)?;
+                pubsub.subscribe("+switch-master").await.map_err(map_err)?;
+                Ok::<_, LockError>(pubsub)
             };
             let Ok(Ok(mut pubsub)) = tokio::time::timeout(timeout, subscribed).await else {
                 continue;
@@ -256,12 +281,8 @@ impl Conn {
                     refresh: tokio::sync::Mutex::new(()),
                     watcher: std::sync::Mutex::new(None),
                 });
-                let scheme = if config.tls { "rediss" } else { "redis" };
-                let watcher = tokio::spawn(watch_switches(
-                    Arc::downgrade(&conn),
-                    sentinels.clone(),
-                    scheme,
-                ));
+                let watcher =
+                    tokio::spawn(watch_switches(Arc::downgrade(&conn), sentinels.clone()));
                 *conn.watcher.lock().unwrap_or_else(|e| e.into_inner()) =
                     Some(watcher.abort_handle());
                 Ok(Self::Sentinel(conn))
@@ -349,6 +370,32 @@ impl Conn {
                 bounded(timeout, request.send(&mut sentinel.manager())).await
             }
         }
+    }
+
+    /// Runs `cmd` on every primary of a Cluster, or on the one server otherwise: each server's
+    /// reply, named by its address (the node's `host:port`; empty for a single server).
+    pub(crate) async fn query_every_primary<T: FromRedisValue>(
+        &self,
+        timeout: std::time::Duration,
+        cmd: &redis::Cmd,
+    ) -> Result<Vec<(String, T)>> {
+        let Self::Cluster(cluster) = self else {
+            return Ok(vec![(String::new(), self.query(timeout, cmd).await?)]);
+        };
+        use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+        let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+        let replies = bounded(timeout, cluster.clone().route_command(cmd.clone(), every)).await?;
+        let by_node: Vec<(String, redis::Value)> =
+            redis::from_redis_value(replies).map_err(|e| map_err(e.into()))?;
+        by_node
+            .into_iter()
+            .map(|(node, reply)| {
+                Ok((
+                    node,
+                    redis::from_redis_value(reply).map_err(|e| map_err(e.into()))?,
+                ))
+            })
+            .collect()
     }
 
     pub(crate) async fn subscribe(

@@ -6,6 +6,14 @@ use redis::RedisError;
 use crate::BACKEND;
 
 pub(crate) fn map_err(error: RedisError) -> LockError {
+    if refused_by_tls(&error) {
+        // A certificate the client does not trust fails again on every retry: the fix is in
+        // the configuration (ca_cert, the host name), so it is no outage to ride out.
+        return LockError::Config {
+            backend: BACKEND,
+            reason: format!("TLS refused the server: {error}"),
+        };
+    }
     if error.is_io_error()
         || error.is_timeout()
         || error.is_connection_dropped()
@@ -24,4 +32,10 @@ pub(crate) fn map_err(error: RedisError) -> LockError {
 
 pub(crate) fn timed_out(after: std::time::Duration) -> LockError {
     LockError::command_timeout(BACKEND, after)
+}
+
+/// A server certificate rustls would not trust. Told by rustls's message: the driver wraps the
+/// rustls error in an `io::Error`, whose `source` skips it, so a downcast cannot find it.
+fn refused_by_tls(error: &RedisError) -> bool {
+    error.is_io_error() && error.to_string().contains("invalid peer certificate")
 }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
-use crate::config::{EvictionCheck, RedisConfig};
+use crate::config::{EvictionCheck, RedisConfig, Topology};
 use crate::conn::{Conn, PushHandler};
 
 /// Why the server's settings let it evict lock keys, or `None` when they do not.
@@ -30,13 +30,37 @@ fn eviction_hazard(settings: &HashMap<String, String>) -> Option<String> {
 /// `config.eviction_check`: every connection a lock or a node makes goes through here.
 pub(crate) async fn connect_checked(config: &RedisConfig, push: PushHandler) -> Result<Conn> {
     let conn = Conn::connect(config, push).await?;
+    if let Topology::Single { node } = &config.topology {
+        refuse_cluster_node(&conn, node, config.command_timeout).await?;
+    }
     check(&conn, config.eviction_check, config.command_timeout).await?;
     Ok(conn)
 }
 
-/// Asks the server (in a Cluster, whichever node the driver picks) for its memory limit and
-/// policy, and acts on `check`. A server that denies `CONFIG` (managed services often rename
-/// it) cannot be judged: that is logged, never refused, since refusing would lock those users out.
+/// A `redis://` URL naming one node of a Redis Cluster would work for the names whose slot that
+/// node serves and fail with `MOVED` for the others: refused at connect instead.
+async fn refuse_cluster_node(conn: &Conn, node: &str, timeout: std::time::Duration) -> Result<()> {
+    let info: String = match conn.query(timeout, redis::cmd("INFO").arg("cluster")).await {
+        Ok(info) => info,
+        Err(error @ LockError::Unavailable { .. }) => return Err(error),
+        // A server that denies INFO cannot be judged; its first MOVED will say it.
+        Err(_) => return Ok(()),
+    };
+    if info.lines().any(|line| line.trim() == "cluster_enabled:1") {
+        return Err(LockError::Config {
+            backend: BACKEND,
+            reason: format!(
+                "{node} is a Redis Cluster node: connect with redis+cluster:// (or \
+                 rediss+cluster://), which follows the cluster's slots"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Asks the server (in a Cluster, every primary) for its memory limit and policy, and acts on
+/// `check`. A server that denies `CONFIG` (managed services often rename it) cannot be judged:
+/// that is logged, never refused, since refusing would lock those users out.
 pub(crate) async fn check(
     conn: &Conn,
     check: EvictionCheck,
@@ -46,28 +70,34 @@ pub(crate) async fn check(
         return Ok(());
     }
     // `maxmemory*` rather than two names: Redis 6 takes one parameter per CONFIG GET.
-    let settings: HashMap<String, String> = match conn
-        .query(timeout, redis::cmd("CONFIG").arg("GET").arg("maxmemory*"))
-        .await
-    {
-        Ok(settings) => settings,
-        Err(error @ LockError::Unavailable { .. }) => return Err(error),
-        Err(error) => {
-            tracing::info!(%error, "redis: cannot read the eviction policy; not checked");
-            return Ok(());
+    let asked = redis::cmd("CONFIG").arg("GET").arg("maxmemory*").clone();
+    let every: Vec<(String, HashMap<String, String>)> =
+        match conn.query_every_primary(timeout, &asked).await {
+            Ok(every) => every,
+            Err(error @ LockError::Unavailable { .. }) => return Err(error),
+            Err(error) => {
+                tracing::info!(%error, "redis: cannot read the eviction policy; not checked");
+                return Ok(());
+            }
+        };
+    for (node, settings) in every {
+        let Some(hazard) = eviction_hazard(&settings) else {
+            continue;
+        };
+        let hazard = if node.is_empty() {
+            hazard
+        } else {
+            format!("node {node}: {hazard}")
+        };
+        if check == EvictionCheck::Refuse {
+            return Err(LockError::Config {
+                backend: BACKEND,
+                reason: format!("{hazard}; or connect with eviction_check=warn"),
+            });
         }
-    };
-    match (eviction_hazard(&settings), check) {
-        (None, _) => Ok(()),
-        (Some(hazard), EvictionCheck::Refuse) => Err(LockError::Config {
-            backend: BACKEND,
-            reason: format!("{hazard}; or connect with eviction_check=warn"),
-        }),
-        (Some(hazard), _) => {
-            tracing::warn!("redis: {hazard}");
-            Ok(())
-        }
+        tracing::warn!("redis: {hazard}");
     }
+    Ok(())
 }
 
 #[cfg(test)]

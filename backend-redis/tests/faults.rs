@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LostReason, Renewal};
 use dlock_redis::RedisLock;
-use dlock_test_servers::{FaultProxy, ProxyMode, RedisSentinel, RedisServer};
+use dlock_test_servers::{FaultProxy, ProxyMode, RedisCluster, RedisSentinel, RedisServer};
 use tokio::time::timeout;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -375,5 +375,36 @@ async fn an_acquire_whose_reply_was_lost_to_a_stalled_server_leaves_nothing() {
         .await
         .unwrap_or_else(|_| panic!("round {round}: the lock the late script took was left held"));
         free.release().await.unwrap();
+    }
+}
+
+/// A Cluster is judged by every primary: one that may evict keys makes `eviction_check=refuse`
+/// refuse the whole cluster, at every connect (the driver used to ask one node of its choice).
+/// And a plain `redis://` URL naming one member is refused: it would get `MOVED` for the names
+/// other members serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_is_checked_on_every_primary_and_one_member_is_not_a_server() {
+    let cluster =
+        tokio::task::block_in_place(RedisCluster::start).unwrap_or_else(|e| panic!("{e}"));
+    let member = RedisLock::connect_url(&cluster.node(0).url()).await;
+    assert!(
+        matches!(&member, Err(LockError::Config { reason, .. }) if reason.contains("redis+cluster://")),
+        "{member:?}"
+    );
+    let evicting = cluster.node(cluster.primaries() - 1);
+    evicting
+        .command(&["CONFIG", "SET", "maxmemory", "100mb"])
+        .unwrap();
+    evicting
+        .command(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"])
+        .unwrap();
+    let seeds: Vec<String> = cluster.addrs().iter().map(ToString::to_string).collect();
+    let url = format!("redis+cluster://{}?eviction_check=refuse", seeds.join(","));
+    for _ in 0..3 {
+        let refused = RedisLock::connect_url(&url).await;
+        assert!(
+            matches!(&refused, Err(LockError::Config { reason, .. }) if reason.contains("may evict")),
+            "{refused:?}"
+        );
     }
 }

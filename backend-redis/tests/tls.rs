@@ -49,8 +49,42 @@ async fn an_untrusted_certificate_is_refused() {
     // Without the private CA, the server's certificate is not trusted: no connection, no lock.
     let result =
         RedisLock::connect_url(&format!("{}?connect_timeout=1s", redis.tls_url().unwrap())).await;
+    // A configuration to fix (exit 64 in the CLI), not an outage to wait out (69).
+    match result {
+        Err(dlock_api::LockError::Config { reason, .. }) => {
+            assert!(reason.contains("certificate"), "{reason}")
+        }
+        other => panic!("expected a config error for an untrusted certificate, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_cert_that_cannot_serve_is_refused_at_connect() {
+    let redis = RedisServer::start_tls().unwrap_or_else(|e| panic!("{e}"));
+    let ca = redis.ca_cert().unwrap();
+    // On plain TCP the option would be ignored: refused, before any network call.
+    let plain = RedisLock::connect_url(&format!("redis://127.0.0.1:1?ca_cert={}", ca.display()))
+        .await
+        .unwrap_err();
     assert!(
-        result.is_err(),
-        "connected without trusting the server's CA"
+        matches!(&plain, dlock_api::LockError::Config { reason, .. } if reason.contains("rediss://")),
+        "{plain:?}"
+    );
+    // A file with no certificate in it (a key, say) would trust nothing.
+    let not_a_cert =
+        std::env::temp_dir().join(format!("dlock-not-a-cert-{}.pem", std::process::id()));
+    std::fs::write(
+        &not_a_cert,
+        "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let url = redis.tls_url().unwrap();
+    let keyed = RedisLock::connect_url(&format!("{url}?ca_cert={}", not_a_cert.display()))
+        .await
+        .unwrap_err();
+    let _ = std::fs::remove_file(&not_a_cert);
+    assert!(
+        matches!(&keyed, dlock_api::LockError::Config { reason, .. } if reason.contains("no PEM certificate")),
+        "{keyed:?}"
     );
 }
