@@ -22,8 +22,10 @@ pub struct ConformanceArgs {
     /// program, re-executed) that take locks and write to a fenced register while they are
     /// paused and killed, or reach the server through a fault proxy started here (a partition,
     /// lost and late replies, a slow link), judged by the history checker: one proxy per server
-    /// the URL names (Redlock's nodes, a cluster's members), so the proxy cases need `--backend`
-    /// to spell out each `host:port`. Not for `memory://`, whose locks live in one process.
+    /// the URL names (Redlock's nodes, an ensemble's members), so the proxy cases need
+    /// `--backend` to spell out each `host:port`; Sentinel and Redis Cluster URLs skip them (the
+    /// servers they name are not the data path). Not for `memory://`, whose locks live in one
+    /// process.
     #[arg(long)]
     faults: bool,
 }
@@ -57,7 +59,8 @@ impl Harness for DeployedHarness {
         if !self.workers {
             return None;
         }
-        let mut env = vec![("DLOCK_URL".to_owned(), self.backend.backend.clone())];
+        let url = self.backend.backend_or_memory().to_owned();
+        let mut env = vec![("DLOCK_URL".to_owned(), url)];
         if let Some(config) = &self.backend.config {
             env.push(("DLOCK_CONFIG".to_owned(), config.display().to_string()));
         }
@@ -79,6 +82,12 @@ impl ServerList {
     fn parse(url: &str) -> Option<Self> {
         use std::net::ToSocketAddrs;
         let (scheme, rest) = url.split_once("://")?;
+        // The servers such a URL names are not the data path, so proxies in front of them would
+        // cut nothing: Sentinels name the primary the client then reaches directly, and a
+        // cluster client learns every node's address from the cluster.
+        if scheme.ends_with("+sentinel") || scheme.ends_with("+cluster") {
+            return None;
+        }
         let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
         let (authority, tail) = rest.split_at(authority_end);
         let (user, hosts) = match authority.rsplit_once('@') {
@@ -110,14 +119,14 @@ impl DeployedHarness {
         if self.backend.config.is_some() {
             return None;
         }
-        ServerList::parse(&self.backend.backend)
+        ServerList::parse(self.backend.backend_or_memory())
     }
 
     /// The same deployment reached through proxies at `at` instead.
     fn reached_at(&self, servers: &ServerList, at: &[std::net::SocketAddr]) -> Arc<dyn Harness> {
         Arc::new(DeployedHarness {
             backend: BackendArgs {
-                backend: servers.reached_at(at),
+                backend: Some(servers.reached_at(at)),
                 config: None,
             },
             label: format!("{} via fault proxies", self.label),
@@ -175,11 +184,11 @@ pub fn run_worker_if_asked(runtime: &tokio::runtime::Runtime) -> Option<ExitCode
         return None;
     }
     let backend = BackendArgs {
-        backend: std::env::var("DLOCK_URL").unwrap_or_else(|_| "memory://".to_owned()),
+        backend: std::env::var("DLOCK_URL").ok(),
         config: std::env::var_os("DLOCK_CONFIG").map(Into::into),
     };
     let harness = Arc::new(DeployedHarness {
-        label: backend.backend.clone(),
+        label: backend.backend_or_memory().to_owned(),
         backend,
         workers: false,
     });
@@ -207,6 +216,23 @@ pub fn run_worker_if_asked(runtime: &tokio::runtime::Runtime) -> Option<ExitCode
 }
 
 pub(super) async fn conformance(args: ConformanceArgs) -> Result<ExitCode, LockError> {
+    let selects = |id: &str| args.filter.iter().any(|f| id.contains(f.as_str()));
+    if !args.filter.is_empty() && !dlock_conformance::cases().iter().any(|c| selects(c.id)) {
+        // A misspelt filter must not certify a deployment by running nothing.
+        let mut areas: Vec<&str> = dlock_conformance::cases()
+            .iter()
+            .filter_map(|c| c.id.split_once("::").map(|(area, _)| area))
+            .collect();
+        areas.dedup();
+        return Err(LockError::Config {
+            backend: "dlock",
+            reason: format!(
+                "--filter {} matches no case; the areas are {}",
+                args.filter.join(", "),
+                areas.join(", ")
+            ),
+        });
+    }
     let first = args.backend.connect().await?;
     let label = first.to_string();
     drop(first);
@@ -275,5 +301,15 @@ mod tests {
             "no explicit port"
         );
         assert!(ServerList::parse("memory://").is_none());
+        for off_the_data_path in [
+            "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster",
+            "rediss+sentinel://127.0.0.1:26379/mymaster",
+            "redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+        ] {
+            assert!(
+                ServerList::parse(off_the_data_path).is_none(),
+                "{off_the_data_path}"
+            );
+        }
     }
 }

@@ -81,28 +81,50 @@ pub enum Command {
 /// Where the backend is: a URL, or a config file.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BackendArgs {
-    /// Backend URL, e.g. memory://, redis://127.0.0.1:6379, postgres://user@host/db.
-    #[arg(long, env = "DLOCK_URL", default_value = "memory://")]
-    pub backend: String,
+    /// Backend URL, e.g. redis://127.0.0.1:6379, postgres://user@host/db, memory:// (`demo`,
+    /// `bench` and `conformance` default to memory://; `run` and `status` need one).
+    #[arg(long, env = "DLOCK_URL")]
+    pub backend: Option<String>,
     /// A TOML config file (`url`, `[options]`, `[lock]`); overrides --backend.
     #[arg(long, env = "DLOCK_CONFIG")]
     pub config: Option<std::path::PathBuf>,
 }
 
 impl BackendArgs {
+    /// `--backend`, or memory:// when it is not given.
+    fn backend_or_memory(&self) -> &str {
+        self.backend.as_deref().unwrap_or("memory://")
+    }
+
     /// The backend URL: the config file's, or `--backend`.
     fn url(&self) -> Result<String, LockError> {
         match &self.config {
             Some(path) => Ok(dlock::Config::from_file(path)?.url),
-            None => Ok(self.backend.clone()),
+            None => Ok(self.backend_or_memory().to_owned()),
         }
     }
 
     async fn connect(&self) -> Result<Arc<dyn DistributedLock>, LockError> {
         match &self.config {
             Some(path) => dlock::Config::from_file(path)?.connect().await,
-            None => dlock::connect(&self.backend).await,
+            None => dlock::connect(self.backend_or_memory()).await,
         }
+    }
+
+    /// Refuses to fall back to memory:// for `command`, whose lock must be seen by other
+    /// processes: a memory:// lock lives in this process only, so two `dlock run` would both
+    /// take it. An explicit `--backend memory://` is taken at its word.
+    fn require_given(&self, command: &str) -> Result<(), LockError> {
+        if self.backend.is_some() || self.config.is_some() {
+            return Ok(());
+        }
+        Err(LockError::Config {
+            backend: "dlock",
+            reason: format!(
+                "dlock {command} needs a backend: --backend URL, DLOCK_URL or --config FILE \
+                 (without one its lock would be memory://, seen by no other process)"
+            ),
+        })
     }
 }
 
@@ -177,7 +199,10 @@ pub(crate) use dlock_api::error_chain;
 /// Logs warnings to stderr (`RUST_LOG` overrides).
 pub fn init_logging() {
     let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+        // The redis driver warns of every failed reconnect to a cluster node, about once a
+        // second per process; dlock reports what that means for the locks itself.
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| "warn,redis=error".into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -38,6 +38,7 @@ pub struct RunArgs {
 
 pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
     let name = LockName::new(&args.name)?;
+    args.backend.require_given("run")?;
     let mut opts = match &args.backend.config {
         Some(path) => dlock::Config::from_file(path)?.lock_options(),
         None => LockOptions::new(),

@@ -42,8 +42,23 @@ pub(super) async fn status(args: StatusArgs) -> Result<ExitCode, LockError> {
     if args.interval.is_zero() {
         return Err(LockError::invalid("interval", "must be above 0"));
     }
+    args.backend.require_given("status")?;
     let shown = dlock::redact(&args.backend.url()?);
-    let locks = args.backend.connect().await?;
+    let locks = loop {
+        match args.backend.connect().await {
+            Ok(locks) => break locks,
+            // A watch started while the backend is down waits for it, as it rides out an
+            // outage once running; a bad URL or config is no outage.
+            Err(error) if args.watch && error.is_retryable() => {
+                eprintln!("dlock: {}; trying again", crate::error_chain(&error));
+                tokio::select! {
+                    () = tokio::time::sleep(args.interval) => {}
+                    _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    };
     let mut out = std::io::stdout();
     let mut round: u64 = 0;
     loop {

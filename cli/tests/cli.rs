@@ -4,10 +4,11 @@ mod common;
 
 use std::process::Command;
 
+/// Runs `dlock ARGS` on memory:// (`DLOCK_URL`, which `run` and `status` need).
 fn dlock(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_dlock"))
         .args(args)
-        .env_remove("DLOCK_URL")
+        .env("DLOCK_URL", "memory://")
         .output()
         .expect("run dlock")
 }
@@ -99,7 +100,7 @@ fn run_passes_signals_on_to_the_command() {
         );
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
             .args(["run", "cli-signals", "--", "sh", "-c", &script])
-            .env_remove("DLOCK_URL")
+            .env("DLOCK_URL", "memory://")
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("run dlock");
@@ -134,7 +135,7 @@ fn dlock_on_a_terminal(args: &str, after: &str, keys: &[u8]) -> (Option<i32>, St
     let line = format!("{} {args}", env!("CARGO_BIN_EXE_dlock"));
     let mut script = Command::new("script")
         .args(["--quiet", "--return", "--command", &line, "/dev/null"])
-        .env_remove("DLOCK_URL")
+        .env("DLOCK_URL", "memory://")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -416,4 +417,41 @@ fn status_on_memory_prints_a_line_per_name_and_json() {
     assert_eq!(out.status.code(), Some(2));
     let out = dlock(&["status", ""]);
     assert_eq!(out.status.code(), Some(64));
+}
+
+#[test]
+fn run_and_status_need_a_backend_other_processes_see() {
+    // memory:// by default would be a lock no other `dlock run` sees: two would both run.
+    for args in [
+        &["run", "cli-nobackend", "--", "true"][..],
+        &["status", "cli-nobackend"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .args(args)
+            .env_remove("DLOCK_URL")
+            .env_remove("DLOCK_CONFIG")
+            .output()
+            .expect("run dlock");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains("needs a backend"), "{args:?}: {stderr}");
+    }
+    // Named explicitly, memory:// is taken at its word.
+    let out = dlock(&[
+        "run",
+        "--backend",
+        "memory://",
+        "cli-nobackend",
+        "--",
+        "true",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+#[test]
+fn conformance_refuses_a_filter_that_matches_no_case() {
+    let out = dlock(&["conformance", "--filter", "fencnig::"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("matches no case"), "{stderr}");
 }

@@ -294,3 +294,49 @@ fn status_shows_the_holder_token_and_lease_left() {
     runtime.block_on(guard.release()).unwrap();
     drop(locks);
 }
+
+/// `dlock status --watch` started while the server is down waits for it (as it rides out an
+/// outage once running) instead of exiting at once; without `--watch` it exits 69.
+#[test]
+fn status_watch_waits_for_a_server_that_is_down_at_start() {
+    use std::io::{BufRead, BufReader};
+    let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("{}?connect_timeout=200ms", redis.url());
+    redis.stop();
+    let once = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["status", "--backend", &url, "cli-status/down"])
+        .output()
+        .expect("run dlock");
+    assert_eq!(once.status.code(), Some(69), "{once:?}");
+
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["status", "--watch", "--interval", "100ms", "--count", "1"])
+        .args(["--backend", &url, "cli-status/down"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dlock");
+    let stderr = watch.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let waiting = lines
+        .next()
+        .expect("a line on stderr")
+        .expect("readable stderr");
+    assert!(waiting.contains("trying again"), "{waiting}");
+    redis.restart().unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = watch.try_wait().expect("wait for dlock") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dlock status --watch never reported"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut watch.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert!(status.success(), "{stdout}");
+    assert!(stdout.contains("cli-status/down"), "{stdout}");
+}
