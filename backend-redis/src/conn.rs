@@ -135,7 +135,11 @@ fn client_with_tls(config: &RedisConfig, node: &str, url: String) -> Result<redi
         None => redis::Client::open(url),
     };
     #[cfg(not(feature = "tls-rustls"))]
-    let client = redis::Client::open(url);
+    let client = {
+        // Without TLS built in, its settings were refused when the URL was parsed.
+        let _ = config;
+        redis::Client::open(url)
+    };
     client.map_err(|e| LockError::Config {
         backend: crate::BACKEND,
         reason: format!("cannot use node {node}: {e}"),
