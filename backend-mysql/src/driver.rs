@@ -145,6 +145,13 @@ impl SessionDriver for MySqlDriver {
             .map_err(|e| {
                 if tls::is_tls_refusal(&e) {
                     config_error(format!("TLS with the server failed: {e}"))
+                } else if matches!(e, sqlx::Error::Database(_)) && !is_connection_error(&e) {
+                    // Access denied, an unknown database, …: a configuration to fix, not an
+                    // outage to wait out (as Postgres reports it).
+                    config_error(format!(
+                        "the server refused the connection: {}",
+                        e.as_database_error().map(|d| d.message()).unwrap_or("")
+                    ))
                 } else {
                     map_err(e)
                 }

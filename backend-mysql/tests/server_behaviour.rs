@@ -321,3 +321,25 @@ async fn fencing_off_uses_plain_get_lock() {
     guard.release().await.unwrap();
     assert!(is_free(h.url(), &locks.key(&name)).await);
 }
+
+/// A server that refuses the connection itself (a user it does not know, a database that does
+/// not exist) is a configuration to fix (exit 64 in the CLI), not an outage to wait out (69).
+#[tokio::test]
+async fn a_refused_login_or_database_is_a_config_error() {
+    let h = MySqlHarness::shared();
+    let url = url::Url::parse(h.url()).unwrap();
+    let mut unknown_user = url.clone();
+    unknown_user.set_username("dlock_no_such_user").unwrap();
+    unknown_user.set_password(Some("wrong")).unwrap();
+    let mut unknown_database = url.clone();
+    unknown_database.set_path("/dlock_no_such_database");
+    for bad in [unknown_user, unknown_database] {
+        let Err(error) = MySqlLock::connect_url(bad.as_str()).await else {
+            panic!("{bad}: connected");
+        };
+        assert!(
+            matches!(&error, dlock_api::LockError::Config { reason, .. } if reason.contains("refused")),
+            "{bad}: {error:?}"
+        );
+    }
+}
