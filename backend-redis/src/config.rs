@@ -42,7 +42,7 @@ pub enum Topology {
 /// | option | default | meaning |
 /// |---|---|---|
 /// | `prefix` | `dlock` | key prefix: keys are `PREFIX:{NAME}`, `PREFIX:{NAME}:fence` |
-/// | `connect_timeout` | `2s` | TCP connect and handshake |
+/// | `connect_timeout` | `2s` | one attempt at the TCP connect and handshake (TLS included); a connect tries twice before it reports the server unavailable |
 /// | `command_timeout` | `2s` | each command's reply; no call waits longer on a dead server |
 /// | `wait_replicas` | `0` | after acquiring, `WAIT` for this many replicas (narrows, does not close, the failover window) |
 /// | `wait_replicas_timeout` | `100ms` | how long that `WAIT` may take; fewer acknowledgements fail the acquire |
