@@ -196,7 +196,17 @@ impl NodeAccess<'_> {
 
     /// A driver client for `node`.
     pub(super) fn client(&self, backend: &'static str, node: &str) -> Result<redis::Client> {
-        let url = self.url(node, true);
+        self.client_at(backend, node, self.url(node, true))
+    }
+
+    /// A driver client for a Sentinel: the nodes' TLS, not their credentials or database.
+    #[cfg(feature = "redis")]
+    fn sentinel_client(&self, backend: &'static str, sentinel: &str) -> Result<redis::Client> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        self.client_at(backend, sentinel, format!("{scheme}://{sentinel}"))
+    }
+
+    fn client_at(&self, backend: &'static str, node: &str, url: String) -> Result<redis::Client> {
         #[cfg(feature = "tls-rustls")]
         let client = match self.certificates(backend)? {
             Some(certificates) => redis::Client::build_with_tls(url, certificates),
@@ -285,7 +295,7 @@ return token
             let node = match &config.topology {
                 Topology::Single { node } => node.clone(),
                 Topology::Sentinel { sentinels, master } => {
-                    find_primary(config, sentinels, master).await?
+                    find_primary(config, &self.access(), sentinels, master).await?
                 }
                 Topology::Cluster { nodes } => {
                     let access = self.access();
@@ -335,14 +345,14 @@ return token
     /// Asks the Sentinels, in order, where the primary `master` is.
     async fn find_primary(
         config: &RedisConfig,
+        access: &NodeAccess<'_>,
         sentinels: &[String],
         master: &str,
     ) -> Result<String> {
-        let scheme = if config.tls { "rediss" } else { "redis" };
-        let mut last_error = None;
+        let (mut last_error, mut unknown) = (None, None);
         for sentinel in sentinels {
+            let client = access.sentinel_client(BACKEND, sentinel)?;
             let asked = async {
-                let client = redis::Client::open(format!("{scheme}://{sentinel}"))?;
                 let mut conn = client.get_multiplexed_async_connection().await?;
                 redis::cmd("SENTINEL")
                     .arg("get-master-addr-by-name")
@@ -353,7 +363,7 @@ return token
             match bounded(BACKEND, config.connect_timeout, asked).await {
                 Ok(Some((host, port))) => return Ok(format!("{host}:{port}")),
                 Ok(None) => {
-                    return Err(dlock_api::raw::config::config_error(
+                    unknown = Some(dlock_api::raw::config::config_error(
                         BACKEND,
                         format!("sentinel {sentinel} does not know a master named `{master}`"),
                     ));
@@ -361,7 +371,8 @@ return token
                 Err(error) => last_error = Some(error),
             }
         }
-        Err(last_error
+        Err(unknown
+            .or(last_error)
             .unwrap_or_else(|| LockError::command_timeout(BACKEND, config.connect_timeout)))
     }
 
