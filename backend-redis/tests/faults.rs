@@ -408,3 +408,32 @@ async fn a_cluster_is_checked_on_every_primary_and_one_member_is_not_a_server() 
         );
     }
 }
+
+/// A Sentinel that does not monitor the master (one just replaced, say) is passed over for the
+/// next, as Redisson and Jedis do, instead of ending the connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_that_does_not_know_the_master_is_passed_over() {
+    let sentinel = RedisSentinel::start().unwrap_or_else(|e| panic!("{e}"));
+    sentinel
+        .sentinel(0)
+        .command(&["SENTINEL", "REMOVE", sentinel.master_name()])
+        .unwrap();
+    let hosts: Vec<String> = sentinel
+        .sentinel_addrs()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let url = format!(
+        "redis+sentinel://{}/{}",
+        hosts.join(","),
+        sentinel.master_name()
+    );
+    let locks = RedisLock::connect_url(&url)
+        .await
+        .unwrap_or_else(|e| panic!("the other Sentinels were not asked: {e}"));
+    let guard = locks
+        .acquire(&name("unknowing-sentinel"), &LockOptions::new())
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}
