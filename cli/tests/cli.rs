@@ -132,7 +132,9 @@ fn run_passes_signals_on_to_the_command() {
 /// typing `keys` into it once its output shows `after`.
 fn dlock_on_a_terminal(args: &str, after: &str, keys: &[u8]) -> (Option<i32>, String) {
     use std::io::{Read, Write};
-    let line = format!("{} {args}", env!("CARGO_BIN_EXE_dlock"));
+    // `exec`: script(1) runs the line with $SHELL, and a shell that stays (dash does not exec a
+    // `-c` command) would share the terminal's foreground with dlock and die of its Ctrl-C.
+    let line = format!("exec {} {args}", env!("CARGO_BIN_EXE_dlock"));
     let mut script = Command::new("script")
         .args(["--quiet", "--return", "--command", &line, "/dev/null"])
         .env("DLOCK_URL", "memory://")
