@@ -376,6 +376,23 @@ impl Conn {
         }
     }
 
+    /// `INFO section`, or `None` where the server refuses it (an ACL, a proxy that hides it): what
+    /// it would have told is then not checked. A server that does not answer is an error.
+    pub(crate) async fn info(
+        &self,
+        timeout: std::time::Duration,
+        section: &str,
+    ) -> Result<Option<String>> {
+        match self.query(timeout, redis::cmd("INFO").arg(section)).await {
+            Ok(info) => Ok(Some(info)),
+            Err(error @ LockError::Unavailable { .. }) => Err(error),
+            Err(error) => {
+                tracing::info!(%error, section, "redis: cannot read INFO; not checked");
+                Ok(None)
+            }
+        }
+    }
+
     /// Runs `cmd` on every primary of a Cluster, or on the one server otherwise: each server's
     /// reply, named by its address (the node's `host:port`; empty for a single server).
     pub(crate) async fn query_every_primary<T: FromRedisValue>(

@@ -40,11 +40,9 @@ pub(crate) async fn connect_checked(config: &RedisConfig, push: PushHandler) -> 
 /// A `redis://` URL naming one node of a Redis Cluster would work for the names whose slot that
 /// node serves and fail with `MOVED` for the others: refused at connect instead.
 async fn refuse_cluster_node(conn: &Conn, node: &str, timeout: std::time::Duration) -> Result<()> {
-    let info: String = match conn.query(timeout, redis::cmd("INFO").arg("cluster")).await {
-        Ok(info) => info,
-        Err(error @ LockError::Unavailable { .. }) => return Err(error),
-        // A server that denies INFO cannot be judged; its first MOVED will say it.
-        Err(_) => return Ok(()),
+    // A server that denies INFO cannot be judged; its first MOVED will say it.
+    let Some(info) = conn.info(timeout, "cluster").await? else {
+        return Ok(());
     };
     if info.lines().any(|line| line.trim() == "cluster_enabled:1") {
         return Err(LockError::Config {

@@ -341,18 +341,8 @@ impl Node {
             .and_then(|info| info_field(&info, "run_id").map(str::to_owned)))
     }
 
-    /// `INFO section`, or `None` where the server refuses it (an ACL, a proxy): what it would
-    /// have told is then not checked.
     async fn info(&self, section: &str) -> Result<Option<String>> {
-        let asked = redis::cmd("INFO").arg(section).clone();
-        match self.conn.query(self.config.command_timeout, &asked).await {
-            Ok(info) => Ok(Some(info)),
-            Err(error @ LockError::Unavailable { .. }) => Err(error),
-            Err(error) => {
-                tracing::info!(%error, section, "redis: cannot read INFO; not checked");
-                Ok(None)
-            }
-        }
+        self.conn.info(self.config.command_timeout, section).await
     }
 
     /// The configuration this node was connected with.
@@ -549,13 +539,13 @@ impl fmt::Debug for Node {
     }
 }
 
-/// What an `INFO replication` answer says against using the node as an independent one.
 /// The value of `name` in an `INFO` reply.
 fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     info.lines()
         .find_map(|line| line.trim().strip_prefix(name)?.strip_prefix(':'))
 }
 
+/// What an `INFO replication` answer says against using the node as an independent one.
 fn replication_hazard(info: &str) -> Option<String> {
     let field = |name: &str| info_field(info, name);
     match field("role") {

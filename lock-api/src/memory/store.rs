@@ -79,11 +79,12 @@ impl Counters {
         self.last_id = self.last_id.saturating_add(1);
         self.last_id
     }
+}
 
-    fn next_token(&mut self) -> u64 {
-        // Tokens are handed out under the store's mutex; the atomic only spans stores.
-        LAST_TOKEN.fetch_add(1, Ordering::Relaxed).saturating_add(1)
-    }
+/// The next fencing token from [`LAST_TOKEN`]. Called under the store's mutex, so a name's tokens
+/// rise in the order its holds are granted; the atomic only spans stores.
+fn next_token() -> u64 {
+    LAST_TOKEN.fetch_add(1, Ordering::Relaxed).saturating_add(1)
 }
 
 impl Entry {
@@ -115,7 +116,7 @@ impl Entry {
         let id = counters.next_id();
         self.holder = Some(Holder {
             id,
-            token: counters.next_token(),
+            token: next_token(),
             expires_at: after(now, front.ttl),
             state: Weak::new(),
         });
@@ -174,7 +175,7 @@ impl Store {
             return Attempt::Busy { until: None };
         }
         let id = counters.next_id();
-        let token = counters.next_token();
+        let token = next_token();
         entry.holder = Some(Holder {
             id,
             token,
