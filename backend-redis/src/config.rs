@@ -47,7 +47,7 @@ pub enum Topology {
 /// | `wait_replicas` | `0` | after acquiring, `WAIT` for this many replicas (narrows, does not close, the failover window) |
 /// | `wait_replicas_timeout` | `100ms` | how long that `WAIT` may take; fewer acknowledgements fail the acquire |
 /// | `ca_cert` | (system roots) | with `rediss://`: a PEM file of the CA to trust instead (a private CA) |
-/// | `eviction_check` | `warn` | at connect, when the server may evict lock keys (`maxmemory` set, `maxmemory-policy` not `noeviction`): `warn`, `refuse` (a [`LockError::Config`]) or `off` |
+/// | `eviction_check` | `warn` | at connect (and behind Sentinels, at each new primary), when the server may evict lock keys (`maxmemory` set, `maxmemory-policy` not `noeviction`): `warn`, `refuse` (a [`LockError::Config`]) or `off` |
 ///
 /// `Debug` and `Display` never show the password.
 #[derive(Clone, Debug, PartialEq, Eq)]

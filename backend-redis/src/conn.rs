@@ -6,12 +6,14 @@ use std::sync::{Arc, RwLock};
 use dlock_api::{LockError, Result};
 use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster::ClusterConfig;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, PushInfo, Script, ServerErrorKind};
 
 use crate::config::{RedisConfig, Topology};
+use crate::driver::{self, find_primary, sentinel_client};
 use crate::error::{map_err, timed_out};
+use crate::eviction;
 
 /// Receives every push message (pub/sub messages, disconnections) of the connection.
 pub(crate) type PushHandler = Arc<dyn Fn(PushInfo) + Send + Sync>;
@@ -70,130 +72,18 @@ fn manager_config(config: &RedisConfig, push: &PushHandler) -> ConnectionManager
         .set_automatic_resubscription()
 }
 
-/// The CA to trust, read from the configured PEM file (TLS with a private CA).
-#[cfg(feature = "tls-rustls")]
-fn tls_certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificates>> {
-    install_crypto_provider();
-    let Some(path) = config.ca_cert.as_ref() else {
-        return Ok(None);
-    };
-    if !config.tls {
-        return Err(LockError::Config {
-            backend: crate::BACKEND,
-            reason: "ca_cert is for TLS: use rediss:// (or rediss+sentinel://, rediss+cluster://)"
-                .into(),
-        });
-    }
-    let root_cert = std::fs::read(path).map_err(|e| LockError::Config {
-        backend: crate::BACKEND,
-        reason: format!("cannot read ca_cert {}: {e}", path.display()),
-    })?;
-    if !root_cert
-        .windows(b"-----BEGIN CERTIFICATE-----".len())
-        .any(|w| w == b"-----BEGIN CERTIFICATE-----")
-    {
-        return Err(LockError::Config {
-            backend: crate::BACKEND,
-            reason: format!("ca_cert {} holds no PEM certificate", path.display()),
-        });
-    }
-    Ok(Some(redis::TlsCertificates {
-        client_tls: None,
-        root_cert: Some(root_cert),
-    }))
-}
-
-/// rustls needs one process-wide crypto provider and panics at the first TLS connection without
-/// one; install ring's unless the application installed its own.
-#[cfg(feature = "tls-rustls")]
-fn install_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
-/// A driver client for one node, trusting the configured CA when there is one.
-fn open_client(config: &RedisConfig, node: &str) -> Result<redis::Client> {
-    client_with_tls(config, node, config.node_url(node, true))
-}
-
-/// A client of a Sentinel: without the data nodes' credentials and database, but with their
-/// TLS and its certificates (a private CA signs the Sentinels too).
-fn sentinel_client(config: &RedisConfig, sentinel: &str) -> Result<redis::Client> {
-    let scheme = if config.tls { "rediss" } else { "redis" };
-    client_with_tls(config, sentinel, format!("{scheme}://{sentinel}"))
-}
-
-fn client_with_tls(config: &RedisConfig, node: &str, url: String) -> Result<redis::Client> {
-    #[cfg(feature = "tls-rustls")]
-    if config.tls {
-        install_crypto_provider();
-    }
-    #[cfg(feature = "tls-rustls")]
-    let client = match tls_certificates(config)? {
-        Some(certificates) => redis::Client::build_with_tls(url, certificates),
-        None => redis::Client::open(url),
-    };
-    #[cfg(not(feature = "tls-rustls"))]
-    let client = {
-        // Without TLS built in, its settings were refused when the URL was parsed.
-        let _ = config;
-        redis::Client::open(url)
-    };
-    client.map_err(|e| LockError::Config {
-        backend: crate::BACKEND,
-        reason: format!("cannot use node {node}: {e}"),
-    })
-}
-
 async fn manager_for(
     config: &RedisConfig,
     node: &str,
     push: &PushHandler,
 ) -> Result<ConnectionManager> {
-    let client = open_client(config, node)?;
+    let client = driver::node_client(config, node)?;
     let connecting = client.get_connection_manager_with_config(manager_config(config, push));
     // The driver retries a failed connect; bound the whole attempt so a dead server fails promptly.
     match tokio::time::timeout(config.connect_timeout.saturating_mul(3), connecting).await {
         Ok(result) => result.map_err(map_err),
         Err(_) => Err(timed_out(config.connect_timeout.saturating_mul(3))),
     }
-}
-
-/// Asks the Sentinels, in order, where the primary `master` is.
-async fn find_primary(config: &RedisConfig, sentinels: &[String], master: &str) -> Result<String> {
-    let (mut last_error, mut unknown) = (None, None);
-    for sentinel in sentinels {
-        let asked = async {
-            let client = sentinel_client(config, sentinel)?;
-            let mut conn = client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(map_err)?;
-            let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(master)
-                .query_async(&mut conn)
-                .await
-                .map_err(map_err)?;
-            Ok::<_, LockError>(reply)
-        };
-        match tokio::time::timeout(config.connect_timeout, asked).await {
-            Ok(Ok(Some((host, port)))) => return Ok(format!("{host}:{port}")),
-            // A Sentinel just replaced may not monitor the master yet: ask the next.
-            Ok(Ok(None)) => {
-                unknown = Some(LockError::Config {
-                    backend: crate::BACKEND,
-                    reason: format!("sentinel {sentinel} does not know a master named `{master}`"),
-                });
-            }
-            Ok(Err(e)) => last_error = Some(e),
-            Err(_) => last_error = Some(timed_out(config.connect_timeout)),
-        }
-    }
-    Err(unknown
-        .or(last_error)
-        .unwrap_or_else(|| timed_out(config.connect_timeout)))
 }
 
 /// Follows failovers as they are announced: subscribes to a Sentinel's `+switch-master` channel
@@ -244,7 +134,8 @@ impl SentinelConn {
             .clone()
     }
 
-    /// Asks the Sentinels again and switches to the primary they name, if it moved.
+    /// Asks the Sentinels again and switches to the primary they name, if it moved and passes
+    /// the eviction check (a refused one is not used: commands keep failing on the old primary).
     async fn refresh(&self) -> Result<()> {
         let Topology::Sentinel { sentinels, master } = &self.config.topology else {
             return Ok(());
@@ -254,8 +145,23 @@ impl SentinelConn {
         if self.current.read().unwrap_or_else(|e| e.into_inner()).0 == primary {
             return Ok(());
         }
-        tracing::info!(%primary, "redis sentinel: switching to the new primary");
         let manager = manager_for(&self.config, &primary, &self.push).await?;
+        // The new primary is judged as the first one was at connect: a replica configured to
+        // evict would otherwise take over the locks unchecked.
+        let mut asking = manager.clone();
+        let asked = async {
+            let settings = bounded(
+                self.config.command_timeout,
+                eviction::settings_query().send(&mut asking),
+            )
+            .await?;
+            Ok(vec![(primary.clone(), settings)])
+        };
+        if let Err(error) = eviction::judge(self.config.eviction_check, asked).await {
+            tracing::error!(%error, %primary, "redis sentinel: not switching to the new primary");
+            return Err(error);
+        }
+        tracing::info!(%primary, "redis sentinel: switching to the new primary");
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = (primary, manager);
         // The new connection has no subscriptions: make every waiter re-check and re-subscribe.
         (self.push)(PushInfo {
@@ -271,7 +177,7 @@ impl Conn {
     pub(crate) async fn connect(config: &RedisConfig, push: PushHandler) -> Result<Self> {
         #[cfg(feature = "tls-rustls")]
         if config.tls {
-            install_crypto_provider();
+            driver::install_crypto_provider();
         }
         match &config.topology {
             Topology::Single { node } => Ok(Self::Single(manager_for(config, node, &push).await?)),
@@ -291,23 +197,8 @@ impl Conn {
                     Some(watcher.abort_handle());
                 Ok(Self::Sentinel(conn))
             }
-            Topology::Cluster { nodes } => {
-                let urls: Vec<String> = nodes.iter().map(|n| config.node_url(n, false)).collect();
-                let builder = ClusterClientBuilder::new(urls);
-                #[cfg(feature = "tls-rustls")]
-                let builder = match tls_certificates(config)? {
-                    Some(certificates) => builder.certs(certificates),
-                    None => builder,
-                };
-                let client = builder
-                    .use_protocol(redis::ProtocolVersion::RESP3)
-                    .connection_timeout(config.connect_timeout)
-                    .response_timeout(config.command_timeout)
-                    .build()
-                    .map_err(|e| LockError::Config {
-                        backend: crate::BACKEND,
-                        reason: e.to_string(),
-                    })?;
+            Topology::Cluster { .. } => {
+                let client = driver::cluster_client(config)?;
                 let push = push.clone();
                 let cluster_config = ClusterConfig::new().set_push_sender(move |info: PushInfo| {
                     push(info);

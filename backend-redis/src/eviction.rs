@@ -1,21 +1,32 @@
-//! The server's eviction policy, asked once at connect.
+//! The server's eviction policy, judged at connect and again at every Sentinel failover.
 //!
 //! A lock key carries a TTL, so a server with a memory limit and any policy but `noeviction` may
 //! delete a *held* lock to make room (`volatile-*` picks exactly the keys with a TTL; `allkeys-*`
 //! may also drop the fencing counter, so tokens restart). Nothing tells the holder: a second
-//! client then acquires while the first still believes it holds. The connect-time check turns
-//! that silent hazard into a warning, or a refusal for deployments that want one.
+//! client then acquires while the first still believes it holds. The check turns that silent
+//! hazard into a warning, or a refusal for deployments that want one.
+//!
+//! This module only judges: the connections ask the servers (see `connect` and `conn`).
 
 use std::collections::HashMap;
+use std::future::Future;
 
 use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
-use crate::config::{EvictionCheck, RedisConfig, Topology};
-use crate::conn::{Conn, PushHandler};
+use crate::config::EvictionCheck;
+
+/// A server's memory limit and policy, by name.
+pub(crate) type MemorySettings = HashMap<String, String>;
+
+/// The command that reads [`MemorySettings`]: `maxmemory*` rather than two names, since Redis 6
+/// takes one parameter per `CONFIG GET`.
+pub(crate) fn settings_query() -> redis::Cmd {
+    redis::cmd("CONFIG").arg("GET").arg("maxmemory*").clone()
+}
 
 /// Why the server's settings let it evict lock keys, or `None` when they do not.
-fn eviction_hazard(settings: &HashMap<String, String>) -> Option<String> {
+fn eviction_hazard(settings: &MemorySettings) -> Option<String> {
     let limit: u64 = settings.get("maxmemory")?.parse().ok()?;
     let policy = settings.get("maxmemory-policy")?;
     (limit > 0 && policy != "noeviction").then(|| {
@@ -26,58 +37,29 @@ fn eviction_hazard(settings: &HashMap<String, String>) -> Option<String> {
     })
 }
 
-/// Connects as `config` says, then asks the server whether it may evict lock keys and acts on
-/// `config.eviction_check`: every connection a lock or a node makes goes through here.
-pub(crate) async fn connect_checked(config: &RedisConfig, push: PushHandler) -> Result<Conn> {
-    let conn = Conn::connect(config, push).await?;
-    if let Topology::Single { node } = &config.topology {
-        refuse_cluster_node(&conn, node, config.command_timeout).await?;
-    }
-    check(&conn, config.eviction_check, config.command_timeout).await?;
-    Ok(conn)
-}
-
-/// A `redis://` URL naming one node of a Redis Cluster would work for the names whose slot that
-/// node serves and fail with `MOVED` for the others: refused at connect instead.
-async fn refuse_cluster_node(conn: &Conn, node: &str, timeout: std::time::Duration) -> Result<()> {
-    // A server that denies INFO cannot be judged; its first MOVED will say it.
-    let Some(info) = conn.info(timeout, "cluster").await? else {
-        return Ok(());
-    };
-    if info.lines().any(|line| line.trim() == "cluster_enabled:1") {
-        return Err(LockError::Config {
-            backend: BACKEND,
-            reason: format!(
-                "{node} is a Redis Cluster node: connect with redis+cluster:// (or \
-                 rediss+cluster://), which follows the cluster's slots"
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Asks the server (in a Cluster, every primary) for its memory limit and policy, and acts on
-/// `check`. A server that denies `CONFIG` (managed services often rename it) cannot be judged:
-/// that is logged, never refused, since refusing would lock those users out.
-pub(crate) async fn check(
-    conn: &Conn,
+/// Acts on `check` for the settings `asked` reads: each server's, named by its address (empty
+/// for the one server of a plain connection). A server that denies `CONFIG` (managed services
+/// often rename it) cannot be judged: that is logged, never refused, since refusing would lock
+/// those users out. `asked` is not awaited when the check is off.
+///
+/// # Errors
+/// [`LockError::Config`] naming the hazard when `check` is [`EvictionCheck::Refuse`]; the error
+/// of `asked` when a server did not answer ([`LockError::Unavailable`]).
+pub(crate) async fn judge(
     check: EvictionCheck,
-    timeout: std::time::Duration,
+    asked: impl Future<Output = Result<Vec<(String, MemorySettings)>>>,
 ) -> Result<()> {
     if check == EvictionCheck::Off {
         return Ok(());
     }
-    // `maxmemory*` rather than two names: Redis 6 takes one parameter per CONFIG GET.
-    let asked = redis::cmd("CONFIG").arg("GET").arg("maxmemory*").clone();
-    let every: Vec<(String, HashMap<String, String>)> =
-        match conn.query_every_primary(timeout, &asked).await {
-            Ok(every) => every,
-            Err(error @ LockError::Unavailable { .. }) => return Err(error),
-            Err(error) => {
-                tracing::info!(%error, "redis: cannot read the eviction policy; not checked");
-                return Ok(());
-            }
-        };
+    let every = match asked.await {
+        Ok(every) => every,
+        Err(error @ LockError::Unavailable { .. }) => return Err(error),
+        Err(error) => {
+            tracing::info!(%error, "redis: cannot read the eviction policy; not checked");
+            return Ok(());
+        }
+    };
     for (node, settings) in every {
         let Some(hazard) = eviction_hazard(&settings) else {
             continue;
@@ -102,7 +84,7 @@ pub(crate) async fn check(
 mod tests {
     use super::*;
 
-    fn settings(limit: &str, policy: &str) -> HashMap<String, String> {
+    fn settings(limit: &str, policy: &str) -> MemorySettings {
         HashMap::from([
             ("maxmemory".to_owned(), limit.to_owned()),
             ("maxmemory-policy".to_owned(), policy.to_owned()),

@@ -64,7 +64,10 @@
 //!   `noeviction` may delete one to make room. At connect the client reads `maxmemory*` and, if
 //!   eviction is possible, logs a warning (`eviction_check=warn`, the default), refuses with
 //!   [`LockError::Config`](dlock_api::LockError::Config) (`eviction_check=refuse`), or does not ask
-//!   (`off`). Run lock servers with `maxmemory-policy noeviction`.
+//!   (`off`). Behind Sentinels the same check runs on every new primary a failover names: with
+//!   `refuse` the client does not switch to a primary that may evict (its commands fail until
+//!   the Sentinels name one that cannot), with `warn` it switches and logs. Run lock servers,
+//!   replicas included, with `maxmemory-policy noeviction`.
 //! - **Failover.** Replication is asynchronous: a primary that dies right after a grant may be
 //!   replaced by a replica that never saw it. `wait_replicas=N` makes an acquire wait for N replica
 //!   acknowledgements and fail (releasing) without them: that narrows the window, it does not
@@ -209,6 +212,8 @@
 mod client;
 mod config;
 mod conn;
+mod connect;
+pub mod driver;
 mod error;
 mod eviction;
 mod keys;
@@ -221,6 +226,8 @@ mod wake;
 pub use config::{EvictionCheck, RedisConfig, Topology};
 pub use keys::LockKeys;
 pub use lock::RedisLock;
+/// The `redis` crate this backend is built with, whose clients [`driver`] hands out.
+pub use redis;
 
 /// The URL schemes this backend serves.
 pub const SCHEMES: &[&str] = &[

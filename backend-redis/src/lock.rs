@@ -57,7 +57,7 @@ impl RedisLock {
     /// [`LockError::Config`](dlock_api::LockError::Config) if the Sentinels do not know the master.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let hub = Arc::new(Wakeups::default());
-        let conn = crate::eviction::connect_checked(&config, Wakeups::handler(&hub)).await?;
+        let conn = crate::connect::connect_checked(&config, Wakeups::handler(&hub)).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,

@@ -293,7 +293,7 @@ impl Node {
             PushKind::Disconnection => events(NodeEvent::Disconnected),
             _ => {}
         });
-        let conn = crate::eviction::connect_checked(&config, push).await?;
+        let conn = crate::connect::connect_checked(&config, push).await?;
         Ok(Self {
             config,
             conn,

@@ -107,22 +107,27 @@ async fn flushed_script_cache_is_recovered() {
         .unwrap();
 }
 
+/// The `redis+sentinel://` URL of `sentinel`'s three Sentinels and master, with `query`.
+fn sentinel_url(sentinel: &RedisSentinel, query: &str) -> String {
+    let hosts: Vec<String> = sentinel
+        .sentinel_addrs()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    format!(
+        "redis+sentinel://{}/{}?{query}",
+        hosts.join(","),
+        sentinel.master_name()
+    )
+}
+
 /// Documented behaviour: the client follows the failover to the new primary. A lock the replica
 /// had received survives (renewal keeps working there); one it had missed is reported lost at
 /// the next renewal. Never both "held" and "taken by another client" for longer than that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failover_is_followed_and_a_held_lock_survives_or_is_reported_lost() {
     let sentinel = RedisSentinel::start().unwrap_or_else(|e| panic!("{e}"));
-    let hosts: Vec<String> = sentinel
-        .sentinel_addrs()
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-    let url = format!(
-        "redis+sentinel://{}/{}?command_timeout=1s",
-        hosts.join(","),
-        sentinel.master_name()
-    );
+    let url = sentinel_url(&sentinel, "command_timeout=1s");
     let holder = RedisLock::connect_url(&url).await.unwrap();
     let opts = LockOptions::new()
         .with_ttl(Duration::from_secs(3))
@@ -178,6 +183,57 @@ async fn sentinel_failover_is_followed_and_a_held_lock_survives_or_is_reported_l
             matches!(reason, LostReason::TakenOver | LostReason::RenewalFailed),
             "{reason:?}"
         ),
+    }
+    drop(sentinel);
+}
+
+/// The eviction check follows a Sentinel failover: a replica set up to evict lock keys is not
+/// taken as the new primary with `eviction_check=refuse` (the client fails rather than lock
+/// there), and is taken, with a warning, with `warn`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_primary_that_may_evict_locks_is_refused_after_a_failover() {
+    let sentinel = RedisSentinel::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = |check: &str| {
+        sentinel_url(
+            &sentinel,
+            &format!("command_timeout=1s&eviction_check={check}"),
+        )
+    };
+    let refusing = RedisLock::connect_url(&url("refuse"))
+        .await
+        .expect("the first primary cannot evict");
+    let warning = RedisLock::connect_url(&url("warn")).await.unwrap();
+    for (key, value) in [("maxmemory", "64mb"), ("maxmemory-policy", "volatile-lru")] {
+        sentinel
+            .replica()
+            .command(&["CONFIG", "SET", key, value])
+            .unwrap();
+    }
+    // Killed, not demoted: the refusing client has nowhere left to lock but the new primary.
+    let sentinel = tokio::task::spawn_blocking(move || {
+        sentinel.kill_primary().unwrap_or_else(|e| panic!("{e}"));
+        sentinel
+    })
+    .await
+    .unwrap();
+
+    let lock = name("evicting-primary");
+    let taken = timeout(BOUND, async {
+        loop {
+            match warning.try_acquire(&lock, &LockOptions::new()).await {
+                Ok(Some(guard)) => break guard,
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .expect("with eviction_check=warn the client follows to the new primary");
+    taken.release().await.unwrap();
+    for _ in 0..3 {
+        match refusing.try_acquire(&lock, &LockOptions::new()).await {
+            Err(_) => {}
+            Ok(taken) => panic!("locked on a primary that may evict: {taken:?}"),
+        }
     }
     drop(sentinel);
 }
@@ -418,16 +474,7 @@ async fn a_sentinel_that_does_not_know_the_master_is_passed_over() {
         .sentinel(0)
         .command(&["SENTINEL", "REMOVE", sentinel.master_name()])
         .unwrap();
-    let hosts: Vec<String> = sentinel
-        .sentinel_addrs()
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    let url = format!(
-        "redis+sentinel://{}/{}",
-        hosts.join(","),
-        sentinel.master_name()
-    );
+    let url = sentinel_url(&sentinel, "");
     let locks = RedisLock::connect_url(&url)
         .await
         .unwrap_or_else(|e| panic!("the other Sentinels were not asked: {e}"));

@@ -245,8 +245,12 @@ impl RedlockConfig {
         ttl.mul_f64(self.drift_factor).saturating_add(self.drift)
     }
 
-    /// The single-node configuration of node `i`.
-    pub(crate) fn node_config(&self, i: usize) -> RedisConfig {
+    /// The single-node configuration of node `i`: its address with the URL's credentials,
+    /// database, TLS and timeouts, as each node is connected.
+    ///
+    /// # Panics
+    /// If `i` is not below the number of nodes.
+    pub fn node_config(&self, i: usize) -> RedisConfig {
         let mut config = RedisConfig::default();
         config.topology = Topology::Single {
             node: self.nodes[i].clone(),

@@ -6,7 +6,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_api::raw::config::Secret;
 use dlock_api::{LockError, Result};
 
 use crate::floor::{Measured, Pairs, Throughput, many, pairs_of};
@@ -133,93 +132,6 @@ pub(super) async fn bounded<T>(
     }
 }
 
-/// Where and how to reach one Redis node.
-pub(super) struct NodeAccess<'a> {
-    pub(super) tls: bool,
-    pub(super) username: Option<&'a str>,
-    pub(super) password: Option<&'a Secret>,
-    pub(super) database: i64,
-    #[cfg_attr(not(feature = "tls-rustls"), allow(dead_code))]
-    pub(super) ca_cert: Option<&'a std::path::Path>,
-}
-
-impl NodeAccess<'_> {
-    /// The `redis://` (or `rediss://`) URL of `node` for the driver: credentials, the database
-    /// (`with_db`) and RESP3, which carries pub/sub messages on the command connection.
-    fn url(&self, node: &str, with_db: bool) -> String {
-        let scheme = if self.tls { "rediss" } else { "redis" };
-        let encode = |text: &str| {
-            url::form_urlencoded::byte_serialize(text.as_bytes())
-                .collect::<String>()
-                .replace('+', "%20")
-        };
-        let auth = match (self.username, self.password) {
-            (None, None) => String::new(),
-            (user, password) => format!(
-                "{}:{}@",
-                encode(user.unwrap_or("")),
-                encode(password.map_or("", Secret::expose))
-            ),
-        };
-        let db = if with_db {
-            format!("/{}", self.database)
-        } else {
-            String::new()
-        };
-        format!("{scheme}://{auth}{node}{db}?protocol=resp3")
-    }
-
-    /// The CA to trust, from the configured PEM file.
-    #[cfg(feature = "tls-rustls")]
-    fn certificates(&self, backend: &'static str) -> Result<Option<redis::TlsCertificates>> {
-        if !self.tls {
-            return Ok(None);
-        }
-        // rustls panics at the first TLS connection without a process-wide provider.
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
-        let Some(path) = self.ca_cert else {
-            return Ok(None);
-        };
-        let root_cert = std::fs::read(path).map_err(|e| {
-            dlock_api::raw::config::config_error(
-                backend,
-                format!("cannot read ca_cert {}: {e}", path.display()),
-            )
-        })?;
-        Ok(Some(redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(root_cert),
-        }))
-    }
-
-    /// A driver client for `node`.
-    pub(super) fn client(&self, backend: &'static str, node: &str) -> Result<redis::Client> {
-        self.client_at(backend, node, self.url(node, true))
-    }
-
-    /// A driver client for a Sentinel: the nodes' TLS, not their credentials or database.
-    #[cfg(feature = "redis")]
-    fn sentinel_client(&self, backend: &'static str, sentinel: &str) -> Result<redis::Client> {
-        let scheme = if self.tls { "rediss" } else { "redis" };
-        self.client_at(backend, sentinel, format!("{scheme}://{sentinel}"))
-    }
-
-    fn client_at(&self, backend: &'static str, node: &str, url: String) -> Result<redis::Client> {
-        #[cfg(feature = "tls-rustls")]
-        let client = match self.certificates(backend)? {
-            Some(certificates) => redis::Client::build_with_tls(url, certificates),
-            None => redis::Client::open(url),
-        };
-        #[cfg(not(feature = "tls-rustls"))]
-        let client = redis::Client::open(url);
-        client.map_err(|e| {
-            dlock_api::raw::config::config_error(backend, format!("cannot use node {node}: {e}"))
-        })
-    }
-}
-
 #[cfg(feature = "redis")]
 pub(super) use single::Redis;
 
@@ -230,14 +142,14 @@ mod single {
     use dlock_api::{LockError, Result};
     use dlock_redis::{RedisConfig, Topology};
     use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-    use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+    use redis::cluster::ClusterConfig;
     use redis::cluster_async::ClusterConnection;
     use redis::{FromRedisValue, PushInfo, Script};
     use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
     use super::{
-        COMPARE_AND_DELETE, DELETE_AND_PUBLISH, ForgetFences, KeyedFloor, LEASE_MS, NodeAccess,
-        RunKeys, bounded, fence_keys, many_keys, set_nx, token, uncontended,
+        COMPARE_AND_DELETE, DELETE_AND_PUBLISH, ForgetFences, KeyedFloor, LEASE_MS, RunKeys,
+        bounded, fence_keys, many_keys, set_nx, token, uncontended,
     };
     use crate::contend::{Contender, contend};
     use crate::floor::{Measured, Ops, Pairs, Protocol, Throughput};
@@ -276,59 +188,22 @@ return token
             Ok(Self { config, keys })
         }
 
-        fn access(&self) -> NodeAccess<'_> {
-            let c = &self.config;
-            NodeAccess {
-                tls: c.tls,
-                username: c.username.as_deref(),
-                password: c.password.as_ref(),
-                database: c.database,
-                ca_cert: c.ca_cert.as_deref(),
-            }
-        }
-
         /// One multiplexed RESP3 connection (the primary's, behind Sentinels; the cluster's
         /// connection to every primary, in a Cluster), with its push messages sent to `push`.
         async fn connect(&self, push: Option<UnboundedSender<PushInfo>>) -> Result<Conn> {
             let config = &self.config;
             let within = config.connect_timeout.saturating_mul(3);
-            let node = match &config.topology {
-                Topology::Single { node } => node.clone(),
-                Topology::Sentinel { sentinels, master } => {
-                    find_primary(config, &self.access(), sentinels, master).await?
+            if let Topology::Cluster { .. } = &config.topology {
+                let client = dlock_redis::driver::cluster_client(config)?;
+                let mut cluster_config = ClusterConfig::new();
+                if let Some(push) = push {
+                    cluster_config = cluster_config.set_push_sender(push);
                 }
-                Topology::Cluster { nodes } => {
-                    let access = self.access();
-                    let urls: Vec<String> = nodes.iter().map(|n| access.url(n, false)).collect();
-                    let builder = ClusterClientBuilder::new(urls);
-                    #[cfg(feature = "tls-rustls")]
-                    let builder = match access.certificates(BACKEND)? {
-                        Some(certificates) => builder.certs(certificates),
-                        None => builder,
-                    };
-                    let client = builder
-                        .use_protocol(redis::ProtocolVersion::RESP3)
-                        .connection_timeout(config.connect_timeout)
-                        .response_timeout(config.command_timeout)
-                        .build()
-                        .map_err(|e| {
-                            dlock_api::raw::config::config_error(BACKEND, e.to_string())
-                        })?;
-                    let mut cluster_config = ClusterConfig::new();
-                    if let Some(push) = push {
-                        cluster_config = cluster_config.set_push_sender(push);
-                    }
-                    let connecting = client.get_async_connection_with_config(cluster_config);
-                    return Ok(Conn::Cluster(bounded(BACKEND, within, connecting).await?));
-                }
-                other => {
-                    return Err(dlock_api::raw::config::config_error(
-                        BACKEND,
-                        format!("the raw floors do not know the topology {other:?}"),
-                    ));
-                }
-            };
-            let client = self.access().client(BACKEND, &node)?;
+                let connecting = client.get_async_connection_with_config(cluster_config);
+                return Ok(Conn::Cluster(bounded(BACKEND, within, connecting).await?));
+            }
+            let node = dlock_redis::driver::primary(config).await?;
+            let client = dlock_redis::driver::node_client(config, &node)?;
             let mut manager = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(config.connect_timeout))
                 .set_response_timeout(Some(config.command_timeout))
@@ -340,40 +215,6 @@ return token
             let connecting = client.get_connection_manager_with_config(manager);
             Ok(Conn::Single(bounded(BACKEND, within, connecting).await?))
         }
-    }
-
-    /// Asks the Sentinels, in order, where the primary `master` is.
-    async fn find_primary(
-        config: &RedisConfig,
-        access: &NodeAccess<'_>,
-        sentinels: &[String],
-        master: &str,
-    ) -> Result<String> {
-        let (mut last_error, mut unknown) = (None, None);
-        for sentinel in sentinels {
-            let client = access.sentinel_client(BACKEND, sentinel)?;
-            let asked = async {
-                let mut conn = client.get_multiplexed_async_connection().await?;
-                redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(master)
-                    .query_async::<Option<(String, u16)>>(&mut conn)
-                    .await
-            };
-            match bounded(BACKEND, config.connect_timeout, asked).await {
-                Ok(Some((host, port))) => return Ok(format!("{host}:{port}")),
-                Ok(None) => {
-                    unknown = Some(dlock_api::raw::config::config_error(
-                        BACKEND,
-                        format!("sentinel {sentinel} does not know a master named `{master}`"),
-                    ));
-                }
-                Err(error) => last_error = Some(error),
-            }
-        }
-        Err(unknown
-            .or(last_error)
-            .unwrap_or_else(|| LockError::command_timeout(BACKEND, config.connect_timeout)))
     }
 
     /// One multiplexed connection: a single node's (or a Sentinel-managed primary's), or a

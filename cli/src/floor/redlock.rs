@@ -16,8 +16,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::time::Instant;
 
 use super::redis::{
-    COMPARE_AND_DELETE, DELETE_AND_PUBLISH, ForgetFences, KeyedFloor, NodeAccess, RunKeys, bounded,
-    fence_keys, many_keys, set_nx, token, uncontended,
+    COMPARE_AND_DELETE, DELETE_AND_PUBLISH, ForgetFences, KeyedFloor, RunKeys, bounded, fence_keys,
+    many_keys, set_nx, token, uncontended,
 };
 use crate::floor::{Measured, Ops, Pairs, Protocol, Throughput, WarmUp, sample_timed};
 
@@ -46,21 +46,14 @@ impl Redlock {
         push: Option<UnboundedSender<PushInfo>>,
     ) -> Result<Vec<MultiplexedConnection>> {
         let c = &self.config;
-        let access = NodeAccess {
-            tls: c.tls,
-            username: c.username.as_deref(),
-            password: c.password.as_ref(),
-            database: c.database,
-            ca_cert: c.ca_cert.as_deref(),
-        };
         let mut options = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(c.connect_timeout))
             .set_response_timeout(Some(c.command_timeout));
         if let Some(push) = push {
             options = options.set_push_sender(push);
         }
-        let connecting = c.nodes.iter().map(|node| {
-            let client = access.client(BACKEND, node);
+        let connecting = c.nodes.iter().enumerate().map(|(i, node)| {
+            let client = dlock_redis::driver::node_client(&c.node_config(i), node);
             let options = &options;
             async move {
                 let client = client?;
