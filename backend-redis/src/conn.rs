@@ -40,10 +40,24 @@ pub(crate) struct SentinelConn {
     config: RedisConfig,
     push: PushHandler,
     current: RwLock<(String, ConnectionManager)>,
-    refresh: tokio::sync::Mutex<()>,
+    /// Held while asking the Sentinels. Keeps the last primary the eviction check refused, when
+    /// and why, so that commands failing meanwhile re-judge it at most once per
+    /// [`REJUDGE_AFTER`] instead of each opening a connection to it.
+    refresh: tokio::sync::Mutex<Option<Refused>>,
     /// The `+switch-master` watcher; stopped when the client goes away.
     watcher: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
 }
+
+/// A new primary the eviction check refused.
+struct Refused {
+    primary: String,
+    at: std::time::Instant,
+    reason: String,
+}
+
+/// How long a refused primary's refusal stands before the next failing command asks it again
+/// (its policy may have been fixed).
+const REJUDGE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Drop for SentinelConn {
     fn drop(&mut self) {
@@ -140,10 +154,18 @@ impl SentinelConn {
         let Topology::Sentinel { sentinels, master } = &self.config.topology else {
             return Ok(());
         };
-        let _one_at_a_time = self.refresh.lock().await;
+        let mut refused = self.refresh.lock().await;
         let primary = find_primary(&self.config, sentinels, master).await?;
         if self.current.read().unwrap_or_else(|e| e.into_inner()).0 == primary {
             return Ok(());
+        }
+        if let Some(last) = refused.as_ref() {
+            if last.primary == primary && last.at.elapsed() < REJUDGE_AFTER {
+                return Err(LockError::Config {
+                    backend: crate::BACKEND,
+                    reason: last.reason.clone(),
+                });
+            }
         }
         let manager = manager_for(&self.config, &primary, &self.push).await?;
         // The new primary is judged as the first one was at connect: a replica configured to
@@ -159,8 +181,16 @@ impl SentinelConn {
         };
         if let Err(error) = eviction::judge(self.config.eviction_check, asked).await {
             tracing::error!(%error, %primary, "redis sentinel: not switching to the new primary");
+            if let LockError::Config { reason, .. } = &error {
+                *refused = Some(Refused {
+                    primary,
+                    at: std::time::Instant::now(),
+                    reason: reason.clone(),
+                });
+            }
             return Err(error);
         }
+        *refused = None;
         tracing::info!(%primary, "redis sentinel: switching to the new primary");
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = (primary, manager);
         // The new connection has no subscriptions: make every waiter re-check and re-subscribe.
@@ -188,7 +218,7 @@ impl Conn {
                     config: config.clone(),
                     push,
                     current: RwLock::new((primary, manager)),
-                    refresh: tokio::sync::Mutex::new(()),
+                    refresh: tokio::sync::Mutex::new(None),
                     watcher: std::sync::Mutex::new(None),
                 });
                 let watcher =

@@ -66,7 +66,8 @@
 //!   [`LockError::Config`](dlock_api::LockError::Config) (`eviction_check=refuse`), or does not ask
 //!   (`off`). Behind Sentinels the same check runs on every new primary a failover names: with
 //!   `refuse` the client does not switch to a primary that may evict (its commands fail until
-//!   the Sentinels name one that cannot), with `warn` it switches and logs. Run lock servers,
+//!   the Sentinels name one that cannot, or its policy is fixed: a failing command asks again at
+//!   most once a second), with `warn` it switches and logs. Run lock servers,
 //!   replicas included, with `maxmemory-policy noeviction`.
 //! - **Failover.** Replication is asynchronous: a primary that dies right after a grant may be
 //!   replaced by a replica that never saw it. `wait_replicas=N` makes an acquire wait for N replica

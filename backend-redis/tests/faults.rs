@@ -189,7 +189,7 @@ async fn sentinel_failover_is_followed_and_a_held_lock_survives_or_is_reported_l
 
 /// The eviction check follows a Sentinel failover: a replica set up to evict lock keys is not
 /// taken as the new primary with `eviction_check=refuse` (the client fails rather than lock
-/// there), and is taken, with a warning, with `warn`.
+/// there) until its policy is fixed, and is taken, with a warning, with `warn`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_primary_that_may_evict_locks_is_refused_after_a_failover() {
     let sentinel = RedisSentinel::start().unwrap_or_else(|e| panic!("{e}"));
@@ -235,6 +235,24 @@ async fn a_new_primary_that_may_evict_locks_is_refused_after_a_failover() {
             Ok(taken) => panic!("locked on a primary that may evict: {taken:?}"),
         }
     }
+    // Once the new primary cannot evict, the refusing client takes it too.
+    sentinel
+        .replica()
+        .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .unwrap();
+    timeout(BOUND, async {
+        loop {
+            match refusing.try_acquire(&lock, &LockOptions::new()).await {
+                Ok(Some(guard)) => break guard,
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .expect("the new primary, fixed, is judged again and taken")
+    .release()
+    .await
+    .unwrap();
     drop(sentinel);
 }
 
