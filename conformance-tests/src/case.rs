@@ -78,11 +78,16 @@ impl Needs {
         if self.workers && harness.child_env().is_none() && !task_workers {
             return Some("needs a harness that worker processes or tasks can reach");
         }
-        if self.inspect && !caps.inspect {
-            return Some("backend cannot inspect holders");
-        }
         if self.fifo && !caps.fifo {
             return Some("backend does not promise arrival order");
+        }
+        if self.fifo && !caps.inspect {
+            return Some(
+                "backend promises arrival order, but checking it needs inspect to count waiters",
+            );
+        }
+        if self.inspect && !caps.inspect {
+            return Some("backend cannot inspect holders");
         }
         if self.wake_on_release && !caps.wake_on_release {
             return Some("backend's waiters poll rather than being woken on release");

@@ -7,6 +7,13 @@ use rand::Rng;
 
 use crate::{CaseResult, Ctx, Failure, ensure};
 
+/// The options of every lock a case here takes: a lease far longer than the case's bound, so that
+/// a lock a cancelled call left behind is still held when the case looks, rather than running
+/// out on its own (at the default TTL, as long as the bound) and passing unseen.
+fn outlasting(ctx: &Ctx) -> LockOptions {
+    LockOptions::new().with_ttl(ctx.timing().bound * 4)
+}
+
 /// An `acquire` dropped while waiting leaves no ghost: after the holder releases, a third client
 /// acquires at once, and after that the lock is free again.
 pub async fn dropped_acquire_leaves_nothing(ctx: Ctx) -> CaseResult {
@@ -16,13 +23,11 @@ pub async fn dropped_acquire_leaves_nothing(ctx: Ctx) -> CaseResult {
         ctx.client().await?,
     );
     let name = ctx.name("lock");
-    let holder = a.acquire(&name, &LockOptions::new()).await?;
+    let outlasting = outlasting(&ctx);
+    let holder = a.acquire(&name, &outlasting).await?;
     for _ in 0..3 {
-        let waiting = tokio::time::timeout(
-            Duration::from_millis(200),
-            b.acquire(&name, &LockOptions::new()),
-        )
-        .await;
+        let waiting =
+            tokio::time::timeout(Duration::from_millis(200), b.acquire(&name, &outlasting)).await;
         ensure!(
             waiting.is_err(),
             "the waiting acquire finished while the lock was held"
@@ -47,13 +52,12 @@ pub async fn dropped_acquire_leaves_nothing(ctx: Ctx) -> CaseResult {
 pub async fn dropped_acquire_race_leaves_nothing(ctx: Ctx) -> CaseResult {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let name = ctx.name("lock");
+    let outlasting = outlasting(&ctx);
     // Drop acquires after ever later points: before the request, in flight, after the reply.
     for micros in [0u64, 50, 100, 200, 400, 800, 1600, 3200] {
-        let attempt = tokio::time::timeout(
-            Duration::from_micros(micros),
-            a.acquire(&name, &LockOptions::new()),
-        )
-        .await;
+        let attempt =
+            tokio::time::timeout(Duration::from_micros(micros), a.acquire(&name, &outlasting))
+                .await;
         if let Ok(guard) = attempt {
             guard?.release().await?;
         }
@@ -98,8 +102,8 @@ pub async fn storm_leaves_every_name_free(ctx: Ctx) -> CaseResult {
             // Every third task holds for real (wait for the lock, hold, release); the others
             // are cut short by a wait timeout, a `timeout` around the call, or an abort.
             let opts = match t % 3 {
-                0 => LockOptions::new().with_wait_timeout(bound),
-                _ => LockOptions::new().with_wait_timeout(wait),
+                0 => outlasting(&ctx).with_wait_timeout(bound),
+                _ => outlasting(&ctx).with_wait_timeout(wait),
             };
             let work = async move {
                 let guard = client.acquire(&name, &opts).await?;

@@ -113,6 +113,11 @@ const KILL_HOLDER: Needs = Needs {
     fault: Some(Fault::KillHolder),
     ..NONE
 };
+const EXTEND_KILL_HOLDER: Needs = Needs {
+    extend: true,
+    ttl_lease: true,
+    ..KILL_HOLDER
+};
 const KILL_HOLDER_LOST: Needs = Needs {
     lost_signal: true,
     ..KILL_HOLDER
@@ -153,6 +158,10 @@ static CASES: &[Case] = &[
     case!(waiting::waiter_survives_killed_connection, KILL_WAITERS),
     case!(ownership::stale_guard_cannot_release, TTL),
     case!(ownership::stale_guard_cannot_extend, TTL),
+    case!(
+        ownership::killed_holder_cannot_extend_the_next_holders_lock,
+        EXTEND_KILL_HOLDER
+    ),
     case!(ownership::release_frees_for_others, NONE),
     case!(expiry::forgotten_holder_frees_after_ttl, TTL),
     case!(expiry::dropped_guard_frees_promptly, NONE),

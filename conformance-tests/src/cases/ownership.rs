@@ -66,6 +66,48 @@ pub async fn stale_guard_cannot_extend(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// A holder killed on the server (its key deleted, its session ended) whose guard has not
+/// noticed cannot extend the next holder's lock. Unlike a stale guard's, whose lease ran out
+/// locally and which is refused before any request, this `extend` reaches the backend: its
+/// owner check must refuse it with `Lost`/`NotHeld`, and the new holder keeps the lock.
+pub async fn killed_holder_cannot_extend_the_next_holders_lock(ctx: Ctx) -> CaseResult {
+    let (a, b, c) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let name = ctx.name("lock");
+    // Unrenewed and far longer than the case: the guard learns of the kill only from the server.
+    let long = LockOptions::new()
+        .with_ttl(ctx.timing().bound * 4)
+        .with_renewal(Renewal::Off);
+    let killed = a.acquire(&name, &long).await?;
+    ctx.require_faults()?
+        .kill_holder(&name)
+        .await
+        .map_err(Failure)?;
+    let new = ctx
+        .within(
+            "the lock after its holder was killed",
+            b.acquire(&name, &long.clone().with_wait_timeout(ctx.timing().bound)),
+        )
+        .await??;
+    let extended = killed.extend(ctx.timing().bound * 4).await;
+    ensure!(
+        is_stale_error(&extended),
+        "the killed holder's extend returned {extended:?}"
+    );
+    let intruder = c.try_acquire(&name, &LockOptions::new()).await?;
+    ensure!(
+        intruder.is_none(),
+        "someone else acquired the new holder's lock"
+    );
+    new.release().await?;
+    // Its error is expected: the lock is not the killed guard's.
+    let _ = killed.release().await;
+    Ok(())
+}
+
 /// A released lock can be taken at once by another client, and releasing is final.
 pub async fn release_frees_for_others(ctx: Ctx) -> CaseResult {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
