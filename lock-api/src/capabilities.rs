@@ -8,10 +8,12 @@ use crate::options::LockOptions;
 /// What a backend promises, beyond the contract every backend keeps.
 ///
 /// The conformance suite checks the claims it can observe: `fifo` (waiters served in arrival
-/// order), `wake_on_release` (a waiter let in on release, with a retry policy that would poll
-/// too late), `lost_signal` (a holder killed on the server, where the harness can kill one),
-/// `extend`, `inspect` and the lease model (their own cases); cases a backend's claims rule out
-/// show as ignored.
+/// order; only with `inspect`, which the case needs to start each waiter once the server
+/// counts the one before it), `wake_on_release` (a waiter let in on release, with a retry
+/// policy that would poll too late: a backend that polls on a schedule of its own instead of
+/// the options' retry policy is not caught), `lost_signal` (a holder killed on the server,
+/// where the harness can kill one), `extend`, `inspect` and the lease model (their own cases);
+/// cases a backend's claims rule out show as ignored, with the reason.
 ///
 /// Naming rule: plain nouns for features (`extend`, `fifo`), `max_*` for limits. Backends build it
 /// with struct-update syntax from the base of their lease model

@@ -92,5 +92,7 @@ pub use state::LeaseState;
 pub use subscriptions::{Subscription, Subscriptions};
 pub use timer::{GuardTimer, Scheduled};
 
-#[doc(hidden)]
+/// The attribute [`RawLock`], [`RawLease`] and the other async traits here are written with:
+/// put `#[dlock_api::raw::async_trait]` on an `impl` of them, with no `async-trait` dependency
+/// of your own.
 pub use async_trait::async_trait;
