@@ -205,10 +205,6 @@ impl SentinelConn {
 impl Conn {
     /// Connects as `config` says (a single node, the primary behind Sentinels, or a Cluster).
     pub(crate) async fn connect(config: &RedisConfig, push: PushHandler) -> Result<Self> {
-        #[cfg(feature = "tls-rustls")]
-        if config.tls {
-            driver::install_crypto_provider();
-        }
         match &config.topology {
             Topology::Single { node } => Ok(Self::Single(manager_for(config, node, &push).await?)),
             Topology::Sentinel { sentinels, master } => {

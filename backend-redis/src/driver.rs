@@ -77,7 +77,10 @@ pub fn cluster_client(config: &RedisConfig) -> Result<redis::cluster::ClusterCli
 /// The CA to trust, read from the configured PEM file (TLS with a private CA).
 #[cfg(feature = "tls-rustls")]
 fn tls_certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificates>> {
-    install_crypto_provider();
+    // Every client of this module passes through here before it connects.
+    if config.tls {
+        install_crypto_provider();
+    }
     let Some(path) = config.ca_cert.as_ref() else {
         return Ok(None);
     };
@@ -110,7 +113,7 @@ fn tls_certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificate
 /// rustls needs one process-wide crypto provider and panics at the first TLS connection without
 /// one; install ring's unless the application installed its own.
 #[cfg(feature = "tls-rustls")]
-pub(crate) fn install_crypto_provider() {
+fn install_crypto_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
@@ -134,10 +137,6 @@ pub(crate) fn sentinel_client(config: &RedisConfig, sentinel: &str) -> Result<re
 }
 
 fn client_with_tls(config: &RedisConfig, node: &str, url: String) -> Result<redis::Client> {
-    #[cfg(feature = "tls-rustls")]
-    if config.tls {
-        install_crypto_provider();
-    }
     #[cfg(feature = "tls-rustls")]
     let client = match tls_certificates(config)? {
         Some(certificates) => redis::Client::build_with_tls(url, certificates),

@@ -28,6 +28,25 @@ fn short_ttl() -> LockOptions {
         .with_wait_timeout(Duration::from_secs(20))
 }
 
+/// The lock `lock` through `locks`, tried until it is granted (errors and a busy lock are tried
+/// again, as while a client follows a failover); `what` says what failed to happen by `BOUND`.
+async fn taken_within_bound(
+    locks: &RedisLock,
+    lock: &LockName,
+    what: &str,
+) -> dlock_api::LockGuard {
+    timeout(BOUND, async {
+        loop {
+            match locks.try_acquire(lock, &LockOptions::new()).await {
+                Ok(Some(guard)) => break guard,
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}"))
+}
+
 fn server() -> RedisServer {
     RedisServer::start().unwrap_or_else(|e| panic!("{e}"))
 }
@@ -144,19 +163,12 @@ async fn sentinel_failover_is_followed_and_a_held_lock_survives_or_is_reported_l
     assert_ne!(promoted.unwrap(), old);
 
     // The client follows: a fresh acquire through the same client works on the new primary.
-    let probe = timeout(BOUND, async {
-        loop {
-            match holder
-                .try_acquire(&name("after-failover"), &LockOptions::new())
-                .await
-            {
-                Ok(Some(g)) => break g,
-                _ => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-    })
-    .await
-    .expect("the client reaches the new primary");
+    let probe = taken_within_bound(
+        &holder,
+        &name("after-failover"),
+        "the client reaches the new primary",
+    )
+    .await;
     probe.release().await.unwrap();
 
     // Within one more lease (3 renewals) the lock is either reported lost, or it was renewed on
@@ -218,16 +230,12 @@ async fn a_new_primary_that_may_evict_locks_is_refused_after_a_failover() {
     .unwrap();
 
     let lock = name("evicting-primary");
-    let taken = timeout(BOUND, async {
-        loop {
-            match warning.try_acquire(&lock, &LockOptions::new()).await {
-                Ok(Some(guard)) => break guard,
-                _ => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-    })
-    .await
-    .expect("with eviction_check=warn the client follows to the new primary");
+    let taken = taken_within_bound(
+        &warning,
+        &lock,
+        "with eviction_check=warn the client follows to the new primary",
+    )
+    .await;
     taken.release().await.unwrap();
     for _ in 0..3 {
         match refusing.try_acquire(&lock, &LockOptions::new()).await {
@@ -240,16 +248,12 @@ async fn a_new_primary_that_may_evict_locks_is_refused_after_a_failover() {
         .replica()
         .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
         .unwrap();
-    timeout(BOUND, async {
-        loop {
-            match refusing.try_acquire(&lock, &LockOptions::new()).await {
-                Ok(Some(guard)) => break guard,
-                _ => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-    })
+    taken_within_bound(
+        &refusing,
+        &lock,
+        "the new primary, fixed, is judged again and taken",
+    )
     .await
-    .expect("the new primary, fixed, is judged again and taken")
     .release()
     .await
     .unwrap();
