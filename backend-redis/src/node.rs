@@ -15,7 +15,7 @@
 //!   from this node is above every token the quorum handed out; [`Node::raise_fence_if_held`]
 //!   does it only while `owner` still holds the lock there;
 //! - [`Node::subscribe`]: listen to a name's channel; messages and lost connections reach the
-//!   handler given to [`Node::connect_with_events`].
+//!   handler given to [`Node::connect_with_events`]; [`Node::subscribers`] counts who listens.
 //!
 //! Every call on one `Node` rides one multiplexed connection, so the node runs them in the order
 //! they were sent: an unlock sent after a `try_lock` whose reply timed out still runs after it.
@@ -517,6 +517,36 @@ impl Node {
     /// Cancel safe: subscribing twice is harmless; a dropped call may or may not have subscribed.
     pub async fn subscribe(&self, channel: &str, timeout: Duration) -> Result<()> {
         self.conn.subscribe(timeout, channel).await
+    }
+
+    /// How many connections are subscribed to `channel` on this node (`PUBSUB NUMSUB`): the
+    /// clients waiting for its announcements there, the caller's own connection included once
+    /// it subscribed.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] on a timeout; [`LockError::Backend`] for a reply that is not
+    /// a count.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn subscribers(&self, channel: &str, timeout: Duration) -> Result<u64> {
+        let mut numsub = redis::cmd("PUBSUB");
+        numsub.arg("NUMSUB").arg(channel);
+        // A flat array `[channel, count]` in RESP2, a map `{channel: count}` in RESP3.
+        let reply: redis::Value = self.conn.query(timeout, &numsub).await?;
+        let count = match &reply {
+            redis::Value::Map(pairs) => pairs.first().map(|(_, count)| count),
+            redis::Value::Array(items) => items.get(1),
+            _ => None,
+        };
+        count
+            .and_then(|count| redis::from_redis_value_ref::<u64>(count).ok())
+            .ok_or_else(|| {
+                LockError::backend(
+                    crate::BACKEND,
+                    format!("PUBSUB NUMSUB answered {reply:?}, not a count"),
+                )
+            })
     }
 
     /// Unsubscribes from `channel`.

@@ -24,7 +24,7 @@ use crate::client::{Counters, Inner};
 use crate::config::{RedlockConfig, majority};
 use crate::lease::RedlockLease;
 use crate::nodes::connect_all;
-use crate::wake::Hub;
+use crate::wake::{Hub, Waiting};
 
 /// Locks over N independent Redis nodes with the Redlock algorithm.
 ///
@@ -47,6 +47,10 @@ pub struct RedlockStats {
     /// Rounds that lost while no other client could have won either: the nodes were split
     /// among contenders, and everyone retried after a random delay.
     pub split_votes: u64,
+    /// Rounds of a waiter that was the only one listening for the name: sent to every node at
+    /// once, skipping the agreed node (with nobody to split the nodes with, taking it first
+    /// would only cost a round trip).
+    pub lone_rounds: u64,
 }
 
 /// What one round ended in.
@@ -124,6 +128,7 @@ impl Redlock {
             rounds: c.rounds.load(Ordering::Relaxed),
             granted: c.granted.load(Ordering::Relaxed),
             split_votes: c.split_votes.load(Ordering::Relaxed),
+            lone_rounds: c.lone_rounds.load(Ordering::Relaxed),
         }
     }
 
@@ -306,6 +311,28 @@ impl Redlock {
             split: false,
             gate: None,
         }
+    }
+
+    /// Whether this waiter is the only one listening for the name: no other waiter of this
+    /// client, and no other connection subscribed to its channel on the agreed node. Asked
+    /// after subscribing there, so of two waiters at most one can miss the other; any doubt
+    /// (the node does not answer) says no. A waiter alone skips the agreed node on its next
+    /// round; if another waiter came meanwhile, that one takes the agreed node first and then
+    /// the rest, and with two contenders one of them always holds a majority.
+    async fn alone(&self, keys: &LockKeys, waiting: &Waiting, timeout: Duration) -> bool {
+        if waiting.local_waiters() > 1 {
+            return false;
+        }
+        let Some((index, node)) = self
+            .inner
+            .slots
+            .iter()
+            .find_map(|slot| slot.get().ok().map(|node| (slot.index, node)))
+        else {
+            return false;
+        };
+        let ours = u64::from(waiting.subscribed_on(index));
+        matches!(node.subscribers(&keys.channel, timeout).await, Ok(n) if n <= ours)
     }
 
     /// The fencing token of a grant: the highest token of the quorum, written back (owner
@@ -498,6 +525,8 @@ impl RawLock for Redlock {
             .node_timeout_for(ttl)
             .max(inner.config.command_timeout.min(Duration::from_millis(100)));
         let mut unavailable_since: Option<Instant> = None;
+        // Learned alongside each round, for the next one.
+        let mut alone = false;
         loop {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
@@ -508,7 +537,15 @@ impl RawLock for Redlock {
                 .ensure_subscribed(&inner.slots, subscribe_timeout)
                 .await;
             waiting.reset();
-            let wake_at = match self.round(name, &keys, options, true).await {
+            if alone {
+                inner.stats.lone_rounds.fetch_add(1, Ordering::Relaxed);
+            }
+            let (round, alone_next) = tokio::join!(
+                self.round(name, &keys, options, !alone),
+                self.alone(&keys, &waiting, subscribe_timeout),
+            );
+            alone = alone_next;
+            let wake_at = match round {
                 Round::Granted(grant) => return Ok(Some(grant)),
                 Round::Failed(error) => {
                     // Ride out a quorum that is unreachable for a while, up to the connect
