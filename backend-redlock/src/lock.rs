@@ -318,7 +318,8 @@ impl Redlock {
     /// after subscribing there, so of two waiters at most one can miss the other; any doubt
     /// (the node does not answer) says no. A waiter alone skips the agreed node on its next
     /// round; if another waiter came meanwhile, that one takes the agreed node first and then
-    /// the rest, and with two contenders one of them always holds a majority.
+    /// the rest, and with two contenders one of them always holds a majority. Bounded by the
+    /// per-node timeout, so it never outlasts the round it rides along with.
     async fn alone(&self, keys: &LockKeys, waiting: &Waiting, timeout: Duration) -> bool {
         if waiting.local_waiters() > 1 {
             return false;
@@ -542,7 +543,7 @@ impl RawLock for Redlock {
             }
             let (round, alone_next) = tokio::join!(
                 self.round(name, &keys, options, !alone),
-                self.alone(&keys, &waiting, subscribe_timeout),
+                self.alone(&keys, &waiting, inner.config.node_timeout_for(ttl)),
             );
             alone = alone_next;
             let wake_at = match round {
