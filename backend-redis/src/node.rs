@@ -15,7 +15,9 @@
 //!   from this node is above every token the quorum handed out; [`Node::raise_fence_if_held`]
 //!   does it only while `owner` still holds the lock there;
 //! - [`Node::subscribe`]: listen to a name's channel; messages and lost connections reach the
-//!   handler given to [`Node::connect_with_events`]; [`Node::subscribers`] counts who listens.
+//!   handler given to [`Node::connect_with_events`];
+//! - [`Node::line_check`]: join the name's waiting line, or keep one's place in it, and learn
+//!   whether one is first; [`Node::line_leave`]: leave it.
 //!
 //! Every call on one `Node` rides one multiplexed connection, so the node runs them in the order
 //! they were sent: an unlock sent after a `try_lock` whose reply timed out still runs after it.
@@ -35,8 +37,8 @@ use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::LockKeys;
 use crate::scripts::{
-    EXTEND, INSPECT, NODE_ACQUIRE, NODE_RAISE_FENCE, NODE_RAISE_FENCE_HELD, NODE_RELEASE,
-    NODE_RELEASE_ANNOUNCED,
+    EXTEND, INSPECT, NODE_ACQUIRE, NODE_LINE_CHECK, NODE_RAISE_FENCE, NODE_RAISE_FENCE_HELD,
+    NODE_RELEASE, NODE_RELEASE_ANNOUNCED,
 };
 
 /// A connection to one Redis node (or Sentinel-managed primary) and its lock primitives.
@@ -50,6 +52,7 @@ pub struct Node {
     raise: Script,
     raise_held: Script,
     inspect: Script,
+    line_check: Script,
 }
 
 /// What a node tells its event handler ([`Node::connect_with_events`]).
@@ -304,6 +307,7 @@ impl Node {
             raise: Script::new(NODE_RAISE_FENCE),
             raise_held: Script::new(NODE_RAISE_FENCE_HELD),
             inspect: Script::new(INSPECT),
+            line_check: Script::new(NODE_LINE_CHECK),
         })
     }
 
@@ -454,6 +458,57 @@ impl Node {
         Ok(extended == 1)
     }
 
+    /// Joins the name's waiting line on this node, or keeps `waiter`'s place in it for
+    /// `presence` more; whether `waiter` is now first (waiters ahead of it whose presence lapsed
+    /// are dropped). The line only orders waiters: it grants nothing.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] on a timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call may have joined the line; [`line_leave`](Self::line_leave)
+    /// undoes it, and a place not kept lapses with its presence.
+    pub async fn line_check(
+        &self,
+        keys: &LockKeys,
+        waiter: &str,
+        presence: Duration,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let presence_ms = presence.as_millis().max(1).to_string();
+        let first: i64 = self
+            .conn
+            .run_script(
+                timeout,
+                &self.line_check,
+                &[&keys.queue, &keys.waiters],
+                &[waiter, &presence_ms],
+            )
+            .await?;
+        Ok(first == 1)
+    }
+
+    /// Leaves the name's waiting line on this node.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] on a timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: leaving twice is harmless.
+    pub async fn line_leave(&self, keys: &LockKeys, waiter: &str, timeout: Duration) -> Result<()> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("LREM")
+            .arg(&keys.queue)
+            .arg(0)
+            .arg(waiter)
+            .ignore()
+            .cmd("HDEL")
+            .arg(&keys.waiters)
+            .arg(waiter)
+            .ignore();
+        self.conn.query::<()>(timeout, &pipe).await
+    }
+
     /// Raises the name's fence counter to at least `token`; the counter after.
     ///
     /// # Errors
@@ -517,36 +572,6 @@ impl Node {
     /// Cancel safe: subscribing twice is harmless; a dropped call may or may not have subscribed.
     pub async fn subscribe(&self, channel: &str, timeout: Duration) -> Result<()> {
         self.conn.subscribe(timeout, channel).await
-    }
-
-    /// How many connections are subscribed to `channel` on this node (`PUBSUB NUMSUB`): the
-    /// clients waiting for its announcements there, the caller's own connection included once
-    /// it subscribed.
-    ///
-    /// # Errors
-    /// [`LockError::Unavailable`] on a timeout; [`LockError::Backend`] for a reply that is not
-    /// a count.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub async fn subscribers(&self, channel: &str, timeout: Duration) -> Result<u64> {
-        let mut numsub = redis::cmd("PUBSUB");
-        numsub.arg("NUMSUB").arg(channel);
-        // A flat array `[channel, count]` in RESP2, a map `{channel: count}` in RESP3.
-        let reply: redis::Value = self.conn.query(timeout, &numsub).await?;
-        let count = match &reply {
-            redis::Value::Map(pairs) => pairs.first().map(|(_, count)| count),
-            redis::Value::Array(items) => items.get(1),
-            _ => None,
-        };
-        count
-            .and_then(|count| redis::from_redis_value_ref::<u64>(count).ok())
-            .ok_or_else(|| {
-                LockError::backend(
-                    crate::BACKEND,
-                    format!("PUBSUB NUMSUB answered {reply:?}, not a count"),
-                )
-            })
     }
 
     /// Unsubscribes from `channel`.

@@ -270,6 +270,34 @@ end
 return 1
 ";
 
+/// A waiter's place in the name's waiting line on one node, for multi-node algorithms (Redlock
+/// keeps the line on its agreed node, and the first in line skips that node's gate). KEYS:
+/// queue, waiters. ARGV: waiter, presence_ms. Joins the line at its end, or refreshes the
+/// waiter's presence; drops the waiters ahead whose presence lapsed; returns 1 when the waiter
+/// is first, else 0. Entries have the single-node queue's format (`DEADLINE:TTL`, TTL 0 here),
+/// so [`INSPECT`] counts them alike.
+pub(crate) const NODE_LINE_CHECK: &str = r"
+local queue, waiters, me = KEYS[1], KEYS[2], ARGV[1]
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('HSET', waiters, me, (now_ms + tonumber(ARGV[2])) .. ':0') == 1 then
+  redis.call('RPUSH', queue, me)
+end
+local head = redis.call('LINDEX', queue, 0)
+while head and head ~= me do
+  local entry = redis.call('HGET', waiters, head)
+  if entry and tonumber(string.match(entry, '^(%d+):') or '0') > now_ms then break end
+  redis.call('LPOP', queue)
+  redis.call('HDEL', waiters, head)
+  head = redis.call('LINDEX', queue, 0)
+end
+local keep = math.max(redis.call('PTTL', queue), tonumber(ARGV[2])) + 1000
+redis.call('PEXPIRE', queue, keep)
+redis.call('PEXPIRE', waiters, keep)
+if head == me then return 1 end
+return 0
+";
+
 /// Inspect (read only). KEYS: lock, fence, queue, waiters.
 ///
 /// Returns `{holder, pttl, fence, waiters}`: the holder's owner value (`''` when free), its

@@ -24,5 +24,5 @@ pub(crate) struct Counters {
     pub(crate) rounds: AtomicU64,
     pub(crate) granted: AtomicU64,
     pub(crate) split_votes: AtomicU64,
-    pub(crate) lone_rounds: AtomicU64,
+    pub(crate) first_in_line_rounds: AtomicU64,
 }

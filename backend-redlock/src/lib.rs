@@ -68,15 +68,18 @@
 //!   takes the **agreed node** alone (the lowest-numbered one it reaches) and goes on to the
 //!   others only once it has it, so waiters woken together do not split the nodes among them;
 //!   the losers wait for that node's next announcement (a failed attempt announces its
-//!   releases too). A waiter that is **alone** (no other waiter of its client, and no other
-//!   connection subscribed to the channel on the agreed node: `PUBSUB NUMSUB`, asked alongside
-//!   its previous round, after subscribing) sends its round to every node at once instead: one
-//!   round trip after the announcements. Of two waiters that subscribed, at most one can miss
-//!   the other, and that one's round against a waiter holding the agreed node cannot split five
-//!   nodes ([`RedlockStats::lone_rounds`] counts these rounds). When no client can hold a quorum anyway (a split vote, say between a
-//!   newcomer and a woken waiter), it retries after a random delay up to `retry_delay`;
-//!   [`Redlock::stats`] counts these split votes (18 tasks on 6 clients: 2 of 3,599 rounds;
-//!   29 % without the agreed node).
+//!   releases too). The **first in line** skips that round trip: waiters keep a waiting line on
+//!   the agreed node (checked after each round they lose, one script), and the first one sends
+//!   its next round to every node at once, leaving the line as it does; the others give it a
+//!   head start of about a round trip before they take the agreed node, and normally find it
+//!   taken. A lone waiter is first, so a hand-off to it costs one round trip after the
+//!   announcements ([`RedlockStats::first_in_line_rounds`] counts these rounds). The line
+//!   grants nothing, and a place not kept lapses: a stale view costs at worst a split vote.
+//!   When no client can hold a quorum anyway (a split vote, say between a newcomer and a
+//!   woken waiter), it retries after a random delay up to `retry_delay`; [`Redlock::stats`]
+//!   counts these split votes (18 tasks on 6 clients, 180 grants: 3–12 split votes in about
+//!   2,000 rounds; 0–6 in about 3,600 rounds before the waiting line; 29 % of rounds without
+//!   the agreed node).
 //! - **Extend** resets the TTL (owner-checked) on every node at once and needs a quorum within
 //!   the validity left; it reports the validity it obtained (`start + TTL − drift`). A failed
 //!   extend **never deletes anything**. When the key is gone from so many nodes that a quorum is
@@ -89,7 +92,8 @@
 //!   busy: those advance the counters too), and the quorum-th longest TTL left as the remaining lease; free when no owner
 //!   could hold a quorum even counting the nodes that did not answer; otherwise
 //!   [`Unavailable`](dlock_api::LockError::Unavailable) (it cannot be told). Waiters are not
-//!   known: there is no queue, only subscriptions to the release channel.
+//!   counted: the waiting line on the agreed node orders them but is no exact count (the first
+//!   leaves it as it sends its round).
 //!
 //! ## Connecting
 //! `redlock://[[user]:password@]h1[:port],h2[:port],…[/db][?option=value…]`, or `redlocks://`
@@ -108,14 +112,18 @@
 //! |---|---|---|---|
 //! | uncontended acquire + release | 2,600 pairs/s, p50 377 µs | parallel `SET NX PX` ×5 + parallel compare-and-delete ×5: 2,786 pairs/s, p50 343 µs | 0.93× [0.86–0.97] (0.94× [0.86–0.95] in a 3-round run; 0.88× on the same VM with a script per node on the first attempt, and 0.81–0.84× and 0.85–0.90× with it on two other VMs) |
 //! | hand-off, 4 clients on one name, 2 ms hold | p50 639 µs, p99 1,321 µs | parallel `DEL`+`PUBLISH` ×5 after the same hold, the subscriber's parallel `SET NX` ×5 held at a quorum: p50 455 µs | 1.56× [1.09–1.84] (1.35× [1.26–1.49] in a 3-round run) |
-//! | hand-off, 2 clients (one waiter, as the floor has), 2 ms hold | p50 453 µs [361–464] (634 µs [525–694] before a lone waiter skipped the agreed node, same VM) | the same, p50 465 µs [442–522] | 0.87× [0.82–1.00] (1.13× [1.07–1.23] before) |
+//! | hand-off, 4 clients, first in line (VM T, 3- and 5-round runs) | p50 581–615 µs | the same floor, p50 491–556 µs | 1.14× [0.96–1.30], 1.22× [1.03–1.33] (1.25–1.36× before the line, same VM) |
+//! | hand-off, 2 clients (one waiter, as the floor has; VM T) | p50 486 µs | the same floor, p50 657 µs | 0.71× [0.70–1.14] (1.01–1.13× before) |
 //! | many names, one client, 1 / 16 tasks | 2,723 / 12,523 pairs/s | 3,599 / 19,635 pairs/s | 0.78× / 0.69× |
 //!
 //! Polling Redlock clients hand a lock off in 25–63 ms at p50; the announcement wake-up is
 //! about 50–100× faster. A waiter woken by a release together with others first takes the
 //! agreed node alone, then the others, so that they do not split the nodes among them: that
 //! costs one round trip more than the floor's single parallel round, which has one waiter and
-//! nobody to split with. A waiter alone skips that round trip, and then measures at the floor. (Asking every node at once and
+//! nobody to split with. The first waiter in line skips that round trip: with four clients
+//! contending (100 grants each, 2 ms holds) every grant came from a first-in-line round, with no
+//! split vote. What is left against the floor is mostly the wake-up: the floor's waiter sends on
+//! the first announcement and again on later ones, dlock's once a quorum of nodes announced. (Asking every node at once and
 //! letting the winner of the agreed node fill in the rest was measured: with three waiters
 //! woken together the splits made the p50 hand-off slower, 624 µs.)
 //!
@@ -149,6 +157,7 @@
 mod client;
 mod config;
 mod lease;
+mod line;
 mod lock;
 mod nodes;
 mod wake;

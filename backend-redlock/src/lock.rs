@@ -23,8 +23,9 @@ use crate::BACKEND;
 use crate::client::{Counters, Inner};
 use crate::config::{RedlockConfig, majority};
 use crate::lease::RedlockLease;
+use crate::line::Line;
 use crate::nodes::connect_all;
-use crate::wake::{Hub, Waiting};
+use crate::wake::Hub;
 
 /// Locks over N independent Redis nodes with the Redlock algorithm.
 ///
@@ -47,10 +48,9 @@ pub struct RedlockStats {
     /// Rounds that lost while no other client could have won either: the nodes were split
     /// among contenders, and everyone retried after a random delay.
     pub split_votes: u64,
-    /// Rounds of a waiter that was the only one listening for the name: sent to every node at
-    /// once, skipping the agreed node (with nobody to split the nodes with, taking it first
-    /// would only cost a round trip).
-    pub lone_rounds: u64,
+    /// Rounds of a waiter first in the name's waiting line: sent to every node at once instead
+    /// of taking the agreed node first (see the crate docs, *Waiting*).
+    pub first_in_line_rounds: u64,
 }
 
 /// What one round ended in.
@@ -128,7 +128,7 @@ impl Redlock {
             rounds: c.rounds.load(Ordering::Relaxed),
             granted: c.granted.load(Ordering::Relaxed),
             split_votes: c.split_votes.load(Ordering::Relaxed),
-            lone_rounds: c.lone_rounds.load(Ordering::Relaxed),
+            first_in_line_rounds: c.first_in_line_rounds.load(Ordering::Relaxed),
         }
     }
 
@@ -311,29 +311,6 @@ impl Redlock {
             split: false,
             gate: None,
         }
-    }
-
-    /// Whether this waiter is the only one listening for the name: no other waiter of this
-    /// client, and no other connection subscribed to its channel on the agreed node. Asked
-    /// after subscribing there, so of two waiters at most one can miss the other; any doubt
-    /// (the node does not answer) says no. A waiter alone skips the agreed node on its next
-    /// round; if another waiter came meanwhile, that one takes the agreed node first and then
-    /// the rest, and with two contenders one of them always holds a majority. Bounded by the
-    /// per-node timeout, so it never outlasts the round it rides along with.
-    async fn alone(&self, keys: &LockKeys, waiting: &Waiting, timeout: Duration) -> bool {
-        if waiting.local_waiters() > 1 {
-            return false;
-        }
-        let Some((index, node)) = self
-            .inner
-            .slots
-            .iter()
-            .find_map(|slot| slot.get().ok().map(|node| (slot.index, node)))
-        else {
-            return false;
-        };
-        let ours = u64::from(waiting.subscribed_on(index));
-        matches!(node.subscribers(&keys.channel, timeout).await, Ok(n) if n <= ours)
     }
 
     /// The fencing token of a grant: the highest token of the quorum, written back (owner
@@ -526,8 +503,8 @@ impl RawLock for Redlock {
             .node_timeout_for(ttl)
             .max(inner.config.command_timeout.min(Duration::from_millis(100)));
         let mut unavailable_since: Option<Instant> = None;
-        // Learned alongside each round, for the next one.
-        let mut alone = false;
+        let mut line = Line::new(inner.clone(), keys.clone());
+        let node_timeout = inner.config.node_timeout_for(ttl);
         loop {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
@@ -538,14 +515,19 @@ impl RawLock for Redlock {
                 .ensure_subscribed(&inner.slots, subscribe_timeout)
                 .await;
             waiting.reset();
-            if alone {
-                inner.stats.lone_rounds.fetch_add(1, Ordering::Relaxed);
+            let gated = !line.first();
+            if !gated {
+                inner
+                    .stats
+                    .first_in_line_rounds
+                    .fetch_add(1, Ordering::Relaxed);
+                // Out of the line before the round lands, so that the waiters it beats find
+                // the next one first.
+                line.leave();
             }
-            let (round, alone_next) = tokio::join!(
-                self.round(name, &keys, options, !alone),
-                self.alone(&keys, &waiting, inner.config.node_timeout_for(ttl)),
-            );
-            alone = alone_next;
+            let round_started = Instant::now();
+            let round = self.round(name, &keys, options, gated).await;
+            let round_took = round_started.elapsed();
             let wake_at = match round {
                 Round::Granted(grant) => return Ok(Some(grant)),
                 Round::Failed(error) => {
@@ -569,7 +551,13 @@ impl RawLock for Redlock {
                 } => {
                     unavailable_since = None;
                     if split {
-                        after(Instant::now(), self.retry_delay())
+                        let retry_at = after(Instant::now(), self.retry_delay());
+                        line.check(
+                            retry_at.saturating_duration_since(Instant::now()),
+                            node_timeout,
+                        )
+                        .await;
+                        retry_at
                     } else {
                         // Wait for a quorum's announcements, or until enough keys expire.
                         let fallback = held_until.unwrap_or_else(|| after(Instant::now(), ttl));
@@ -577,9 +565,26 @@ impl RawLock for Redlock {
                             Some(d) => fallback.min(d),
                             None => fallback,
                         };
+                        // A release during the check is not missed: announcements count from
+                        // before the round.
+                        line.check(
+                            fallback.saturating_duration_since(Instant::now()),
+                            node_timeout,
+                        )
+                        .await;
+                        // The first in line goes to every node next: it waits for a quorum's
+                        // announcements, not the agreed node's alone.
+                        let gate = gate.filter(|_| !line.first());
                         tokio::select! {
                             _ = waiting.freed(free, quorum, gate) => {}
                             _ = sleep_until(fallback) => {}
+                        }
+                        if !line.first() {
+                            // A head start for the first in line, about a round trip: it takes
+                            // the agreed node before us, so that the nodes whose release had not
+                            // landed when it woke cannot leave it short of a quorum.
+                            tokio::time::sleep((round_took * 2).min(inner.config.retry_delay))
+                                .await;
                         }
                         continue;
                     }

@@ -156,19 +156,6 @@ impl Waiting {
             .count()
     }
 
-    /// How many waiters this client has for the name, this one included.
-    pub(crate) fn local_waiters(&self) -> usize {
-        self.channel.cells().len()
-    }
-
-    /// Whether this client's subscription on node `node` is live.
-    pub(crate) fn subscribed_on(&self, node: usize) -> bool {
-        self.channel
-            .subscribed
-            .get(node)
-            .is_some_and(|s| s.load(Ordering::SeqCst))
-    }
-
     /// Forgets the announcements seen so far: call it before each attempt, so an announcement
     /// during the attempt counts and one from before it does not.
     pub(crate) fn reset(&self) {

@@ -1,12 +1,14 @@
-//! How a released lock reaches its waiters, on five real nodes: a waiter alone sends its round to
-//! every node at once (one round trip after the announcements), and waiters that came after it
-//! take the agreed node first, so that they and the lone one never split the nodes.
+//! How a released lock reaches its waiters, on five real nodes: the first waiter in the waiting
+//! line on the agreed node (a lone waiter is first) sends its round to every node at once, one
+//! round trip after the announcements, while the waiters behind it give it a head start and take
+//! the agreed node first; the line moves on as waiters are served, and a waiter that gives up
+//! leaves it.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{redlock_url, start_nodes};
+use common::{node_conns, redlock_url, start_nodes};
 use dlock_api::{DistributedLock, LockGuard, LockName, LockOptions};
 use dlock_redlock::Redlock;
 use dlock_test_servers::RedisNodes;
@@ -25,22 +27,6 @@ fn opts() -> LockOptions {
         .with_wait_timeout(BOUND)
 }
 
-/// A task of a client of its own waiting for `lock`, once it has sent its first round and
-/// one more after subscribing (so it has learned whether it waits alone).
-async fn waiter(url: &str, lock: &LockName) -> (Redlock, JoinHandle<LockGuard>) {
-    let locks = Redlock::connect_url(url).await.unwrap();
-    let task = {
-        let (locks, lock) = (locks.clone(), lock.clone());
-        tokio::spawn(async move { locks.acquire(&lock, &opts()).await.unwrap() })
-    };
-    let give_up = Instant::now() + BOUND;
-    while locks.stats().rounds < 2 {
-        assert!(Instant::now() < give_up, "the waiter never sent its rounds");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    (locks, task)
-}
-
 /// Five nodes of the test's own, their URL, and a client to hold `tag`'s lock.
 async fn deployment(tag: &str) -> (RedisNodes, String, LockName, Redlock) {
     let nodes = start_nodes(5);
@@ -49,48 +35,134 @@ async fn deployment(tag: &str) -> (RedisNodes, String, LockName, Redlock) {
     (nodes, url, name(tag), holder)
 }
 
+/// How many waiters stand in `lock`'s waiting line on the agreed node (node 0).
+async fn in_line(url: &str, lock: &LockName) -> usize {
+    let queue = common::keys(url, lock).queue;
+    let mut conn = node_conns(url).await.unwrap().swap_remove(0);
+    redis::cmd("LLEN")
+        .arg(&queue)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// Each waiter in `lock`'s line on the agreed node, first in line first, with its place's
+/// presence deadline (which changes each time the waiter checks its place).
+async fn line_places(url: &str, lock: &LockName) -> Vec<(String, String)> {
+    let keys = common::keys(url, lock);
+    let mut conn = node_conns(url).await.unwrap().swap_remove(0);
+    let order: Vec<String> = redis::cmd("LRANGE")
+        .arg(&keys.queue)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut places = Vec::new();
+    for waiter in order {
+        let deadline: Option<String> = redis::cmd("HGET")
+            .arg(&keys.waiters)
+            .arg(&waiter)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        places.push((waiter, deadline.unwrap_or_default()));
+    }
+    places
+}
+
+/// Waits (within the bound) until `lock`'s waiting line holds `count` waiters.
+async fn line_holds(url: &str, lock: &LockName, count: usize) {
+    let give_up = Instant::now() + BOUND;
+    while in_line(url, lock).await != count {
+        assert!(Instant::now() < give_up, "the line never held {count}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A task of a client of its own waiting for `lock`, once it stands in the line behind
+/// `ahead` others.
+async fn waiter(url: &str, lock: &LockName, ahead: usize) -> (Redlock, JoinHandle<LockGuard>) {
+    let locks = Redlock::connect_url(url).await.unwrap();
+    let task = {
+        let (locks, lock) = (locks.clone(), lock.clone());
+        tokio::spawn(async move { locks.acquire(&lock, &opts()).await.unwrap() })
+    };
+    line_holds(url, lock, ahead + 1).await;
+    (locks, task)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_alone_skips_the_agreed_node() {
+async fn a_waiter_alone_is_first_in_line_and_skips_the_agreed_node() {
     let (_nodes, url, lock, holder) = deployment("alone").await;
     let held = holder.acquire(&lock, &opts()).await.unwrap();
 
-    let (locks, task) = waiter(&url, &lock).await;
-    assert_eq!(locks.stats().lone_rounds, 0, "it has not been woken yet");
+    let (locks, task) = waiter(&url, &lock, 0).await;
+    assert_eq!(locks.stats().first_in_line_rounds, 0, "not woken yet");
     held.release().await.unwrap();
     let guard = timeout(BOUND, task).await.expect("handed off").unwrap();
 
     let stats = locks.stats();
-    assert!(stats.lone_rounds >= 1, "{stats:?}");
+    assert_eq!(stats.first_in_line_rounds, 1, "{stats:?}");
     assert_eq!(stats.split_votes, 0, "{stats:?}");
     guard.release().await.unwrap();
+    line_holds(&url, &lock, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_alone_and_two_newcomers_never_split_the_nodes() {
+async fn the_line_moves_on_and_each_waiter_is_served_first_in_line() {
     let (_nodes, url, lock, holder) = deployment("three").await;
-    for round in 0..20 {
-        let held = holder.acquire(&lock, &opts()).await.unwrap();
-        // The first waiter learns it is alone before the others subscribe; they see it and
-        // take the agreed node first, so only one of them meets the first on the other nodes.
-        let mut clients = Vec::new();
-        let mut tasks = Vec::new();
-        for _ in 0..3 {
-            let (locks, task) = waiter(&url, &lock).await;
-            clients.push(locks);
-            tasks.push(task);
-        }
-        held.release().await.unwrap();
-        while !tasks.is_empty() {
-            let (guard, _, rest) = timeout(BOUND, futures::future::select_all(tasks))
-                .await
-                .expect("the next waiter gets it");
-            guard.unwrap().release().await.unwrap();
-            tasks = rest;
-        }
-        for locks in &clients {
-            let stats = locks.stats();
-            assert_eq!(stats.split_votes, 0, "round {round}: {stats:?}");
-        }
-        assert!(clients[0].stats().lone_rounds >= 1, "round {round}");
+    let mut held = holder.acquire(&lock, &opts()).await.unwrap();
+    let mut waiters = Vec::new();
+    for ahead in 0..3 {
+        waiters.push(waiter(&url, &lock, ahead).await);
     }
+    for (turn, (locks, task)) in waiters.iter_mut().enumerate() {
+        // Those behind check their place again after the round they lose to this turn's
+        // holder; then the next one knows it is first.
+        let places = line_places(&url, &lock).await;
+        held.release().await.unwrap();
+        let guard = timeout(BOUND, task).await.expect("handed off").unwrap();
+        let stats = locks.stats();
+        // (More than one when a round it sent as first lost, to a split vote say.)
+        assert!(stats.first_in_line_rounds >= 1, "turn {turn}: {stats:?}");
+        let behind = &places[1..];
+        let give_up = Instant::now() + BOUND;
+        loop {
+            let now = line_places(&url, &lock).await;
+            // The same waiters, each with a new deadline.
+            let rechecked = now.len() == behind.len()
+                && behind.iter().all(|(waiter, before)| {
+                    now.iter().any(|(w, place)| w == waiter && place != before)
+                });
+            if rechecked {
+                break;
+            }
+            assert!(Instant::now() < give_up, "turn {turn}: the line is {now:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        held = guard;
+    }
+    held.release().await.unwrap();
+    line_holds(&url, &lock, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_line() {
+    let (_nodes, url, lock, holder) = deployment("gives-up").await;
+    let held = holder.acquire(&lock, &opts()).await.unwrap();
+    let (_first, first_task) = waiter(&url, &lock, 0).await;
+    let (second, second_task) = waiter(&url, &lock, 1).await;
+
+    // The first gives up (its task is dropped mid-wait): it leaves, and the second is first.
+    first_task.abort();
+    line_holds(&url, &lock, 1).await;
+    held.release().await.unwrap();
+    let guard = timeout(BOUND, second_task)
+        .await
+        .expect("handed off")
+        .unwrap();
+    assert_eq!(second.stats().split_votes, 0);
+    guard.release().await.unwrap();
+    line_holds(&url, &lock, 0).await;
 }

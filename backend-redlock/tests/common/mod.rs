@@ -92,8 +92,9 @@ impl Harness for RedlockHarness {
         self.deployment.child_env()
     }
 
-    /// The lock key of each name on every node (the fence counters stay by design; waiters
-    /// keep nothing on the nodes but a subscription, which goes with their connection).
+    /// The lock key of each name on every node (the fence counters stay by design; a waiter
+    /// keeps a subscription, which goes with its connection, and a place in the waiting line,
+    /// which it leaves or which lapses).
     async fn residue(&self, names: &[LockName]) -> std::result::Result<Vec<String>, String> {
         let mut left = Vec::new();
         for (i, mut conn) in node_conns(self.url()).await?.into_iter().enumerate() {
