@@ -10,6 +10,7 @@ use dlock_api::raw::{RawLease, Session};
 use dlock_api::{LockError, LockName, LostReason, Result};
 use dlock_redis::LockKeys;
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use crate::BACKEND;
@@ -59,19 +60,51 @@ impl RedlockLease {
 #[async_trait]
 impl RawLease for RedlockLease {
     /// Deletes the key (owner-checked) on every node at once and announces each deletion.
-    /// `Ok` if any node still had it; `NotHeld` if every node answered without it.
+    /// `Ok` if any node still had it; `NotHeld` if every node answered without it. Returns once
+    /// a quorum deleted it (the lock is free for others then); the deletions still out finish
+    /// in the background, each on its node's connection, ahead of anything this client sends
+    /// that node later.
     async fn release(&self) -> Result<()> {
         let timeout = self.inner.config.command_timeout;
-        let replies = join_all(self.inner.slots.iter().map(|slot| async move {
-            slot.get()?.release(&self.keys, &self.owner, timeout).await
-        }))
-        .await;
-        let deleted = replies.iter().filter(|r| matches!(r, Ok(true))).count();
-        let failed: Vec<String> = replies
+        let quorum = self.inner.config.quorum();
+        let owner: Arc<str> = Arc::from(self.owner.as_str());
+        let mut replies: FuturesUnordered<_> = self
+            .inner
+            .slots
             .iter()
-            .zip(&self.inner.slots)
-            .filter_map(|(r, slot)| r.as_ref().err().map(|e| format!("{}: {e}", slot.addr())))
+            .map(|slot| {
+                let (slot, keys, owner) = (slot.clone(), self.keys.clone(), owner.clone());
+                async move {
+                    let reply = match slot.get() {
+                        Ok(node) => node.release(&keys, &owner, timeout).await,
+                        Err(error) => Err(error),
+                    };
+                    (slot, reply)
+                }
+            })
             .collect();
+        let mut deleted = 0;
+        let mut failed: Vec<String> = Vec::new();
+        while let Some((slot, reply)) = replies.next().await {
+            match reply {
+                Ok(true) => deleted += 1,
+                Ok(false) => {}
+                Err(error) => failed.push(format!("{}: {error}", slot.addr())),
+            }
+            if deleted >= quorum {
+                break;
+            }
+        }
+        if !replies.is_empty() {
+            let name = self.name.clone();
+            dlock_api::raw::spawn_cleanup(async move {
+                while let Some((slot, reply)) = replies.next().await {
+                    if let Err(error) = reply {
+                        tracing::debug!(lock = %name, node = %slot.addr(), %error, "redlock: a node missed the release; its key ends with the TTL");
+                    }
+                }
+            });
+        }
         if deleted > 0 {
             if !failed.is_empty() {
                 tracing::debug!(lock = %self.name, failed = %failed.join("; "), "redlock: some nodes missed the release; their keys end with the TTL");

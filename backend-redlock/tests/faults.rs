@@ -1,6 +1,6 @@
 //! Redlock under faults on five nodes of its own per test: a minority killed (still acquires), a
 //! majority killed (fails fast, nothing left held), two nodes frozen during an acquire (granted
-//! on the live nodes' answers, no key left in the end), a failed renewal
+//! and released on the live nodes' answers, no key left in the end), a failed renewal
 //! (nothing deleted, suspended, then lost), a grant's key on every node although the grant is
 //! decided at the quorum, every subset of nodes clogged by a foreign value,
 //! many clients contending for one name, a replicated node refused, and nodes whose clocks jump.
@@ -130,7 +130,7 @@ async fn three_of_five_killed_fails_fast_and_leaves_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_frozen_nodes_do_not_hold_up_a_grant_and_keep_no_key() {
+async fn two_frozen_nodes_hold_up_neither_grant_nor_release_and_keep_no_key() {
     let nodes = start_nodes(5);
     let locks = client(&nodes, "?node_timeout=2s").await;
     let config = locks.config().clone();
@@ -157,7 +157,15 @@ async fn two_frozen_nodes_do_not_hold_up_a_grant_and_keep_no_key() {
         returned - called
     );
     assert!(guard.is_held());
+    // Nor a release: it returns once the live nodes deleted the key.
+    let releasing = Instant::now();
     guard.release().await.unwrap();
+    assert!(
+        releasing.elapsed() < config.command_timeout,
+        "the release took {:?}, the command timeout being {:?}",
+        releasing.elapsed(),
+        config.command_timeout
+    );
     // Once thawed, the frozen nodes run the SET they were sent and then the release sent after
     // it on the same connection, or, where the release gave up before it could resend its
     // script in full (the node did not know it yet), keep the key until its TTL: either way,
