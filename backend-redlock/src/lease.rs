@@ -9,12 +9,11 @@ use dlock_api::raw::time::after;
 use dlock_api::raw::{RawLease, Session};
 use dlock_api::{LockError, LockName, LostReason, Result};
 use dlock_redis::LockKeys;
-use futures::future::join_all;
-use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use crate::BACKEND;
 use crate::client::Inner;
+use crate::fanout;
 
 pub(crate) struct RedlockLease {
     inner: Arc<Inner>,
@@ -68,43 +67,30 @@ impl RawLease for RedlockLease {
         let timeout = self.inner.config.command_timeout;
         let quorum = self.inner.config.quorum();
         let owner: Arc<str> = Arc::from(self.owner.as_str());
-        let mut replies: FuturesUnordered<_> = self
-            .inner
-            .slots
-            .iter()
-            .map(|slot| {
-                let (slot, keys, owner) = (slot.clone(), self.keys.clone(), owner.clone());
-                async move {
-                    let reply = match slot.get() {
-                        Ok(node) => node.release(&keys, &owner, timeout).await,
-                        Err(error) => Err(error),
-                    };
-                    (slot, reply)
-                }
-            })
-            .collect();
         let mut deleted = 0;
         let mut failed: Vec<String> = Vec::new();
-        while let Some((slot, reply)) = replies.next().await {
-            match reply {
-                Ok(true) => deleted += 1,
-                Ok(false) => {}
-                Err(error) => failed.push(format!("{}: {error}", slot.addr())),
-            }
-            if deleted >= quorum {
-                break;
-            }
-        }
-        if !replies.is_empty() {
-            let name = self.name.clone();
-            dlock_api::raw::spawn_cleanup(async move {
-                while let Some((slot, reply)) = replies.next().await {
-                    if let Err(error) = reply {
-                        tracing::debug!(lock = %name, node = %slot.addr(), %error, "redlock: a node missed the release; its key ends with the TTL");
-                    }
+        let name = self.name.clone();
+        fanout::until_decided(
+            &self.inner.slots,
+            |slot| {
+                let (slot, keys, owner) = (slot.clone(), self.keys.clone(), owner.clone());
+                async move { slot.get()?.release(&keys, &owner, timeout).await }
+            },
+            |slot, reply| {
+                match reply {
+                    Ok(true) => deleted += 1,
+                    Ok(false) => {}
+                    Err(error) => failed.push(format!("{}: {error}", slot.addr())),
                 }
-            });
-        }
+                deleted >= quorum
+            },
+            move |slot, reply| {
+                if let Err(error) = reply {
+                    tracing::debug!(lock = %name, node = %slot.addr(), %error, "redlock: a node missed the release; its key ends with the TTL");
+                }
+            },
+        )
+        .await;
         if deleted > 0 {
             if !failed.is_empty() {
                 tracing::debug!(lock = %self.name, failed = %failed.join("; "), "redlock: some nodes missed the release; their keys end with the TTL");
@@ -127,7 +113,8 @@ impl RawLease for RedlockLease {
     }
 
     /// Resets the TTL (owner-checked) on every node at once, each within the per-node timeout
-    /// and the validity left. A quorum makes the new validity `start + ttl - drift`; a failure
+    /// and the validity left, and returns once a quorum did (the others finish in the
+    /// background) or every node answered. A quorum makes the new validity `start + ttl - drift`; a failure
     /// deletes nothing. When a quorum can no longer be reached (the key is gone from too many
     /// nodes) it is `NotHeld`; otherwise `Unavailable`, and a renewed guard is suspended until
     /// the validity it still has.
@@ -144,14 +131,28 @@ impl RawLease for RedlockLease {
             });
         }
         let timeout = config.node_timeout_for(ttl).min(left);
-        let replies = join_all(self.inner.slots.iter().map(|slot| async move {
-            slot.get()?
-                .extend(&self.keys, &self.owner, ttl, timeout)
-                .await
-        }))
+        // Decided at a quorum's yes, like a grant: the new validity counts from before the
+        // first request, so the nodes still to answer cannot shorten it.
+        let owner: Arc<str> = Arc::from(self.owner.as_str());
+        let (mut extended, mut gone) = (0, 0);
+        let mut failed: Vec<String> = Vec::new();
+        fanout::until_decided(
+            &self.inner.slots,
+            |slot| {
+                let (slot, keys, owner) = (slot.clone(), self.keys.clone(), owner.clone());
+                async move { slot.get()?.extend(&keys, &owner, ttl, timeout).await }
+            },
+            |slot, reply| {
+                match reply {
+                    Ok(true) => extended += 1,
+                    Ok(false) => gone += 1,
+                    Err(error) => failed.push(format!("{}: {error}", slot.addr())),
+                }
+                extended >= quorum
+            },
+            |_, _| {},
+        )
         .await;
-        let extended = replies.iter().filter(|r| matches!(r, Ok(true))).count();
-        let gone = replies.iter().filter(|r| matches!(r, Ok(false))).count();
         if extended >= quorum && Instant::now() < current {
             let valid_until = after(started, ttl.saturating_sub(config.drift_for(ttl)));
             *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = valid_until;
@@ -167,11 +168,6 @@ impl RawLease for RedlockLease {
             self.session
                 .suspend_with(current, LostReason::RenewalFailed);
         }
-        let failed: Vec<String> = replies
-            .iter()
-            .zip(&self.inner.slots)
-            .filter_map(|(r, slot)| r.as_ref().err().map(|e| format!("{}: {e}", slot.addr())))
-            .collect();
         Err(LockError::unavailable_because(
             BACKEND,
             format!(

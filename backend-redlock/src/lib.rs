@@ -77,13 +77,17 @@
 //!   taken. A lone waiter is first, so a hand-off to it costs one round trip after the
 //!   announcements ([`RedlockStats::first_in_line_rounds`] counts these rounds). The line
 //!   grants nothing, and a place not kept lapses: a stale view costs at worst a split vote.
+//!   Nor is it a promise of order (the capabilities' `fifo` is false): under load a waiter
+//!   behind the first can win the agreed node before the first's round reaches it.
 //!   When no client can hold a quorum anyway (a split vote, say between a newcomer and a
 //!   woken waiter), it retries after a random delay up to `retry_delay`; [`Redlock::stats`]
 //!   counts these split votes (18 tasks on 6 clients, 180 grants: 3–12 split votes in about
 //!   2,000 rounds; 0–6 in about 3,600 rounds before the waiting line; 29 % of rounds without
 //!   the agreed node).
 //! - **Extend** resets the TTL (owner-checked) on every node at once and needs a quorum within
-//!   the validity left; it reports the validity it obtained (`start + TTL − drift`). A failed
+//!   the validity left; it reports the validity it obtained (`start + TTL − drift`). Like a
+//!   grant it is decided at the quorum's last yes, and the resets still out finish in the
+//!   background, so a frozen minority does not hold up the watchdog either. A failed
 //!   extend **never deletes anything**. When the key is gone from so many nodes that a quorum is
 //!   out of reach, the lock is lost (`NotHeld`, reported as [`LostReason::TakenOver`]).
 //! - **Release** deletes the key (owner-checked) on every node at once and announces it. It
@@ -161,6 +165,7 @@
 
 mod client;
 mod config;
+mod fanout;
 mod lease;
 mod line;
 mod lock;

@@ -16,13 +16,13 @@ use dlock_api::{
 use dlock_redis::LockKeys;
 use dlock_redis::node::{Counting, NodeAttempt, NodeView};
 use futures::future::join_all;
-use futures::stream::{FuturesUnordered, StreamExt};
 use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 
 use crate::BACKEND;
 use crate::client::{Counters, Inner};
 use crate::config::{RedlockConfig, majority};
+use crate::fanout;
 use crate::lease::RedlockLease;
 use crate::line::Line;
 use crate::nodes::connect_all;
@@ -208,55 +208,44 @@ impl Redlock {
         } else {
             Counting::EveryAttempt
         };
-        // Each node's attempt owns what it needs, so that the attempts still out when a quorum
-        // said yes can finish in the background: dropped, an attempt not yet written to its
-        // connection would never be sent, and that node would miss the key.
+        // The round is decided once a quorum said yes (the slower nodes are not waited for: a
+        // key they set is ours, and release and extend reach every node) or once every node
+        // answered.
         let owner_shared: Arc<str> = Arc::from(owner.as_str());
-        let mut replies: FuturesUnordered<_> = inner
-            .slots
-            .iter()
-            .map(|slot| {
+        let mut taken: Vec<(usize, u64)> = Vec::new();
+        let mut busy: Vec<(usize, String, Option<Duration>)> = Vec::new();
+        let mut failures: Vec<String> = Vec::new();
+        fanout::until_decided(
+            &inner.slots,
+            |slot| {
                 let (slot, keys, owner) = (slot.clone(), keys.clone(), owner_shared.clone());
                 let answered = first
                     .as_ref()
                     .filter(|(index, _)| *index == slot.index)
                     .map(|(_, taken)| taken.clone());
                 async move {
-                    if let Some(taken) = answered {
-                        return (slot.index, Ok(taken));
-                    }
-                    let attempt = match slot.get() {
-                        Ok(node) => {
-                            node.try_lock(&keys, &owner, ttl, node_timeout, counting)
+                    match answered {
+                        Some(taken) => Ok(taken),
+                        None => {
+                            slot.get()?
+                                .try_lock(&keys, &owner, ttl, node_timeout, counting)
                                 .await
                         }
-                        Err(error) => Err(error),
-                    };
-                    (slot.index, attempt)
+                    }
                 }
-            })
-            .collect();
-
-        // The round is decided once a quorum said yes (the slower nodes are not waited for: a
-        // key they set is ours, and release and extend reach every node) or once every node
-        // answered.
-        let mut taken: Vec<(usize, u64)> = Vec::new();
-        let mut busy: Vec<(usize, String, Option<Duration>)> = Vec::new();
-        let mut failures: Vec<String> = Vec::new();
-        while let Some((i, reply)) = replies.next().await {
-            match reply {
-                Ok(NodeAttempt::Taken { token }) => taken.push((i, token)),
-                Ok(NodeAttempt::Busy { holder, pttl }) => busy.push((i, holder, pttl)),
-                Ok(other) => failures.push(format!("{}: {other:?}", inner.slots[i].addr())),
-                Err(error) => failures.push(format!("{}: {error}", inner.slots[i].addr())),
-            }
-            if taken.len() >= quorum {
-                break;
-            }
-        }
-        if !replies.is_empty() {
-            dlock_api::raw::spawn_cleanup(async move { while replies.next().await.is_some() {} });
-        }
+            },
+            |slot, reply| {
+                match reply {
+                    Ok(NodeAttempt::Taken { token }) => taken.push((slot.index, token)),
+                    Ok(NodeAttempt::Busy { holder, pttl }) => busy.push((slot.index, holder, pttl)),
+                    Ok(other) => failures.push(format!("{}: {other:?}", slot.addr())),
+                    Err(error) => failures.push(format!("{}: {error}", slot.addr())),
+                }
+                taken.len() >= quorum
+            },
+            |_, _| {},
+        )
+        .await;
         let valid_until = after(started, ttl.saturating_sub(config.drift_for(ttl)));
         if taken.len() >= quorum {
             match self.fence(keys, &owner, &taken, node_timeout).await {

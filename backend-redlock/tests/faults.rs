@@ -130,7 +130,7 @@ async fn three_of_five_killed_fails_fast_and_leaves_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_frozen_nodes_hold_up_neither_grant_nor_release_and_keep_no_key() {
+async fn two_frozen_nodes_hold_up_no_grant_extend_or_release_and_keep_no_key() {
     let nodes = start_nodes(5);
     let locks = client(&nodes, "?node_timeout=2s").await;
     let config = locks.config().clone();
@@ -157,6 +157,17 @@ async fn two_frozen_nodes_hold_up_neither_grant_nor_release_and_keep_no_key() {
         returned - called
     );
     assert!(guard.is_held());
+    // Nor an extend: it returns once the live nodes reset the TTL.
+    let extending = Instant::now();
+    guard
+        .extend(ttl)
+        .await
+        .expect("three answering nodes are a quorum");
+    assert!(
+        extending.elapsed() < node_timeout,
+        "the extend took {:?}, the per-node timeout being {node_timeout:?}",
+        extending.elapsed()
+    );
     // Nor a release: it returns once the live nodes deleted the key.
     let releasing = Instant::now();
     guard.release().await.unwrap();
