@@ -19,7 +19,7 @@ pub(crate) struct RedlockLease {
     inner: Arc<Inner>,
     name: LockName,
     keys: Arc<LockKeys>,
-    owner: String,
+    owner: Arc<str>,
     /// The validity obtained by the grant or the last extend that reached a quorum.
     valid_until: Mutex<Instant>,
     /// Suspended while renewals fail and validity remains; ends with `RenewalFailed` when the
@@ -35,7 +35,7 @@ impl RedlockLease {
         inner: Arc<Inner>,
         name: LockName,
         keys: Arc<LockKeys>,
-        owner: String,
+        owner: Arc<str>,
         valid_until: Instant,
         session: Arc<Session>,
         renewed: bool,
@@ -66,14 +66,13 @@ impl RawLease for RedlockLease {
     async fn release(&self) -> Result<()> {
         let timeout = self.inner.config.command_timeout;
         let quorum = self.inner.config.quorum();
-        let owner: Arc<str> = Arc::from(self.owner.as_str());
         let mut deleted = 0;
         let mut failed: Vec<String> = Vec::new();
         let name = self.name.clone();
         fanout::until_decided(
             &self.inner.slots,
             |slot| {
-                let (slot, keys, owner) = (slot.clone(), self.keys.clone(), owner.clone());
+                let (slot, keys, owner) = (slot.clone(), self.keys.clone(), self.owner.clone());
                 async move { slot.get()?.release(&keys, &owner, timeout).await }
             },
             |slot, reply| {
@@ -133,13 +132,12 @@ impl RawLease for RedlockLease {
         let timeout = config.node_timeout_for(ttl).min(left);
         // Decided at a quorum's yes, like a grant: the new validity counts from before the
         // first request, so the nodes still to answer cannot shorten it.
-        let owner: Arc<str> = Arc::from(self.owner.as_str());
         let (mut extended, mut gone) = (0, 0);
         let mut failed: Vec<String> = Vec::new();
         fanout::until_decided(
             &self.inner.slots,
             |slot| {
-                let (slot, keys, owner) = (slot.clone(), self.keys.clone(), owner.clone());
+                let (slot, keys, owner) = (slot.clone(), self.keys.clone(), self.owner.clone());
                 async move { slot.get()?.extend(&keys, &owner, ttl, timeout).await }
             },
             |slot, reply| {

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_redis::LockKeys;
+use tokio::time::Instant;
 
 use crate::client::Inner;
 
@@ -58,12 +59,12 @@ impl Line {
     }
 
     /// Joins the line on the agreed node (the lowest-numbered node this client reaches), or
-    /// keeps this waiter's place there until `next_round` plus a margin, and learns whether it is
+    /// keeps this waiter's place there until its next round, at `next_round`, plus a margin, and learns whether it is
     /// first. A node that does not answer within `timeout` counts as not first.
     ///
     /// # Cancel safety
     /// Cancel safe: a place taken by a dropped call is left when this `Line` drops.
-    pub(crate) async fn check(&mut self, next_round: Duration, timeout: Duration) {
+    pub(crate) async fn check(&mut self, next_round: Instant, timeout: Duration) {
         self.first = false;
         let inner = self.inner.clone();
         let Some((index, node)) = inner
@@ -77,7 +78,7 @@ impl Line {
             self.leave();
         }
         self.node = Some(index);
-        let presence = next_round + PRESENCE_MARGIN;
+        let presence = next_round.saturating_duration_since(Instant::now()) + PRESENCE_MARGIN;
         self.first = matches!(
             node.line_check(&self.keys, &self.waiter, presence, timeout)
                 .await,

@@ -161,7 +161,8 @@ impl Redlock {
         let (n, quorum) = (inner.slots.len(), config.quorum());
         let ttl = options.ttl();
         let node_timeout = config.node_timeout_for(ttl);
-        let owner = dlock_api::raw::random_owner();
+        // Shared: the attempts still out when the round is decided outlive it.
+        let owner: Arc<str> = dlock_api::raw::random_owner().into();
         inner.stats.rounds.fetch_add(1, Ordering::Relaxed);
         // Validity runs from before the first request.
         let started = Instant::now();
@@ -211,14 +212,13 @@ impl Redlock {
         // The round is decided once a quorum said yes (the slower nodes are not waited for: a
         // key they set is ours, and release and extend reach every node) or once every node
         // answered.
-        let owner_shared: Arc<str> = Arc::from(owner.as_str());
         let mut taken: Vec<(usize, u64)> = Vec::new();
         let mut busy: Vec<(usize, String, Option<Duration>)> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
         fanout::until_decided(
             &inner.slots,
             |slot| {
-                let (slot, keys, owner) = (slot.clone(), keys.clone(), owner_shared.clone());
+                let (slot, keys, owner) = (slot.clone(), keys.clone(), owner.clone());
                 let answered = first
                     .as_ref()
                     .filter(|(index, _)| *index == slot.index)
@@ -369,7 +369,7 @@ impl Redlock {
         &self,
         name: &LockName,
         keys: &Arc<LockKeys>,
-        owner: String,
+        owner: Arc<str>,
         token: u64,
         valid_until: Instant,
         options: &LockOptions,
@@ -398,7 +398,7 @@ impl Redlock {
 /// Releases `owner`'s key on every node, in the background, announcing each deletion (a waiter
 /// that lost the agreed node to this attempt wakes on it). Each release rides the node's
 /// connection after the `SET` it undoes.
-pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: Arc<LockKeys>, owner: String) {
+pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: Arc<LockKeys>, owner: Arc<str>) {
     let timeout = inner.config.command_timeout;
     for slot in &inner.slots {
         let (slot, keys, owner) = (slot.clone(), keys.clone(), owner.clone());
@@ -565,11 +565,7 @@ impl RawLock for Redlock {
                     unavailable_since = None;
                     if split {
                         let retry_at = after(Instant::now(), self.retry_delay());
-                        line.check(
-                            retry_at.saturating_duration_since(Instant::now()),
-                            node_timeout,
-                        )
-                        .await;
+                        line.check(retry_at, node_timeout).await;
                         retry_at
                     } else {
                         // Wait for a quorum's announcements, or until enough keys expire.
@@ -580,11 +576,7 @@ impl RawLock for Redlock {
                         };
                         // A release during the check is not missed: announcements count from
                         // before the round.
-                        line.check(
-                            fallback.saturating_duration_since(Instant::now()),
-                            node_timeout,
-                        )
-                        .await;
+                        line.check(fallback, node_timeout).await;
                         // The first in line goes to every node next: it waits for a quorum's
                         // announcements, not the agreed node's alone.
                         let gate = gate.filter(|_| !line.first());
