@@ -53,6 +53,9 @@
 //!   cancelled acquire, runs once its caller is gone, counted so that [`settle`] can wait for it
 //!   before the program exits.
 //! - [`WaitRecovery`]: lets a blocking wait survive its connection being killed.
+//! - [`RuntimeLife`]: tells a connection whose tokio runtime shut down (its tasks gone with it),
+//!   so that a client kept longer (in a `static` shared by tests) connects again on the runtime
+//!   that uses it next.
 //! - [`LocalQueue`]: a client's own FIFO per name, so only its first waiter holds a server-side
 //!   wait (and a connection) at a time; the others step up in turn.
 //! - [`Subscriptions`]: a client's pub/sub subscription per channel, shared by its waiters on it;
@@ -70,6 +73,7 @@ mod owner;
 mod pending;
 pub mod pool;
 mod recovery;
+mod runtime;
 mod session;
 pub(crate) mod state;
 mod subscriptions;
@@ -87,6 +91,7 @@ pub use owner::random_owner;
 pub use pending::PendingAcquire;
 pub use pool::{DriverError, PoolConfig, SessionDriver, SessionPool, Waited};
 pub use recovery::WaitRecovery;
+pub use runtime::RuntimeLife;
 pub use session::{Session, SessionStatus};
 pub use state::LeaseState;
 pub use subscriptions::{Subscription, Subscriptions};

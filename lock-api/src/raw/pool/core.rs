@@ -390,6 +390,10 @@ async fn connection_task<D: SessionDriver>(
     mut unlocks: mpsc::UnboundedReceiver<D::Key>,
     keepalive: Duration,
 ) {
+    let _stranded = CloseIfStranded {
+        core: core.clone(),
+        conn: conn.clone(),
+    };
     // A config built in code may carry a zero keepalive, which `interval` refuses.
     let mut tick = tokio::time::interval(keepalive.max(Duration::from_millis(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -408,6 +412,31 @@ async fn connection_task<D: SessionDriver>(
                 }
                 core.keep_alive(&conn).await;
             }
+        }
+    }
+}
+
+/// Closes a connection whose task is dropped while the connection and its pool live on: the
+/// task's runtime shut down (a `#[tokio::test]` ended, say) and took the connection's socket
+/// with it, which was registered there. Its locks are gone with it: its guards are told so at
+/// once, and the pool opens another connection on the runtime that asks next instead of
+/// handing this one out.
+struct CloseIfStranded<D: SessionDriver> {
+    core: Weak<PoolCore<D>>,
+    conn: Weak<Connection<D>>,
+}
+
+impl<D: SessionDriver> Drop for CloseIfStranded<D> {
+    fn drop(&mut self) {
+        let (Some(core), Some(conn)) = (self.core.upgrade(), self.conn.upgrade()) else {
+            return;
+        };
+        if conn.is_dead() {
+            return;
+        }
+        // A statement running on it from another runtime now fails there, and closes it.
+        if let Ok(mut guard) = conn.conn.try_lock() {
+            core.close(&conn, &mut guard, "the tokio runtime it ran on shut down");
         }
     }
 }
