@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, RwLock};
 
+use dlock_api::raw::RuntimeLife;
 use dlock_api::{LockError, Result};
 use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -11,6 +12,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, PushInfo, Script, ServerErrorKind};
 
 use crate::config::{RedisConfig, Topology};
+use crate::driven::{Connect, Driven};
 use crate::driver::{self, find_primary, sentinel_client};
 use crate::error::{map_err, timed_out};
 use crate::eviction;
@@ -20,8 +22,8 @@ pub(crate) type PushHandler = Arc<dyn Fn(PushInfo) + Send + Sync>;
 
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Single(Arc<Driven<ConnectionManager>>),
+    Cluster(Arc<Driven<ClusterConnection>>),
     Sentinel(Arc<SentinelConn>),
 }
 
@@ -39,7 +41,8 @@ impl std::fmt::Debug for Conn {
 pub(crate) struct SentinelConn {
     config: RedisConfig,
     push: PushHandler,
-    current: RwLock<(String, ConnectionManager)>,
+    /// The primary, its connection, and the life of the runtime that drives the connection.
+    current: RwLock<(String, ConnectionManager, Option<RuntimeLife>)>,
     /// Held while asking the Sentinels. Keeps the last primary the eviction check refused, when
     /// and why, so that commands failing meanwhile re-judge it at most once per
     /// [`REJUDGE_AFTER`] instead of each opening a connection to it.
@@ -100,6 +103,19 @@ async fn manager_for(
     }
 }
 
+async fn cluster_for(config: &RedisConfig, push: PushHandler) -> Result<ClusterConnection> {
+    let client = driver::cluster_client(config)?;
+    let cluster_config = ClusterConfig::new().set_push_sender(move |info: PushInfo| {
+        push(info);
+        Ok::<(), std::convert::Infallible>(())
+    });
+    let connecting = client.get_async_connection_with_config(cluster_config);
+    match tokio::time::timeout(config.connect_timeout.saturating_mul(3), connecting).await {
+        Ok(result) => result.map_err(map_err),
+        Err(_) => Err(timed_out(config.connect_timeout.saturating_mul(3))),
+    }
+}
+
 /// Follows failovers as they are announced: subscribes to a Sentinel's `+switch-master` channel
 /// and re-resolves the primary on every announcement (and once after each (re)subscription, in
 /// case one was missed). Without this, a client could keep writing to a demoted primary that has
@@ -140,12 +156,54 @@ async fn watch_switches(conn: std::sync::Weak<SentinelConn>, sentinels: Vec<Stri
 }
 
 impl SentinelConn {
-    fn manager(&self) -> ConnectionManager {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            .clone()
+    /// The primary's connection: the current one while its runtime runs, else a new one (and
+    /// a new failover watcher) on this runtime.
+    async fn manager(self: &Arc<Self>) -> Result<ConnectionManager> {
+        {
+            let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+            if !current.2.as_ref().is_some_and(RuntimeLife::has_stopped) {
+                return Ok(current.1.clone());
+            }
+        }
+        // Boxed, as rare: in place it would grow every command's future.
+        Box::pin(self.remake()).await
+    }
+
+    /// Connects again to the current primary, on this runtime: the last connection's runtime
+    /// shut down and took the connection's task, and the failover watcher, with it.
+    async fn remake(self: &Arc<Self>) -> Result<ConnectionManager> {
+        let _refreshing = self.refresh.lock().await;
+        let primary = {
+            let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+            if !current.2.as_ref().is_some_and(RuntimeLife::has_stopped) {
+                return Ok(current.1.clone());
+            }
+            current.0.clone()
+        };
+        let manager = manager_for(&self.config, &primary, &self.push).await?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) =
+            (primary, manager.clone(), RuntimeLife::current());
+        self.watch();
+        tracing::info!(
+            "redis sentinel: connected again: the tokio runtime of the last connection shut down"
+        );
+        (self.push)(PushInfo {
+            kind: redis::PushKind::Disconnection,
+            data: Vec::new(),
+        });
+        Ok(manager)
+    }
+
+    /// Starts the `+switch-master` watcher on this runtime, stopping the last one.
+    fn watch(self: &Arc<Self>) {
+        let Topology::Sentinel { sentinels, .. } = &self.config.topology else {
+            return;
+        };
+        let watcher = tokio::spawn(watch_switches(Arc::downgrade(self), sentinels.clone()));
+        let mut slot = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(last) = slot.replace(watcher.abort_handle()) {
+            last.abort();
+        }
     }
 
     /// Asks the Sentinels again and switches to the primary they name, if it moved and passes
@@ -168,6 +226,7 @@ impl SentinelConn {
             }
         }
         let manager = manager_for(&self.config, &primary, &self.push).await?;
+        let life = RuntimeLife::current();
         // The new primary is judged as the first one was at connect: a replica configured to
         // evict would otherwise take over the locks unchecked.
         let mut asking = manager.clone();
@@ -192,7 +251,7 @@ impl SentinelConn {
         }
         *refused = None;
         tracing::info!(%primary, "redis sentinel: switching to the new primary");
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = (primary, manager);
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = (primary, manager, life);
         // The new connection has no subscriptions: make every waiter re-check and re-subscribe.
         (self.push)(PushInfo {
             kind: redis::PushKind::Disconnection,
@@ -206,37 +265,38 @@ impl Conn {
     /// Connects as `config` says (a single node, the primary behind Sentinels, or a Cluster).
     pub(crate) async fn connect(config: &RedisConfig, push: PushHandler) -> Result<Self> {
         match &config.topology {
-            Topology::Single { node } => Ok(Self::Single(manager_for(config, node, &push).await?)),
+            Topology::Single { node } => {
+                let (config, node, handler) = (config.clone(), node.clone(), push.clone());
+                let connect: Connect<ConnectionManager> = Box::new(move || {
+                    let (config, node, handler) = (config.clone(), node.clone(), handler.clone());
+                    Box::pin(async move { manager_for(&config, &node, &handler).await })
+                });
+                Ok(Self::Single(Arc::new(
+                    Driven::connect(connect, push).await?,
+                )))
+            }
             Topology::Sentinel { sentinels, master } => {
                 let primary = find_primary(config, sentinels, master).await?;
                 let manager = manager_for(config, &primary, &push).await?;
                 let conn = Arc::new(SentinelConn {
                     config: config.clone(),
                     push,
-                    current: RwLock::new((primary, manager)),
+                    current: RwLock::new((primary, manager, RuntimeLife::current())),
                     refresh: tokio::sync::Mutex::new(None),
                     watcher: std::sync::Mutex::new(None),
                 });
-                let watcher =
-                    tokio::spawn(watch_switches(Arc::downgrade(&conn), sentinels.clone()));
-                *conn.watcher.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(watcher.abort_handle());
+                conn.watch();
                 Ok(Self::Sentinel(conn))
             }
             Topology::Cluster { .. } => {
-                let client = driver::cluster_client(config)?;
-                let push = push.clone();
-                let cluster_config = ClusterConfig::new().set_push_sender(move |info: PushInfo| {
-                    push(info);
-                    Ok::<(), std::convert::Infallible>(())
+                let (config, handler) = (config.clone(), push.clone());
+                let connect: Connect<ClusterConnection> = Box::new(move || {
+                    let (config, handler) = (config.clone(), handler.clone());
+                    Box::pin(async move { cluster_for(&config, handler).await })
                 });
-                let connecting = client.get_async_connection_with_config(cluster_config);
-                match tokio::time::timeout(config.connect_timeout.saturating_mul(3), connecting)
-                    .await
-                {
-                    Ok(result) => Ok(Self::Cluster(result.map_err(map_err)?)),
-                    Err(_) => Err(timed_out(config.connect_timeout.saturating_mul(3))),
-                }
+                Ok(Self::Cluster(Arc::new(
+                    Driven::connect(connect, push).await?,
+                )))
             }
         }
     }
@@ -259,13 +319,17 @@ impl Conn {
         let cmd = evalsha(script, keys, args);
         match self {
             Self::Single(manager) => {
-                bounded(timeout, invoke(&cmd, script, &mut manager.clone())).await
+                bounded(timeout, invoke(&cmd, script, &mut manager.get().await?)).await
             }
             Self::Cluster(cluster) => {
-                bounded(timeout, invoke(&cmd, script, &mut cluster.clone())).await
+                bounded(timeout, invoke(&cmd, script, &mut cluster.get().await?)).await
             }
             Self::Sentinel(sentinel) => {
-                let result = bounded(timeout, invoke(&cmd, script, &mut sentinel.manager())).await;
+                let result = bounded(
+                    timeout,
+                    invoke(&cmd, script, &mut sentinel.manager().await?),
+                )
+                .await;
                 if result.as_ref().is_err_and(LockError::is_retryable) {
                     // Boxed: asking the Sentinels is a large future, and in place it would make
                     // every script call's future (and each lock operation's) as large.
@@ -285,10 +349,14 @@ impl Conn {
         request: &impl Request,
     ) -> Result<T> {
         match self {
-            Self::Single(manager) => bounded(timeout, request.send(&mut manager.clone())).await,
-            Self::Cluster(cluster) => bounded(timeout, request.send(&mut cluster.clone())).await,
+            Self::Single(manager) => {
+                bounded(timeout, request.send(&mut manager.get().await?)).await
+            }
+            Self::Cluster(cluster) => {
+                bounded(timeout, request.send(&mut cluster.get().await?)).await
+            }
             Self::Sentinel(sentinel) => {
-                bounded(timeout, request.send(&mut sentinel.manager())).await
+                bounded(timeout, request.send(&mut sentinel.manager().await?)).await
             }
         }
     }
@@ -322,7 +390,11 @@ impl Conn {
         };
         use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
         let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-        let replies = bounded(timeout, cluster.clone().route_command(cmd.clone(), every)).await?;
+        let replies = bounded(
+            timeout,
+            cluster.get().await?.route_command(cmd.clone(), every),
+        )
+        .await?;
         let by_node: Vec<(String, redis::Value)> =
             redis::from_redis_value(replies).map_err(|e| map_err(e.into()))?;
         by_node
@@ -342,10 +414,14 @@ impl Conn {
         channel: &str,
     ) -> Result<()> {
         match self {
-            Self::Single(manager) => bounded(timeout, manager.clone().subscribe(channel)).await,
-            Self::Cluster(cluster) => bounded(timeout, cluster.clone().subscribe(channel)).await,
+            Self::Single(manager) => {
+                bounded(timeout, manager.get().await?.subscribe(channel)).await
+            }
+            Self::Cluster(cluster) => {
+                bounded(timeout, cluster.get().await?.subscribe(channel)).await
+            }
             Self::Sentinel(sentinel) => {
-                bounded(timeout, sentinel.manager().subscribe(channel)).await
+                bounded(timeout, sentinel.manager().await?.subscribe(channel)).await
             }
         }
     }
@@ -356,10 +432,14 @@ impl Conn {
         channel: &str,
     ) -> Result<()> {
         match self {
-            Self::Single(manager) => bounded(timeout, manager.clone().unsubscribe(channel)).await,
-            Self::Cluster(cluster) => bounded(timeout, cluster.clone().unsubscribe(channel)).await,
+            Self::Single(manager) => {
+                bounded(timeout, manager.get().await?.unsubscribe(channel)).await
+            }
+            Self::Cluster(cluster) => {
+                bounded(timeout, cluster.get().await?.unsubscribe(channel)).await
+            }
             Self::Sentinel(sentinel) => {
-                bounded(timeout, sentinel.manager().unsubscribe(channel)).await
+                bounded(timeout, sentinel.manager().await?.unsubscribe(channel)).await
             }
         }
     }

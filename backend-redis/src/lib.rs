@@ -214,6 +214,7 @@ mod client;
 mod config;
 mod conn;
 mod connect;
+mod driven;
 pub mod driver;
 mod error;
 mod eviction;

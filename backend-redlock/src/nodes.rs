@@ -99,8 +99,11 @@ impl Slot {
         }
         if !self.connecting.swap(true, Ordering::SeqCst) {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let slot = self.clone();
+                // Cleared however the task ends, also when its runtime shuts down under it:
+                // else the node would never be connected again.
+                let connecting = ClearOnDrop(self.clone());
                 runtime.spawn(async move {
+                    let slot = &connecting.0;
                     match slot.connect().await {
                         Ok(()) => {}
                         Err(error @ LockError::Config { .. }) => {
@@ -110,7 +113,6 @@ impl Slot {
                             tracing::debug!(node = %slot.addr(), %error, "redlock: node still unreachable");
                         }
                     }
-                    slot.connecting.store(false, Ordering::SeqCst);
                 });
             } else {
                 self.connecting.store(false, Ordering::SeqCst);
@@ -120,6 +122,15 @@ impl Slot {
             BACKEND,
             format!("node {} is not connected", self.addr()),
         ))
+    }
+}
+
+/// Clears its slot's `connecting` when dropped.
+struct ClearOnDrop(Arc<Slot>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.connecting.store(false, Ordering::SeqCst);
     }
 }
 
