@@ -1,25 +1,25 @@
-//! The client every guard and waiter of one `EtcdLock` shares: the connection, its session
-//! leases by TTL class, the watch stream, and the requests they all make (retried where a retry
-//! is safe).
+//! The client every guard and waiter of one `EtcdLock` shares: the connection (made again when
+//! the runtime it was made on has shut down), its session leases by TTL class, the watch stream,
+//! and the requests they all make (retried where a retry is safe).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
 use dlock_api::{LockError, LostReason, Result};
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnResponse,
-};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnResponse};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::BACKEND;
 use crate::config::EtcdConfig;
+use crate::connection::{Conn, Connection};
 use crate::error::{is_lease_not_found, is_unavailable, map_err, timed_out};
 use crate::keys::KeysInUse;
+use crate::lease::HeldKeys;
 use crate::session::{SessionLease, ttl_class};
 use crate::watch::Watcher;
 
@@ -31,9 +31,13 @@ pub(crate) const FALLBACK_REREAD: Duration = Duration::from_secs(3);
 /// One `EtcdLock`'s shared state; the last clone's drop ends its keep-alives and watch stream.
 pub(crate) struct Inner {
     pub(crate) config: EtcdConfig,
-    pub(crate) client: Client,
+    connection: Connection,
+    /// One caller at a time connects again; the others then find its connection.
+    reconnecting: tokio::sync::Mutex<()>,
     /// Session leases by TTL class (whole seconds).
-    sessions: tokio::sync::Mutex<HashMap<i64, Arc<SessionLease>>>,
+    sessions: Mutex<HashMap<i64, Arc<SessionLease>>>,
+    /// One grant of a session lease at a time, so that concurrent acquires share one.
+    granting: tokio::sync::Mutex<()>,
     pub(crate) watcher: Watcher,
     /// Starts the watch on each held key a moment after its grant.
     pub(crate) timer: dlock_api::raw::GuardTimer,
@@ -42,6 +46,8 @@ pub(crate) struct Inner {
     pub(crate) shutdown: CancellationToken,
     /// The keys this client may have on the server, so that each is named again only once gone.
     pub(crate) keys_in_use: KeysInUse,
+    /// The keys held now, whose watches a new connection starts again.
+    pub(crate) held: HeldKeys,
 }
 
 impl fmt::Debug for Inner {
@@ -63,34 +69,29 @@ impl Inner {
     /// a leader) within the connect timeout: the client crate's own connect touches no server,
     /// so a dead cluster would otherwise look connected.
     pub(crate) async fn connect(config: EtcdConfig) -> Result<Arc<Self>> {
-        let options = connect_options(&config)?;
         let probe_by = after(Instant::now(), config.connect_timeout);
-        let client = tokio::time::timeout_at(
-            probe_by,
-            Client::connect(config.endpoint_urls(), Some(options)),
-        )
-        .await
-        .map_err(|_| timed_out(config.connect_timeout))?
-        .map_err(|e| match e {
-            etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
-                dlock_api::raw::config::config_error(BACKEND, e.to_string())
-            }
-            e => LockError::unavailable(BACKEND, e),
-        })?;
+        let conn = tokio::time::timeout_at(probe_by, Conn::open(&config))
+            .await
+            .map_err(|_| timed_out(config.connect_timeout))??;
+        let client = conn.client.clone();
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
-            watcher: Watcher::start(client.clone(), shutdown.clone()),
+            watcher: Watcher::new(shutdown.clone()),
             timer: dlock_api::raw::GuardTimer::new(),
-            client,
+            connection: Connection::new(conn.clone()),
+            reconnecting: tokio::sync::Mutex::new(()),
             config,
-            sessions: tokio::sync::Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            granting: tokio::sync::Mutex::new(()),
             shutdown,
             keys_in_use: KeysInUse::default(),
+            held: HeldKeys::default(),
         });
+        inner.watcher.run_on(&conn);
         let probe_key = format!("{}/", inner.config.prefix);
         let mut last = None;
         loop {
-            let mut kv = inner.client.kv_client();
+            let mut kv = client.kv_client();
             match tokio::time::timeout_at(
                 probe_by,
                 kv.get(probe_key.clone(), Some(GetOptions::new().with_count_only())),
@@ -110,6 +111,50 @@ impl Inner {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(inner)
+    }
+
+    /// The client to make a request with: the connection's, made again on this runtime if the
+    /// one it was made on has shut down.
+    pub(crate) async fn client(&self) -> Result<Client> {
+        match self.connection.live() {
+            Some(client) => Ok(client),
+            None => self.reconnect().await,
+        }
+    }
+
+    /// The connection in use, whose runtime may have stopped.
+    pub(crate) fn connection(&self) -> Conn {
+        self.connection.current()
+    }
+
+    /// Connects again on this runtime, and starts there the watch stream, the keep-alive of every
+    /// session lease still in use (its guards hold on if the server still has it, and are told
+    /// lost if not) and the watches on held keys. From the connect on, nothing awaits: a cancelled
+    /// caller leaves either the old connection, which the next caller replaces, or all of this.
+    async fn reconnect(&self) -> Result<Client> {
+        let _one = self.reconnecting.lock().await;
+        if let Some(client) = self.connection.live() {
+            return Ok(client);
+        }
+        let timeout = self.config.connect_timeout;
+        let conn = tokio::time::timeout(timeout, Conn::open(&self.config))
+            .await
+            .map_err(|_| timed_out(timeout))??;
+        tracing::debug!("the etcd client's runtime shut down; connected again on this one");
+        // Before any request can see the new connection, so none watches on the old stream.
+        self.watcher.run_on(&conn);
+        self.connection.set(conn.clone());
+        // A lease or a held key added from now on finds the new connection itself.
+        let sessions: Vec<_> = self.sessions().values().cloned().collect();
+        for lease in sessions {
+            lease.keep_alive_on(&conn, self.command_timeout());
+        }
+        self.held.watch_on(&conn);
+        Ok(conn.client)
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Arc<SessionLease>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn command_timeout(&self) -> Duration {
@@ -137,12 +182,15 @@ impl Inner {
         let give_up = after(Instant::now(), timeout * 3);
         let mut attempt: u32 = 0;
         loop {
-            let answer = tokio::time::timeout(timeout, call(self.client.clone())).await;
-            let error = match answer {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(e)) if is_unavailable(&e) => map_err(e),
-                Ok(Err(e)) => return Err(map_err(e)),
-                Err(_) => timed_out(timeout),
+            let error = match self.client().await {
+                Ok(client) => match tokio::time::timeout(timeout, call(client)).await {
+                    Ok(Ok(value)) => return Ok(value),
+                    Ok(Err(e)) if is_unavailable(&e) => map_err(e),
+                    Ok(Err(e)) => return Err(map_err(e)),
+                    Err(_) => timed_out(timeout),
+                },
+                Err(e) if e.is_retryable() => e,
+                Err(e) => return Err(e),
             };
             attempt += 1;
             let pause = Duration::from_millis(10u64 << attempt.min(5));
@@ -158,31 +206,57 @@ impl Inner {
     /// ended).
     pub(crate) async fn session_lease(&self, ttl: Duration) -> Result<Arc<SessionLease>> {
         let class = ttl_class(ttl);
-        let mut sessions = self.sessions.lock().await;
-        if let Some(lease) = sessions.get(&class) {
-            if lease.is_usable() {
-                return Ok(lease.clone());
-            }
-            lease.end(LostReason::SessionExpired);
+        if let Some(lease) = self.usable_session(class) {
+            return Ok(lease);
         }
+        let _one = self.granting.lock().await;
+        if let Some(lease) = self.usable_session(class) {
+            return Ok(lease);
+        }
+        let client = self.client().await?;
         let lease = SessionLease::grant(
-            &self.client,
+            &client,
             class,
             self.command_timeout(),
             self.shutdown.child_token(),
         )
         .await?;
-        sessions.insert(class, lease.clone());
+        self.sessions().insert(class, lease.clone());
+        // After the insert: a connection made meanwhile either restarted it or is read here.
+        lease.keep_alive_on(&self.connection(), self.command_timeout());
         Ok(lease)
     }
 
-    /// Forgets a session lease the server no longer knows.
-    pub(crate) async fn drop_session(&self, lease: &SessionLease) {
+    /// The kept-alive lease of `class`, if new guards may join it; one that may not is ended.
+    fn usable_session(&self, class: i64) -> Option<Arc<SessionLease>> {
+        let lease = self.sessions().get(&class).cloned()?;
+        if lease.is_usable() {
+            return Some(lease);
+        }
         lease.end(LostReason::SessionExpired);
-        let mut sessions = self.sessions.lock().await;
+        None
+    }
+
+    /// Forgets a session lease the server no longer knows.
+    pub(crate) fn drop_session(&self, lease: &SessionLease) {
+        lease.end(LostReason::SessionExpired);
+        let mut sessions = self.sessions();
         if sessions.get(&lease.class).is_some_and(|l| l.id == lease.id) {
             sessions.remove(&lease.class);
         }
+    }
+
+    /// Revokes lease `id` in the background: one try, bounded by the command timeout.
+    pub(crate) fn revoke_in_background(self: &Arc<Self>, id: i64) {
+        let inner = self.clone();
+        dlock_api::raw::spawn_cleanup(async move {
+            let timeout = inner.command_timeout();
+            let revoke = async {
+                let mut leases = inner.client().await.ok()?.lease_client();
+                leases.revoke(id).await.ok()
+            };
+            let _ = tokio::time::timeout(timeout, revoke).await;
+        });
     }
 
     /// Deletes `key` if it is still ours (guarded by its create revision, or, when the create
@@ -199,39 +273,6 @@ impl Inner {
         let response = self.txn(txn).await?;
         Ok(response.succeeded())
     }
-}
-
-fn connect_options(config: &EtcdConfig) -> Result<ConnectOptions> {
-    let mut options = ConnectOptions::new()
-        .with_connect_timeout(config.connect_timeout)
-        .with_timeout(config.command_timeout)
-        .with_keep_alive(Duration::from_secs(1), config.command_timeout)
-        .with_keep_alive_while_idle(true)
-        .with_require_leader(true);
-    if let (Some(user), Some(password)) = (&config.username, &config.password) {
-        options = options
-            .with_user(user.clone(), password.expose().to_owned())
-            .with_auto_token_refresh(true);
-    }
-    #[cfg(feature = "tls")]
-    if config.tls {
-        options = options.with_tls(tls_options(config)?);
-    }
-    Ok(options)
-}
-
-#[cfg(feature = "tls")]
-fn tls_options(config: &EtcdConfig) -> Result<etcd_client::TlsOptions> {
-    use etcd_client::{Certificate, Identity, TlsOptions};
-    let pem = config.tls_files.read(BACKEND)?;
-    let mut tls = TlsOptions::new().with_native_roots();
-    if let Some(ca) = pem.ca_cert {
-        tls = tls.ca_certificate(Certificate::from_pem(ca));
-    }
-    if let Some((cert, key)) = pem.identity {
-        tls = tls.identity(Identity::from_pem(cert, key));
-    }
-    Ok(tls)
 }
 
 /// Whether a failed create says the lease is gone on the server.

@@ -144,7 +144,7 @@ impl EtcdConfig {
     }
 
     /// The endpoints as the client crate takes them (`http://host:port` or `https://…`).
-    pub(crate) fn endpoint_urls(&self) -> Vec<String> {
+    pub fn endpoint_urls(&self) -> Vec<String> {
         let scheme = if self.tls { "https" } else { "http" };
         self.endpoints
             .iter()

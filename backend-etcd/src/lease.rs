@@ -1,8 +1,9 @@
 //! `EtcdLease`: one held key. Release deletes it guarded by its create revision; a holder
 //! watches its own key, whose deletion means the lock is lost.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
@@ -13,8 +14,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::BACKEND;
 use crate::client::{FALLBACK_REREAD, Inner, lease_gone};
+use crate::connection::{Conn, Running};
 use crate::keys::KeyClaim;
-use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class, validity};
+use crate::session::{SessionLease, grant_lease, ttl_class, validity};
 use crate::watch::WatchEvent;
 
 /// The lease a key rides on.
@@ -90,7 +92,7 @@ impl LeaseKind {
         };
         let lease = *id.lock().unwrap_or_else(|e| e.into_inner());
         let sent = Instant::now();
-        let mut leases = inner.client.lease_client();
+        let mut leases = inner.client().await?.lease_client();
         let timeout = inner.config.command_timeout;
         match tokio::time::timeout(timeout, leases.keep_alive(lease)).await {
             // The server renews to the granted TTL, which is at least the one asked for.
@@ -134,6 +136,8 @@ pub(crate) struct EtcdLease {
     released: AtomicBool,
     /// The watch's start, until it comes due (dropped with the lease).
     _watch: Option<Scheduled>,
+    /// The runtime the watch on the key runs on, once started.
+    watching: Running,
 }
 
 impl EtcdLease {
@@ -154,38 +158,52 @@ impl EtcdLease {
             ),
         };
         let carrier: Option<Carrier> = kind.session().map(|l| Arc::new(Mutex::new(l.clone())));
-        let watch = {
-            let (weak, state, carrier, key) = (
-                Arc::downgrade(&inner),
-                state.clone(),
-                carrier.clone(),
-                key.clone(),
-            );
-            move || {
-                let Some(inner) = weak.upgrade() else { return };
-                if !state.is_closed() {
-                    let watch = inner.watcher.watch(&key, revision + 1);
-                    tokio::spawn(watch_own_key(inner, state, carrier, key, revision, watch));
+        let lease = Arc::new_cyclic(|weak: &Weak<Self>| {
+            let weak = weak.clone();
+            let watch = move || {
+                if let Some(lease) = weak.upgrade() {
+                    lease.watch_on(&lease.inner.connection());
                 }
+            };
+            let scheduled = inner
+                .timer
+                .schedule(after(Instant::now(), WATCH_HELD_AFTER), watch);
+            Self {
+                inner,
+                name: name.clone(),
+                key,
+                claim,
+                revision,
+                kind,
+                carrier,
+                moving: tokio::sync::Mutex::new(()),
+                state: state.clone(),
+                released: AtomicBool::new(false),
+                _watch: scheduled,
+                watching: Running::default(),
             }
-        };
-        let scheduled = inner
-            .timer
-            .schedule(after(Instant::now(), WATCH_HELD_AFTER), watch);
-        let lease = Arc::new(Self {
-            inner,
-            name: name.clone(),
-            key,
-            claim,
-            revision,
-            kind,
-            carrier,
-            moving: tokio::sync::Mutex::new(()),
-            state: state.clone(),
-            released: AtomicBool::new(false),
-            _watch: scheduled,
         });
+        lease.inner.held.insert(&lease);
         (lease, state, renewed_by)
+    }
+
+    /// Starts the watch on the key on `conn`'s runtime, unless it runs on one that has not
+    /// stopped, or the guard is done.
+    fn watch_on(&self, conn: &Conn) {
+        if self.state.is_closed() {
+            return;
+        }
+        self.watching.ensure(conn, || {
+            let watch = self.inner.watcher.watch(&self.key, self.revision + 1);
+            watch_own_key(
+                self.inner.clone(),
+                self.state.clone(),
+                self.carrier.clone(),
+                self.key.clone(),
+                self.revision,
+                watch,
+            )
+        });
     }
 
     fn not_held(&self) -> LockError {
@@ -218,8 +236,8 @@ impl EtcdLease {
                 false => self.move_key_check().await,
             }
         };
-        let (renewed, still) =
-            tokio::join!(lease.keep_alive_once(&self.inner.client, timeout), check);
+        let client = self.inner.client().await?;
+        let (renewed, still) = tokio::join!(lease.keep_alive_once(&client, timeout), check);
         if !still? {
             return Err(self.not_held());
         }
@@ -257,7 +275,7 @@ impl EtcdLease {
                 }
                 Ok(false) => return Err(self.not_held()),
                 Err(e) if tries == 0 && lease_gone(&e) => {
-                    self.inner.drop_session(&to).await;
+                    self.inner.drop_session(&to);
                     tries += 1;
                 }
                 Err(e) => return Err(e),
@@ -369,7 +387,7 @@ impl RawLease for EtcdLease {
             self.claim.burn();
         }
         if let Some(id) = self.kind.own_id() {
-            revoke_in_background(&self.inner.client, id, self.inner.config.command_timeout);
+            self.inner.revoke_in_background(id);
         }
         match deleted? {
             true => Ok(()),
@@ -394,22 +412,21 @@ impl RawLease for EtcdLease {
                 id, valid_until, ..
             } => {
                 let (new_id, _granted, until) = grant_lease(
-                    &self.inner.client,
+                    &self.inner.client().await?,
                     ttl_class(ttl),
                     self.inner.config.command_timeout,
                 )
                 .await?;
-                let timeout = self.inner.config.command_timeout;
                 if !self.move_key(new_id).await.inspect_err(|_| {
-                    revoke_in_background(&self.inner.client, new_id, timeout);
+                    self.inner.revoke_in_background(new_id);
                 })? {
-                    revoke_in_background(&self.inner.client, new_id, timeout);
+                    self.inner.revoke_in_background(new_id);
                     return Err(self.not_held());
                 }
                 let old =
                     std::mem::replace(&mut *id.lock().unwrap_or_else(|e| e.into_inner()), new_id);
                 *valid_until.lock().unwrap_or_else(|e| e.into_inner()) = until;
-                revoke_in_background(&self.inner.client, old, timeout);
+                self.inner.revoke_in_background(old);
                 Ok(until)
             }
         }
@@ -447,6 +464,7 @@ impl Drop for EtcdLease {
     /// within its TTL, so a key on the kept-alive lease moves onto a lease of the same TTL that
     /// nobody renews. A key on its own lease simply expires with it.
     fn drop(&mut self) {
+        self.inner.held.remove(self);
         self.state.close();
         if self.released.load(Ordering::SeqCst) {
             return;
@@ -468,7 +486,7 @@ impl Drop for EtcdLease {
         handle.spawn(async move {
             let timeout = inner.config.command_timeout;
             let moved = async {
-                let (id, _, _) = grant_lease(&inner.client, class, timeout).await?;
+                let (id, _, _) = grant_lease(&inner.client().await?, class, timeout).await?;
                 let txn = if_still_ours(&key, revision, vec![move_to_lease(&key, id)]);
                 inner.txn(txn).await
             };
@@ -478,5 +496,37 @@ impl Drop for EtcdLease {
                 let _ = inner.delete_key(&key, Some(revision)).await;
             }
         });
+    }
+}
+
+/// A client's held keys, whose watches a new connection starts again.
+#[derive(Debug, Default)]
+pub(crate) struct HeldKeys(Mutex<HashMap<usize, Weak<EtcdLease>>>);
+
+impl HeldKeys {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Weak<EtcdLease>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// By address: a lease leaves before it is freed, so no other can share it meanwhile.
+    fn insert(&self, lease: &Arc<EtcdLease>) {
+        self.lock()
+            .insert(Arc::as_ptr(lease) as usize, Arc::downgrade(lease));
+    }
+
+    fn remove(&self, lease: &EtcdLease) {
+        let removed = self.lock().remove(&(std::ptr::from_ref(lease) as usize));
+        drop(removed);
+    }
+
+    /// Starts on `conn` the watch of every held key whose watch ran on a runtime that stopped
+    /// (or had not started: the timer that starts it may have stopped with that runtime).
+    pub(crate) fn watch_on(&self, conn: &Conn) {
+        let held: Vec<Arc<EtcdLease>> = self.lock().values().filter_map(Weak::upgrade).collect();
+        for lease in &held {
+            lease.watch_on(conn);
+        }
+        // Dropped outside the lock: the last reference's drop takes it.
+        drop(held);
     }
 }

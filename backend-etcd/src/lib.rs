@@ -93,6 +93,9 @@
 //! since the client library's connect touches no server, `connect` reads once to prove the
 //! cluster answers. Idempotent requests are retried on failure (the balancer may pick another
 //! member); streams are reopened. With `user:password`, `etcd://` sends the password in clear.
+//! A client outlives the tokio runtime it was made on (a `static` shared by `#[tokio::test]`s):
+//! its first use after that runtime shut down connects again on the caller's, and starts there
+//! the watch stream and the keep-alives of the leases its guards still hold.
 //!
 //! ## Performance
 //! `dlock bench --backend etcd://… --rounds 3 --duration 2s` (release build, one local etcd 3.4
@@ -134,6 +137,7 @@
 
 mod client;
 mod config;
+mod connection;
 mod error;
 mod keys;
 mod lease;

@@ -22,7 +22,7 @@ use crate::config::EtcdConfig;
 use crate::keys::{KeyClaim, NameKeys};
 use crate::lease::{EtcdLease, LeaseKind as Kind};
 use crate::queue::{Next, Queue, QueueWatch};
-use crate::session::{SessionLease, grant_lease, revoke_in_background, ttl_class};
+use crate::session::{SessionLease, grant_lease, ttl_class};
 
 /// A distributed lock on etcd: one key per acquire under the name's range, queued by create
 /// revision, riding a lease this client keeps alive. Cheap to clone; clones share the client,
@@ -111,7 +111,7 @@ async fn lease_for(inner: &Inner, options: &LockOptions) -> Result<Kind> {
         Renewal::Off => {
             let ttl = ttl_class(options.ttl());
             let (id, _granted, valid_until) =
-                grant_lease(&inner.client, ttl, inner.command_timeout()).await?;
+                grant_lease(&inner.client().await?, ttl, inner.command_timeout()).await?;
             Ok(Kind::own(id, ttl, valid_until))
         }
         _ => Ok(Kind::Session(inner.session_lease(options.ttl()).await?)),
@@ -197,7 +197,7 @@ impl EtcdLock {
             let (result, session) = attempt(kind, keys, key).await;
             match (result, session) {
                 (Err(e), Some(session)) if tries == 0 && lease_gone(&e) => {
-                    self.inner.drop_session(&session).await;
+                    self.inner.drop_session(&session);
                     tries += 1;
                 }
                 (result, _) => return result,
@@ -289,7 +289,7 @@ impl RawLock for EtcdLock {
                 Ok(None) => {
                     pending.disarm();
                     if let Some(id) = kind.own_id() {
-                        revoke_in_background(&self.inner.client, id, self.inner.command_timeout());
+                        self.inner.revoke_in_background(id);
                     }
                     Ok(None)
                 }

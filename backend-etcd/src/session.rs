@@ -13,6 +13,10 @@
 //! answer in time resumes it. The deadline passing, or an answer with TTL 0 (the lease was
 //! revoked or expired on the server), ends it with [`LostReason::SessionExpired`].
 //!
+//! The loop runs on the connection's runtime; when that runtime shuts down, the next connection
+//! starts it again on its own ([`SessionLease::keep_alive_on`]), from the lease's last validity:
+//! the guards go on if the server still has the lease, and are lost if it has ended.
+//!
 //! Each guard has a [`Session`] of its own that mirrors the lease's: `extend` to another TTL
 //! class moves a key onto another lease, and the guard's state (whose session is fixed when it
 //! is made) must then follow the new lease's suspension and end, not the old one's.
@@ -27,6 +31,7 @@ use etcd_client::Client;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
+use crate::connection::{Conn, Running};
 use crate::error::{is_lease_not_found, map_err};
 
 /// The validity of a lease granted or renewed to `ttl` seconds by a request sent at `sent`:
@@ -59,11 +64,13 @@ pub(crate) struct SessionLease {
     guards: Mutex<Vec<Weak<LeaseState>>>,
     /// Stops the keep-alive loop (the client is gone).
     stop: CancellationToken,
+    /// The runtime the keep-alive loop runs on.
+    running: Running,
 }
 
 impl SessionLease {
-    /// Grants a lease of `class` seconds and starts keeping it alive until `stop` fires (then it
-    /// is revoked) or the session ends.
+    /// Grants a lease of `class` seconds, to be kept alive ([`keep_alive_on`](Self::keep_alive_on))
+    /// until `stop` fires (then it is revoked) or the session ends.
     pub(crate) async fn grant(
         client: &Client,
         class: i64,
@@ -79,13 +86,20 @@ impl SessionLease {
             valid_until: Mutex::new(valid_until),
             guards: Mutex::new(Vec::new()),
             stop,
+            running: Running::default(),
         });
-        tokio::spawn(keep_alive_loop(
-            client.clone(),
-            lease.clone(),
-            command_timeout,
-        ));
         Ok(lease)
+    }
+
+    /// Starts the keep-alive loop on `conn`'s runtime, unless it runs on one that has not
+    /// stopped, or the lease is done with.
+    pub(crate) fn keep_alive_on(self: &Arc<Self>, conn: &Conn, command_timeout: Duration) {
+        if self.stop.is_cancelled() || matches!(self.session.status(), SessionStatus::Ended(_)) {
+            return;
+        }
+        self.running.ensure(conn, || {
+            keep_alive_loop(conn.client.clone(), self.clone(), command_timeout)
+        });
     }
 
     /// The instant the lease ends unless renewed, by this client's clock.
@@ -259,14 +273,6 @@ pub(crate) async fn grant_lease(
         }
         attempt += 1;
     }
-}
-
-/// Revokes `id` in the background, bounded by `command_timeout`.
-pub(crate) fn revoke_in_background(client: &Client, id: i64, command_timeout: Duration) {
-    let mut leases = client.lease_client();
-    dlock_api::raw::spawn_cleanup(async move {
-        let _ = tokio::time::timeout(command_timeout, leases.revoke(id)).await;
-    });
 }
 
 enum Stream {

@@ -5,15 +5,21 @@
 //! fails (a member died, lost its leader, refused an expired token), the task reopens it with
 //! back-off and re-creates every watch from the revision after the last event it delivered, so
 //! no event is skipped; a watch whose start was compacted away meanwhile is told to re-read.
+//!
+//! The task runs on the connection's runtime. When that runtime shuts down, the task and every
+//! watch it kept go with it: each handle then reads `Reread` (its sender is gone), and the task
+//! starts anew, with no watches, on the next connection; a re-read watches there again.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use etcd_client::{Client, EventType, WatchOptions, WatchRequestSender, WatchResponseStream};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio_util::sync::CancellationToken;
+
+use crate::connection::{Conn, Running};
 
 /// What a watch reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,9 +47,13 @@ enum Command {
 /// The client's watch multiplexer.
 #[derive(Debug)]
 pub(crate) struct Watcher {
-    commands: UnboundedSender<Command>,
+    /// To the task on the current connection's runtime.
+    commands: RwLock<UnboundedSender<Command>>,
     next_id: AtomicI64,
     pub(crate) probe: Arc<Probe>,
+    running: Running,
+    /// Ends the task (the client is gone).
+    stop: CancellationToken,
 }
 
 /// What the fault tests look at or set in the watch task: the paths they exercise (a compacted
@@ -82,22 +92,33 @@ impl Drop for WatchHandle {
 }
 
 impl Watcher {
-    /// Starts the task; it ends when `stop` fires.
-    pub(crate) fn start(client: Client, stop: CancellationToken) -> Self {
-        let (commands, receiver) = unbounded_channel();
-        let probe = Arc::new(Probe::default());
-        let task_probe = probe.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = run(client, receiver, &task_probe) => {}
+    /// A watcher with no task yet ([`run_on`](Self::run_on) starts it); the task ends when
+    /// `stop` fires.
+    pub(crate) fn new(stop: CancellationToken) -> Self {
+        let (commands, _) = unbounded_channel();
+        Self {
+            commands: RwLock::new(commands),
+            next_id: AtomicI64::new(1),
+            probe: Arc::new(Probe::default()),
+            running: Running::default(),
+            stop,
+        }
+    }
+
+    /// Starts the task on `conn`'s runtime, unless it runs on a runtime that has not stopped.
+    pub(crate) fn run_on(&self, conn: &Conn) {
+        self.running.ensure(conn, || {
+            let (commands, receiver) = unbounded_channel();
+            *self.commands.write().unwrap_or_else(|e| e.into_inner()) = commands;
+            let (client, probe, stop) =
+                (conn.client.clone(), self.probe.clone(), self.stop.clone());
+            async move {
+                tokio::select! {
+                    _ = stop.cancelled() => {}
+                    _ = run(client, receiver, &probe) => {}
+                }
             }
         });
-        Self {
-            commands,
-            next_id: AtomicI64::new(1),
-            probe,
-        }
     }
 
     /// Watches `key` from revision `start` (use the revision after the read that showed the
@@ -117,8 +138,12 @@ impl Watcher {
     fn create(&self, key: &str, prefix: bool, start: i64) -> WatchHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = unbounded_channel();
-        if self
+        let commands = self
             .commands
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if commands
             .send(Command::Watch {
                 id,
                 key: key.as_bytes().to_vec(),
@@ -132,7 +157,7 @@ impl Watcher {
         }
         WatchHandle {
             id,
-            commands: self.commands.clone(),
+            commands,
             events: receiver,
         }
     }

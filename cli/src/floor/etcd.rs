@@ -8,8 +8,8 @@ use std::time::Duration;
 use dlock_api::{LockError, Result};
 use dlock_etcd::EtcdConfig;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KvClient, PutOptions,
-    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
+    Client, Compare, CompareOp, EventType, GetOptions, KvClient, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
 };
 use tokio::time::Instant;
 
@@ -47,37 +47,8 @@ impl Etcd {
     /// keep-alive, `require_leader`, credentials and TLS.
     async fn connect(&self) -> Result<Client> {
         let c = &self.config;
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(c.connect_timeout)
-            .with_timeout(c.command_timeout)
-            .with_keep_alive(Duration::from_secs(1), c.command_timeout)
-            .with_keep_alive_while_idle(true)
-            .with_require_leader(true);
-        if let (Some(user), Some(password)) = (&c.username, &c.password) {
-            options = options
-                .with_user(user.clone(), password.expose().to_owned())
-                .with_auto_token_refresh(true);
-        }
-        #[cfg(feature = "etcd-tls")]
-        if c.tls {
-            use etcd_client::{Certificate, Identity, TlsOptions};
-            let pem = c.tls_files.read(BACKEND)?;
-            let mut tls = TlsOptions::new().with_native_roots();
-            if let Some(ca) = pem.ca_cert {
-                tls = tls.ca_certificate(Certificate::from_pem(ca));
-            }
-            if let Some((cert, key)) = pem.identity {
-                tls = tls.identity(Identity::from_pem(cert, key));
-            }
-            options = options.with_tls(tls);
-        }
-        let scheme = if c.tls { "https" } else { "http" };
-        let endpoints: Vec<String> = c
-            .endpoints
-            .iter()
-            .map(|e| format!("{scheme}://{e}"))
-            .collect();
-        tokio::time::timeout(c.connect_timeout, Client::connect(endpoints, Some(options)))
+        let connecting = Client::connect(c.endpoint_urls(), Some(c.connect_options()?));
+        tokio::time::timeout(c.connect_timeout, connecting)
             .await
             .map_err(|_| LockError::command_timeout(BACKEND, c.connect_timeout))?
             .map_err(failed)
