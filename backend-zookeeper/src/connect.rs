@@ -1,13 +1,13 @@
 //! Opening a client of the ensemble: the one place that builds the client library's connector,
-//! so every session (the lock's own, and the one `expire_session` attaches to) gets the same
-//! credentials and TLS.
+//! so every session (the lock's own, the same one attached to again from another runtime, and
+//! the one `expire_session` attaches to) gets the same credentials and TLS.
 
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
 use dlock_api::{LockError, Result};
 use tokio::time::Instant;
-use zookeeper_client::{Client, Connector};
+use zookeeper_client::{Client, Connector, SessionInfo};
 
 use crate::BACKEND;
 use crate::config::ZkConfig;
@@ -20,20 +20,68 @@ use crate::error::map_err;
 /// failed authentication) ends it at once. Past the timeout the last pass's error is
 /// returned, so a refused certificate is reported as such, not as a timeout.
 pub(crate) async fn client(config: &ZkConfig) -> Result<Client> {
+    let connector = connector(config)?;
+    within_timeout(connector, config)
+        .await
+        .map_err(|refused| match refused {
+            Refused::Server(error) => connect_error(error),
+            Refused::TimedOut => LockError::command_timeout(BACKEND, config.connect_timeout),
+        })
+}
+
+/// Connects a new client to the existing session `info`, as [`client`] does a new one.
+/// `Ok(None)`: the server no longer has the session.
+pub(crate) async fn reattach(config: &ZkConfig, info: SessionInfo) -> Result<Option<Client>> {
+    let connector = connector(config)?.with_session(info);
+    match within_timeout(connector, config).await {
+        Ok(client) => Ok(Some(client)),
+        Err(Refused::Server(zookeeper_client::Error::SessionExpired)) => Ok(None),
+        Err(Refused::Server(error)) => Err(connect_error(error)),
+        Err(Refused::TimedOut) => Err(LockError::command_timeout(BACKEND, config.connect_timeout)),
+    }
+}
+
+/// Ends the session `info` on the server now rather than at its expiry, and with it its nodes:
+/// for a session whose own client cannot close it any more (its runtime stopped). Best effort.
+pub(crate) async fn close_session(config: &ZkConfig, info: SessionInfo) {
+    if let Ok(Some(client)) = reattach(config, info).await {
+        close(client, config.command_timeout).await;
+    }
+}
+
+/// Drops the last clone of `client`, which closes its session, and waits (up to `bound`) for
+/// the server to confirm: its nodes are gone once this returns in time.
+pub(crate) async fn close(client: Client, bound: Duration) {
+    let mut states = client.state_watcher();
+    drop(client);
+    let closed = async { while !states.changed().await.is_terminated() {} };
+    let _ = tokio::time::timeout(bound, closed).await;
+}
+
+enum Refused {
+    Server(zookeeper_client::Error),
+    TimedOut,
+}
+
+/// Dials `connector` until a pass over the hosts answers, within the connect timeout.
+async fn within_timeout(
+    connector: Connector,
+    config: &ZkConfig,
+) -> std::result::Result<Client, Refused> {
     let hosts = config.connect_string();
     let deadline = after(Instant::now(), config.connect_timeout);
     let mut pause = FIRST_PAUSE;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let connecting = dial(connector(config)?, config, &hosts);
-        let error = match tokio::time::timeout(left, connecting).await {
+        let dialled = dial(connector.clone(), config, &hosts);
+        let error = match tokio::time::timeout(left, dialled).await {
             Ok(Ok(client)) => return Ok(client),
             Ok(Err(error)) if passes_again(&error) => error,
-            Ok(Err(error)) => return Err(connect_error(error)),
-            Err(_) => return Err(LockError::command_timeout(BACKEND, config.connect_timeout)),
+            Ok(Err(error)) => return Err(Refused::Server(error)),
+            Err(_) => return Err(Refused::TimedOut),
         };
         if Instant::now() + pause >= deadline {
-            return Err(connect_error(error));
+            return Err(Refused::Server(error));
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(MAX_PAUSE);

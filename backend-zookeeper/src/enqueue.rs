@@ -90,7 +90,10 @@ async fn enqueue(
     parent: &str,
     marker: &str,
 ) -> std::result::Result<(Node, Ahead), (LockError, Outcome)> {
-    let client = session.client().map_err(|e| (e, Outcome::NotCreated))?;
+    let client = session
+        .client()
+        .await
+        .map_err(|e| (e, Outcome::NotCreated))?;
     let timeout = session.command_timeout;
     let path = format!("{parent}/{marker}");
     let options = CreateMode::EphemeralSequential.with_acls(acls(acl));
@@ -259,7 +262,9 @@ fn arm(
                         if round > 0 {
                             tokio::time::sleep(session.command_timeout).await;
                         }
-                        let Ok(client) = session.client() else { return };
+                        let Ok(client) = session.client().await else {
+                            return;
+                        };
                         if let Ok(Some((node, _))) =
                             find_own(&client, &session, &parent, &marker).await
                         {

@@ -21,8 +21,10 @@ use crate::session::ZkSession;
 /// ephemeral nodes go with it). A delete whose answer is lost is sent again; `NoNode` then
 /// means the first one landed.
 pub(crate) async fn delete_node(session: &ZkSession, path: &str, version: i32) -> Result<bool> {
-    let Ok(client) = session.client() else {
-        return Ok(false);
+    let client = match session.client().await {
+        Ok(client) => client,
+        Err(_) if session.has_ended() => return Ok(false),
+        Err(error) => return Err(error),
     };
     let mut resent = false;
     for attempt in 0..3 {
@@ -76,11 +78,7 @@ impl ZkLease {
                 state.clone(),
                 path.clone(),
             );
-            move || {
-                if !state.is_closed() {
-                    tokio::spawn(watch_own_node(weak, raw, state, path, czxid));
-                }
-            }
+            move || start_watch(&weak, &raw, &state, &path, czxid)
         };
         let scheduled = session
             .timer
@@ -94,6 +92,22 @@ impl ZkLease {
             released: AtomicBool::new(false),
             _watch: scheduled,
         }
+    }
+}
+
+/// Starts the watch on the held node `path` on this runtime, unless it runs already on one that
+/// still does.
+pub(crate) fn start_watch(
+    session: &Weak<ZkSession>,
+    raw: &Arc<Session>,
+    state: &Arc<LeaseState>,
+    path: &str,
+    czxid: i64,
+) {
+    let claimed = session.upgrade().is_some_and(|s| s.claim_watch(path));
+    if claimed && !state.is_closed() {
+        let (session, raw, state) = (session.clone(), raw.clone(), state.clone());
+        tokio::spawn(watch_own_node(session, raw, state, path.to_owned(), czxid));
     }
 }
 
@@ -113,8 +127,10 @@ async fn look(session: &Weak<ZkSession>, path: &str, czxid: i64) -> Look {
     let Some(session) = session.upgrade() else {
         return Look::Over;
     };
-    let Ok(client) = session.client() else {
-        return Look::Over;
+    let client = match session.client().await {
+        Ok(client) => client,
+        Err(_) if session.has_ended() => return Look::Over,
+        Err(_) => return Look::Retry,
     };
     match timed(session.command_timeout, client.check_and_watch_stat(path)).await {
         Ok((Some(stat), watcher)) if stat.ephemeral_owner == session.id && stat.czxid == czxid => {
@@ -134,10 +150,11 @@ async fn session_lives(session: &Weak<ZkSession>, raw: &Session) -> bool {
             let Some(session) = session.upgrade() else {
                 return false;
             };
-            let Ok(client) = session.client() else {
-                return false;
-            };
-            timed(session.command_timeout, client.check_stat("/")).await
+            match session.client().await {
+                Ok(client) => timed(session.command_timeout, client.check_stat("/")).await,
+                Err(_) if session.has_ended() => return false,
+                Err(_) => Err(Fail::TimedOut(session.command_timeout)),
+            }
         };
         match asked {
             Ok(_) => return true,
@@ -232,8 +249,12 @@ impl RawLease for ZkLease {
     async fn release(&self) -> Result<()> {
         self.released.store(true, Ordering::SeqCst);
         self.state.close();
+        // Forgotten only once deleted: an attach again meanwhile (from another runtime) deletes
+        // every node of the session it does not know to be held, which would answer this delete
+        // with `NoNode`, as if the lock had been lost.
+        let deleted = delete_node(&self.session, &self.path, self.version).await;
         self.session.forget(&self.path);
-        match delete_node(&self.session, &self.path, self.version).await {
+        match deleted {
             Ok(true) => Ok(()),
             Ok(false) => Err(LockError::NotHeld {
                 name: self.name.to_string(),

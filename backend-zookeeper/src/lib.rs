@@ -43,6 +43,8 @@
 //!   server may have expired the session and given the lock away meanwhile). The deadline
 //!   passing or the server expiring the session loses every guard with `SessionExpired`; a
 //!   new session is opened for later acquires, because the library never opens one itself.
+//!   A client outlives the tokio runtime it was made on: used from another runtime once that
+//!   one shut down, it attaches to the same session again, and the locks it holds go on.
 //! - **Nodes.** `PREFIX/NAME/_c_<uuid>-lock-<sequence>`: the name is one path segment (a name
 //!   ZooKeeper could not take as it is, with `/`, `.`, `..` or a forbidden character, is
 //!   mapped to a readable part and a digest, so no two names share a node and none escapes the

@@ -72,14 +72,20 @@ impl Inner {
             .clone()
     }
 
-    /// The client's session: the current one while it lasts, else a new one.
+    /// The client's session: the current one while it lasts (attached again from this runtime
+    /// if the one it was attached on stopped), else a new one.
     pub(crate) async fn session(&self) -> Result<Arc<ZkSession>> {
         if let Some(session) = self.current().filter(|s| s.is_usable()) {
             return Ok(session);
         }
         let _one = self.opening.lock().await;
-        if let Some(session) = self.current().filter(|s| s.is_usable()) {
-            return Ok(session);
+        if let Some(session) = self.current().filter(|s| !s.has_ended()) {
+            match session.client().await {
+                Ok(_) => return Ok(session),
+                // Not attached, but the session may still come back: the caller tries again.
+                Err(error) if !session.has_ended() => return Err(error),
+                Err(_) => {}
+            }
         }
         let session = ZkSession::open(&self.config).await?;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.clone());
@@ -153,7 +159,7 @@ impl ZkLock {
             .inner
             .current()
             .ok_or_else(|| LockError::unavailable_because(BACKEND, "no session is open"))?;
-        let info = session.client()?.session().clone();
+        let info = session.client().await?.session().clone();
         drop(session);
         let hosts = hosts.map_or_else(|| self.inner.config.connect_string(), str::to_owned);
         let config = &self.inner.config;
@@ -213,7 +219,7 @@ impl ZkLock {
             Ahead::Listed(children) => Some(children),
             Ahead::Unknown => None,
         };
-        let client = match session.client() {
+        let client = match session.client().await {
             Ok(client) => client,
             Err(_) => {
                 drop(pending);
@@ -318,7 +324,7 @@ impl RawLock for ZkLock {
     /// session. A holder gone between the listing and the stat sends it round again.
     async fn inspect(&self, name: &LockName) -> Result<Inspection> {
         let session = self.inner.session().await?;
-        let client = session.client()?;
+        let client = session.client().await?;
         let timeout = session.command_timeout;
         let parent = self.inner.config.name_path(name);
         let mut rounds = 0;
@@ -372,7 +378,7 @@ impl RawLock for ZkLock {
             Ahead::Listed(children) => children,
             Ahead::Unknown => match timed(
                 session.command_timeout,
-                session.client()?.list_children(&parent),
+                session.client().await?.list_children(&parent),
             )
             .await
             {

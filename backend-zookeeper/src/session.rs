@@ -24,12 +24,17 @@
 //!
 //! The library never opens a new session after an expiry, so the lock builds a new
 //! `ZkSession` for later acquires.
+//!
+//! The library's connection, like the heartbeat and each held node's watch, is a task of the
+//! runtime the client attached on; a client kept longer (in a `static`) finds them gone with
+//! that runtime. It then attaches to the same session again from the runtime that calls (see
+//! [`reattach`]), so that the session's nodes, and the guards held on them, live on.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{LeaseState, Session, SessionStatus};
+use dlock_api::raw::{LeaseState, RuntimeLife, Session, SessionStatus};
 use dlock_api::{LockError, LostReason, Result};
 use tokio::time::{Instant, sleep_until};
 use zookeeper_client::{Client, SessionState, StateWatcher};
@@ -38,17 +43,46 @@ use crate::config::ZkConfig;
 use crate::error::{Fail, timed};
 use crate::{BACKEND, connect};
 
+mod reattach;
+
 /// The margin taken off the session timeout for the two clocks' rates: 1 % and 10 ms.
 fn margin(timeout: Duration) -> Duration {
     timeout / 100 + Duration::from_millis(10)
 }
 
-/// One held node, for the check after a reconnect.
+fn ended() -> LockError {
+    LockError::unavailable_because(BACKEND, "the zookeeper session has ended")
+}
+
+/// One held node, for the check after a reconnect and the watch on it.
 #[derive(Debug)]
 struct Held {
     path: String,
     czxid: i64,
     state: Weak<LeaseState>,
+    /// The runtime its watch was started on, once it was.
+    watched_on: Option<RuntimeLife>,
+}
+
+/// The library's client of the session, and the runtime its tasks run on.
+#[derive(Debug)]
+struct Attached {
+    client: Client,
+    life: Option<RuntimeLife>,
+}
+
+impl Attached {
+    fn new(client: Client) -> Self {
+        Self {
+            client,
+            life: RuntimeLife::current(),
+        }
+    }
+
+    /// Whether its runtime stopped: requests sent through it are never read.
+    fn is_stale(&self) -> bool {
+        self.life.as_ref().is_some_and(RuntimeLife::has_stopped)
+    }
 }
 
 /// A ZooKeeper session and the [`Session`] its guards share.
@@ -57,7 +91,12 @@ pub(crate) struct ZkSession {
     /// The session id (the ephemeral owner of every node it creates).
     pub(crate) id: i64,
     /// The client; `None` once the session ended (dropping it closes the session).
-    client: Mutex<Option<Client>>,
+    attached: Mutex<Option<Attached>>,
+    /// One attach again at a time.
+    reattaching: tokio::sync::Mutex<()>,
+    /// To attach again with the same hosts, credentials and TLS.
+    config: ZkConfig,
+    me: Weak<ZkSession>,
     pub(crate) session: Arc<Session>,
     /// The negotiated session timeout.
     pub(crate) timeout: Duration,
@@ -77,7 +116,7 @@ impl ZkSession {
         let sent = Instant::now();
         let client = connect::client(config).await?;
         let timeout = client.session_timeout();
-        let session = Arc::new(Self {
+        let session = Arc::new_cyclic(|me| Self {
             id: client.session_id().0,
             session: Arc::new(Session::new()),
             timeout,
@@ -85,7 +124,10 @@ impl ZkSession {
             valid_until: Mutex::new(after(sent, timeout.saturating_sub(margin(timeout)))),
             held: Mutex::new(Vec::new()),
             beat_path: config.prefix.clone(),
-            client: Mutex::new(Some(client.clone())),
+            attached: Mutex::new(Some(Attached::new(client.clone()))),
+            reattaching: tokio::sync::Mutex::new(()),
+            config: config.clone(),
+            me: me.clone(),
             timer: dlock_api::raw::GuardTimer::new(),
         });
         tracing::debug!(
@@ -97,25 +139,46 @@ impl ZkSession {
         Ok(session)
     }
 
-    /// The client, while the session lasts.
-    pub(crate) fn client(&self) -> Result<Client> {
-        self.client
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or_else(|| {
-                LockError::unavailable_because(BACKEND, "the zookeeper session has ended")
-            })
+    /// The client, while the session lasts; attached again first if its runtime stopped.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: an attach, once begun, finishes in the background.
+    pub(crate) async fn client(&self) -> Result<Client> {
+        match self.live_client() {
+            Ok(Some(client)) => Ok(client),
+            Ok(None) => self.reattach().await,
+            Err(error) => Err(error),
+        }
     }
 
-    /// Whether new acquires may use this session.
+    /// The client if its runtime still runs, `None` if it stopped; `Err` once the session ended.
+    fn live_client(&self) -> Result<Option<Client>> {
+        match &*self.attached.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(attached) if attached.is_stale() => Ok(None),
+            Some(attached) => Ok(Some(attached.client.clone())),
+            None => Err(ended()),
+        }
+    }
+
+    /// Whether new acquires may use this session as it is.
     pub(crate) fn is_usable(&self) -> bool {
         !matches!(self.session.status(), SessionStatus::Ended(_))
             && self
-                .client
+                .attached
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .is_some()
+                .as_ref()
+                .is_some_and(|attached| !attached.is_stale())
+    }
+
+    /// Whether the session is over for good (not merely left behind by a stopped runtime).
+    pub(crate) fn has_ended(&self) -> bool {
+        matches!(self.session.status(), SessionStatus::Ended(_))
+            || self
+                .attached
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_none()
     }
 
     /// The instant the session ends unless a heartbeat is acknowledged first.
@@ -136,8 +199,27 @@ impl ZkSession {
             path: path.to_owned(),
             czxid,
             state: Arc::downgrade(&state),
+            watched_on: None,
         });
         state
+    }
+
+    /// Whether the watch on the held node `path` should start now: only if no watch of it runs
+    /// on a runtime that still does (the timer's start and an attach again may both ask).
+    pub(crate) fn claim_watch(&self, path: &str) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(node) = held.iter_mut().find(|h| h.path == path) else {
+            return false;
+        };
+        if node
+            .watched_on
+            .as_ref()
+            .is_some_and(|life| !life.has_stopped())
+        {
+            return false;
+        }
+        node.watched_on = RuntimeLife::current();
+        true
     }
 
     /// The node `path` is no longer held (released or dropped).
@@ -184,7 +266,10 @@ impl ZkSession {
         if self.session.end(reason) {
             tracing::debug!(session = format_args!("{:#x}", self.id), %reason, "zookeeper session ended");
         }
-        self.client.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.attached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
     }
 
     /// After a suspension: reads every held node back. A node that is gone, or is not this
@@ -231,6 +316,15 @@ impl Drop for ZkSession {
     fn drop(&mut self) {
         // Nothing holds the session any more: it ends, and the client closes it on the server.
         self.session.end(LostReason::SessionClosed);
+        // A client whose runtime stopped closes nothing: a new one on the session does, so its
+        // nodes (a release dropped with that runtime) go now rather than at its expiry.
+        let attached = self.attached.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(attached) = attached.take().filter(Attached::is_stale) {
+            let (config, info) = (self.config.clone(), attached.client.session().clone());
+            dlock_api::raw::spawn_cleanup(async move {
+                connect::close_session(&config, info).await;
+            });
+        }
     }
 }
 
@@ -285,7 +379,9 @@ async fn heartbeat(weak: Weak<ZkSession>, mut states: StateWatcher) {
             }
             Wake::Beat => {}
         }
-        let Ok(client) = session.client() else {
+        // Never an attach again from here: the heartbeat runs on its client's runtime, and a
+        // client attached again on another runtime comes with a heartbeat of its own.
+        let Ok(Some(client)) = session.live_client() else {
             return;
         };
         let sent = Instant::now();

@@ -98,6 +98,7 @@ pub mod wait_for;
 
 pub use case::{Case, CaseResult, Ctx, Failure, Needs};
 pub use cases::cases;
+pub use cases::runtime::on_a_runtime_of_its_own;
 pub use deployment::Deployment;
 /// The server processes an [`OwnServer`] and a [`Deployment`] are built from, re-exported so that
 /// a harness for a backend of one's own needs no dependency of its own on them.

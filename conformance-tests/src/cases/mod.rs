@@ -13,6 +13,7 @@ pub mod lost;
 pub mod names;
 pub mod ownership;
 pub mod renewal;
+pub mod runtime;
 pub mod waiting;
 
 use crate::case::{Case, Needs};
@@ -240,6 +241,7 @@ static CASES: &[Case] = &[
     case!(cancel::storm_leaves_every_name_free, NONE),
     case!(cancel::aborted_release_leaves_client_usable, NONE),
     case!(cancel::settle_finishes_background_cleanup, NONE),
+    case!(runtime::client_outlives_the_runtime_that_made_it, NONE),
     case!(names::unicode_names_work, NONE),
     case!(names::names_are_case_sensitive, NONE),
     case!(names::names_differ_after_byte_64, NONE),

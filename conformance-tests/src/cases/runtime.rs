@@ -1,0 +1,185 @@
+//! A client outlives the tokio runtime it was made on, as a client kept in a `static` and shared
+//! by `#[tokio::test]`s (each on a runtime of its own) does.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_api::{
+    DistributedLock, Fencing, FencingToken, LockError, LockGuard, LockName, LockOptions,
+};
+
+use crate::{CaseResult, Ctx, Failure, ensure};
+
+/// Runs `work` on a current-thread runtime of its own (on a blocking thread of the caller's),
+/// which shuts down when it returns: as each `#[tokio::test]` runs on a runtime of its own.
+///
+/// # Panics
+/// If the runtime cannot be built, or `work` panics.
+pub async fn on_a_runtime_of_its_own<T, F>(work: impl FnOnce() -> F + Send + 'static) -> T
+where
+    T: Send + 'static,
+    F: Future<Output = T>,
+{
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        runtime.block_on(work())
+    })
+    .await
+    .expect("the runtime's thread panicked")
+}
+
+/// A client made, and used, on a runtime that then shut down works on the next one: it takes a
+/// free lock at once (with a higher fencing token), waits for a held one and gets it when it is
+/// released, and a guard it held across the runtime's end either still holds (its release frees
+/// the lock) or says it is lost (and the lock is free): never a lock nobody can release. Twice,
+/// as a `static` client goes from test to test.
+pub async fn client_outlives_the_runtime_that_made_it(ctx: Ctx) -> CaseResult {
+    let (free, held, waited) = (ctx.name("free"), ctx.name("held"), ctx.name("waited"));
+    let bound = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let other = ctx.client().await?;
+    let made = ctx.clone();
+    let (kept, mut last) = on_a_runtime_of_its_own(move || async move {
+        let kept = made.client().await?;
+        let guard = kept
+            .acquire(&made.name("free"), &LockOptions::new())
+            .await?;
+        let token = guard.fencing_token();
+        guard.release().await?;
+        Ok::<_, Failure>((kept, token))
+    })
+    .await?;
+    for round in 1..=2 {
+        // A guard taken on a runtime that shuts down while it is held.
+        let (keeper, name) = (kept.clone(), held.clone());
+        let across: LockGuard = on_a_runtime_of_its_own(move || async move {
+            keeper.acquire(&name, &LockOptions::new()).await
+        })
+        .await?;
+
+        last = pairs_on_every_connection(&ctx, round, &kept, &free, last).await?;
+
+        settle_across(&ctx, round, across, &*other).await?;
+
+        let holder = other.acquire(&waited, &bound).await?;
+        let mut waiter = {
+            let (kept, name, bound) = (kept.clone(), waited.clone(), bound.clone());
+            tokio::spawn(async move { kept.acquire(&name, &bound).await })
+        };
+        // Time to start waiting, so that the release has a waiter to wake.
+        let early = tokio::time::timeout(Duration::from_millis(100), &mut waiter).await;
+        ensure!(
+            early.is_err(),
+            "round {round}: the kept client acquired a lock another client held"
+        );
+        holder.release().await?;
+        let guard = ctx
+            .within(
+                &format!("round {round}: the kept client's waiter to be granted"),
+                waiter,
+            )
+            .await?
+            .map_err(|e| Failure(format!("the waiter panicked: {e}")))??;
+        guard.release().await?;
+    }
+    Ok(())
+}
+
+/// Pairs on the kept client from several tasks at once, so that a client with several
+/// connections uses each: every one must succeed, and `free`'s token must rise. Returns it.
+async fn pairs_on_every_connection(
+    ctx: &Ctx,
+    round: u32,
+    kept: &Arc<dyn DistributedLock>,
+    free: &LockName,
+    last: FencingToken,
+) -> Result<FencingToken, Failure> {
+    let bound = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let mut tasks = Vec::new();
+    for task in 0..4 {
+        let (kept, bound) = (kept.clone(), bound.clone());
+        let name = if task == 0 {
+            free.clone()
+        } else {
+            ctx.name(&format!("free-{task}"))
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut tokens = Vec::new();
+            for _ in 0..3 {
+                let guard = kept.acquire(&name, &bound).await?;
+                tokens.push(guard.fencing_token());
+                guard.release().await?;
+            }
+            Ok::<_, LockError>(tokens)
+        }));
+    }
+    let mut first = Vec::new();
+    for (task, done) in tasks.into_iter().enumerate() {
+        let tokens = ctx
+            .within(&format!("round {round}: the kept client's pairs"), done)
+            .await?
+            .map_err(|e| Failure(format!("a task panicked: {e}")))?
+            .map_err(|e| {
+                Failure(format!(
+                    "round {round}: a pair on the kept client failed after the runtime that \
+                     made it shut down: {e}"
+                ))
+            })?;
+        if task == 0 {
+            first = tokens;
+        }
+    }
+    if kept.capabilities().fencing != Fencing::None {
+        let mut previous = last;
+        for token in &first {
+            ensure!(
+                *token > previous,
+                "round {round}: token {token:?} is not above the one before, {previous:?}"
+            );
+            previous = *token;
+        }
+    }
+    Ok(first.last().copied().unwrap_or(last))
+}
+
+/// A guard held across its runtime's end: released if it says it still holds, else it must
+/// have been told lost (its server session gone with the runtime); either way another client
+/// then takes the lock.
+async fn settle_across(
+    ctx: &Ctx,
+    round: u32,
+    across: LockGuard,
+    other: &dyn DistributedLock,
+) -> CaseResult {
+    let name = across.name().clone();
+    // Nothing fails in this case: a guard that says it holds must be able to release.
+    let still_held = across.is_held();
+    match ctx
+        .within(
+            &format!("round {round}: a guard held across its runtime's end to be released"),
+            across.release(),
+        )
+        .await?
+    {
+        Ok(()) => {}
+        Err(LockError::Lost { .. } | LockError::NotHeld { .. }) if !still_held => {}
+        Err(error) => {
+            return Err(Failure(format!(
+                "round {round}: a guard held across its runtime's end said it held, but its \
+                 release failed: {error}"
+            )));
+        }
+    }
+    let bound = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let next = other.acquire(&name, &bound).await.map_err(|e| {
+        Failure(format!(
+            "round {round}: after a guard held across its runtime's end was released or lost, \
+             another client could not take the lock: {e}"
+        ))
+    })?;
+    next.release().await?;
+    Ok(())
+}
