@@ -29,6 +29,10 @@
 //! [`settle`] before `main` returns (as `Pool::close` in sqlx) so that those locks are freed at
 //! once rather than when their leases end.
 //!
+//! A client itself may outlive its runtime: one kept in a `static` and shared by
+//! `#[tokio::test]`s (each on a runtime of its own) connects again on the runtime of its next
+//! call, with no failed call.
+//!
 //! ## `#[locked]`: a lock around an async fn
 //! [`locked`] is `@DistributedLock(key, waitTime, leaseTime)` for Rust: the body of an `async fn`
 //! runs under [`with_lock`](DistributedLockExt::with_lock) (stopped if the lock is lost, released

@@ -47,6 +47,12 @@
 //!    exits.
 //! 10. **Clear errors**: bad input fails before any network call with
 //!     [`LockError::InvalidArgument`]; nothing fails as a silent `false`.
+//! 11. **Monotonic time**: a step of the client's wall clock changes nothing.
+//! 12. **Any runtime**: a client kept longer than the tokio runtime it was made on (a `static`
+//!     shared by `#[tokio::test]`s) connects again on the next runtime at its first call there;
+//!     a guard held across that end still holds, or is told lost at once where its lock lived on
+//!     a connection that died with the runtime (MySQL, Postgres). Implementors: see
+//!     [`raw::RuntimeLife`].
 //!
 //! ## Pieces
 //! - [`DistributedLock`]: the trait; [`DistributedLockExt`]: `acquire_str`, `with_lock`.
