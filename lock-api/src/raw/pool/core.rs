@@ -73,11 +73,18 @@ impl<D: SessionDriver> PoolCore<D> {
         let (connection, unlocks) = Connection::new(id, server_id, conn);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
+                // Made here, not in the task: a runtime that shuts down before it first polls
+                // the task drops it unstarted, and the guard must be in it by then.
+                let stranded = CloseIfStranded {
+                    core: Arc::downgrade(self),
+                    conn: Arc::downgrade(&connection),
+                };
                 runtime.spawn(connection_task(
                     Arc::downgrade(self),
                     Arc::downgrade(&connection),
                     unlocks,
                     self.config.keepalive,
+                    stranded,
                 ));
             }
             Err(_) => tracing::warn!(
@@ -389,11 +396,8 @@ async fn connection_task<D: SessionDriver>(
     conn: Weak<Connection<D>>,
     mut unlocks: mpsc::UnboundedReceiver<D::Key>,
     keepalive: Duration,
+    _stranded: CloseIfStranded<D>,
 ) {
-    let _stranded = CloseIfStranded {
-        core: core.clone(),
-        conn: conn.clone(),
-    };
     // A config built in code may carry a zero keepalive, which `interval` refuses.
     let mut tick = tokio::time::interval(keepalive.max(Duration::from_millis(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
