@@ -12,7 +12,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, PushInfo, Script, ServerErrorKind};
 
 use crate::config::{RedisConfig, Topology};
-use crate::driven::{Connect, Driven};
+use crate::driven::{Connect, Driven, Line};
 use crate::driver::{self, find_primary, sentinel_client};
 use crate::error::{map_err, timed_out};
 use crate::eviction;
@@ -47,6 +47,8 @@ pub(crate) struct SentinelConn {
     /// and why, so that commands failing meanwhile re-judge it at most once per
     /// [`REJUDGE_AFTER`] instead of each opening a connection to it.
     refresh: tokio::sync::Mutex<Option<Refused>>,
+    /// Keeps commands in order while the connection is made again on another runtime.
+    line: Line,
     /// The `+switch-master` watcher; stopped when the client goes away.
     watcher: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
 }
@@ -156,30 +158,40 @@ async fn watch_switches(conn: std::sync::Weak<SentinelConn>, sentinels: Vec<Stri
 }
 
 impl SentinelConn {
-    /// The primary's connection: the current one while its runtime runs, else a new one (and
-    /// a new failover watcher) on this runtime.
-    async fn manager(self: &Arc<Self>) -> Result<ConnectionManager> {
+    /// Runs `command` on the primary's connection: the current one while its runtime runs, else
+    /// a new one (and a new failover watcher) made on this runtime, in the order the commands
+    /// were asked for (see [`Line`]).
+    async fn send<T, F>(self: &Arc<Self>, command: impl FnOnce(ConnectionManager) -> F) -> Result<T>
+    where
+        F: std::future::Future<Output = Result<T>>,
+    {
+        if self.line.is_empty()
+            && let Some(manager) = self.live()
         {
-            let current = self.current.read().unwrap_or_else(|e| e.into_inner());
-            if !current.2.as_ref().is_some_and(RuntimeLife::has_stopped) {
-                return Ok(current.1.clone());
-            }
+            return command(manager).await;
         }
         // Boxed, as rare: in place it would grow every command's future.
-        Box::pin(self.remake()).await
+        Box::pin(self.line.in_order(self.live_or_remade(), command)).await
     }
 
-    /// Connects again to the current primary, on this runtime: the last connection's runtime
+    fn live(&self) -> Option<ConnectionManager> {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        (!current.2.as_ref().is_some_and(RuntimeLife::has_stopped)).then(|| current.1.clone())
+    }
+
+    /// Connects again to the current primary, on this runtime, if the last connection's runtime
     /// shut down and took the connection's task, and the failover watcher, with it.
-    async fn remake(self: &Arc<Self>) -> Result<ConnectionManager> {
+    async fn live_or_remade(self: &Arc<Self>) -> Result<ConnectionManager> {
         let _refreshing = self.refresh.lock().await;
-        let primary = {
-            let current = self.current.read().unwrap_or_else(|e| e.into_inner());
-            if !current.2.as_ref().is_some_and(RuntimeLife::has_stopped) {
-                return Ok(current.1.clone());
-            }
-            current.0.clone()
-        };
+        if let Some(manager) = self.live() {
+            return Ok(manager);
+        }
+        let primary = self
+            .current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone();
         let manager = manager_for(&self.config, &primary, &self.push).await?;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) =
             (primary, manager.clone(), RuntimeLife::current());
@@ -283,6 +295,7 @@ impl Conn {
                     push,
                     current: RwLock::new((primary, manager, RuntimeLife::current())),
                     refresh: tokio::sync::Mutex::new(None),
+                    line: Line::default(),
                     watcher: std::sync::Mutex::new(None),
                 });
                 conn.watch();
@@ -316,20 +329,28 @@ impl Conn {
         keys: &[&str],
         args: &[&str],
     ) -> Result<T> {
-        let cmd = evalsha(script, keys, args);
+        let cmd = &evalsha(script, keys, args);
         match self {
             Self::Single(manager) => {
-                bounded(timeout, invoke(&cmd, script, &mut manager.get().await?)).await
+                manager
+                    .send(|mut conn| async move {
+                        bounded(timeout, invoke(cmd, script, &mut conn)).await
+                    })
+                    .await
             }
             Self::Cluster(cluster) => {
-                bounded(timeout, invoke(&cmd, script, &mut cluster.get().await?)).await
+                cluster
+                    .send(|mut conn| async move {
+                        bounded(timeout, invoke(cmd, script, &mut conn)).await
+                    })
+                    .await
             }
             Self::Sentinel(sentinel) => {
-                let result = bounded(
-                    timeout,
-                    invoke(&cmd, script, &mut sentinel.manager().await?),
-                )
-                .await;
+                let result = sentinel
+                    .send(|mut conn| async move {
+                        bounded(timeout, invoke(cmd, script, &mut conn)).await
+                    })
+                    .await;
                 if result.as_ref().is_err_and(LockError::is_retryable) {
                     // Boxed: asking the Sentinels is a large future, and in place it would make
                     // every script call's future (and each lock operation's) as large.
@@ -350,13 +371,19 @@ impl Conn {
     ) -> Result<T> {
         match self {
             Self::Single(manager) => {
-                bounded(timeout, request.send(&mut manager.get().await?)).await
+                manager
+                    .send(|mut conn| async move { bounded(timeout, request.send(&mut conn)).await })
+                    .await
             }
             Self::Cluster(cluster) => {
-                bounded(timeout, request.send(&mut cluster.get().await?)).await
+                cluster
+                    .send(|mut conn| async move { bounded(timeout, request.send(&mut conn)).await })
+                    .await
             }
             Self::Sentinel(sentinel) => {
-                bounded(timeout, request.send(&mut sentinel.manager().await?)).await
+                sentinel
+                    .send(|mut conn| async move { bounded(timeout, request.send(&mut conn)).await })
+                    .await
             }
         }
     }
@@ -390,11 +417,11 @@ impl Conn {
         };
         use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
         let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-        let replies = bounded(
-            timeout,
-            cluster.get().await?.route_command(cmd.clone(), every),
-        )
-        .await?;
+        let replies = cluster
+            .send(|mut conn| async move {
+                bounded(timeout, conn.route_command(cmd.clone(), every)).await
+            })
+            .await?;
         let by_node: Vec<(String, redis::Value)> =
             redis::from_redis_value(replies).map_err(|e| map_err(e.into()))?;
         by_node
@@ -415,13 +442,19 @@ impl Conn {
     ) -> Result<()> {
         match self {
             Self::Single(manager) => {
-                bounded(timeout, manager.get().await?.subscribe(channel)).await
+                manager
+                    .send(|mut conn| async move { bounded(timeout, conn.subscribe(channel)).await })
+                    .await
             }
             Self::Cluster(cluster) => {
-                bounded(timeout, cluster.get().await?.subscribe(channel)).await
+                cluster
+                    .send(|mut conn| async move { bounded(timeout, conn.subscribe(channel)).await })
+                    .await
             }
             Self::Sentinel(sentinel) => {
-                bounded(timeout, sentinel.manager().await?.subscribe(channel)).await
+                sentinel
+                    .send(|mut conn| async move { bounded(timeout, conn.subscribe(channel)).await })
+                    .await
             }
         }
     }
@@ -433,13 +466,25 @@ impl Conn {
     ) -> Result<()> {
         match self {
             Self::Single(manager) => {
-                bounded(timeout, manager.get().await?.unsubscribe(channel)).await
+                manager
+                    .send(
+                        |mut conn| async move { bounded(timeout, conn.unsubscribe(channel)).await },
+                    )
+                    .await
             }
             Self::Cluster(cluster) => {
-                bounded(timeout, cluster.get().await?.unsubscribe(channel)).await
+                cluster
+                    .send(
+                        |mut conn| async move { bounded(timeout, conn.unsubscribe(channel)).await },
+                    )
+                    .await
             }
             Self::Sentinel(sentinel) => {
-                bounded(timeout, sentinel.manager().await?.unsubscribe(channel)).await
+                sentinel
+                    .send(
+                        |mut conn| async move { bounded(timeout, conn.unsubscribe(channel)).await },
+                    )
+                    .await
             }
         }
     }

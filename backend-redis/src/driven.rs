@@ -1,5 +1,6 @@
 //! [`Driven`]: a redis-rs connection together with the runtime whose task drives it, made again
-//! on the calling runtime once that one has shut down.
+//! on the calling runtime once that one has shut down; and the [`Line`] that keeps commands in
+//! the order they were asked for while it is made again.
 //!
 //! redis-rs reads and writes a multiplexed connection in a task of the runtime it was opened
 //! on. A client kept beyond that runtime (in a `static` shared by `#[tokio::test]`s, each on a
@@ -8,8 +9,10 @@
 //! new connection: a guard held across the runtime's end still releases.
 
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{Pin, pin};
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 
 use dlock_api::Result;
 use dlock_api::raw::RuntimeLife;
@@ -25,8 +28,7 @@ pub(crate) type Connect<C> = Box<dyn Fn() -> Connecting<C> + Send + Sync>;
 /// A connection and the life of the runtime it was made on.
 pub(crate) struct Driven<C> {
     current: RwLock<(C, Option<RuntimeLife>)>,
-    /// Held while connecting again, so that one caller does it and the others take its result.
-    remaking: tokio::sync::Mutex<()>,
+    line: Line,
     connect: Connect<C>,
     push: PushHandler,
 }
@@ -37,19 +39,25 @@ impl<C: Clone + Send + Sync + 'static> Driven<C> {
         let conn = connect().await?;
         Ok(Self {
             current: RwLock::new((conn, RuntimeLife::current())),
-            remaking: tokio::sync::Mutex::new(()),
+            line: Line::default(),
             connect,
             push,
         })
     }
 
-    /// The connection: the current one while its runtime runs, else a new one on this runtime.
-    pub(crate) async fn get(&self) -> Result<C> {
-        match self.live() {
-            Some(conn) => Ok(conn),
-            // Boxed, as rare: in place it would grow every command's future.
-            None => Box::pin(self.remake()).await,
+    /// Runs `command` on the connection: the current one while its runtime runs, else a new
+    /// one made on this runtime, in the order the commands were asked for.
+    pub(crate) async fn send<T, F>(&self, command: impl FnOnce(C) -> F) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        if self.line.is_empty()
+            && let Some(conn) = self.live()
+        {
+            return command(conn).await;
         }
+        // Boxed, as rare: in place it would grow every command's future.
+        Box::pin(self.line.in_order(self.live_or_remade(), command)).await
     }
 
     fn live(&self) -> Option<C> {
@@ -60,8 +68,9 @@ impl<C: Clone + Send + Sync + 'static> Driven<C> {
         }
     }
 
-    async fn remake(&self) -> Result<C> {
-        let _one = self.remaking.lock().await;
+    /// Called only in the line's turn, so one caller makes the connection and those after it
+    /// find it made.
+    async fn live_or_remade(&self) -> Result<C> {
         if let Some(conn) = self.live() {
             return Ok(conn);
         }
@@ -77,5 +86,50 @@ impl<C: Clone + Send + Sync + 'static> Driven<C> {
             data: Vec::new(),
         });
         Ok(conn)
+    }
+}
+
+/// The callers waiting for a connection being made again, served one at a time in the order
+/// they came: each one's command is handed to the connection (its first poll) before the next
+/// one's. Redlock relies on that order: a lock request still in flight when its acquire was
+/// decided must reach the node before the release sent after it, or the request would set the
+/// key again once the release had deleted it. Callers that come while anyone waits join the line
+/// instead of overtaking it.
+#[derive(Default)]
+pub(crate) struct Line {
+    waiting: AtomicUsize,
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl Line {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) == 0
+    }
+
+    /// Waits for its turn, then gets the connection with `conn` and hands it `command`.
+    pub(crate) async fn in_order<C, T, F>(
+        &self,
+        conn: impl Future<Output = Result<C>>,
+        command: impl FnOnce(C) -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        struct Left<'a>(&'a AtomicUsize);
+        impl Drop for Left<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let left = Left(&self.waiting);
+        let turn = self.turn.lock().await;
+        let mut sending = pin!(command(conn.await?));
+        // The first poll hands the command to the connection; the next caller may then go.
+        if let Poll::Ready(done) = futures::poll!(sending.as_mut()) {
+            return done;
+        }
+        drop((turn, left));
+        sending.await
     }
 }

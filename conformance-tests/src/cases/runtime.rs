@@ -13,6 +13,9 @@ use crate::{CaseResult, Ctx, Failure, ensure};
 
 /// Runs `work` on a current-thread runtime of its own (on a blocking thread of the caller's),
 /// which shuts down when it returns: as each `#[tokio::test]` runs on a runtime of its own.
+/// Before the runtime ends it awaits [`dlock_api::settle`], as a program or test should: a
+/// runtime drops the background work still running on it, such as Redlock's deletes on the
+/// nodes that answered after a release's quorum, whose keys would then stay until their TTL.
 ///
 /// # Panics
 /// If the runtime cannot be built, or `work` panics.
@@ -26,7 +29,11 @@ where
             .enable_all()
             .build()
             .expect("a tokio runtime");
-        runtime.block_on(work())
+        runtime.block_on(async {
+            let done = work().await;
+            dlock_api::settle().await;
+            done
+        })
     })
     .await
     .expect("the runtime's thread panicked")
