@@ -165,13 +165,9 @@ impl SentinelConn {
     where
         F: std::future::Future<Output = Result<T>>,
     {
-        if self.line.is_empty()
-            && let Some(manager) = self.live()
-        {
-            return command(manager).await;
-        }
-        // Boxed, as rare: in place it would grow every command's future.
-        Box::pin(self.line.in_order(self.live_or_remade(), command)).await
+        self.line
+            .send(self.live(), || self.live_or_remade(), command)
+            .await
     }
 
     fn live(&self) -> Option<ConnectionManager> {

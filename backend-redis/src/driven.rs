@@ -51,13 +51,9 @@ impl<C: Clone + Send + Sync + 'static> Driven<C> {
     where
         F: Future<Output = Result<T>>,
     {
-        if self.line.is_empty()
-            && let Some(conn) = self.live()
-        {
-            return command(conn).await;
-        }
-        // Boxed, as rare: in place it would grow every command's future.
-        Box::pin(self.line.in_order(self.live_or_remade(), command)).await
+        self.line
+            .send(self.live(), || self.live_or_remade(), command)
+            .await
     }
 
     fn live(&self) -> Option<C> {
@@ -102,12 +98,29 @@ pub(crate) struct Line {
 }
 
 impl Line {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.waiting.load(Ordering::Acquire) == 0
+    /// Hands `command` the `live` connection at once if nobody waits, else waits for its turn
+    /// and hands it the connection `remade` returns (the live one, or one made again).
+    pub(crate) async fn send<C, T, F, R>(
+        &self,
+        live: Option<C>,
+        remade: impl FnOnce() -> R,
+        command: impl FnOnce(C) -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+        R: Future<Output = Result<C>>,
+    {
+        if self.waiting.load(Ordering::Acquire) == 0
+            && let Some(conn) = live
+        {
+            return command(conn).await;
+        }
+        // Boxed, as rare: in place it would grow every command's future.
+        Box::pin(self.in_order(remade(), command)).await
     }
 
     /// Waits for its turn, then gets the connection with `conn` and hands it `command`.
-    pub(crate) async fn in_order<C, T, F>(
+    async fn in_order<C, T, F>(
         &self,
         conn: impl Future<Output = Result<C>>,
         command: impl FnOnce(C) -> F,
