@@ -139,8 +139,13 @@ async fn a_session_past_its_validity_is_given_up_and_its_lock_freed() {
         }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-
+    // Nothing heartbeats now: the guard is told lost once the session's validity passes.
+    wait_for::within(
+        BOUND,
+        "the guard of a session past its validity",
+        guard.lost(),
+    )
+    .await;
     assert!(matches!(guard.status(), LockStatus::Lost(_)));
     let next = client
         .acquire(&name, &LockOptions::new().with_wait_timeout(BOUND))
