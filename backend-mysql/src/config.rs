@@ -20,7 +20,7 @@ use crate::tls::{SslMode, set_certificate_option};
 /// |---|---|---|
 /// | `connect_timeout` | `2s` | TCP connect and handshake |
 /// | `command_timeout` | `2s` | each command's reply (a blocking `GET_LOCK` gets its wait on top); no call waits longer on a dead server |
-/// | `max_connections` | `10` | connections one client opens at most (sessions holding locks, blocked waiters, idle ones); at least 2 |
+/// | `max_connections` | `10` | connections one client opens at most on each tokio runtime that uses it (sessions holding locks, blocked waiters, idle ones); at least 2 |
 /// | `keepalive` | `1s` | how often a session connection is pinged: the bound on noticing a killed or broken session |
 /// | `session_timeout` | `30s` | `SET SESSION wait_timeout`: the server drops a connection silent for this long, freeing its locks (the bound for a half-open connection of a vanished client); must exceed `keepalive` |
 /// | `table` | `dlock_fence` | the fencing counter table on MySQL; on MariaDB the fencing sequence is this name with `_seq` (`name` or `database.name`) |
@@ -52,7 +52,7 @@ pub struct MySqlConfig {
     pub connect_timeout: Duration,
     /// Per-command timeout.
     pub command_timeout: Duration,
-    /// Connections one client opens at most.
+    /// Connections one client opens at most, on each tokio runtime that uses it.
     pub max_connections: usize,
     /// Ping interval of session connections.
     pub keepalive: Duration,

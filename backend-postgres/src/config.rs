@@ -23,7 +23,7 @@ use crate::tls::{SslMode, certificate_option};
 /// | `port`, `dbname`, `user`, `password` | the URL's | as libpq's, for URLs that do not give them in place |
 /// | `connect_timeout` | `2s` | TCP connect and startup handshake |
 /// | `command_timeout` | `2s` | each non-waiting statement's reply; no call waits longer on a dead server |
-/// | `max_connections` | `10` | most connections one client opens (lock sessions plus blocking waits) |
+/// | `max_connections` | `10` | most connections one client opens on each tokio runtime that uses it (lock sessions plus blocking waits) |
 /// | `keepalive` | `1s` | how often a connection holding locks is pinged; a failed ping fires `lost` on its guards |
 /// | `wait_slice` | `10s` | longest single server-side wait; longer waits re-issue the wait, so a dead server is noticed within `wait_slice + command_timeout` |
 /// | `fencing` | `true` | take a fencing token from a sequence with every acquire (`false`: tokens are 0) |
@@ -56,7 +56,7 @@ pub struct PostgresConfig {
     pub connect_timeout: Duration,
     /// Per-statement timeout for statements that do not wait for a lock.
     pub command_timeout: Duration,
-    /// Most connections one client keeps open.
+    /// Most connections one client keeps open, on each tokio runtime that uses it.
     pub max_connections: usize,
     /// Ping interval of connections that hold locks.
     pub keepalive: Duration,

@@ -30,9 +30,9 @@
 //! - **TTL per lock** (Redis, memory): the state carries a deadline measured from before the
 //!   request; [`RenewedBy::Guard`] makes the watchdog call [`RawLease::extend`] every renewal
 //!   interval and move the deadline to the validity it returns. Such a backend keeps one
-//!   [`GuardTimer`] per client and returns it from [`RawLease::guard_timer`]: a guard's
-//!   watchdog task then starts only when its first renewal comes due, so the many locks released
-//!   before that cost no task at all.
+//!   [`GuardTimer`] per client (a task per runtime) and returns it from
+//!   [`RawLease::guard_timer`]: a guard's watchdog task then starts only when its first renewal
+//!   comes due, so the many locks released before that cost no task at all.
 //! - **Session** (MySQL, Postgres): the state has no deadline; the connection is the lease
 //!   ([`RenewedBy::Session`]). Every guard on one connection shares its [`Session`]
 //!   ([`LeaseState::on_session`]); the connection's keepalive ends that session when the
@@ -55,7 +55,9 @@
 //! - [`WaitRecovery`]: lets a blocking wait survive its connection being killed.
 //! - [`RuntimeLife`]: tells a connection whose tokio runtime shut down (its tasks gone with it),
 //!   so that a client kept longer (in a `static` shared by tests) connects again on the runtime
-//!   that uses it next.
+//!   that uses it next. [`PerRuntime`] keeps one value (a connection, a pool, a timer) per
+//!   runtime that uses a client, so that runtimes running at once never lean on each other's
+//!   tasks: one that ends takes only its own connections along.
 //! - [`LocalQueue`]: a client's own FIFO per name, so only its first waiter holds a server-side
 //!   wait (and a connection) at a time; the others step up in turn.
 //! - [`Subscriptions`]: a client's pub/sub subscription per channel, shared by its waiters on it;
@@ -91,7 +93,7 @@ pub use owner::random_owner;
 pub use pending::PendingAcquire;
 pub use pool::{DriverError, PoolConfig, SessionDriver, SessionPool, Waited};
 pub use recovery::WaitRecovery;
-pub use runtime::RuntimeLife;
+pub use runtime::{PerRuntime, RuntimeLife};
 pub use session::{Session, SessionStatus};
 pub use state::LeaseState;
 pub use subscriptions::{Subscription, Subscriptions};

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use tokio::runtime::{Handle, Id};
 
@@ -24,7 +24,20 @@ use tokio::runtime::{Handle, Id};
 /// down. Cheap to clone and to ask (one atomic load).
 #[derive(Clone)]
 pub struct RuntimeLife {
-    stopped: Arc<AtomicBool>,
+    life: Arc<Life>,
+}
+
+#[derive(Default)]
+struct Life {
+    stopped: AtomicBool,
+    /// Run once when the runtime shuts down, on the thread that shuts it down.
+    on_stop: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Life {
+    fn has_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
 }
 
 impl RuntimeLife {
@@ -34,35 +47,52 @@ impl RuntimeLife {
     /// when it shuts down, which marks the life stopped. Later calls on the same runtime share it.
     pub fn current() -> Option<Self> {
         let runtime = Handle::try_current().ok()?;
+        Some(Self::of(&runtime))
+    }
+
+    fn of(runtime: &Handle) -> Self {
         let id = runtime.id();
         let mut lives = lives().lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(stopped) = lives.get(&id).and_then(Weak::upgrade)
-            && !stopped.load(Ordering::Acquire)
+        if let Some(life) = lives.get(&id).and_then(Weak::upgrade)
+            && !life.has_stopped()
         {
-            return Some(Self { stopped });
+            return Self { life };
         }
         // Runtimes that stopped are forgotten here, so the map holds only running ones.
-        lives.retain(|_, life| life.upgrade().is_some_and(|s| !s.load(Ordering::Acquire)));
-        let stopped = Arc::new(AtomicBool::new(false));
-        lives.insert(id, Arc::downgrade(&stopped));
+        lives.retain(|_, life| life.upgrade().is_some_and(|l| !l.has_stopped()));
+        let life = Arc::new(Life::default());
+        lives.insert(id, Arc::downgrade(&life));
         drop(lives);
-        let marker = MarkOnDrop(stopped.clone());
+        let marker = MarkOnDrop(life.clone());
         // A runtime that is shutting down drops the task at once, which marks it stopped.
         runtime.spawn(async move {
             let _marker = marker;
             std::future::pending::<()>().await;
         });
-        Some(Self { stopped })
+        Self { life }
     }
 
     /// Whether the runtime has shut down: the tasks it ran are gone.
     pub fn has_stopped(&self) -> bool {
-        self.stopped.load(Ordering::Acquire)
+        self.life.has_stopped()
     }
 
     /// Whether `other` is the life of the same runtime run.
     pub fn same_as(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.stopped, &other.stopped)
+        Arc::ptr_eq(&self.life, &other.life)
+    }
+
+    /// Runs `stopped` when the runtime shuts down (at once if it has), on the thread that shuts
+    /// it down: it should only flag or notify, as a waker does. For work that lived on the
+    /// runtime and must be told it is gone, say subscriptions made on a connection it drove.
+    pub fn on_stop(&self, stopped: impl FnOnce() + Send + 'static) {
+        let mut on_stop = self.life.on_stop.lock().unwrap_or_else(|e| e.into_inner());
+        if self.has_stopped() {
+            drop(on_stop);
+            stopped();
+        } else {
+            on_stop.push(Box::new(stopped));
+        }
     }
 }
 
@@ -75,17 +105,113 @@ impl fmt::Debug for RuntimeLife {
 }
 
 /// The running runtimes, by id: the one task per runtime that marks its end.
-fn lives() -> &'static Mutex<HashMap<Id, Weak<AtomicBool>>> {
-    static LIVES: std::sync::OnceLock<Mutex<HashMap<Id, Weak<AtomicBool>>>> =
-        std::sync::OnceLock::new();
+fn lives() -> &'static Mutex<HashMap<Id, Weak<Life>>> {
+    static LIVES: std::sync::OnceLock<Mutex<HashMap<Id, Weak<Life>>>> = std::sync::OnceLock::new();
     LIVES.get_or_init(Mutex::default)
 }
 
-struct MarkOnDrop(Arc<AtomicBool>);
+struct MarkOnDrop(Arc<Life>);
 
 impl Drop for MarkOnDrop {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
+        // Marked under the lock `on_stop` checks under, so no hook is left behind unrun.
+        let hooks = {
+            let mut on_stop = self.0.on_stop.lock().unwrap_or_else(|e| e.into_inner());
+            self.0.stopped.store(true, Ordering::Release);
+            std::mem::take(&mut *on_stop)
+        };
+        hooks.into_iter().for_each(|stopped| stopped());
+    }
+}
+
+/// One value per running tokio runtime, made by the first call on each: the connections of a
+/// client shared by runtimes that run at the same time (the `#[tokio::test]`s cargo runs in
+/// parallel, one runtime each, sharing a `static` client). A connection is driven by tasks of
+/// the runtime it was made on, so work of another runtime must not lean on it: when its
+/// runtime ends, its commands in flight would fail, and locks held on its server session
+/// would be lost, under callers whose own runtime runs on. Values of runtimes that stopped are
+/// dropped when a new runtime comes.
+pub struct PerRuntime<T> {
+    values: RwLock<Vec<(Id, RuntimeLife, T)>>,
+}
+
+impl<T> Default for PerRuntime<T> {
+    fn default() -> Self {
+        Self {
+            values: RwLock::new(Vec::new()),
+        }
+    }
+}
+
+impl<T: Clone> PerRuntime<T> {
+    /// No values yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The value of the runtime this is called on, if it has one; `None` outside a runtime.
+    pub fn current(&self) -> Option<T> {
+        let id = Handle::try_current().ok()?.id();
+        self.of(id)
+    }
+
+    fn of(&self, id: Id) -> Option<T> {
+        let values = self.values.read().unwrap_or_else(|e| e.into_inner());
+        values
+            .iter()
+            .find(|(of, life, _)| *of == id && !life.has_stopped())
+            .map(|(_, _, value)| value.clone())
+    }
+
+    /// The value of the runtime this is called on, made with `make` if it has none; `None`
+    /// outside a runtime.
+    pub fn get_or_make(&self, make: impl FnOnce(&RuntimeLife) -> T) -> Option<T> {
+        let runtime = Handle::try_current().ok()?;
+        if let Some(value) = self.of(runtime.id()) {
+            return Some(value);
+        }
+        let life = RuntimeLife::of(&runtime);
+        let mut values = self.values.write().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, _, value)) = values
+            .iter()
+            .find(|(of, life, _)| *of == runtime.id() && !life.has_stopped())
+        {
+            return Some(value.clone());
+        }
+        values.retain(|(_, life, _)| !life.has_stopped());
+        let value = make(&life);
+        values.push((runtime.id(), life, value.clone()));
+        Some(value)
+    }
+
+    /// Sets the value of the runtime this is called on (replacing its last one) and returns
+    /// that runtime's life; nothing outside a runtime.
+    pub fn set_current(&self, value: T) -> Option<RuntimeLife> {
+        let runtime = Handle::try_current().ok()?;
+        let life = RuntimeLife::of(&runtime);
+        let mut values = self.values.write().unwrap_or_else(|e| e.into_inner());
+        values.retain(|(of, life, _)| *of != runtime.id() && !life.has_stopped());
+        values.push((runtime.id(), life.clone(), value));
+        Some(life)
+    }
+
+    /// The values of the runtimes that still run.
+    pub fn running(&self) -> Vec<T> {
+        let values = self.values.read().unwrap_or_else(|e| e.into_inner());
+        values
+            .iter()
+            .filter(|(_, life, _)| !life.has_stopped())
+            .map(|(_, _, value)| value.clone())
+            .collect()
+    }
+}
+
+impl<T> fmt::Debug for PerRuntime<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let values = self.values.read().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("PerRuntime")
+            .field("runtimes", &values.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -140,5 +266,47 @@ mod tests {
             .expect("in a runtime");
         drop(first);
         assert!(life.has_stopped());
+    }
+
+    #[test]
+    fn stop_hooks_run_once_when_the_runtime_ends_or_at_once_after() {
+        use std::sync::atomic::AtomicUsize;
+        let ran = Arc::new(AtomicUsize::new(0));
+        let first = runtime();
+        let life = first
+            .block_on(async { RuntimeLife::current() })
+            .expect("in a runtime");
+        let counted = ran.clone();
+        life.on_stop(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        drop(first);
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        let counted = ran.clone();
+        life.on_stop(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn each_running_runtime_has_a_value_of_its_own() {
+        let values = PerRuntime::new();
+        let (first, second) = (runtime(), runtime());
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let make = |_: &RuntimeLife| made.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(first.block_on(async { values.get_or_make(make) }), Some(0));
+        assert_eq!(second.block_on(async { values.get_or_make(make) }), Some(1));
+        assert_eq!(first.block_on(async { values.get_or_make(make) }), Some(0));
+        assert_eq!(second.block_on(async { values.current() }), Some(1));
+        assert_eq!(values.running().len(), 2);
+        drop(first);
+        assert_eq!(values.running(), vec![1]);
+        assert_eq!(values.current(), None, "outside a runtime");
+        let third = runtime();
+        assert_eq!(third.block_on(async { values.current() }), None);
+        third.block_on(async { values.set_current(7) });
+        assert_eq!(third.block_on(async { values.get_or_make(make) }), Some(7));
     }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 
+use super::runtime::PerRuntime;
 use super::time::after;
 
 /// With nothing scheduled, how soon after a grant the timer looks again anyway: grants that keep
@@ -33,11 +34,13 @@ const LINGER: Duration = Duration::from_secs(1);
 /// first renewal; a backend may also [`schedule`](Self::schedule) its own per-guard work (a watch
 /// on the held key, started a moment after the grant, so a lock released sooner never costs one).
 ///
-/// The timer's task runs on the runtime of the first schedule (started again there if that
-/// runtime has shut down) and ends when the timer is dropped. It keeps time with tokio's clock,
-/// so paused time in tests moves it as it moves everything else.
+/// Each runtime that schedules has a task of its own ([`PerRuntime`]), so a guard's background
+/// work runs on the runtime that took the guard: another runtime that ends (a parallel
+/// `#[tokio::test]` sharing the client) does not take it along. The tasks end when the timer is
+/// dropped. They keep time with tokio's clock, so paused time in tests moves them as it moves
+/// everything else.
 pub struct GuardTimer {
-    shared: Arc<Shared>,
+    shared: PerRuntime<Arc<Shared>>,
 }
 
 struct Shared {
@@ -73,11 +76,7 @@ impl GuardTimer {
     /// A timer with no task yet: the first schedule starts it.
     pub fn new() -> Self {
         Self {
-            shared: Arc::new(Shared {
-                state: Mutex::new(State::default()),
-                wake: Notify::new(),
-                closed: AtomicBool::new(false),
-            }),
+            shared: PerRuntime::new(),
         }
     }
 
@@ -94,7 +93,14 @@ impl GuardTimer {
 
     fn schedule_boxed(&self, at: Instant, start: Start) -> Option<Scheduled> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let mut state = self.shared.lock();
+        let shared = self.shared.get_or_make(|_| {
+            Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                wake: Notify::new(),
+                closed: AtomicBool::new(false),
+            })
+        })?;
+        let mut state = shared.lock();
         let key = (at, state.next_id);
         state.next_id = state.next_id.wrapping_add(1);
         state.due.insert(key, start);
@@ -103,14 +109,14 @@ impl GuardTimer {
             state.running = true;
             state.looks_at = Some(at);
             drop(state);
-            runtime.spawn(run(self.shared.clone()));
+            runtime.spawn(run(shared.clone()));
         } else if state.looks_at.is_none_or(|looks_at| at < looks_at) {
             state.looks_at = Some(at);
             drop(state);
-            self.shared.wake.notify_one();
+            shared.wake.notify_one();
         }
         Some(Scheduled {
-            shared: Arc::downgrade(&self.shared),
+            shared: Arc::downgrade(&shared),
             key,
         })
     }
@@ -124,17 +130,20 @@ impl Default for GuardTimer {
 
 impl Drop for GuardTimer {
     fn drop(&mut self) {
-        self.shared.closed.store(true, Ordering::SeqCst);
-        self.shared.wake.notify_one();
+        for shared in self.shared.running() {
+            shared.closed.store(true, Ordering::SeqCst);
+            shared.wake.notify_one();
+        }
     }
 }
 
 impl fmt::Debug for GuardTimer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.shared.lock();
+        let running = self.shared.running();
+        let scheduled: usize = running.iter().map(|shared| shared.lock().due.len()).sum();
         f.debug_struct("GuardTimer")
-            .field("scheduled", &state.due.len())
-            .field("running", &state.running)
+            .field("scheduled", &scheduled)
+            .field("runtimes", &running.len())
             .finish()
     }
 }
@@ -278,6 +287,31 @@ mod tests {
             });
         }
         assert_eq!(count.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_runtime_that_ends_takes_only_its_own_starts_along() {
+        let timer = GuardTimer::new();
+        let (count, start) = counter();
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap()
+        };
+        let (first, second) = (runtime(), runtime());
+        let _on_first = first.block_on(async { timer.schedule_boxed(Instant::now(), start()) });
+        let _on_second = second.block_on(async {
+            timer.schedule_boxed(Instant::now() + Duration::from_secs(1), start())
+        });
+        drop(first);
+        second.block_on(async { tokio::time::sleep(Duration::from_secs(2)).await });
+        assert_eq!(
+            count.load(Ordering::SeqCst),
+            1,
+            "the second runtime's start ran"
+        );
     }
 
     #[test]

@@ -18,9 +18,9 @@ use crate::status::LostReason;
 
 pub(super) type Conn<D> = Arc<Connection<D>>;
 
-/// The shared state of one client's pool.
+/// The shared state of one client's pool on one runtime.
 pub(super) struct PoolCore<D: SessionDriver> {
-    pub(super) driver: D,
+    pub(super) driver: Arc<D>,
     pub(super) config: PoolConfig,
     registry: Mutex<Registry<D::Key, Conn<D>>>,
     /// Something in the registry changed: a connection freed up or closed, a key settled.
@@ -31,7 +31,7 @@ pub(super) struct PoolCore<D: SessionDriver> {
 }
 
 impl<D: SessionDriver> PoolCore<D> {
-    pub(super) fn new(driver: D, config: PoolConfig) -> Self {
+    pub(super) fn new(driver: Arc<D>, config: PoolConfig) -> Self {
         Self {
             driver,
             config,

@@ -27,6 +27,11 @@
 //!   ends that session once, which marks every guard on it lost.
 //! - **Dropped guards** queue an owner-checked unlock on their connection, which its own task
 //!   runs; no runtime is needed at the drop site.
+//! - **One set of connections per runtime.** A connection is driven by a task of the runtime
+//!   that opened it, so each tokio runtime that uses the client gets connections of its own
+//!   ([`PerRuntime`]), up to `max_connections` each: when one runtime
+//!   ends (a `#[tokio::test]` among others running in parallel on a shared client), its
+//!   connections close and their guards are lost, while locks held on the others go on.
 
 mod acquire;
 mod attempt;
@@ -46,6 +51,7 @@ pub use driver::{DriverError, PoolConfig, SessionDriver, Waited};
 use crate::error::Result;
 use crate::name::LockName;
 use crate::options::LockOptions;
+use crate::raw::PerRuntime;
 use crate::raw::engine::Grant;
 
 /// The connections of one client of a session-lock server; see the [module docs](self).
@@ -53,13 +59,19 @@ use crate::raw::engine::Grant;
 /// Cheap to clone: clones share the connections. Dropping the last clone and every guard closes
 /// the connections, which frees their locks on the server.
 pub struct SessionPool<D: SessionDriver> {
-    core: Arc<core::PoolCore<D>>,
+    shared: Arc<Shared<D>>,
+}
+
+struct Shared<D: SessionDriver> {
+    driver: Arc<D>,
+    config: PoolConfig,
+    cores: PerRuntime<Arc<core::PoolCore<D>>>,
 }
 
 impl<D: SessionDriver> Clone for SessionPool<D> {
     fn clone(&self) -> Self {
         Self {
-            core: self.core.clone(),
+            shared: self.shared.clone(),
         }
     }
 }
@@ -68,18 +80,37 @@ impl<D: SessionDriver> SessionPool<D> {
     /// A pool of `driver`'s connections; it opens none yet.
     pub fn new(driver: D, config: PoolConfig) -> Self {
         Self {
-            core: Arc::new(core::PoolCore::new(driver, config)),
+            shared: Arc::new(Shared {
+                driver: Arc::new(driver),
+                config,
+                cores: PerRuntime::new(),
+            }),
         }
     }
 
     /// The driver.
     pub fn driver(&self) -> &D {
-        &self.core.driver
+        &self.shared.driver
     }
 
-    /// The limits the pool runs with.
+    /// The limits the pool runs with (`max_connections` is per runtime that uses the pool).
     pub fn config(&self) -> &PoolConfig {
-        &self.core.config
+        &self.shared.config
+    }
+
+    /// The connections of the runtime this is called on. Outside a runtime, a set of its own
+    /// that nothing keeps: its connections would have no task to keep them alive.
+    fn core(&self) -> Arc<core::PoolCore<D>> {
+        let make = || {
+            Arc::new(core::PoolCore::new(
+                self.shared.driver.clone(),
+                self.shared.config.clone(),
+            ))
+        };
+        self.shared
+            .cores
+            .get_or_make(|_| make())
+            .unwrap_or_else(make)
     }
 
     /// Opens one idle connection now (at connect time, so a wrong address or password fails
@@ -91,7 +122,7 @@ impl<D: SessionDriver> SessionPool<D> {
     /// # Cancel safety
     /// Cancel safe: a connection half opened is dropped, and nothing is registered.
     pub async fn open_idle(&self) -> Result<()> {
-        let (conn, server_id) = self.core.open_raw().await?;
+        let (conn, server_id) = self.core().open_raw().await?;
         self.adopt_idle(conn, server_id);
         Ok(())
     }
@@ -99,8 +130,9 @@ impl<D: SessionDriver> SessionPool<D> {
     /// Keeps a connection the backend opened itself with [`SessionDriver::open`] (say, to check
     /// its schema at connect time) as an idle connection of the pool.
     pub fn adopt_idle(&self, conn: D::Conn, server_id: u64) {
-        let conn = self.core.adopt(conn, server_id);
-        self.core.registry().adopt_idle(conn.id, conn);
+        let core = self.core();
+        let conn = core.adopt(conn, server_id);
+        core.registry().adopt_idle(conn.id, conn);
     }
 
     /// One attempt to take `key` (for `name`) that does not wait at the server: `Ok(None)` if
@@ -115,7 +147,7 @@ impl<D: SessionDriver> SessionPool<D> {
     /// Cancel safe: the statement runs to completion in the background, and a lock it took is
     /// released there.
     pub async fn try_grant(&self, name: &LockName, key: &D::Key) -> Result<Option<Grant>> {
-        acquire::try_grant(&self.core, name, key, true).await
+        acquire::try_grant(&self.core(), name, key, true).await
     }
 
     /// Waits for `key` (for `name`) until `deadline` (`None`: no limit): `Ok(None)` if the
@@ -134,30 +166,35 @@ impl<D: SessionDriver> SessionPool<D> {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        acquire::wait_grant(&self.core, name, key, options, deadline).await
+        acquire::wait_grant(&self.core(), name, key, options, deadline).await
     }
 
     /// Whether this client holds `key`, or has an attempt on it in flight.
     pub fn holds(&self, key: &D::Key) -> bool {
-        self.core.registry().holds(key)
+        let cores = self.shared.cores.running();
+        cores.iter().any(|core| core.registry().holds(key))
     }
 
     /// The server's id of the connection holding `key` for one of this client's guards: for
     /// operators and fault tests (`KILL <id>`, `pg_terminate_backend(<pid>)`).
     pub fn holder(&self, key: &D::Key) -> Option<u64> {
-        self.core.registry().holder(key).map(|c| c.server_id)
+        let cores = self.shared.cores.running();
+        cores
+            .iter()
+            .find_map(|core| core.registry().holder(key).map(|c| c.server_id))
     }
 
-    /// How many connections are open or being opened.
+    /// How many connections are open or being opened, on every runtime that still runs.
     pub fn connections(&self) -> usize {
-        self.core.registry().total()
+        let cores = self.shared.cores.running();
+        cores.iter().map(|core| core.registry().total()).sum()
     }
 }
 
 impl<D: SessionDriver> fmt::Debug for SessionPool<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SessionPool")
-            .field("driver", &self.core.driver)
+            .field("driver", &self.shared.driver)
             .field("connections", &self.connections())
             .finish_non_exhaustive()
     }
