@@ -1,6 +1,8 @@
-//! One multiplexed RESP3 connection per client, for commands *and* subscriptions, in three
-//! topologies. Every command is bounded by the configured command timeout.
+//! One multiplexed RESP3 connection per client (per runtime that uses it: see [`Driven`]), for
+//! commands *and* subscriptions, in three topologies. Every command is bounded by the
+//! configured command timeout.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use dlock_api::raw::RuntimeLife;
@@ -12,7 +14,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, PushInfo, Script, ServerErrorKind};
 
 use crate::config::{RedisConfig, Topology};
-use crate::driven::{Connect, Driven, Line};
+use crate::driven::{Connect, Driven};
 use crate::driver::{self, find_primary, sentinel_client};
 use crate::error::{map_err, timed_out};
 use crate::eviction;
@@ -41,16 +43,16 @@ impl std::fmt::Debug for Conn {
 pub(crate) struct SentinelConn {
     config: RedisConfig,
     push: PushHandler,
-    /// The primary, its connection, and the life of the runtime that drives the connection.
-    current: RwLock<(String, ConnectionManager, Option<RuntimeLife>)>,
+    /// The primary, and the connections to it (one per runtime that uses the client).
+    current: RwLock<(String, Arc<Driven<ConnectionManager>>)>,
     /// Held while asking the Sentinels. Keeps the last primary the eviction check refused, when
     /// and why, so that commands failing meanwhile re-judge it at most once per
     /// [`REJUDGE_AFTER`] instead of each opening a connection to it.
     refresh: tokio::sync::Mutex<Option<Refused>>,
-    /// Keeps commands in order while the connection is made again on another runtime.
-    line: Line,
     /// The `+switch-master` watcher; stopped when the client goes away.
     watcher: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+    /// Set when the runtime that ran the watcher ended: the next command starts it on its own.
+    watcher_ended: Arc<AtomicBool>,
 }
 
 /// A new primary the eviction check refused.
@@ -157,49 +159,36 @@ async fn watch_switches(conn: std::sync::Weak<SentinelConn>, sentinels: Vec<Stri
     }
 }
 
+/// How connections to `primary` are made, on each runtime that needs one.
+fn to_primary(
+    config: &RedisConfig,
+    primary: &str,
+    push: &PushHandler,
+) -> Connect<ConnectionManager> {
+    let (config, primary, push) = (config.clone(), primary.to_owned(), push.clone());
+    Box::new(move || {
+        let (config, primary, push) = (config.clone(), primary.clone(), push.clone());
+        Box::pin(async move { manager_for(&config, &primary, &push).await })
+    })
+}
+
 impl SentinelConn {
-    /// Runs `command` on the primary's connection: the current one while its runtime runs, else
-    /// a new one (and a new failover watcher) made on this runtime, in the order the commands
-    /// were asked for (see [`Line`]).
+    /// Runs `command` on this runtime's connection to the primary (see [`Driven`]), first
+    /// starting the failover watcher on this runtime if the one that ran it has ended.
     async fn send<T, F>(self: &Arc<Self>, command: impl FnOnce(ConnectionManager) -> F) -> Result<T>
     where
         F: std::future::Future<Output = Result<T>>,
     {
-        self.line
-            .send(self.live(), || self.live_or_remade(), command)
-            .await
-    }
-
-    fn live(&self) -> Option<ConnectionManager> {
-        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
-        (!current.2.as_ref().is_some_and(RuntimeLife::has_stopped)).then(|| current.1.clone())
-    }
-
-    /// Connects again to the current primary, on this runtime, if the last connection's runtime
-    /// shut down and took the connection's task, and the failover watcher, with it.
-    async fn live_or_remade(self: &Arc<Self>) -> Result<ConnectionManager> {
-        let _refreshing = self.refresh.lock().await;
-        if let Some(manager) = self.live() {
-            return Ok(manager);
+        if self.watcher_ended.load(Ordering::Acquire) {
+            self.watch();
         }
         let primary = self
             .current
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .0
+            .1
             .clone();
-        let manager = manager_for(&self.config, &primary, &self.push).await?;
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) =
-            (primary, manager.clone(), RuntimeLife::current());
-        self.watch();
-        tracing::info!(
-            "redis sentinel: connected again: the tokio runtime of the last connection shut down"
-        );
-        (self.push)(PushInfo {
-            kind: redis::PushKind::Disconnection,
-            data: Vec::new(),
-        });
-        Ok(manager)
+        primary.send(command).await
     }
 
     /// Starts the `+switch-master` watcher on this runtime, stopping the last one.
@@ -208,6 +197,11 @@ impl SentinelConn {
             return;
         };
         let watcher = tokio::spawn(watch_switches(Arc::downgrade(self), sentinels.clone()));
+        self.watcher_ended.store(false, Ordering::Release);
+        if let Some(life) = RuntimeLife::current() {
+            let ended = self.watcher_ended.clone();
+            life.on_stop(move || ended.store(true, Ordering::Release));
+        }
         let mut slot = self.watcher.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(last) = slot.replace(watcher.abort_handle()) {
             last.abort();
@@ -234,7 +228,6 @@ impl SentinelConn {
             }
         }
         let manager = manager_for(&self.config, &primary, &self.push).await?;
-        let life = RuntimeLife::current();
         // The new primary is judged as the first one was at connect: a replica configured to
         // evict would otherwise take over the locks unchecked.
         let mut asking = manager.clone();
@@ -259,7 +252,12 @@ impl SentinelConn {
         }
         *refused = None;
         tracing::info!(%primary, "redis sentinel: switching to the new primary");
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = (primary, manager, life);
+        let connections = Driven::adopting(
+            manager,
+            to_primary(&self.config, &primary, &self.push),
+            self.push.clone(),
+        );
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = (primary, Arc::new(connections));
         // The new connection has no subscriptions: make every waiter re-check and re-subscribe.
         (self.push)(PushInfo {
             kind: redis::PushKind::Disconnection,
@@ -286,13 +284,15 @@ impl Conn {
             Topology::Sentinel { sentinels, master } => {
                 let primary = find_primary(config, sentinels, master).await?;
                 let manager = manager_for(config, &primary, &push).await?;
+                let connections =
+                    Driven::adopting(manager, to_primary(config, &primary, &push), push.clone());
                 let conn = Arc::new(SentinelConn {
                     config: config.clone(),
                     push,
-                    current: RwLock::new((primary, manager, RuntimeLife::current())),
+                    current: RwLock::new((primary, Arc::new(connections))),
                     refresh: tokio::sync::Mutex::new(None),
-                    line: Line::default(),
                     watcher: std::sync::Mutex::new(None),
+                    watcher_ended: Arc::new(AtomicBool::new(false)),
                 });
                 conn.watch();
                 Ok(Self::Sentinel(conn))
@@ -455,32 +455,33 @@ impl Conn {
         }
     }
 
+    /// Unsubscribes `channel` on the connection of every runtime that still runs: a waiter of
+    /// any of them may have subscribed it there.
     pub(crate) async fn unsubscribe(
         &self,
         timeout: std::time::Duration,
         channel: &str,
     ) -> Result<()> {
+        let unsubscribe = |mut conn: ConnectionManager| async move {
+            bounded(timeout, conn.unsubscribe(channel)).await
+        };
         match self {
-            Self::Single(manager) => {
-                manager
-                    .send(
-                        |mut conn| async move { bounded(timeout, conn.unsubscribe(channel)).await },
-                    )
-                    .await
-            }
+            Self::Single(manager) => manager.send_everywhere(unsubscribe).await,
             Self::Cluster(cluster) => {
                 cluster
-                    .send(
-                        |mut conn| async move { bounded(timeout, conn.unsubscribe(channel)).await },
-                    )
+                    .send_everywhere(|mut conn| async move {
+                        bounded(timeout, conn.unsubscribe(channel)).await
+                    })
                     .await
             }
             Self::Sentinel(sentinel) => {
-                sentinel
-                    .send(
-                        |mut conn| async move { bounded(timeout, conn.unsubscribe(channel)).await },
-                    )
-                    .await
+                let primary = sentinel
+                    .current
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .1
+                    .clone();
+                primary.send_everywhere(unsubscribe).await
             }
         }
     }

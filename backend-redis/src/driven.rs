@@ -1,21 +1,23 @@
-//! [`Driven`]: a redis-rs connection together with the runtime whose task drives it, made again
-//! on the calling runtime once that one has shut down; and the [`Line`] that keeps commands in
-//! the order they were asked for while it is made again.
+//! [`Driven`]: a redis-rs connection per tokio runtime that uses the client, each made on the
+//! runtime whose task drives it; and the [`Line`] that keeps commands in the order they were
+//! asked for while a runtime's connection is being made.
 //!
 //! redis-rs reads and writes a multiplexed connection in a task of the runtime it was opened
-//! on. A client kept beyond that runtime (in a `static` shared by `#[tokio::test]`s, each on a
-//! runtime of its own) would otherwise fail its next command ("broken pipe"), and its waiters
-//! would wait for messages nobody reads. Locks are keys on the server, so they go on under the
-//! new connection: a guard held across the runtime's end still releases.
+//! on. A client shared by runtimes (a `static` used by `#[tokio::test]`s, each on a runtime of
+//! its own, one after another or in parallel) would otherwise lose that connection when its
+//! runtime ends: commands of the other runtimes in flight on it would fail ("broken pipe"), and
+//! waiters would wait for messages nobody reads. So each runtime gets a connection of its own,
+//! and when one ends, every waiter re-checks and subscribes again on its own runtime's
+//! connection. Locks are keys on the server, so a guard held across its runtime's end still
+//! releases.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 
 use dlock_api::Result;
-use dlock_api::raw::RuntimeLife;
+use dlock_api::raw::{PerRuntime, RuntimeLife};
 use redis::{PushInfo, PushKind};
 
 use crate::conn::PushHandler;
@@ -25,9 +27,9 @@ type Connecting<C> = Pin<Box<dyn Future<Output = Result<C>> + Send>>;
 /// How a [`Driven`] connection is made (again): the topology's connect, with its config.
 pub(crate) type Connect<C> = Box<dyn Fn() -> Connecting<C> + Send + Sync>;
 
-/// A connection and the life of the runtime it was made on.
+/// A connection per runtime, and how to make one.
 pub(crate) struct Driven<C> {
-    current: RwLock<(C, Option<RuntimeLife>)>,
+    connections: PerRuntime<C>,
     line: Line,
     connect: Connect<C>,
     push: PushHandler,
@@ -37,55 +39,75 @@ impl<C: Clone + Send + Sync + 'static> Driven<C> {
     /// Connects with `connect`, on the calling runtime; `push` hears of every new connection.
     pub(crate) async fn connect(connect: Connect<C>, push: PushHandler) -> Result<Self> {
         let conn = connect().await?;
-        Ok(Self {
-            current: RwLock::new((conn, RuntimeLife::current())),
+        Ok(Self::adopting(conn, connect, push))
+    }
+
+    /// Keeps `conn`, made on the calling runtime, as its connection; other runtimes' are made
+    /// with `connect` when they first send.
+    pub(crate) fn adopting(conn: C, connect: Connect<C>, push: PushHandler) -> Self {
+        let driven = Self {
+            connections: PerRuntime::new(),
             line: Line::default(),
             connect,
             push,
-        })
+        };
+        driven.adopt(conn);
+        driven
     }
 
-    /// Runs `command` on the connection: the current one while its runtime runs, else a new
-    /// one made on this runtime, in the order the commands were asked for.
+    /// Runs `command` on this runtime's connection, made first if it has none, in the order
+    /// the commands were asked for.
     pub(crate) async fn send<T, F>(&self, command: impl FnOnce(C) -> F) -> Result<T>
     where
         F: Future<Output = Result<T>>,
     {
         self.line
-            .send(self.live(), || self.live_or_remade(), command)
+            .send(self.connections.current(), || self.live_or_made(), command)
             .await
     }
 
-    fn live(&self) -> Option<C> {
-        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
-        match &current.1 {
-            Some(life) if life.has_stopped() => None,
-            _ => Some(current.0.clone()),
-        }
+    /// Runs `command` on the connection of every runtime that still runs (unsubscribing a
+    /// channel that any of them may have subscribed); the first error, after all have run.
+    pub(crate) async fn send_everywhere<F>(&self, command: impl Fn(C) -> F) -> Result<()>
+    where
+        F: Future<Output = Result<()>>,
+    {
+        let sent = futures::future::join_all(self.connections.running().into_iter().map(command));
+        sent.await.into_iter().collect()
     }
 
     /// Called only in the line's turn, so one caller makes the connection and those after it
     /// find it made.
-    async fn live_or_remade(&self) -> Result<C> {
-        if let Some(conn) = self.live() {
+    async fn live_or_made(&self) -> Result<C> {
+        if let Some(conn) = self.connections.current() {
             return Ok(conn);
         }
         let conn = (self.connect)().await?;
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) =
-            (conn.clone(), RuntimeLife::current());
-        tracing::info!(
-            "redis: connected again: the tokio runtime of the last connection shut down"
-        );
-        // The new connection has no subscriptions: every waiter checks again and re-subscribes.
-        (self.push)(PushInfo {
-            kind: PushKind::Disconnection,
-            data: Vec::new(),
-        });
+        self.adopt(conn.clone());
+        tracing::debug!("redis: connected on a tokio runtime that had no connection yet");
         Ok(conn)
+    }
+
+    fn adopt(&self, conn: C) {
+        if let Some(life) = self.connections.set_current(conn) {
+            tell_subscribers_at_end(&life, &self.push);
+        }
     }
 }
 
-/// The callers waiting for a connection being made again, served one at a time in the order
+/// When `life`'s runtime ends, its connection's subscriptions end with it: tells every waiter,
+/// so that each checks again and subscribes on its own runtime's connection.
+fn tell_subscribers_at_end(life: &RuntimeLife, push: &PushHandler) {
+    let push = push.clone();
+    life.on_stop(move || {
+        push(PushInfo {
+            kind: PushKind::Disconnection,
+            data: Vec::new(),
+        })
+    });
+}
+
+/// The callers waiting for their runtime's connection to be made, served one at a time in the order
 /// they came: each one's command is handed to the connection (its first poll) before the next
 /// one's. Redlock relies on that order: a lock request still in flight when its acquire was
 /// decided must reach the node before the release sent after it, or the request would set the

@@ -24,7 +24,7 @@
 //!   them (restart, `SCRIPT FLUSH`).
 //! - **Waiting**: a busy acquire joins the name's FIFO queue (`PREFIX:{NAME}:queue`) and subscribes
 //!   to `PREFIX:{NAME}:released` (once per name per client; all of a client's subscriptions ride its
-//!   one RESP3 connection).
+//!   RESP3 connection, one per tokio runtime that uses the client).
 //! - **Release** compares the owner, deletes the lock and, in the same script, **grants** it to the
 //!   first live waiter: sets the lock to that waiter's owner token, raises the fence, and publishes
 //!   `granted OWNER TOKEN`. The waiter holds the lock the moment the message arrives, so a hand-off
