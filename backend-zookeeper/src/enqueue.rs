@@ -15,7 +15,7 @@ use crate::config::NodeAcl;
 use crate::error::{Fail, timed};
 use crate::lease::delete_node;
 use crate::names::protected_marker;
-use crate::session::ZkSession;
+use crate::session::{Queued, ZkSession};
 
 /// Our node in a name's queue.
 #[derive(Clone, Debug)]
@@ -52,7 +52,8 @@ pub(crate) async fn join_queue(
     parent: &str,
 ) -> Result<(Node, Ahead, PendingAcquire)> {
     let marker = protected_marker();
-    let (pending, report) = arm(session, parent, &marker);
+    let queued = session.queue(&marker);
+    let (pending, report) = arm(session, parent, &marker, queued);
     let (node, ahead) = enqueue_detached(acl, session, parent, &marker, report).await?;
     Ok((node, ahead, pending))
 }
@@ -90,7 +91,7 @@ async fn enqueue(
     parent: &str,
     marker: &str,
 ) -> std::result::Result<(Node, Ahead), (LockError, Outcome)> {
-    let client = session
+    let mut client = session
         .client()
         .await
         .map_err(|e| (e, Outcome::NotCreated))?;
@@ -143,6 +144,17 @@ async fn enqueue(
         };
         if !fail.outcome_unknown() {
             return Err((fail.into(), Outcome::NotCreated));
+        }
+        if fail.task_gone() && attempt < 5 {
+            // The runtime whose task carried the create ended: attach again from this one,
+            // then look for the node; if the create never landed, create it again.
+            session.note(&fail).await;
+            client = session.client().await.map_err(|e| (e, Outcome::Unknown))?;
+            match find_own(&client, session, parent, marker).await {
+                Ok(Some((node, children))) => return Ok((node, Ahead::Listed(children))),
+                Ok(None) => continue,
+                Err(_) => return Err((fail.into(), Outcome::Unknown)),
+            }
         }
         // The create may have been applied: find it by its marker, as ours.
         return match find_own(&client, session, parent, marker).await {
@@ -241,14 +253,17 @@ async fn find_own(
 /// our node goes, also when the create's answer was lost. The create runs detached and reports
 /// what it left through the returned sender, and the cleanup waits for that report, so its
 /// delete always follows the create it undoes.
+/// `queued` marks the acquire in progress for as long as the cleanup is armed.
 fn arm(
     session: &Arc<ZkSession>,
     parent: &str,
     marker: &str,
+    queued: Queued,
 ) -> (PendingAcquire, oneshot::Sender<Outcome>) {
     let (report, outcome) = oneshot::channel::<Outcome>();
     let (session, parent, marker) = (session.clone(), parent.to_owned(), marker.to_owned());
     let pending = PendingAcquire::arm(move || {
+        drop(queued);
         dlock_api::raw::spawn_cleanup(async move {
             match outcome.await {
                 Ok(Outcome::NotCreated) => {}

@@ -21,10 +21,20 @@ pub(crate) enum Fail {
 impl Fail {
     /// Whether the request may have been applied without our hearing of it.
     pub(crate) fn outcome_unknown(&self) -> bool {
-        matches!(
-            self,
-            Fail::TimedOut(_) | Fail::Zk(Error::ConnectionLoss | Error::Timeout)
-        )
+        self.task_gone()
+            || matches!(
+                self,
+                Fail::TimedOut(_) | Fail::Zk(Error::ConnectionLoss | Error::Timeout)
+            )
+    }
+
+    /// Whether the client library's task, which sends requests and reads their answers, is
+    /// gone: the runtime it ran on ended (a client shared by runtimes running at once), with
+    /// this request in flight or before it was sent. The library then answers with an error of
+    /// its own instead of the server's; the session itself may live on.
+    pub(crate) fn task_gone(&self) -> bool {
+        matches!(self, Fail::Zk(Error::UnexpectedError(why))
+            if why.starts_with("BUG: ") || why.starts_with("expect error state"))
     }
 
     /// Whether the session is over (every ephemeral node of it is gone, or will be).

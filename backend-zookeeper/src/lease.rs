@@ -21,14 +21,19 @@ use crate::session::ZkSession;
 /// ephemeral nodes go with it). A delete whose answer is lost is sent again; `NoNode` then
 /// means the first one landed.
 pub(crate) async fn delete_node(session: &ZkSession, path: &str, version: i32) -> Result<bool> {
-    let client = match session.client().await {
-        Ok(client) => client,
-        Err(_) if session.has_ended() => return Ok(false),
-        Err(error) => return Err(error),
-    };
     let mut resent = false;
     for attempt in 0..3 {
-        match timed(session.command_timeout, client.delete(path, Some(version))).await {
+        // Asked each time: a send that found the client's task gone attaches again.
+        let client = match session.client().await {
+            Ok(client) => client,
+            Err(_) if session.has_ended() => return Ok(false),
+            Err(error) => return Err(error),
+        };
+        let deleted = timed(session.command_timeout, client.delete(path, Some(version))).await;
+        if let Err(fail) = &deleted {
+            session.note(fail).await;
+        }
+        match deleted {
             Ok(()) => return Ok(true),
             Err(Fail::Zk(ZkError::NoNode)) => return Ok(resent),
             Err(Fail::Zk(ZkError::BadVersion)) => return Ok(false),
@@ -138,7 +143,10 @@ async fn look(session: &Weak<ZkSession>, path: &str, czxid: i64) -> Look {
         }
         Ok(_) => Look::NotOurs,
         Err(fail) if fail.session_over() => Look::Over,
-        Err(_) => Look::Retry,
+        Err(fail) => {
+            session.note(&fail).await;
+            Look::Retry
+        }
     }
 }
 

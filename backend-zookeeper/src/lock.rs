@@ -376,16 +376,11 @@ impl RawLock for ZkLock {
                 return Ok(Some(grant));
             }
             Ahead::Listed(children) => children,
-            Ahead::Unknown => match timed(
-                session.command_timeout,
-                session.client().await?.list_children(&parent),
-            )
-            .await
-            {
+            Ahead::Unknown => match list_queue(&session, &parent).await {
                 Ok(children) => children,
-                Err(fail) => {
+                Err(error) => {
                     drop(pending);
-                    return Err(fail.into());
+                    return Err(error);
                 }
             },
         };
@@ -436,6 +431,26 @@ impl RawLock for ZkLock {
                         .await?
                 }
             }
+        }
+    }
+}
+
+/// Lists the queue under `parent`; once more, attached again, if the client's task was gone.
+async fn list_queue(session: &ZkSession, parent: &str) -> Result<Vec<String>> {
+    let mut again = true;
+    loop {
+        let listed = timed(
+            session.command_timeout,
+            session.client().await?.list_children(parent),
+        )
+        .await;
+        match listed {
+            Ok(children) => return Ok(children),
+            Err(fail) if fail.task_gone() && again => {
+                session.note(&fail).await;
+                again = false;
+            }
+            Err(fail) => return Err(fail.into()),
         }
     }
 }

@@ -104,6 +104,9 @@ pub(crate) struct ZkSession {
     pub(crate) command_timeout: Duration,
     valid_until: Mutex<Instant>,
     held: Mutex<Vec<Held>>,
+    /// The markers of this session's acquires in progress (queued, not yet a guard's): their
+    /// nodes are not left over, whatever an attach again finds.
+    queued: Arc<Mutex<Vec<String>>>,
     /// The node the heartbeat asks about (the prefix).
     beat_path: String,
     /// Starts the watch on each held node a moment after its grant.
@@ -123,6 +126,7 @@ impl ZkSession {
             command_timeout: config.command_timeout,
             valid_until: Mutex::new(after(sent, timeout.saturating_sub(margin(timeout)))),
             held: Mutex::new(Vec::new()),
+            queued: Arc::default(),
             beat_path: config.prefix.clone(),
             attached: Mutex::new(Some(Attached::new(client.clone()))),
             reattaching: tokio::sync::Mutex::new(()),
@@ -158,6 +162,41 @@ impl ZkSession {
             Some(attached) => Ok(Some(attached.client.clone())),
             None => Err(ended()),
         }
+    }
+
+    /// A request failed with `fail`: if it found the library's task gone (its runtime ended
+    /// while the request was in flight), waits, up to a second, for that runtime to be marked
+    /// stopped, so that the next [`client`](Self::client) attaches again from the runtime that
+    /// calls. The task goes before the mark when the runtime drops its tasks. Nothing here
+    /// marks the client stale itself: the request may have gone through a client already
+    /// replaced, and dropping the live one would close the session.
+    pub(crate) async fn note(&self, fail: &Fail) {
+        if !fail.task_gone() {
+            return;
+        }
+        let until = Instant::now() + Duration::from_secs(1);
+        while matches!(self.live_client(), Ok(Some(_))) && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Marks the acquire whose nodes carry `marker` as in progress until the returned value is
+    /// dropped: keep it until the node is a guard's or deleted.
+    pub(crate) fn queue(&self, marker: &str) -> Queued {
+        let mut queued = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        queued.push(marker.to_owned());
+        Queued {
+            queued: self.queued.clone(),
+            marker: marker.to_owned(),
+        }
+    }
+
+    /// Whether `child` (a node's name) is the node of an acquire in progress.
+    fn is_queued(&self, child: &str) -> bool {
+        let queued = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        queued
+            .iter()
+            .any(|marker| child.starts_with(marker.as_str()))
     }
 
     /// Whether new acquires may use this session as it is.
@@ -309,6 +348,22 @@ impl ZkSession {
             }
         }
         Ok(())
+    }
+}
+
+/// An acquire in progress on a session (see [`ZkSession::queue`]).
+#[derive(Debug)]
+pub(crate) struct Queued {
+    queued: Arc<Mutex<Vec<String>>>,
+    marker: String,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        let mut queued = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = queued.iter().position(|m| *m == self.marker) {
+            queued.swap_remove(at);
+        }
     }
 }
 

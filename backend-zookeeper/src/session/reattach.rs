@@ -8,8 +8,9 @@
 //!   expiry;
 //! - otherwise its guards are suspended until it is attached and its ephemeral nodes are listed.
 //!   A held node that is not among them loses its guard (`TakenOver`). A node among them that no
-//!   guard holds is deleted: its release, or the cleanup of a dropped acquire, was a task of the
-//!   stopped runtime, and the session, alive again, would keep its lock for as long as it lives;
+//!   guard holds, and no acquire in progress (on a runtime that still runs) queued, is deleted:
+//!   its release, or the cleanup of a dropped acquire, was a task of the stopped runtime, and
+//!   the session, alive again, would keep its lock for as long as it lives;
 //! - then the heartbeat, and the watch on each held node, start again on this runtime.
 //!
 //! A server that no longer has the session, or cannot list its nodes (`getEphemerals` came with
@@ -124,13 +125,15 @@ impl ZkSession {
                 self.forget(&path);
             }
         }
-        // A guard released meanwhile, on a runtime that runs, deletes its node itself.
+        // A guard released meanwhile, on a runtime that runs, deletes its node itself; an
+        // acquire still in progress on one (queued, or granted and not yet a guard) keeps its.
         let mut unheld = listed;
         for h in self.held.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             if h.state.strong_count() > 0 {
                 unheld.remove(&h.path);
             }
         }
+        unheld.retain(|path| !self.is_queued(path.rsplit('/').next().unwrap_or_default()));
         let deletes: Vec<_> = unheld
             .iter()
             .map(|path| client.delete(path, None))
