@@ -173,7 +173,18 @@ impl Inner {
 
     /// Runs an idempotent request, retried (perhaps on another member: the client's balancer
     /// picks again) while the failure is one a retry can fix, within three command timeouts.
-    pub(crate) async fn idempotent<T, F, Fut>(&self, mut call: F) -> Result<T>
+    pub(crate) async fn idempotent<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        Ok(self.idempotent_resent(call).await?.0)
+    }
+
+    /// As [`idempotent`](Self::idempotent), and whether the answer is a retry's: an earlier
+    /// try may then have been applied with its answer lost (its connection died with the
+    /// runtime it ran on, say), so the answer may describe what that try did.
+    async fn idempotent_resent<T, F, Fut>(&self, mut call: F) -> Result<(T, bool)>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
@@ -184,7 +195,7 @@ impl Inner {
         loop {
             let error = match self.client().await {
                 Ok(client) => match tokio::time::timeout(timeout, call(client)).await {
-                    Ok(Ok(value)) => return Ok(value),
+                    Ok(Ok(value)) => return Ok((value, attempt > 0)),
                     Ok(Err(e)) if is_unavailable(&e) => map_err(e),
                     Ok(Err(e)) => return Err(map_err(e)),
                     Err(_) => timed_out(timeout),
@@ -260,7 +271,8 @@ impl Inner {
     }
 
     /// Deletes `key` if it is still ours (guarded by its create revision, or, when the create
-    /// revision is unknown, by the unique key itself). Returns whether it was there.
+    /// revision is unknown, by the unique key itself). Returns whether it was there; when the
+    /// delete was resent after a lost answer, a key no longer ours counts as the first try's.
     pub(crate) async fn delete_key(&self, key: &str, revision: Option<i64>) -> Result<bool> {
         let txn = match revision {
             Some(revision) => Txn::new()
@@ -270,8 +282,14 @@ impl Inner {
                 .when([Compare::create_revision(key, CompareOp::Greater, 0)])
                 .and_then([TxnOp::delete(key, None)]),
         };
-        let response = self.txn(txn).await?;
-        Ok(response.succeeded())
+        let (response, resent) = self
+            .idempotent_resent(|mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })
+            .await?;
+        // A resent delete that finds the key gone: the first one landed.
+        Ok(response.succeeded() || resent)
     }
 }
 
