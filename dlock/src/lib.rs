@@ -31,7 +31,8 @@
 //!
 //! A client itself may outlive its runtime: one kept in a `static` and shared by
 //! `#[tokio::test]`s (each on a runtime of its own) connects again on the runtime of its next
-//! call, with no failed call.
+//! call, with no failed call. Tests that run in parallel share it too: each runtime gets
+//! connections of its own, so one test's end fails nothing in the others.
 //!
 //! ## `#[locked]`: a lock around an async fn
 //! [`locked`] is `@DistributedLock(key, waitTime, leaseTime)` for Rust: the body of an `async fn`

@@ -51,8 +51,9 @@
 //! 12. **Any runtime**: a client kept longer than the tokio runtime it was made on (a `static`
 //!     shared by `#[tokio::test]`s) connects again on the next runtime at its first call there;
 //!     a guard held across that end still holds, or is told lost at once where its lock lived on
-//!     a connection that died with the runtime (MySQL, Postgres). Implementors: see
-//!     [`raw::RuntimeLife`].
+//!     a connection that died with the runtime (MySQL, Postgres). Runtimes that run at once
+//!     (parallel `#[tokio::test]`s) each get connections of their own, so one that ends fails
+//!     nothing on the others. Implementors: see [`raw::RuntimeLife`] and [`raw::PerRuntime`].
 //!
 //! ## Pieces
 //! - [`DistributedLock`]: the trait; [`DistributedLockExt`]: `acquire_str`, `with_lock`.

@@ -242,6 +242,7 @@ static CASES: &[Case] = &[
     case!(cancel::aborted_release_leaves_client_usable, NONE),
     case!(cancel::settle_finishes_background_cleanup, NONE),
     case!(runtime::client_outlives_the_runtime_that_made_it, NONE),
+    case!(runtime::client_shared_by_runtimes_running_at_once, NONE),
     case!(names::unicode_names_work, NONE),
     case!(names::names_are_case_sensitive, NONE),
     case!(names::names_differ_after_byte_64, NONE),

@@ -1,5 +1,6 @@
 //! A client outlives the tokio runtime it was made on, as a client kept in a `static` and shared
-//! by `#[tokio::test]`s (each on a runtime of its own) does.
+//! by `#[tokio::test]`s (each on a runtime of its own) does; and one of the runtimes sharing it
+//! at once ends without failing the others, as when cargo runs those tests in parallel.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -45,8 +46,7 @@ where
 /// the lock) or says it is lost (and the lock is free): never a lock nobody can release. Twice,
 /// as a `static` client goes from test to test.
 pub async fn client_outlives_the_runtime_that_made_it(ctx: Ctx) -> CaseResult {
-    let (free, held, waited) = (ctx.name("free"), ctx.name("held"), ctx.name("waited"));
-    let bound = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let (free, held) = (ctx.name("free"), ctx.name("held"));
     let other = ctx.client().await?;
     let made = ctx.clone();
     let (kept, mut last) = on_a_runtime_of_its_own(move || async move {
@@ -71,26 +71,7 @@ pub async fn client_outlives_the_runtime_that_made_it(ctx: Ctx) -> CaseResult {
 
         settle_across(&ctx, round, across, &*other).await?;
 
-        let holder = other.acquire(&waited, &bound).await?;
-        let mut waiter = {
-            let (kept, name, bound) = (kept.clone(), waited.clone(), bound.clone());
-            tokio::spawn(async move { kept.acquire(&name, &bound).await })
-        };
-        // Time to start waiting, so that the release has a waiter to wake.
-        let early = tokio::time::timeout(Duration::from_millis(100), &mut waiter).await;
-        ensure!(
-            early.is_err(),
-            "round {round}: the kept client acquired a lock another client held"
-        );
-        holder.release().await?;
-        let guard = ctx
-            .within(
-                &format!("round {round}: the kept client's waiter to be granted"),
-                waiter,
-            )
-            .await?
-            .map_err(|e| Failure(format!("the waiter panicked: {e}")))??;
-        guard.release().await?;
+        hand_off_to(&ctx, round, &kept, &*other).await?;
     }
     Ok(())
 }
@@ -189,4 +170,174 @@ async fn settle_across(
     })?;
     next.release().await?;
     Ok(())
+}
+
+/// A client shared by runtimes that run at the same time, as a `static` client is by the
+/// `#[tokio::test]`s cargo runs in parallel: when one of them ends, work on the others goes on
+/// without an error. The runtime that ends made the client and started its connections and
+/// background work (pairs from several tasks, a waiter woken by a release); the test's own
+/// runtime runs pairs from several tasks while it ends, and a guard it holds meanwhile still
+/// holds and releases after.
+pub async fn client_shared_by_runtimes_running_at_once(ctx: Ctx) -> CaseResult {
+    let bound = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let other = ctx.client().await?;
+    let (client_made, made) = tokio::sync::oneshot::channel();
+    let (end, ended) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let (ctx, other) = (ctx.clone(), other.clone());
+        tokio::spawn(on_a_runtime_of_its_own(move || async move {
+            let kept = ctx.client().await?;
+            pairs_on_every_connection(&ctx, 0, &kept, &ctx.name("free"), FencingToken::new(0))
+                .await?;
+            hand_off_to(&ctx, 0, &kept, &*other).await?;
+            let across = kept
+                .acquire(&ctx.name("held-first"), &LockOptions::new())
+                .await?;
+            let _ = client_made.send(kept);
+            // The runtime goes on until the test's own is busy with the client too.
+            let _ = ended.await;
+            Ok::<_, Failure>(across)
+        }))
+    };
+    let Ok(kept) = made.await else {
+        let why = first.await.map_err(|e| Failure(format!("panicked: {e}")))?;
+        return Err(why
+            .err()
+            .unwrap_or_else(|| Failure("no client was made".into())));
+    };
+    let held = kept.acquire(&ctx.name("held-second"), &bound).await?;
+
+    let busy = Busy::start(&ctx, &kept, 4);
+    ctx.within("pairs on the test's runtime to start", busy.done_each(2))
+        .await?;
+    let _ = end.send(());
+    let across = ctx
+        .within("the first runtime to end", first)
+        .await?
+        .map_err(|e| Failure(format!("the first runtime panicked: {e}")))??;
+    let before = busy.least();
+    ctx.within(
+        "pairs on the test's runtime to go on after the first ended",
+        busy.done_each(before + 3),
+    )
+    .await?;
+    busy.stop(&ctx).await?;
+
+    ensure!(
+        held.is_held(),
+        "a guard held on a runtime that still runs said it was lost when another runtime ended"
+    );
+    held.release().await.map_err(|e| {
+        Failure(format!(
+            "a guard held on a runtime that still runs could not be released after another \
+             runtime ended: {e}"
+        ))
+    })?;
+    hand_off_to(&ctx, 1, &kept, &*other).await?;
+    settle_across(&ctx, 1, across, &*other).await
+}
+
+/// `other` holds a lock that `kept` waits for: the release must wake `kept`'s waiter.
+async fn hand_off_to(
+    ctx: &Ctx,
+    round: u32,
+    kept: &Arc<dyn DistributedLock>,
+    other: &dyn DistributedLock,
+) -> CaseResult {
+    let bound = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let waited = ctx.name("waited");
+    let holder = other.acquire(&waited, &bound).await?;
+    let mut waiter = {
+        let (kept, name, bound) = (kept.clone(), waited.clone(), bound.clone());
+        tokio::spawn(async move { kept.acquire(&name, &bound).await })
+    };
+    // Time to start waiting, so that the release has a waiter to wake.
+    let early = tokio::time::timeout(Duration::from_millis(100), &mut waiter).await;
+    ensure!(
+        early.is_err(),
+        "round {round}: the kept client acquired a lock another client held"
+    );
+    holder.release().await?;
+    let guard = ctx
+        .within(
+            &format!("round {round}: the kept client's waiter to be granted"),
+            waiter,
+        )
+        .await?
+        .map_err(|e| Failure(format!("the waiter panicked: {e}")))??;
+    guard.release().await?;
+    Ok(())
+}
+
+/// Tasks that run pairs on names of their own until stopped, counting them.
+struct Busy {
+    counts: Arc<Vec<std::sync::atomic::AtomicU64>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Result<(), LockError>>>,
+}
+
+impl Busy {
+    fn start(ctx: &Ctx, client: &Arc<dyn DistributedLock>, tasks: usize) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let counts: Arc<Vec<AtomicU64>> = Arc::new((0..tasks).map(|_| AtomicU64::new(0)).collect());
+        let stop = Arc::new(AtomicBool::new(false));
+        let bound = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+        let tasks = (0..tasks)
+            .map(|task| {
+                let (client, bound, name) = (
+                    client.clone(),
+                    bound.clone(),
+                    ctx.name(&format!("busy-{task}")),
+                );
+                let (counts, stop) = (counts.clone(), stop.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Acquire) {
+                        let guard = client.acquire(&name, &bound).await?;
+                        guard.release().await?;
+                        counts[task].fetch_add(1, Ordering::AcqRel);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        Self {
+            counts,
+            stop,
+            tasks,
+        }
+    }
+
+    /// The fewest pairs any task has done.
+    fn least(&self) -> u64 {
+        self.counts
+            .iter()
+            .map(|c| c.load(std::sync::atomic::Ordering::Acquire))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Until every task has done `pairs` pairs, or one has stopped (its error is then told by
+    /// [`stop`](Self::stop)).
+    async fn done_each(&self, pairs: u64) {
+        while self.least() < pairs && !self.tasks.iter().any(|t| t.is_finished()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn stop(self, ctx: &Ctx) -> CaseResult {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        for task in self.tasks {
+            ctx.within("the busy tasks to stop", task)
+                .await?
+                .map_err(|e| Failure(format!("a busy task panicked: {e}")))?
+                .map_err(|e| {
+                    Failure(format!(
+                        "a pair on a runtime that still runs failed when another runtime that \
+                         used the client ended: {}",
+                        Failure::from(e)
+                    ))
+                })?;
+        }
+        Ok(())
+    }
 }
