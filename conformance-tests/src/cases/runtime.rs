@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_api::{
-    DistributedLock, Fencing, FencingToken, LockError, LockGuard, LockName, LockOptions,
+    DistributedLock, Fencing, FencingToken, LeaseKind, LockError, LockGuard, LockName, LockOptions,
 };
 
 use crate::{CaseResult, Ctx, Failure, ensure};
@@ -176,8 +176,9 @@ async fn settle_across(
 /// `#[tokio::test]`s cargo runs in parallel: when one of them ends, work on the others goes on
 /// without an error. The runtime that ends made the client and started its connections and
 /// background work (pairs from several tasks, a waiter woken by a release); the test's own
-/// runtime runs pairs from several tasks while it ends, and a guard it holds meanwhile still
-/// holds and releases after.
+/// runtime runs pairs from several tasks while it ends, and a guard it holds meanwhile, on a
+/// short lease, still holds a lease and a half later, with nothing else done on the client
+/// meanwhile, and releases.
 pub async fn client_shared_by_runtimes_running_at_once(ctx: Ctx) -> CaseResult {
     let bound = LockOptions::new().with_wait_timeout(ctx.timing().bound);
     let other = ctx.client().await?;
@@ -205,7 +206,16 @@ pub async fn client_shared_by_runtimes_running_at_once(ctx: Ctx) -> CaseResult {
             .err()
             .unwrap_or_else(|| Failure("no client was made".into())));
     };
-    let held = kept.acquire(&ctx.name("held-second"), &bound).await?;
+    // On a short lease where leases run out, so that a renewal lost with the other runtime
+    // shows within the case.
+    let caps = kept.capabilities();
+    let short = ctx.timing().short_ttl.max(caps.min_ttl.unwrap_or_default());
+    let hold = if caps.lease == LeaseKind::Ttl {
+        bound.clone().with_ttl(short)
+    } else {
+        bound.clone()
+    };
+    let held = kept.acquire(&ctx.name("held-second"), &hold).await?;
 
     let busy = Busy::start(&ctx, &kept, 4);
     ctx.within("pairs on the test's runtime to start", busy.done_each(2))
@@ -222,6 +232,9 @@ pub async fn client_shared_by_runtimes_running_at_once(ctx: Ctx) -> CaseResult {
     )
     .await?;
     busy.stop(&ctx).await?;
+    // Nothing runs on the client for longer than a lease (or session): its renewal, keep-alive
+    // or heartbeat must run on a runtime that runs, not on the one that ended.
+    tokio::time::sleep(short.max(ctx.timing().crash_bound) * 3 / 2).await;
 
     ensure!(
         held.is_held(),
