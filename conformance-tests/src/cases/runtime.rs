@@ -286,6 +286,9 @@ async fn hand_off_to(
 struct Busy {
     counts: Arc<Vec<std::sync::atomic::AtomicU64>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Notified after every pair (and by nothing else): awaited, not polled on a timer, as
+    /// paused time never moves while the tasks keep the runtime busy.
+    progress: Arc<tokio::sync::Notify>,
     tasks: Vec<tokio::task::JoinHandle<Result<(), LockError>>>,
 }
 
@@ -294,6 +297,7 @@ impl Busy {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
         let counts: Arc<Vec<AtomicU64>> = Arc::new((0..tasks).map(|_| AtomicU64::new(0)).collect());
         let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(tokio::sync::Notify::new());
         let bound = LockOptions::new().with_wait_timeout(ctx.timing().bound);
         let tasks = (0..tasks)
             .map(|task| {
@@ -302,12 +306,15 @@ impl Busy {
                     bound.clone(),
                     ctx.name(&format!("busy-{task}")),
                 );
-                let (counts, stop) = (counts.clone(), stop.clone());
+                let (counts, stop, progress) = (counts.clone(), stop.clone(), progress.clone());
                 tokio::spawn(async move {
                     while !stop.load(Ordering::Acquire) {
                         let guard = client.acquire(&name, &bound).await?;
                         guard.release().await?;
                         counts[task].fetch_add(1, Ordering::AcqRel);
+                        progress.notify_waiters();
+                        // An in-process backend may never wait: let the runtime's other tasks run.
+                        tokio::task::yield_now().await;
                     }
                     Ok(())
                 })
@@ -316,6 +323,7 @@ impl Busy {
         Self {
             counts,
             stop,
+            progress,
             tasks,
         }
     }
@@ -332,8 +340,13 @@ impl Busy {
     /// Until every task has done `pairs` pairs, or one has stopped (its error is then told by
     /// [`stop`](Self::stop)).
     async fn done_each(&self, pairs: u64) {
-        while self.least() < pairs && !self.tasks.iter().any(|t| t.is_finished()) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        loop {
+            let progress = self.progress.notified();
+            if self.least() >= pairs || self.tasks.iter().any(|t| t.is_finished()) {
+                return;
+            }
+            // A task that ended with an error makes no more progress: look again now and then.
+            let _ = tokio::time::timeout(Duration::from_millis(50), progress).await;
         }
     }
 
