@@ -79,13 +79,7 @@ impl<D: SessionDriver> PoolCore<D> {
                     core: Arc::downgrade(self),
                     conn: Arc::downgrade(&connection),
                 };
-                runtime.spawn(connection_task(
-                    Arc::downgrade(self),
-                    Arc::downgrade(&connection),
-                    unlocks,
-                    self.config.keepalive,
-                    stranded,
-                ));
+                runtime.spawn(connection_task(stranded, unlocks, self.config.keepalive));
             }
             Err(_) => tracing::warn!(
                 backend = self.driver.backend(),
@@ -390,13 +384,12 @@ impl<D: SessionDriver> Drop for UnlockInFlight<'_, D> {
 }
 
 /// Per connection: runs queued unlocks in order and keeps the connection alive. Ends when the
-/// connection closes or the pool is gone.
+/// connection closes or the pool is gone; dropped unfinished with its runtime, it closes the
+/// connection (`stranded`).
 async fn connection_task<D: SessionDriver>(
-    core: Weak<PoolCore<D>>,
-    conn: Weak<Connection<D>>,
+    stranded: CloseIfStranded<D>,
     mut unlocks: mpsc::UnboundedReceiver<D::Key>,
     keepalive: Duration,
-    _stranded: CloseIfStranded<D>,
 ) {
     // A config built in code may carry a zero keepalive, which `interval` refuses.
     let mut tick = tokio::time::interval(keepalive.max(Duration::from_millis(1)));
@@ -406,11 +399,11 @@ async fn connection_task<D: SessionDriver>(
         tokio::select! {
             key = unlocks.recv() => {
                 let Some(key) = key else { return };
-                let (Some(core), Some(conn)) = (core.upgrade(), conn.upgrade()) else { return };
+                let Some((core, conn)) = stranded.upgrade() else { return };
                 core.run_queued_unlock(&conn, key).await;
             }
             _ = tick.tick() => {
-                let (Some(core), Some(conn)) = (core.upgrade(), conn.upgrade()) else { return };
+                let Some((core, conn)) = stranded.upgrade() else { return };
                 if conn.is_dead() {
                     return;
                 }
@@ -430,9 +423,16 @@ struct CloseIfStranded<D: SessionDriver> {
     conn: Weak<Connection<D>>,
 }
 
+impl<D: SessionDriver> CloseIfStranded<D> {
+    /// The pool and the connection, while both live.
+    fn upgrade(&self) -> Option<(Arc<PoolCore<D>>, Conn<D>)> {
+        Some((self.core.upgrade()?, self.conn.upgrade()?))
+    }
+}
+
 impl<D: SessionDriver> Drop for CloseIfStranded<D> {
     fn drop(&mut self) {
-        let (Some(core), Some(conn)) = (self.core.upgrade(), self.conn.upgrade()) else {
+        let Some((core, conn)) = self.upgrade() else {
             return;
         };
         if conn.is_dead() {
