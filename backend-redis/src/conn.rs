@@ -182,13 +182,16 @@ impl SentinelConn {
         if self.watcher_ended.load(Ordering::Acquire) {
             self.watch();
         }
-        let primary = self
-            .current
+        self.primary().send(command).await
+    }
+
+    /// The connections to the current primary.
+    fn primary(&self) -> Arc<Driven<ConnectionManager>> {
+        self.current
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .1
-            .clone();
-        primary.send(command).await
+            .clone()
     }
 
     /// Starts the `+switch-master` watcher on this runtime, stopping the last one.
@@ -474,15 +477,7 @@ impl Conn {
                     })
                     .await
             }
-            Self::Sentinel(sentinel) => {
-                let primary = sentinel
-                    .current
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .1
-                    .clone();
-                primary.send_everywhere(unsubscribe).await
-            }
+            Self::Sentinel(sentinel) => sentinel.primary().send_everywhere(unsubscribe).await,
         }
     }
 }

@@ -174,10 +174,18 @@ impl ZkSession {
         if !fail.task_gone() {
             return;
         }
-        let until = Instant::now() + Duration::from_secs(1);
-        while matches!(self.live_client(), Ok(Some(_))) && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let life = match &*self.attached.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(attached) if !attached.is_stale() => attached.life.clone(),
+            _ => None,
+        };
+        let Some(life) = life else {
+            return;
+        };
+        let (stopped, marked) = tokio::sync::oneshot::channel();
+        life.on_stop(move || {
+            let _ = stopped.send(());
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(1), marked).await;
     }
 
     /// Marks the acquire whose nodes carry `marker` as in progress until the returned value is

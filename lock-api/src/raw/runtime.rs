@@ -157,10 +157,7 @@ impl<T: Clone> PerRuntime<T> {
 
     fn of(&self, id: Id) -> Option<T> {
         let values = self.values.read().unwrap_or_else(|e| e.into_inner());
-        values
-            .iter()
-            .find(|(of, life, _)| *of == id && !life.has_stopped())
-            .map(|(_, _, value)| value.clone())
+        running_value(&values, id).cloned()
     }
 
     /// The value of the runtime this is called on, made with `make` if it has none; `None`
@@ -172,10 +169,7 @@ impl<T: Clone> PerRuntime<T> {
         }
         let life = RuntimeLife::of(&runtime);
         let mut values = self.values.write().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, _, value)) = values
-            .iter()
-            .find(|(of, life, _)| *of == runtime.id() && !life.has_stopped())
-        {
+        if let Some(value) = running_value(&values, runtime.id()) {
             return Some(value.clone());
         }
         values.retain(|(_, life, _)| !life.has_stopped());
@@ -204,6 +198,14 @@ impl<T: Clone> PerRuntime<T> {
             .map(|(_, _, value)| value.clone())
             .collect()
     }
+}
+
+/// The value of runtime `id`, if it has one and still runs.
+fn running_value<T>(values: &[(Id, RuntimeLife, T)], id: Id) -> Option<&T> {
+    values
+        .iter()
+        .find(|(of, life, _)| *of == id && !life.has_stopped())
+        .map(|(_, _, value)| value)
 }
 
 impl<T> fmt::Debug for PerRuntime<T> {
