@@ -80,11 +80,11 @@ impl RedisLease {
     async fn release_script(&self) -> Result<bool> {
         let (inner, keys, owner) = (&self.inner, &self.keys, &*self.owner);
         if self.taken_uncontended {
-            let names = [keys.lock.as_str(), keys.queue.as_str()];
+            let names = [keys.lock.as_str()];
             match Self::run_with(inner, &inner.scripts.release_uncontended, &names, &[owner])
                 .await?
             {
-                // Waiters queued while it was held: the full release hands it over.
+                // Waiters queued while it was held (they marked it): the full release hands it over.
                 2 => {}
                 released => return Ok(released == 1),
             }

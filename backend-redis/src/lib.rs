@@ -16,9 +16,12 @@
 //! ```
 //!
 //! ## How it works
-//! - **Acquire**: the first attempt is one small Lua script: if nobody queues,
-//!   `SET PREFIX:{NAME} OWNER NX PX TTL`, and on success it raises the name's fence key and
-//!   returns the new fencing token; 0 if the lock is held. A waiter's attempts use the full
+//! - **Acquire**: the first attempt is one small Lua script: `SET PREFIX:{NAME} OWNER NX PX TTL`,
+//!   and on success it raises the name's fence key and returns the new fencing token; 0 if the
+//!   lock is held. It reads no queue key: a waiter that queues marks the fence ("waiters may be
+//!   queued"), and a first attempt that finds the mark undoes its `SET` and leaves the decision
+//!   to the full script, so it never jumps a live waiter (a holder whose lease ran out with
+//!   waiters queued leaves the lock free with them in line). A waiter's attempts use the full
 //!   script, which also queues it (a live waiter goes first) and returns the holder's remaining
 //!   TTL. Scripts go by SHA (`EVALSHA`) and fall back to `EVAL` when the server forgot
 //!   them (restart, `SCRIPT FLUSH`).
@@ -30,10 +33,11 @@
 //!   `granted OWNER TOKEN`. The waiter holds the lock the moment the message arrives, so a hand-off
 //!   costs about one round trip instead of a poll interval, and waiters are served in order. If
 //!   every queued waiter's presence has lapsed, it publishes `free` (one of them may be alive and
-//!   queue again); with nobody queued it publishes nothing. A lock taken with nobody queued is
-//!   released first by a smaller script (the lock and queue keys, the owner) that deletes it only
-//!   if still nobody is queued; if waiters queued meanwhile, it leaves the lock held and the full
-//!   release above hands it over, one round trip later. **Extend** is a compare-and-`PEXPIRE`.
+//!   queue again); with nobody queued it publishes nothing. A lock taken by the first attempt is
+//!   released first by the compare-and-delete of a plain lock (the lock key and the owner): a
+//!   waiter that queued while it was held marked the lock's value, and then that script leaves
+//!   it held and the full release above hands it over, one round trip later. **Extend** is a
+//!   compare-and-`PEXPIRE`.
 //! - **A failed or cancelled acquire** is undone by a cancel script in the background: it
 //!   releases a lock the acquire took (or a release granted it meanwhile) and leaves the queue.
 //!   When the acquire's reply never came (a command timeout, a broken connection), its script may
@@ -57,6 +61,8 @@
 //! `PREFIX:{NAME}` (the lock; value = owner, TTL = lease), `PREFIX:{NAME}:fence` (last token; kept
 //! without TTL so tokens never repeat: one small key per name ever locked), `PREFIX:{NAME}:queue`
 //! and `PREFIX:{NAME}:waiters` (the waiters, expiring with them), channel `PREFIX:{NAME}:released`. Braces in names are escaped so the hash tag is always the whole name.
+//! A trailing `+` on the lock's or the fence's value is a queue mark (above); clients of this
+//! layout and of the one before it (which read the queue key instead) must not share a server.
 //!
 //! ## When a Redis deployment forgets a lock
 //! A Redis server can lose a held lock without anyone releasing it, and no client is told:
@@ -129,10 +135,12 @@
 //! It makes the same round trips, system calls and context switches as the raw pair (on VM I,
 //! 8.9 switches per pair against 8.7). What it pays more:
 //! - **Server time.** The raw pair is a plain `SET NX PX` and a two-call compare-and-delete
-//!   script; dlock's is two scripts: the first attempt (`EXISTS` on the queue, `SET NX PX`,
-//!   `TIME`, one `GETSET` that stores the clock and returns the last token) and the release
-//!   (`GET`, `DEL`, `LPOP`; since VM Q, when nobody queued, `GET`, `EXISTS`, `DEL` with two
-//!   keys). Piped 20,000 times into one server (`INFO commandstats`, VM I): the first attempt
+//!   script; dlock's is two scripts: the first attempt (`SET NX PX`, `TIME`, one `GETSET` that
+//!   stores the clock and returns the last token) and the release (`GET`, `DEL`). Before the
+//!   queue marks (VM X) the first attempt also ran `EXISTS` on the queue and the release `EXISTS`
+//!   on it too, with one key more each; before VM Q the release was the full one, with
+//!   `LPOP`. What follows was measured with the `EXISTS` calls in place (VM I, four
+//!   keys). Piped 20,000 times//!   keys). Piped 20,000 times into one server (`INFO commandstats`, VM I): the first attempt
 //!   7.8–10.1 µs and the release 3.7 µs, against 1.3 µs for the `SET` and 2.5 µs for the
 //!   compare-and-delete. Built up call by call: an empty script 1.5 µs, `SET NX PX` alone
 //!   3.9, with the queue check 5.5, with `TIME` 5.9, the whole first attempt 7.8: each call from
@@ -175,8 +183,9 @@
 //! ### What the scripts keep, and what was tried instead
 //! The fence's clock floor (tokens at least the server clock in µs, so they keep rising after a
 //! restart or a failover that lost the counter) needs `TIME` and a read-modify-write of the last
-//! token, so a script; the queue check keeps FIFO when a holder expired with waiters queued. Both
-//! stay. Measured against the raw pair in alternating slices and not kept:
+//! token, so a script. FIFO when a holder expired with waiters queued is kept by the queue marks,
+//! which the first attempt and its release find in the values they read anyway. Measured against
+//! the raw pair in alternating slices and not kept:
 //! - plain pipelined `EXISTS`, `SET NX PX`, `INCR`: 0.94–1.01×, but no clock floor;
 //! - `MULTI`/`SET NX PX`/`EXISTS`/`INCR`/`TIME`/`EXEC` (4 µs of server time): 0.90–0.94×, and
 //!   about 20% more pairs/s with 64 tasks, but a transaction cannot take the maximum of the last
@@ -188,7 +197,8 @@
 //!   within 2 ms): the same as the scripts, 0.79–0.81×, and no better with 16 tasks, where each
 //!   of its six commands pays the server's per-command cost;
 //! - the first attempt without the queue check, or the release without its `LPOP`: within the
-//!   noise (9.1 µs against 9.0 µs of server time on VM F);
+//!   noise (9.1 µs against 9.0 µs of server time on VM F; the queue marks later did it without
+//!   giving up FIFO, and counted by instructions it was not noise, below);
 //! - the clock passed to `GETSET` as a Lua number instead of a built string: no cheaper (VM M,
 //!   warm server: 4.86 against 4.84 µs per first attempt; there a script with its three keys and
 //!   two arguments that returns at once costs 1.27 µs, and `EXISTS` 0.30, `SET NX PX` 1.15, `TIME`
@@ -205,7 +215,11 @@
 //! connection 14.7–16.8 µs of server CPU per pair against 17.1–20.3 µs, in alternating runs);
 //! the acquire path's metric keys built once per backend rather than per call, and no span fields
 //! recorded on a span no subscriber wants (client instructions per pair 52.3k → 49.1k); guards
-//! renewed from one timer per client instead of a task per guard.
+//! renewed from one timer per client instead of a task per guard; the queue marks (VM X), with
+//! which the first attempt and its release are the fenced floor's own script and the plain
+//! compare-and-delete (87.4k → 77.5k server instructions per pair, against 76.8k for the fenced
+//! floor's pair and 34.2k for the plain one; callgrind on a private redis-server, 3,000 pairs
+//! each, after 200 to warm up).
 //! Redlock, whose per-node counters have no clock floor, takes its first attempt with plain
 //! pipelined commands ([`node::Counting::EveryAttempt`]).
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -117,7 +117,8 @@ impl RedisLock {
 
     /// The first attempt of an acquire: one round trip with the smallest script, which takes the
     /// lock if it is free with nobody queued. `None` if someone holds it; when it is free but
-    /// waiters are queued, the full [`attempt`](Self::attempt) decides, without queueing.
+    /// waiters may be queued (the fence is marked), the full [`attempt`](Self::attempt) decides,
+    /// without queueing.
     async fn attempt_first(
         &self,
         name: &LockName,
@@ -131,7 +132,7 @@ impl RedisLock {
                 &self.inner.scripts.acquire_first,
                 keys,
                 owner,
-                &[&keys.lock, &keys.fence, &keys.queue],
+                &[&keys.lock, &keys.fence],
                 &[owner, &ttl_ms],
                 options.ttl(),
             )

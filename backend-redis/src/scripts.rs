@@ -11,29 +11,39 @@
 //! that message, with no further round trip, so a hand-off costs about one round trip, and waiters
 //! are served in arrival order. A waiter refreshes its presence while it waits; one that vanished
 //! is skipped once its presence lapses.
+//!
+//! **The queue marks.** The uncontended pair (the first attempt and its release) reads neither
+//! queue key: a waiter that joins the queue leaves a mark where those two scripts look anyway.
+//! - On the **fence**: its value gets a trailing `+` ("waiters may be queued"). The first attempt
+//!   reads the fence to take its token; a marked one makes it undo its `SET` and leave the decision
+//!   to the full acquire, which knows the queue. Invariant: a non-empty queue has a marked fence
+//!   (every script that queues marks it in the same step; only a script that finds the queue empty
+//!   takes the mark off). A mark left on an empty queue (its waiters gave up, or it expired) costs
+//!   the next first attempt one more round trip, and that acquire takes it off.
+//! - On the **lock**: its value gets a trailing `+` when a waiter queues while it is held. A lock
+//!   taken by the first attempt had nobody queued then (its fence was not marked), so only this
+//!   mark can tell its release that somebody queued since: the release deletes an unmarked lock
+//!   it owns, and hands a marked one to the full release. Every script that compares the holder
+//!   with an owner takes both values as that owner's.
+//!
+//! Owner values are hex digits and fences decimal digits, so a `+` is never part of either.
 
 use redis::Script;
 
 /// Takes the next fencing token of the name whose fence key is `fence`, given `t`, the reply of
-/// `TIME`; leaves it in `token`. Written once for the fast acquire (inline, no closure: each call
-/// of a script pays for every closure it makes) and the helpers of the other scripts.
+/// `TIME`, and `queued`, whether waiters may still be queued (the fence then keeps its mark);
+/// leaves it in `token`. Inline, not a function: each call of a script pays for every closure it
+/// makes.
 ///
 /// The token is above the last one, and at least the server clock in microseconds, so tokens keep
 /// rising even if the fence key is lost (restart without persistence, failover to a replica that
-/// missed the last grants). `GETSET` stores the clock and returns the last token in one call;
-/// only when the last token is not below the clock (two grants in one microsecond, a clock
-/// stepped back) does a second call store the last token plus one. Lua numbers are doubles, exact
-/// below 2^53 µs (the year 2255).
+/// missed the last grants). Lua numbers are doubles, exact below 2^53 µs (the year 2255).
 macro_rules! lua_take_token {
     () => {
         r"
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local token = tonumber(redis.call('GETSET', fence, t[1] .. string.sub('00000' .. t[2], -6)) or '0') + 1
-if token > now then
-  redis.call('SET', fence, string.format('%.0f', token))
-else
-  token = now
-end
+local token = math.max(tonumber(string.match(redis.call('GET', fence) or '0', '^%d+')) + 1, now)
+redis.call('SET', fence, string.format('%.0f', token) .. (queued and '+' or ''))
 "
     };
 }
@@ -44,7 +54,7 @@ macro_rules! lua_grant_helper {
     () => {
         concat!(
             r"
-local function raise_fence(fence, t)
+local function raise_fence(fence, t, queued)
 ",
             lua_take_token!(),
             r"
@@ -53,7 +63,7 @@ end
 
 -- Gives the free lock to the first live waiter, starting with `head` (already popped), and tells
 -- it; or, if the queue held only waiters whose presence lapsed, announces the lock free (one of
--- them may still be alive and re-queue).
+-- them may still be alive and re-queue) and takes the queue mark off the fence.
 local function grant_next(head, lock, fence, queue, waiters, channel)
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -64,13 +74,15 @@ local function grant_next(head, lock, fence, queue, waiters, channel)
       local deadline, ttl = string.match(entry, '^(%d+):(%d+)$')
       if tonumber(deadline) > now_ms then
         redis.call('SET', lock, head, 'PX', ttl)
-        local token = raise_fence(fence, t)
+        local token = raise_fence(fence, t, redis.call('EXISTS', queue) == 1)
         redis.call('PUBLISH', channel, 'granted ' .. head .. ' ' .. string.format('%.0f', token))
         return
       end
     end
     head = redis.call('LPOP', queue)
   end
+  local last = redis.call('GET', fence)
+  if last then redis.call('SET', fence, string.match(last, '^%d+')) end
   redis.call('PUBLISH', channel, 'free')
 end
 "
@@ -78,28 +90,42 @@ end
     };
 }
 
+/// Whether the holder value `holder` (nil when free) is the owner `owner`'s, marked or not.
+macro_rules! lua_holds {
+    ($holder:literal, $owner:literal) => {
+        concat!(
+            "(", $holder, " == ", $owner, " or ", $holder, " == ", $owner, " .. '+')"
+        )
+    };
+}
+
 /// The first attempt of an acquire, with the fewest keys, arguments and calls: a fresh owner
-/// cannot hold the lock already, and does not queue yet. KEYS: lock, fence, queue. ARGV: owner,
-/// ttl_ms.
+/// cannot hold the lock already, and does not queue yet. KEYS: lock, fence. ARGV: owner, ttl_ms.
 ///
 /// Returns the token when the lock was free with nobody queued and is now the caller's (its lease
-/// is the TTL just set), `0` when someone holds it, and nil when it is free but waiters are
-/// queued: [`ACQUIRE`] then decides (a live waiter goes first; lapsed ones are dropped).
-const ACQUIRE_FIRST: &str = concat!(
-    r"
-local fence = KEYS[2]
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
-  local t = redis.call('TIME')
-",
-    lua_take_token!(),
-    r"
+/// is the TTL just set), `0` when someone holds it, and nil when it is free but waiters may be
+/// queued (a marked fence): [`ACQUIRE`] then decides (a live waiter goes first; lapsed ones are
+/// dropped). `GETSET` stores the clock and returns the last token in one call; only when the
+/// last token is not below the clock (two grants in one microsecond, a clock stepped back) does
+/// a second call store the last token plus one.
+const ACQUIRE_FIRST: &str = r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+local t = redis.call('TIME')
+local last = redis.call('GETSET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6))
+local token = tonumber(last or '0')
+if not token then
+  redis.call('SET', KEYS[2], last)
+  redis.call('DEL', KEYS[1])
+  return false
+end
+token = token + 1
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if token > now then
+  redis.call('SET', KEYS[2], string.format('%.0f', token))
   return token
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-return false
-"
-);
+return now
+";
 
 /// Acquire. KEYS: lock, fence, queue, waiters. ARGV: owner, ttl_ms, enqueue (`0`/`1`),
 /// presence_ms, channel.
@@ -108,14 +134,17 @@ return false
 /// to it by a release whose message may still be on its way), else `{0, holder's PTTL, fence}`
 /// (`-2`: free but a live waiter is first; `fence`: the last token handed out, so a waiter can
 /// tell a grant made after this answer, whose token is higher, from one made before). With
-/// enqueue, a busy answer also queues the caller (or refreshes its presence).
+/// enqueue, a busy answer also queues the caller (or refreshes its presence), marking the fence
+/// and a held lock when it joins.
 const ACQUIRE: &str = concat!(
     r"
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = ARGV[1]
 local holder = redis.call('GET', lock)
-if holder == owner then
-  return {1, tonumber(redis.call('GET', fence)), redis.call('PTTL', lock)}
+if ",
+    lua_holds!("holder", "owner"),
+    r" then
+  return {1, tonumber(string.match(redis.call('GET', fence) or '0', '^%d+')), redis.call('PTTL', lock)}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -134,6 +163,7 @@ if not holder then
       redis.call('HDEL', waiters, owner)
     end
     redis.call('SET', lock, owner, 'PX', ARGV[2])
+    local queued = redis.call('EXISTS', queue) == 1
 ",
     lua_take_token!(),
     r"
@@ -142,15 +172,18 @@ if not holder then
   -- Free with a live waiter first (its holder expired rather than released): wake it.
   redis.call('PUBLISH', ARGV[5], 'free')
 end
+local last = redis.call('GET', fence) or '0'
 if ARGV[3] == '1' then
   if redis.call('HSET', waiters, owner, (now_ms + tonumber(ARGV[4])) .. ':' .. ARGV[2]) == 1 then
     redis.call('RPUSH', queue, owner)
+    if string.byte(last, -1) ~= 43 then redis.call('SET', fence, last .. '+') end
+    if holder and string.byte(holder, -1) ~= 43 then redis.call('APPEND', lock, '+') end
   end
   local keep = math.max(redis.call('PTTL', lock), tonumber(ARGV[4])) + 1000
   redis.call('PEXPIRE', queue, keep)
   redis.call('PEXPIRE', waiters, keep)
 end
-return {0, redis.call('PTTL', lock), tonumber(redis.call('GET', fence) or '0')}
+return {0, redis.call('PTTL', lock), tonumber(string.match(last, '^%d+'))}
 "
 );
 
@@ -158,7 +191,10 @@ return {0, redis.call('PTTL', lock), tonumber(redis.call('GET', fence) or '0')}
 /// caller owns it and hands it to the next live waiter. Returns 1 or 0.
 const RELEASE: &str = concat!(
     r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local holder = redis.call('GET', KEYS[1])
+if not ",
+    lua_holds!("holder", "ARGV[1]"),
+    r" then return 0 end
 redis.call('DEL', KEYS[1])
 local head = redis.call('LPOP', KEYS[3])
 if not head then return 1 end
@@ -170,17 +206,20 @@ return 1
 "
 );
 
-/// Release of a lock taken with nobody queued. KEYS: lock, queue. ARGV: owner. Deletes the lock
-/// only if the caller owns it and still nobody is queued; returns 1 (released), 0 (not the
-/// caller's), or 2 (the caller's, but waiters queued meanwhile: left held for [`RELEASE`] to hand
-/// over). Most locks are released before anyone queues for them, and this script passes half the
-/// keys and arguments of [`RELEASE`]: each one passed into Lua costs the server about 1.8k
-/// instructions, of about 90k for a whole acquire and release pair.
+/// Release of a lock taken by the first attempt, with nobody queued. KEYS: lock. ARGV: owner.
+/// Deletes the lock only if the caller owns it and nobody queued since (the lock is not marked);
+/// returns 1 (released), 0 (not the caller's), or 2 (the caller's, marked: left held for
+/// [`RELEASE`] to hand over). Most locks are released before anyone queues for them, and this
+/// script is the compare-and-delete of a plain lock: each key or argument passed into Lua, and
+/// each call from it, costs the server about as much as a plain command.
 const RELEASE_UNCONTENDED: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 2 end
-redis.call('DEL', KEYS[1])
-return 1
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if holder == ARGV[1] .. '+' then return 2 end
+return 0
 ";
 
 /// Cancel a wait (timeout, dropped future, failed acquire). KEYS and ARGV as release. If a
@@ -189,7 +228,10 @@ return 1
 const CANCEL: &str = concat!(
     lua_grant_helper!(),
     r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if ",
+    lua_holds!("holder", "ARGV[1]"),
+    r" then
   redis.call('DEL', KEYS[1])
   local head = redis.call('LPOP', KEYS[3])
   if head then grant_next(head, KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2]) end
@@ -197,21 +239,26 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 redis.call('LREM', KEYS[3], 0, ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
-if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('LLEN', KEYS[3]) > 0 then
+if not holder and redis.call('LLEN', KEYS[3]) > 0 then
   redis.call('PUBLISH', ARGV[2], 'free')
 end
 return 1
 "
 );
 
-/// Extend. KEYS: lock. ARGV: owner, ttl_ms. Resets the lease only if the caller owns the lock.
-/// Returns 1 or 0.
-pub(crate) const EXTEND: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+/// Extend. KEYS: lock. ARGV: owner, ttl_ms. Resets the lease only if the caller owns the lock
+/// (its value marked or not: Redlock's nodes never mark it). Returns 1 or 0.
+pub(crate) const EXTEND: &str = concat!(
+    r"
+local holder = redis.call('GET', KEYS[1])
+if ",
+    lua_holds!("holder", "ARGV[1]"),
+    r" then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
-";
+"
+);
 
 /// Node acquire, for multi-node algorithms (no queue). KEYS: lock, fence. ARGV: owner, ttl_ms.
 ///
@@ -300,7 +347,8 @@ return 0
 
 /// Inspect (read only). KEYS: lock, fence, queue, waiters.
 ///
-/// Returns `{holder, pttl, fence, waiters}`: the holder's owner value (`''` when free), its
+/// Returns `{holder, pttl, fence, waiters}`: the holder's owner value (`''` when free; without
+/// its queue mark, as is the fence), its
 /// PTTL (`-2` free, `-1` a key without TTL), the name's fence counter (the holder's token: a
 /// grant sets the lock and raises the fence in one script; `''` when the name never had one),
 /// and how many queued waiters are live (presence deadline not passed). On a node without the
@@ -315,8 +363,10 @@ for _, owner in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
     live = live + 1
   end
 end
-return {redis.call('GET', KEYS[1]) or '', redis.call('PTTL', KEYS[1]),
-  redis.call('GET', KEYS[2]) or '', live}
+local holder = redis.call('GET', KEYS[1]) or ''
+if string.byte(holder, -1) == 43 then holder = string.sub(holder, 1, -2) end
+return {holder, redis.call('PTTL', KEYS[1]),
+  string.match(redis.call('GET', KEYS[2]) or '', '^%d*'), live}
 ";
 
 /// The scripts, hashed once per client.
