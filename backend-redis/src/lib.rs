@@ -114,11 +114,14 @@
 //! | L | 0.91–0.94× (seven runs) | 0.77–0.87× | 1.04× / 0.95× / 0.51× / – (54k pairs/s against 104k) |
 //! | M | 0.85–0.94× (twelve runs); 0.93–0.98× of the fenced floor | 0.87–0.93× | 1.14× / 0.92× / 0.67× / – (46k pairs/s against 72k); of the fenced floor 1.18× / 1.00× / 0.94× / – |
 //! | N | 0.84–0.91× (four runs); 0.92–0.96× of the fenced floor | 0.79–0.92× | 0.96–1.00× / 0.81–0.87× / 0.50–0.58× / – (27–31k pairs/s against 53–58k); of the fenced floor 0.92–1.02× / 0.88–1.01× / 0.87–0.95× / – |
+//! | X | 0.89–0.94× (three runs); 0.93–0.99× of the fenced floor (0.96× over seven rounds), after the queue marks | 0.81–0.92× | 0.96–0.99× / 0.85–0.91× / 0.63–0.65× / –; of the fenced floor 0.99–1.02× / 0.96–1.01× / 1.18–1.20× / – |
 //!
 //! The hand-off is faster than the raw notified hand-off because the grant reaches the waiter
 //! in the release's own round trip, where the raw waiters, once woken, still send their
-//! `SET NX`; the polling peers hand a lock off in 27–99 ms, about 100× slower. The uncontended
-//! goal is not met on any of them, for the reasons below (VM K came within 0.01–0.02 of it).
+//! `SET NX`; the polling peers hand a lock off in 27–99 ms, about 100× slower. Against the
+//! plain floor the uncontended goal is met on none of them, for the reasons below (VM K came
+//! within 0.01–0.02 of it): no scripted lock with a clock-floored token can meet it. From VM X
+//! on the goal is read against the fenced floor, which hands out the token dlock does.
 //! `dlock bench` measures the uncontended pair on the thread that called `block_on`, where every
 //! reply crosses threads and finds the client's code cold; its "many names, 1 task" row is the
 //! same pair in a spawned task, as a service's handlers run, and reads higher on VMs whose idle
