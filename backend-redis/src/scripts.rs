@@ -176,8 +176,8 @@ local last = redis.call('GET', fence) or '0'
 if ARGV[3] == '1' then
   if redis.call('HSET', waiters, owner, (now_ms + tonumber(ARGV[4])) .. ':' .. ARGV[2]) == 1 then
     redis.call('RPUSH', queue, owner)
-    if string.byte(last, -1) ~= 43 then redis.call('SET', fence, last .. '+') end
-    if holder and string.byte(holder, -1) ~= 43 then redis.call('APPEND', lock, '+') end
+    if string.sub(last, -1) ~= '+' then redis.call('SET', fence, last .. '+') end
+    if holder and string.sub(holder, -1) ~= '+' then redis.call('APPEND', lock, '+') end
   end
   local keep = math.max(redis.call('PTTL', lock), tonumber(ARGV[4])) + 1000
   redis.call('PEXPIRE', queue, keep)
@@ -364,7 +364,7 @@ for _, owner in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
   end
 end
 local holder = redis.call('GET', KEYS[1]) or ''
-if string.byte(holder, -1) == 43 then holder = string.sub(holder, 1, -2) end
+if string.sub(holder, -1) == '+' then holder = string.sub(holder, 1, -2) end
 return {holder, redis.call('PTTL', KEYS[1]),
   string.match(redis.call('GET', KEYS[2]) or '', '^%d*'), live}
 ";

@@ -21,9 +21,9 @@ const JOIN_QUEUE: &str = r"
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[2])
 redis.call('RPUSH', KEYS[3], ARGV[1])
 local fence = redis.call('GET', KEYS[2]) or '0'
-if string.byte(fence, -1) ~= 43 then redis.call('SET', KEYS[2], fence .. '+') end
+if string.sub(fence, -1) ~= '+' then redis.call('SET', KEYS[2], fence .. '+') end
 local holder = redis.call('GET', KEYS[1])
-if holder and string.byte(holder, -1) ~= 43 then redis.call('APPEND', KEYS[1], '+') end
+if holder and string.sub(holder, -1) ~= '+' then redis.call('APPEND', KEYS[1], '+') end
 ";
 
 /// Queues `owner` as a waiter of `keys`' lock by hand, present until `deadline_ms` (Unix ms), as
