@@ -11,7 +11,7 @@ use zookeeper_client::{Client, Connector, SessionInfo};
 
 use crate::BACKEND;
 use crate::config::ZkConfig;
-use crate::error::map_err;
+use crate::error::{map_err, no_response};
 
 /// Connects a new client (a new session) within the connect timeout. The connector gives up
 /// after one pass over the hosts (see [`connector`]); a pass that finds no host ready (all
@@ -97,7 +97,7 @@ fn passes_again(error: &zookeeper_client::Error) -> bool {
     matches!(
         error,
         Error::NoHosts | Error::ConnectionLoss | Error::Timeout | Error::Throttled
-    )
+    ) || no_response(error)
 }
 
 /// A connector with the configuration's session timeout, credentials and TLS. It fails fast

@@ -59,10 +59,19 @@ impl From<Fail> for LockError {
     }
 }
 
+/// Whether `error` is the client library's own report of a server that did not answer on a
+/// connection in time (a handshake or a request too slow on a loaded machine): zookeeper-client
+/// 0.11 gives it as a custom error, told apart only by its text ("no response from connection
+/// in …ms"), not as [`Error::Timeout`].
+pub(crate) fn no_response(error: &Error) -> bool {
+    matches!(error, Error::Custom(custom) if custom.to_string().starts_with("no response from connection"))
+}
+
 /// A client library error as a `LockError`: connection and session trouble is `Unavailable`
 /// (retrying, on a new session if need be, may succeed), the rest `Backend`.
 pub(crate) fn map_err(error: Error) -> LockError {
     match error {
+        error if no_response(&error) => LockError::unavailable(BACKEND, error),
         Error::ConnectionLoss
         | Error::Timeout
         | Error::NoHosts

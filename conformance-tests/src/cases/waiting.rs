@@ -215,7 +215,7 @@ pub async fn waiter_survives_killed_connection(ctx: Ctx) -> CaseResult {
         .map_err(|e| Failure(format!("the waiting task panicked: {e}")))?;
     outcome.map_err(|e| {
         Failure(format!(
-            "the waiter gave up after its connection was killed: {e}"
+            "the waiter gave up after its connection was killed: {e:?}"
         ))
     })?;
     Ok(())
