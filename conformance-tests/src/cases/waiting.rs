@@ -38,6 +38,9 @@ pub async fn acquire_times_out_within_bound(ctx: Ctx) -> CaseResult {
     let name = ctx.name("lock");
     let guard = a.acquire(&name, &LockOptions::new()).await?;
     let wait = Duration::from_millis(500);
+    // Every core busy, as on a CI machine running another build: a server's timed wait that
+    // ends early by the client's clock (a rounded `GET_LOCK`, say) shows then, not by luck.
+    let neighbour = BusyNeighbour::start();
     let started = Instant::now();
     let got = ctx
         .within(
@@ -46,6 +49,7 @@ pub async fn acquire_times_out_within_bound(ctx: Ctx) -> CaseResult {
         )
         .await?;
     let waited = started.elapsed();
+    drop(neighbour);
     ensure!(
         matches!(got, Err(LockError::Timeout { .. })),
         "expected Timeout, got {got:?}"
@@ -56,6 +60,39 @@ pub async fn acquire_times_out_within_bound(ctx: Ctx) -> CaseResult {
     );
     guard.release().await?;
     Ok(())
+}
+
+/// A thread per core spinning until dropped: load from another process's build.
+struct BusyNeighbour {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyNeighbour {
+    fn start() -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        let threads = (0..cores)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        Self { stop, threads }
+    }
+}
+
+impl Drop for BusyNeighbour {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// A release wakes a waiting `acquire` long before the holder's lease would end.

@@ -6,6 +6,7 @@
 use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::Either;
@@ -14,7 +15,7 @@ use tracing::Instrument;
 
 use super::lease::{RawLease, RenewedBy, spawn_release};
 use super::state::LeaseState;
-use super::time::deadline;
+use super::time::{after, deadline};
 use crate::capabilities::Capabilities;
 use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
@@ -251,7 +252,7 @@ pub async fn acquire_by<F, Fut>(
     wait: F,
 ) -> Result<LockGuard>
 where
-    F: FnOnce(Option<Instant>) -> Fut,
+    F: FnMut(Option<Instant>) -> Fut,
     Fut: Future<Output = Result<Option<Grant>>>,
 {
     let mut probe = AcquireProbe::start(backend, Op::Acquire, Some(name));
@@ -260,7 +261,7 @@ where
         let granted = match capabilities.check(backend, options) {
             Ok(()) => {
                 let started = probe.waiting();
-                match wait(deadline(started, options.wait_timeout())).await {
+                match wait_until_deadline(deadline(started, options.wait_timeout()), wait).await {
                     Ok(Some(grant)) => Ok(grant),
                     Ok(None) => Err(LockError::Timeout {
                         name: name.to_string(),
@@ -280,6 +281,46 @@ where
         }
     };
     in_span(span, work).await
+}
+
+/// A wait that ended this much or more before its deadline (by the client's clock) is asked
+/// again; one that ended closer to it sleeps out the rest. Asking again for less would be a
+/// round trip spent on a wait the server rounds to nothing.
+const ASK_AGAIN_FROM: Duration = Duration::from_millis(5);
+
+/// Runs `wait` until it grants or `deadline` has passed on this client's monotonic clock, so a
+/// `Timeout` never comes early. A server's timed wait runs on the server's clock and rounds
+/// (`GET_LOCK(key, 0.5)`, a `lock_timeout`), and a backend may give up on a remainder too short
+/// to send: on a busy machine such a wait ends before the deadline by the client's clock. Written
+/// once here, so no backend has to get it right on its own.
+async fn wait_until_deadline<F, Fut>(
+    deadline: Option<Instant>,
+    mut wait: F,
+) -> Result<Option<Grant>>
+where
+    F: FnMut(Option<Instant>) -> Fut,
+    Fut: Future<Output = Result<Option<Grant>>>,
+{
+    loop {
+        let asked_at = Instant::now();
+        let granted = wait(deadline).await?;
+        let Some(deadline) = deadline.filter(|_| granted.is_none()) else {
+            return Ok(granted);
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        if left < ASK_AGAIN_FROM {
+            tokio::time::sleep_until(deadline).await;
+            return Ok(None);
+        }
+        // A wait that gave up at once is not asked again in a spin.
+        let next_ask = after(asked_at, ASK_AGAIN_FROM);
+        if next_ask > Instant::now() {
+            tokio::time::sleep_until(next_ask.min(deadline)).await;
+        }
+    }
 }
 
 /// Runs `work` inside `span`, or bare when no subscriber wants the span: an instrumented future
@@ -326,4 +367,61 @@ macro_rules! impl_distributed_lock {
             }
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// A wait that ends `early` before its deadline, the way a server's rounded timed wait does
+    /// on a busy machine; returns when the acquire gave up and how many waits were asked for.
+    async fn acquire_with_early_wait(early: Duration) -> (Duration, u32) {
+        let asked = AtomicU32::new(0);
+        let name = LockName::new("early").unwrap();
+        let options = LockOptions::new().with_wait_timeout(Duration::from_millis(500));
+        let started = Instant::now();
+        let result = acquire_by(
+            Capabilities::TTL_LEASE,
+            "test",
+            &name,
+            &options,
+            |deadline| {
+                asked.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    let deadline = deadline.expect("a wait timeout gives a deadline");
+                    let end = deadline.checked_sub(early).unwrap_or(deadline);
+                    tokio::time::sleep_until(end.max(Instant::now())).await;
+                    Ok(None)
+                }
+            },
+        )
+        .await;
+        assert!(
+            matches!(result, Err(LockError::Timeout { .. })),
+            "{result:?}"
+        );
+        (started.elapsed(), asked.load(Ordering::Relaxed))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_ends_early_is_asked_again() {
+        let (waited, asked) = acquire_with_early_wait(Duration::from_millis(300)).await;
+        assert!(
+            waited >= Duration::from_millis(500),
+            "gave up after {waited:?}"
+        );
+        assert!(asked >= 2, "asked {asked} times");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_ends_just_before_its_deadline_sleeps_out_the_rest() {
+        let (waited, asked) = acquire_with_early_wait(Duration::from_micros(800)).await;
+        assert!(
+            waited >= Duration::from_millis(500),
+            "gave up after {waited:?}"
+        );
+        assert_eq!(asked, 1);
+    }
 }
