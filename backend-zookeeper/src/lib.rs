@@ -117,6 +117,10 @@
 //! suspended the holder does not know, which is what the `Suspended` status says. The
 //! deadline assumes the client's and the server's clocks run at nearly the same rate (1 % and
 //! 10 ms of margin).
+//!
+//! An outage reads as one: an `acquire` whose server stops answering rides it out within its
+//! wait, and when the wait ends first it answers `Unavailable`, by its deadline plus one
+//! command's timeout, never `Timeout` (which says somebody held the lock).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;

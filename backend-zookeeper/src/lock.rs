@@ -198,17 +198,19 @@ impl ZkLock {
         Grant::new(name.clone(), token, lease, state, RenewedBy::Session)
     }
 
-    /// Waits in the queue on one session.
+    /// Waits in the queue on one session; the queue is joined by `answer_by` or not at all.
     async fn wait_on(
         &self,
         session: &Arc<ZkSession>,
         name: &LockName,
         deadline: Option<Instant>,
+        answer_by: Option<Instant>,
         recovery: &mut WaitRecovery,
         options: &LockOptions,
     ) -> Result<Waited> {
         let parent = self.inner.config.name_path(name);
-        let (node, ahead, pending) = join_queue(self.inner.config.acl, session, &parent).await?;
+        let joined = join_queue(self.inner.config.acl, session, &parent);
+        let (node, ahead, pending) = answer_by_or_unavailable(answer_by, joined).await?;
         recovery.reached_server();
         let mut listed = match ahead {
             Ahead::Nobody => {
@@ -413,13 +415,27 @@ impl RawLock for ZkLock {
             if tried && deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(None);
             }
+            // The first attempt gets a round trip even when no time is left to wait.
+            let answer_by = deadline.map(|d| match tried {
+                true => d,
+                false => d.max(after(Instant::now(), config.command_timeout)),
+            });
             tried = true;
-            let waited = match self.inner.session().await {
-                Ok(session) => {
-                    self.wait_on(&session, name, deadline, &mut recovery, options)
+            let attempt = async {
+                let session = answer_by_or_unavailable(answer_by, self.inner.session()).await?;
+                self.wait_on(&session, name, deadline, answer_by, &mut recovery, options)
+                    .await
+            };
+            // A wait that reaches its deadline takes its node out in one more request; past
+            // that, nothing the server says could still be a grant within the wait.
+            let waited = match deadline {
+                Some(deadline) => {
+                    let cut_at = after(deadline, config.command_timeout);
+                    tokio::time::timeout_at(cut_at, attempt)
                         .await
+                        .unwrap_or_else(|_| Err(no_answer_within_the_wait()))
                 }
-                Err(error) => Err(error),
+                None => attempt.await,
             };
             match waited {
                 Ok(Waited::Granted(grant)) => return Ok(Some(grant)),
@@ -433,6 +449,24 @@ impl RawLock for ZkLock {
             }
         }
     }
+}
+
+/// `step` (opening or attaching a session, joining the queue), cut at `answer_by`: a server that
+/// has not answered by the end of the wait is an outage, not a busy lock.
+async fn answer_by_or_unavailable<T>(
+    answer_by: Option<Instant>,
+    step: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match answer_by {
+        Some(answer_by) => tokio::time::timeout_at(answer_by, step)
+            .await
+            .unwrap_or_else(|_| Err(no_answer_within_the_wait())),
+        None => step.await,
+    }
+}
+
+fn no_answer_within_the_wait() -> LockError {
+    LockError::unavailable_because(BACKEND, "no ZooKeeper server answered within the wait")
 }
 
 /// Lists the queue under `parent`; once more, attached again, if the client's task was gone.

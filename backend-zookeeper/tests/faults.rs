@@ -455,3 +455,32 @@ async fn a_change_to_a_held_node_keeps_the_guard_and_the_watch_is_set_again() {
     assert_eq!(reason, LostReason::TakenOver);
     until_empty(&hosts, &name).await;
 }
+
+/// An acquire against a stopped server (Redisson's server-failed test): the outage reads as
+/// `Unavailable`, within the wait and a command's timeout, never as a `Timeout`, which says that
+/// somebody held the lock (it took 8 s and said `Timeout` for a 5 s wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_against_a_stopped_server_is_unavailable_within_its_wait() {
+    let _one = SERIAL.lock().await;
+    let zk = start(ZooKeeper::start).await;
+    let locks = ZkLock::connect_url(&zk.url()).await.unwrap();
+    let name = name("server-stopped");
+    tokio::task::block_in_place(|| zk.stop());
+    let wait = Duration::from_secs(5);
+    let started = tokio::time::Instant::now();
+    let result = within(
+        "the acquire's answer",
+        locks.acquire(&name, &LockOptions::new().with_wait_timeout(wait)),
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "an outage answered {result:?}"
+    );
+    let bound = wait + locks.config().command_timeout;
+    assert!(took <= bound, "answered after {took:?}, past {bound:?}");
+    // Back up: the same client acquires again.
+    restart(&zk).await;
+    takes_and_releases("the lock once the server is back", &locks, &name).await;
+}

@@ -39,8 +39,13 @@ impl WaitRecovery {
     /// A step of the wait failed with `error`: sleeps the back-off (never past `deadline`) and
     /// returns `Ok` to try again, or returns the error to give up with.
     ///
+    /// A wait whose deadline comes while its server is failing ends with that failure, not
+    /// with a `Timeout`: `Timeout` says somebody else held the lock all along, and an outage
+    /// must read as one (`Unavailable`) within the wait.
+    ///
     /// # Errors
-    /// `error` itself, when it is not worth another try.
+    /// `error` itself, when it is not worth another try, or when the deadline came before the
+    /// next try.
     ///
     /// # Cancel safety
     /// Cancel safe: it only sleeps.
@@ -54,8 +59,16 @@ impl WaitRecovery {
             return Err(error);
         };
         let wake = after(Instant::now(), delay);
-        tokio::time::sleep_until(deadline.map_or(wake, |d| d.min(wake))).await;
-        Ok(())
+        match deadline {
+            Some(deadline) if deadline <= wake => {
+                tokio::time::sleep_until(deadline).await;
+                Err(error)
+            }
+            _ => {
+                tokio::time::sleep_until(wake).await;
+                Ok(())
+            }
+        }
     }
 
     /// A step of the wait failed with `error`: `Some(delay)` to sleep before trying again, or
