@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use dlock_api::raw::time::after;
 use dlock_api::{LockError, LostReason, Result};
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnResponse};
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -20,7 +20,7 @@ use crate::connection::{Conn, Connection};
 use crate::error::{is_lease_not_found, is_unavailable, map_err, timed_out};
 use crate::keys::KeysInUse;
 use crate::lease::HeldKeys;
-use crate::session::{SessionLease, ttl_class};
+use crate::session::{SessionLease, ShortestLease, grant_lease, ttl_class};
 use crate::watch::Watcher;
 
 /// How often a waiter re-reads the queue, and a holder its key, even without a watch event: a
@@ -48,6 +48,8 @@ pub(crate) struct Inner {
     pub(crate) keys_in_use: KeysInUse,
     /// The keys held now, whose watches a new connection starts again.
     pub(crate) held: HeldKeys,
+    /// The cluster's shortest lease: `min_ttl` in the capabilities.
+    pub(crate) shortest_lease: ShortestLease,
 }
 
 impl fmt::Debug for Inner {
@@ -86,19 +88,23 @@ impl Inner {
             shutdown,
             keys_in_use: KeysInUse::default(),
             held: HeldKeys::default(),
+            shortest_lease: ShortestLease::new(),
         });
         inner.watcher.run_on(&conn);
-        let probe_key = format!("{}/", inner.config.prefix);
+        // The probe is a one-second lease: its grant needs a leader, as a linearizable read
+        // does, and its answer is the cluster's shortest lease. Nothing rides it; it is revoked.
         let mut last = None;
         loop {
-            let mut kv = client.kv_client();
-            match tokio::time::timeout_at(
-                probe_by,
-                kv.get(probe_key.clone(), Some(GetOptions::new().with_count_only())),
-            )
-            .await
-            {
-                Ok(Ok(_)) => break,
+            let mut leases = client.lease_client();
+            match tokio::time::timeout_at(probe_by, leases.grant(1, None)).await {
+                Ok(Ok(probe)) => {
+                    inner.shortest_lease.learn(1, probe.ttl());
+                    let (id, timeout) = (probe.id(), inner.command_timeout());
+                    dlock_api::raw::spawn_cleanup(async move {
+                        let _ = tokio::time::timeout(timeout, leases.revoke(id)).await;
+                    });
+                    break;
+                }
                 Ok(Err(e)) if is_unavailable(&e) => last = Some(e),
                 Ok(Err(e)) => return Err(map_err(e)),
                 Err(_) => {
@@ -111,6 +117,12 @@ impl Inner {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(inner)
+    }
+
+    /// Grants a lease of `ttl` seconds that nobody keeps alive (see [`grant_lease`]).
+    pub(crate) async fn grant_lease(&self, ttl: i64) -> Result<(i64, i64, Instant)> {
+        let client = self.client().await?;
+        grant_lease(&client, ttl, self.command_timeout(), &self.shortest_lease).await
     }
 
     /// The client to make a request with: the connection's, made again on this runtime if the
@@ -229,6 +241,7 @@ impl Inner {
             &client,
             class,
             self.command_timeout(),
+            &self.shortest_lease,
             self.shutdown.child_token(),
         )
         .await?;

@@ -16,7 +16,7 @@ use crate::BACKEND;
 use crate::client::{FALLBACK_REREAD, Inner, lease_gone};
 use crate::connection::{Conn, Running};
 use crate::keys::KeyClaim;
-use crate::session::{SessionLease, grant_lease, ttl_class, validity};
+use crate::session::{SessionLease, ttl_class, validity};
 use crate::watch::WatchEvent;
 
 /// The lease a key rides on.
@@ -411,12 +411,7 @@ impl RawLease for EtcdLease {
             LeaseKind::Own {
                 id, valid_until, ..
             } => {
-                let (new_id, _granted, until) = grant_lease(
-                    &self.inner.client().await?,
-                    ttl_class(ttl),
-                    self.inner.config.command_timeout,
-                )
-                .await?;
+                let (new_id, _granted, until) = self.inner.grant_lease(ttl_class(ttl)).await?;
                 if !self.move_key(new_id).await.inspect_err(|_| {
                     self.inner.revoke_in_background(new_id);
                 })? {
@@ -484,9 +479,8 @@ impl Drop for EtcdLease {
             current(carrier).class,
         );
         handle.spawn(async move {
-            let timeout = inner.config.command_timeout;
             let moved = async {
-                let (id, _, _) = grant_lease(&inner.client().await?, class, timeout).await?;
+                let (id, _, _) = inner.grant_lease(class).await?;
                 let txn = if_still_ours(&key, revision, vec![move_to_lease(&key, id)]);
                 inner.txn(txn).await
             };

@@ -25,10 +25,22 @@
 //! - [x] **Lost signal and suspension**: a guard reports `Suspended` while its lease's keep-alives
 //!   fail, and `Lost` when the lease ends or its key goes.
 //! - [x] **Survives failover**: a lock lives in the raft log; a leader change keeps it.
-//! - Minimum TTL 2 s ([`Capabilities::min_ttl`](dlock_api::Capabilities::min_ttl)): etcd
-//!   raises a shorter lease to its own minimum (`ceil(1.5 × election timeout)`, 2 s on default
-//!   timing), which would hold a dead holder's lock longer than asked, so a shorter TTL is an
-//!   `InvalidArgument` before any network call. A TTL is rounded up to whole seconds.
+//! - **Minimum TTL: the cluster's shortest lease**, and never under 2 s
+//!   ([`Capabilities::min_ttl`](dlock_api::Capabilities::min_ttl)). etcd silently lengthens a
+//!   shorter lease to its own minimum (`ceil(1.5 × election timeout)`: 2 s on default timing,
+//!   5 s with a 3 s election timeout), which would hold a dead holder's lock longer than asked.
+//!   The client learns that minimum at connect (its probe is a one-second lease, whose answer
+//!   carries the TTL the server made of it), so a shorter TTL is an `InvalidArgument` before any
+//!   network call; a grant that still comes back longer than asked (a new leader with other
+//!   timing) is revoked and refused with the same error, naming the minimum.
+//! - **Expiry lag** ([`Capabilities::expiry_lag`](dlock_api::Capabilities::expiry_lag)): a TTL
+//!   is rounded up to whole seconds, and the leader expires leases on a sweep every 500 ms, so a
+//!   vanished holder's lock is freed up to 1.5 s after its TTL (a 2 s lease 2.30-2.35 s after
+//!   its last renewal, a 3 s one 3.32-3.43 s after, measured on etcd 3.4).
+//! - **A waiter's lease that ends** (revoked, expired, or the client's session ended while the
+//!   server was down) loses nothing, since a waiter holds nothing: it joins the line again on a
+//!   live lease within its wait, riding out a server that is down meanwhile, and answers
+//!   `Unavailable` only if the server stays unreachable.
 //!
 //! ## How it works
 //! - **Session leases.** A client keeps one etcd lease per TTL (in whole seconds) alive and
@@ -54,10 +66,13 @@
 //! - **Waiting** watches every deletion under the name from the read's revision + 1 (a start
 //!   above the current revision is served at once by the server's synced watchers; an older
 //!   one waits for its 100 ms catch-up loop, and none at all can miss the release). One watch
-//!   delivers its events in revision order, so a deletion of our own key is seen before any
-//!   later deletion ahead of it. When the read saw every key ahead of ours (eight or fewer),
-//!   the lock is ours once each of them has been seen deleted, with no further round trip: no
-//!   key created before ours can appear any more. (Unless our lease's validity has passed by
+//!   delivers its events in revision order, and every event of one revision in one response,
+//!   so a deletion of our own key is seen no later than any deletion ahead of it: revoking a
+//!   lease that carries both a holder's key and its own client's waiting key deletes both in one
+//!   revision, and the waiter reads the whole response before deciding (it is granted only at a
+//!   revision where its own key still exists). When the read saw every key ahead of ours (eight
+//!   or fewer), the lock is ours once each of them has been seen deleted, with no further round
+//!   trip: no key created before ours can appear any more. (Unless our lease's validity has passed by
 //!   then, as for a waiter paused long after the last deletion happened: then a re-read decides,
 //!   and finds our key gone if the lease ended.) In a longer queue, the predecessor's deletion
 //!   leads to a linearizable re-read (never a serializable one: a lagging member can hide a

@@ -9,8 +9,7 @@ use std::time::Duration;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{Detach, Grant, PendingAcquire, RawLock, WaitRecovery};
 use dlock_api::{
-    Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, LostReason,
-    Renewal, Result,
+    Capabilities, Fencing, FencingToken, Inspection, LockName, LockOptions, Renewal, Result,
 };
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 use tokio::sync::oneshot;
@@ -22,7 +21,7 @@ use crate::config::EtcdConfig;
 use crate::keys::{KeyClaim, NameKeys};
 use crate::lease::{EtcdLease, LeaseKind as Kind};
 use crate::queue::{Next, Queue, QueueWatch};
-use crate::session::{SessionLease, grant_lease, ttl_class};
+use crate::session::{SessionLease, ttl_class};
 
 /// A distributed lock on etcd: one key per acquire under the name's range, queued by create
 /// revision, riding a lease this client keeps alive. Cheap to clone; clones share the client,
@@ -110,8 +109,7 @@ async fn lease_for(inner: &Inner, options: &LockOptions) -> Result<Kind> {
     match options.renewal() {
         Renewal::Off => {
             let ttl = ttl_class(options.ttl());
-            let (id, _granted, valid_until) =
-                grant_lease(&inner.client().await?, ttl, inner.command_timeout()).await?;
+            let (id, _granted, valid_until) = inner.grant_lease(ttl).await?;
             Ok(Kind::own(id, ttl, valid_until))
         }
         _ => Ok(Kind::Session(inner.session_lease(options.ttl()).await?)),
@@ -206,10 +204,6 @@ impl EtcdLock {
     }
 }
 
-/// etcd's shortest lease on default timing (`ceil(1.5 × election timeout)`); it raises shorter
-/// ones to it.
-const MIN_TTL: Duration = Duration::from_secs(2);
-
 #[dlock_api::raw::async_trait]
 impl RawLock for EtcdLock {
     fn backend(&self) -> &'static str {
@@ -221,7 +215,11 @@ impl RawLock for EtcdLock {
             fencing: Fencing::Strict,
             fifo: true,
             survives_failover: true,
-            min_ttl: Some(MIN_TTL),
+            min_ttl: Some(self.inner.shortest_lease.get()),
+            // A TTL becomes a lease of whole seconds, rounded up, which the leader expires on a
+            // sweep every 500 ms: a 2 s lease of a vanished holder ended 2.30-2.35 s after its
+            // last renewal, a 3 s one 3.32-3.43 s after.
+            expiry_lag: Duration::from_millis(1500),
             inspect: true,
             ..Capabilities::TTL_LEASE
         }
@@ -310,16 +308,60 @@ impl RawLock for EtcdLock {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        self.with_lease(name, options, |kind, keys, claim| async move {
-            let session = kind.session().cloned();
-            let result = self.wait(name, kind, keys, claim, options, deadline).await;
-            (result, session)
-        })
-        .await
+        // Once a key of ours went, joining the line again rides out an outage within the wait
+        // (a server restarted ends every lease: the key went with it).
+        let mut requeueing: Option<WaitRecovery> = None;
+        loop {
+            let waited = self
+                .with_lease(name, options, |kind, keys, claim| async move {
+                    let session = kind.session().cloned();
+                    let result = self.wait(name, kind, keys, claim, options, deadline).await;
+                    (result, session)
+                })
+                .await;
+            let waited = match (waited, requeueing.as_mut()) {
+                (Ok(waited), _) => waited,
+                (Err(error), Some(recovery)) => {
+                    recovery
+                        .pause_or_give_up(error, options.retry(), deadline)
+                        .await?;
+                    continue;
+                }
+                (Err(error), None) => return Err(error),
+            };
+            match waited {
+                Waited::Granted(grant) => return Ok(Some(grant)),
+                Waited::TimedOut => return Ok(None),
+                // A waiter holds nothing, so its key's end loses nothing: it joins the line
+                // again on a live lease (a server that stays down answers `Unavailable` from
+                // there), as long as its wait lasts.
+                Waited::KeyGone if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Ok(None);
+                }
+                Waited::KeyGone => {
+                    requeueing.get_or_insert_with(|| WaitRecovery::new(self.recovery_window()));
+                }
+            }
+        }
     }
 }
 
+/// How one wait in the line ended.
+enum Waited {
+    Granted(Grant),
+    TimedOut,
+    /// Our key went before it was first in line: its lease ended (revoked, expired, or the
+    /// client's session ended) or someone deleted it.
+    KeyGone,
+}
+
 impl EtcdLock {
+    /// How long a waiter rides out a server that does not answer before it gives up.
+    fn recovery_window(&self) -> Duration {
+        let config = &self.inner.config;
+        config.connect_timeout.max(config.command_timeout * 3)
+    }
+
     async fn wait(
         &self,
         name: &LockName,
@@ -328,7 +370,7 @@ impl EtcdLock {
         claim: Arc<KeyClaim>,
         options: &LockOptions,
         deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
+    ) -> Result<Waited> {
         let inner = &self.inner;
         let key = claim.key().to_owned();
         let (pending, created) = self.arm(&kind, &claim);
@@ -346,27 +388,18 @@ impl EtcdLock {
         let mut watching: Option<QueueWatch> = None;
         let mut reread_at = after(Instant::now(), FALLBACK_REREAD);
         let session = kind.session().map(|s| s.session.clone());
-        let mut recovery = WaitRecovery::new(
-            inner
-                .config
-                .connect_timeout
-                .max(inner.config.command_timeout * 3),
-        );
+        let mut recovery = WaitRecovery::new(self.recovery_window());
         let retry = options.retry();
         loop {
             match queue.take() {
                 Some(Queue::First) => {
                     let grant = self.grant(name, kind, claim, revision);
                     pending.disarm();
-                    return Ok(Some(grant));
+                    return Ok(Waited::Granted(grant));
                 }
                 Some(Queue::Gone) => {
-                    // Our key went while we waited: the lease ended under us.
                     drop(pending);
-                    return Err(LockError::Lost {
-                        name: name.to_string(),
-                        reason: LostReason::SessionExpired,
-                    });
+                    return Ok(Waited::KeyGone);
                 }
                 Some(Queue::Behind(behind)) => {
                     watching = Some(QueueWatch::start(&inner.watcher, &keys, behind));
@@ -407,9 +440,9 @@ impl EtcdLock {
                     }
                     Next::Held | Next::Read => {}
                 },
-                reason = session_ended => {
+                _ = session_ended => {
                     drop(pending);
-                    return Err(LockError::Lost { name: name.to_string(), reason });
+                    return Ok(Waited::KeyGone);
                 }
                 () = renew => {
                     if let Err(error) = kind.renew_own(inner).await {
@@ -428,12 +461,12 @@ impl EtcdLock {
                             None => {
                                 if inner.delete_key(&key, Some(revision)).await.is_err() {
                                     drop(pending);
-                                    return Ok(None);
+                                    return Ok(Waited::TimedOut);
                                 }
                             }
                         }
                         pending.disarm();
-                        return Ok(None);
+                        return Ok(Waited::TimedOut);
                     }
                 }
             }

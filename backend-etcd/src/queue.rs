@@ -200,23 +200,29 @@ impl QueueWatch {
         }
     }
 
+    /// What the deletions of one watch response mean for us. etcd sends every event of a
+    /// revision in one response, and revoking (or expiring) a lease deletes all its keys in one
+    /// revision: the holder's ahead of ours and ours too, when both rode it. So the whole batch
+    /// is read before deciding: the lock is ours only at a revision where our key still exists.
     pub(crate) fn on(&mut self, event: WatchEvent, ours: &str) -> Next {
-        let WatchEvent::Deleted { key, .. } = event else {
+        let WatchEvent::Deleted { keys } = event else {
             return Next::Read;
         };
-        if *key == *ours.as_bytes() {
+        if keys.iter().any(|key| **key == *ours.as_bytes()) {
             // The read finds our key gone and says so.
             return Next::Read;
         }
-        let Some(at) = self.ahead.iter().position(|k| *k.as_bytes() == *key) else {
-            // A key behind ours.
-            return Next::Wait;
-        };
-        let deleted = self.ahead.swap_remove(at);
+        let mut predecessor_gone = false;
+        for key in &keys {
+            // A key not ahead of ours is behind it.
+            if let Some(at) = self.ahead.iter().position(|k| *k.as_bytes() == **key) {
+                predecessor_gone |= self.ahead.swap_remove(at) == self.predecessor;
+            }
+        }
         if self.complete && self.ahead.is_empty() {
             // No key created before ours can appear any more, and ours was not deleted first.
             Next::Held
-        } else if !self.complete && deleted == self.predecessor {
+        } else if !self.complete && predecessor_gone {
             Next::Read
         } else {
             Next::Wait

@@ -21,6 +21,7 @@
 //! class moves a key onto another lease, and the guard's state (whose session is fixed when it
 //! is made) must then follow the new lease's suspension and end, not the old one's.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -75,9 +76,11 @@ impl SessionLease {
         client: &Client,
         class: i64,
         command_timeout: Duration,
+        shortest: &ShortestLease,
         stop: CancellationToken,
     ) -> dlock_api::Result<Arc<Self>> {
-        let (id, granted, valid_until) = grant_lease(client, class, command_timeout).await?;
+        let (id, granted, valid_until) =
+            grant_lease(client, class, command_timeout, shortest).await?;
         let lease = Arc::new(Self {
             id,
             class,
@@ -250,18 +253,63 @@ impl SessionLease {
     }
 }
 
+/// The shortest lease dlock asks etcd for, in whole seconds: the cluster's minimum, or 2 s if
+/// that is shorter. etcd lengthens a lease below its minimum (`ceil(1.5 × election timeout)`:
+/// 2 s on default timing) without saying so but in the grant's answer, so a lock whose holder
+/// vanished would outlive the TTL asked for; and it expires leases on a 500 ms sweep, which a
+/// one-second lease's keep-alives would race. Learned at connect, raised by any grant that comes
+/// back longer than asked (a new leader with other timing).
+#[derive(Debug)]
+pub(crate) struct ShortestLease(AtomicI64);
+
+impl ShortestLease {
+    pub(crate) fn new() -> Self {
+        Self(AtomicI64::new(2))
+    }
+
+    pub(crate) fn get(&self) -> Duration {
+        Duration::from_secs(self.0.load(Ordering::Relaxed).unsigned_abs())
+    }
+
+    /// Learns from a grant of `asked` seconds answered with `granted`: a lease longer than asked
+    /// is the server's minimum.
+    pub(crate) fn learn(&self, asked: i64, granted: i64) {
+        if granted > asked {
+            self.0.fetch_max(granted, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Grants a lease of `ttl` seconds: its id, the granted TTL, and its validity dated from the
-/// send.
+/// send. A lease the server made longer than `ttl` is revoked and refused: the lock on it would
+/// outlive its TTL (`shortest` learns the cluster's minimum from it).
 pub(crate) async fn grant_lease(
     client: &Client,
     ttl: i64,
     command_timeout: Duration,
+    shortest: &ShortestLease,
 ) -> dlock_api::Result<(i64, i64, Instant)> {
     let mut attempt = 0;
     loop {
         let sent = Instant::now();
         let mut leases = client.lease_client();
         match tokio::time::timeout(command_timeout, leases.grant(ttl, None)).await {
+            Ok(Ok(granted)) if granted.ttl() > ttl => {
+                shortest.learn(ttl, granted.ttl());
+                let (id, mut leases) = (granted.id(), client.lease_client());
+                dlock_api::raw::spawn_cleanup(async move {
+                    let _ = tokio::time::timeout(command_timeout, leases.revoke(id)).await;
+                });
+                return Err(dlock_api::LockError::invalid(
+                    "ttl",
+                    format!(
+                        "etcd made the {ttl} s lease asked for {} s long: the cluster's \
+                         shortest lease is {} s (1.5 election timeouts); use a TTL of at least that",
+                        granted.ttl(),
+                        granted.ttl()
+                    ),
+                ));
+            }
             Ok(Ok(granted)) => {
                 return Ok((granted.id(), granted.ttl(), validity(sent, granted.ttl())));
             }

@@ -24,8 +24,10 @@ use crate::connection::{Conn, Running};
 /// What a watch reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum WatchEvent {
-    /// A key was deleted: the watched one, or this one under the watched prefix.
-    Deleted { key: Box<[u8]> },
+    /// Keys were deleted: the watched one, or these under the watched prefix; all the
+    /// deletions of one server response, in revision order (a revision is never split across
+    /// responses, so a lease's keys that went together arrive together).
+    Deleted { keys: Vec<Box<[u8]>> },
     /// The watch could not go on from where it was (compaction, a refused re-create): read the
     /// key again and watch anew.
     Reread,
@@ -404,16 +406,18 @@ async fn handle(
         return Ok(());
     }
     if let Some(entry) = state.entries.get_mut(&id) {
+        let mut deleted = Vec::new();
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
             entry.next = entry.next.max(kv.mod_revision() + 1);
             if event.event_type() == EventType::Delete
                 && !probe.lose_deletions.load(Ordering::Relaxed)
             {
-                let _ = entry.events.send(WatchEvent::Deleted {
-                    key: kv.key().into(),
-                });
+                deleted.push(kv.key().into());
             }
+        }
+        if !deleted.is_empty() {
+            let _ = entry.events.send(WatchEvent::Deleted { keys: deleted });
         }
     }
     Ok(())

@@ -501,9 +501,10 @@ async fn a_waiter_ahead_giving_up_does_not_pass_the_lock_while_it_is_held() {
 
 /// A waiter's own key deleted just before the holder's (its lease revoked, then the lock
 /// released): the waiter sees its own deletion first, since one watch delivers both in revision
-/// order, and reports the loss instead of taking the lock.
+/// order. It held nothing, so it loses nothing: it joins the line again on a new lease and takes
+/// the lock there, on a key of its own that exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_whose_key_goes_just_before_the_release_does_not_take_the_lock() {
+async fn a_waiter_whose_key_goes_just_before_the_release_queues_again() {
     let etcd = dlock_test_servers::shared_etcd();
     let url = common::etcd_url(&etcd.endpoints());
     let (a, b) = (
@@ -516,13 +517,155 @@ async fn a_waiter_whose_key_goes_just_before_the_release_does_not_take_the_lock(
     let mut raw = common::raw_client(&url).await.unwrap();
     let waiter_lease = until_keys(&mut raw, &url, &name, 2).await[1].lease();
     raw.lease_revoke(waiter_lease).await.unwrap();
+    let holder_token = holder.fencing_token();
     holder.release().await.unwrap();
-    let result = within("the waiter's answer", waiter).await.unwrap();
+    let guard = within("the waiter's answer", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(guard.fencing_token() > holder_token);
+    assert_grant_stands_on_its_own_key(&mut raw, &url, &name, &guard, waiter_lease).await;
     assert!(
-        matches!(result, Err(LockError::Lost { .. })),
-        "the waiter whose key was revoked answered {result:?}"
+        a.try_acquire(&name, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none()
     );
-    // Nobody holds the name: the next acquire takes it at once.
-    let next = a.try_acquire(&name, &LockOptions::new()).await.unwrap();
-    assert!(next.is_some());
+    guard.release().await.unwrap();
+}
+
+/// The lease of a client holding a name and waiting for it too is revoked: etcd deletes both
+/// keys in one revision. The waiter must not take the holder's deletion for its turn (it read
+/// that deletion before its own, and answered with a guard on a key that no longer existed,
+/// while another client took the lock at once): it queues again on a new lease, and its guard
+/// stands on a key that exists, which no other client can take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_with_a_holder_and_a_waiter_grants_only_on_a_live_key() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let (a, other) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("lease-revoked-with-waiter");
+    let holder = a.acquire(&name, &LockOptions::new()).await.unwrap();
+    let waiter = wait_for::spawned_acquire(BOUND, &a, &name);
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let keys = until_keys(&mut raw, &url, &name, 2).await;
+    assert_eq!(
+        keys[0].lease(),
+        keys[1].lease(),
+        "one client, one session lease"
+    );
+    let revoked = keys[0].lease();
+    raw.lease_revoke(revoked).await.unwrap();
+    let guard = within("the waiter's answer", waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_grant_stands_on_its_own_key(&mut raw, &url, &name, &guard, revoked).await;
+    assert!(
+        other
+            .try_acquire(&name, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none(),
+        "another client took the lock the waiter was granted"
+    );
+    within("the holder's loss", holder.lost()).await;
+    guard.release().await.unwrap();
+}
+
+/// `guard`'s lock is the oldest key of `name`, created at its token's revision, on a lease other
+/// than `revoked`.
+async fn assert_grant_stands_on_its_own_key(
+    raw: &mut Client,
+    url: &str,
+    name: &LockName,
+    guard: &dlock_api::LockGuard,
+    revoked: i64,
+) {
+    let keys = common::queue_keys(raw, url, name).await.unwrap();
+    let oldest = keys.first().expect("the granted key exists");
+    assert_eq!(
+        u64::try_from(oldest.create_revision()).unwrap(),
+        guard.fencing_token().get(),
+        "the oldest key of the name is not the grant's"
+    );
+    assert_ne!(oldest.lease(), revoked);
+}
+
+/// A cluster whose election timeout is 3 s has a shortest lease of 5 s (`ceil(1.5 × 3 s)`) and
+/// lengthens shorter ones to it without a word. The client learns it at connect: its `min_ttl`
+/// says 5 s, a 3 s TTL is refused before any request, and a 5 s lock rides a 5 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clusters_shortest_lease_is_the_minimum_ttl() {
+    let etcd = Etcd::start_with_timing(100, 3000).expect(
+        "etcd starts (install it with scripts/install-servers: Debian's etcd-server package)",
+    );
+    let url = common::etcd_url(&etcd.endpoints());
+    let locks = EtcdLock::connect_url(&url).await.unwrap();
+    assert_eq!(
+        locks.capabilities().min_ttl,
+        Some(Duration::from_secs(5)),
+        "the cluster's shortest lease"
+    );
+    let name = name("shortest-lease");
+    let short = LockOptions::new().with_ttl(Duration::from_secs(3));
+    let refused = locks.acquire(&name, &short).await;
+    assert!(
+        matches!(refused, Err(LockError::InvalidArgument { what: "ttl", .. })),
+        "a TTL below the cluster's shortest lease: {refused:?}"
+    );
+    let guard = locks
+        .acquire(&name, &LockOptions::new().with_ttl(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let lease = until_keys(&mut raw, &url, &name, 1).await[0].lease();
+    let granted = raw
+        .lease_time_to_live(lease, None)
+        .await
+        .unwrap()
+        .granted_ttl();
+    assert_eq!(granted, 5);
+    guard.release().await.unwrap();
+}
+
+/// A waiter through a server restart longer than its lease (Curator's waiting-through-a-restart
+/// test): its lease ends with the session, and it held nothing, so it joins the line again once
+/// the server is back and takes the lock within its wait; it got `Lost`, which `acquire` does not
+/// answer, for a lock it never held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_through_a_server_restart_longer_than_its_lease_acquires_within_its_wait() {
+    let etcd = Etcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!(
+        "{}?command_timeout=500ms",
+        common::etcd_url(&etcd.endpoints())
+    );
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("waiter-through-restart");
+    let short = LockOptions::new().with_ttl(Duration::from_secs(2));
+    let holder = a.acquire(&name, &short).await.unwrap();
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        let options = short.clone().with_wait_timeout(BOUND);
+        tokio::spawn(async move { b.acquire(&name, &options).await })
+    };
+    let mut raw = common::raw_client(&url).await.unwrap();
+    until_keys(&mut raw, &url, &name, 2).await;
+    drop(raw);
+    tokio::task::block_in_place(|| etcd.stop());
+    within("the holder's loss", holder.lost()).await;
+    tokio::task::block_in_place(|| etcd.restart()).unwrap();
+    let guard = within("the waiter's answer", waiter)
+        .await
+        .unwrap()
+        .expect("the waiter acquires once the server is back");
+    assert!(guard.fencing_token() > holder.fencing_token());
+    let _ = holder.release().await;
+    guard.release().await.unwrap();
 }

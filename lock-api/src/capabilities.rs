@@ -51,6 +51,11 @@ pub struct Capabilities {
     /// its drift allowance must still leave some validity). Shorter TTLs are refused before any
     /// network call.
     pub min_ttl: Option<Duration>,
+    /// How much later than its TTL a lock whose holder vanished may still be held on the server:
+    /// zero where the server expires a key at its TTL (Redis), more where it rounds a lease up or
+    /// expires leases on a sweep (etcd: whole seconds, a sweep every 500 ms). A session lease
+    /// ends with its session instead, so it has none.
+    pub expiry_lag: Duration,
 }
 
 /// How far fencing tokens can be trusted.
@@ -92,6 +97,7 @@ impl Capabilities {
         max_name_bytes: None,
         max_ttl: None,
         min_ttl: None,
+        expiry_lag: Duration::ZERO,
     };
 
     /// A lease that lasts as long as the holder's session, so there is nothing to extend;

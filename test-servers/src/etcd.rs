@@ -98,6 +98,33 @@ impl Etcd {
         Ok(etcd)
     }
 
+    /// Starts a single-member etcd with the given raft timing (heartbeat interval and election
+    /// timeout, in milliseconds), which sets its shortest lease (`ceil(1.5 × election timeout)`),
+    /// and waits until it is healthy (one election timeout, at least).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub fn start_with_timing(heartbeat_ms: u32, election_ms: u32) -> Result<Self> {
+        let member = Member::new("solo".to_owned())?;
+        let cluster = member.initial_cluster_entry();
+        let (heartbeat, election) = (heartbeat_ms.to_string(), election_ms.to_string());
+        let timing = [
+            "--heartbeat-interval",
+            heartbeat.as_str(),
+            "--election-timeout",
+            election.as_str(),
+        ];
+        let etcd = Self::prepare(
+            &member,
+            &cluster,
+            &cluster_token(member.client),
+            &timing,
+            None,
+        )?;
+        etcd.proc.start()?;
+        Ok(etcd)
+    }
+
     /// Starts a single member that also serves clients over **TLS** on a second port
     /// (certificates from a private CA made with `openssl`, valid for `127.0.0.1`), besides its
     /// plain port, which readiness checks and [`etcdctl`](Self::etcdctl) keep using. Clients
