@@ -148,37 +148,49 @@ pub fn command_line_exit_code(error: &clap::Error) -> u8 {
 /// Runs a parsed command line and returns the process exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let result = match cli.command {
-        Command::Demo(args) => demo::demo(args).await,
+        Command::Demo(args) => demo::demo(args).await.map(Exit::settled),
         Command::Run(args) => run::run(args).await,
-        Command::Conformance(args) => conformance::conformance(args).await,
-        Command::Bench(args) => bench::bench(args).await,
-        Command::Status(args) => status::status(args).await,
+        Command::Conformance(args) => conformance::conformance(args).await.map(Exit::settled),
+        Command::Bench(args) => bench::bench(args).await.map(Exit::settled),
+        Command::Status(args) => status::status(args).await.map(Exit::settled),
     };
-    let code = match result {
-        Ok(code) => code,
+    let (code, settle_within) = match result {
+        Ok(exit) => (exit.code, exit.settle_within),
         Err(error) => {
             eprintln!("dlock: {}", error_chain(&error));
-            ExitCode::from(exit_code_for(&error))
+            (ExitCode::from(exit_code_for(&error)), SETTLE_BOUND)
         }
     };
-    settle_before_exit().await;
+    settle_before_exit(settle_within).await;
     code
 }
 
+/// How a command ends: its exit code, and how long the process may then wait for releases still
+/// running in the background.
+pub(crate) struct Exit {
+    pub(crate) code: ExitCode,
+    pub(crate) settle_within: Duration,
+}
+
+impl Exit {
+    /// An exit after which releases still running are waited for up to [`SETTLE_BOUND`].
+    pub(crate) fn settled(code: ExitCode) -> Self {
+        Self {
+            code,
+            settle_within: SETTLE_BOUND,
+        }
+    }
+}
+
 /// How long the process waits, before it exits, for releases still running in the background.
-const SETTLE_BOUND: Duration = Duration::from_secs(10);
+pub(crate) const SETTLE_BOUND: Duration = Duration::from_secs(10);
 
 /// Lets the background releases of dropped guards and cut-short acquires finish: the runtime,
 /// and with it the process, would otherwise end them half done and leave their locks to their
 /// leases. Bounded, because a server that stopped answering cannot be waited for.
-async fn settle_before_exit() {
-    if tokio::time::timeout(SETTLE_BOUND, dlock::settle())
-        .await
-        .is_err()
-    {
-        eprintln!(
-            "dlock: locks still being released after {SETTLE_BOUND:?} are left to their leases"
-        );
+async fn settle_before_exit(bound: Duration) {
+    if tokio::time::timeout(bound, dlock::settle()).await.is_err() {
+        eprintln!("dlock: locks still being released after {bound:?} are left to their leases");
     }
 }
 

@@ -10,7 +10,7 @@ use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use crate::{BackendArgs, parse_duration};
+use crate::{BackendArgs, Exit, parse_duration};
 
 /// Arguments of `dlock run`.
 #[derive(Debug, clap::Args)]
@@ -36,7 +36,7 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
-pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
+pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
     let name = LockName::new(&args.name)?;
     args.backend.require_given("run")?;
     let mut opts = match &args.backend.config {
@@ -59,12 +59,12 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
             // The wait's future is dropped here: its cancellation undoes whatever it started on
             // the server in the background, and `run`'s caller settles that before exiting.
             eprintln!("dlock: interrupted while waiting for lock `{name}`");
-            return Ok(ExitCode::from(128u8.wrapping_add(signal as u8)));
+            return Ok(Exit::settled(ExitCode::from(128u8.wrapping_add(signal as u8))));
         }
     };
     let Some((_locks, guard)) = waited else {
         eprintln!("dlock: lock `{name}` is busy");
-        return Ok(ExitCode::from(75));
+        return Ok(Exit::settled(ExitCode::from(75)));
     };
 
     let placement = Placement::here();
@@ -85,7 +85,7 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
             // Released now, not by the dropped guard in the background: the next `dlock run`
             // on this name must find it free, and this one must not exit while still holding it.
             release_after_command(guard, &name).await;
-            return Ok(ExitCode::from(cannot_start_code(&error)));
+            return Ok(Exit::settled(ExitCode::from(cannot_start_code(&error))));
         }
     };
 
@@ -93,20 +93,31 @@ pub(super) async fn run(args: RunArgs) -> Result<ExitCode, LockError> {
     match supervise(&mut command, &guard, &mut signals, args.kill_after).await {
         Supervised::Exited(status) => {
             release_after_command(guard, &name).await;
-            Ok(exit_code_of(status))
+            Ok(Exit::settled(exit_code_of(status)))
         }
         Supervised::Lost(reason) => {
             eprintln!(
                 "dlock: lock `{name}` lost while the command ran ({reason}); the command was stopped"
             );
-            // Whatever of the lock is left on the server goes now; that the release reports the
-            // loss again is expected, and dropping the guard instead would warn of a guard never
-            // released.
-            let _ = guard.release().await;
-            Ok(ExitCode::from(74))
+            // Whatever of the lock is left on the server goes now, if the server answers soon;
+            // that the release reports the loss again is expected, and dropping the guard
+            // instead would warn of a guard never released. The lock is not this process's any
+            // more, so a server that stopped answering (the likely cause of the loss) is not
+            // waited for: the lock ends with its lease or session.
+            let now = tokio::time::Instant::now();
+            let give_up = now.checked_add(AFTER_A_LOSS).unwrap_or(now);
+            let _ = tokio::time::timeout_at(give_up, guard.release()).await;
+            Ok(Exit {
+                code: ExitCode::from(74),
+                settle_within: give_up.saturating_duration_since(tokio::time::Instant::now()),
+            })
         }
     }
 }
+
+/// How long a holder that lost its lock still gives, in all, the release of whatever is left of it
+/// on the server and the background work of its client, before it exits.
+const AFTER_A_LOSS: Duration = Duration::from_millis(500);
 
 /// Connects and takes the lock: `None` if `-n` found it busy. The client is returned with the
 /// guard so that it outlives it.

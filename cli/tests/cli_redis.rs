@@ -340,3 +340,57 @@ fn status_watch_waits_for_a_server_that_is_down_at_start() {
     assert!(status.success(), "{stdout}");
     assert!(stdout.contains("cli-status/down"), "{stdout}");
 }
+
+/// A lock lost because its server froze (`SIGSTOP`: connections stay open, nothing answers):
+/// `dlock run` stops the command, and exits soon after, instead of waiting on the frozen server
+/// for the release of a lock that is no longer its own (it waited out the release's command
+/// timeout, 2 s).
+#[test]
+fn run_exits_soon_after_stopping_the_command_when_its_server_froze() {
+    let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let marker = tempfile_path("dlock-run-frozen");
+    let stopped = format!("{marker}.stopped");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["run", "--backend", &redis.url(), "--ttl", "2s"])
+        .args(["--kill-after", "5s", "cli-frozen", "--"])
+        // The command notes when it is told to stop, then stops.
+        .args([
+            "sh",
+            "-c",
+            &format!("trap 'touch {stopped}; exit 143' TERM; touch {marker}; while :; do sleep 0.05; done"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run dlock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::path::Path::new(&marker).exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    redis.pause();
+    let (status, told_to_stop) = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break (status, None);
+        }
+        if std::path::Path::new(&stopped).exists() {
+            let told = Instant::now();
+            let status = child.wait().unwrap();
+            break (status, Some(told.elapsed()));
+        }
+        assert!(Instant::now() < deadline, "dlock did not stop the command");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    redis.resume();
+    let stderr = std::io::read_to_string(child.stderr.take().unwrap()).unwrap();
+    assert_eq!(status.code(), Some(74), "{stderr}");
+    let exited_after = told_to_stop.expect("the command was told to stop");
+    // The command stops at once; dlock then gives the release at most half a second. The bound
+    // leaves room for a loaded machine, and is below the 2 s the frozen server used to cost.
+    assert!(
+        exited_after < Duration::from_millis(1500),
+        "dlock exited {exited_after:?} after telling the command to stop: {stderr}"
+    );
+    let _ = std::fs::remove_file(&marker);
+    let _ = std::fs::remove_file(&stopped);
+}
