@@ -97,33 +97,48 @@ impl Slot {
         if let Some(node) = self.node.get() {
             return Ok(node);
         }
-        if !self.connecting.swap(true, Ordering::SeqCst) {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                // Cleared however the task ends, also when its runtime shuts down under it:
-                // else the node would never be connected again.
-                let connecting = ClearOnDrop(self.clone());
-                runtime.spawn(async move {
-                    let slot = &connecting.0;
-                    match slot.connect().await {
-                        Ok(()) => {}
-                        Err(error @ LockError::Config { .. }) => {
-                            tracing::error!(node = %slot.addr(), %error, "redlock: node refused");
-                        }
-                        Err(error) => {
-                            tracing::debug!(node = %slot.addr(), %error, "redlock: node still unreachable");
-                        }
-                    }
-                });
-            } else {
-                self.connecting.store(false, Ordering::SeqCst);
-            }
-        }
+        self.connect_in_background(None);
         Err(LockError::unavailable_because(
             BACKEND,
             format!("node {} is not connected", self.addr()),
         ))
     }
+
+    /// Starts connecting on a task of its own, unless it is already, and sends the outcome to
+    /// `report` with the node's index. An outcome nobody awaits any more is logged.
+    fn connect_in_background(self: &Arc<Self>, report: Option<Outcomes>) {
+        if self.connecting.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.connecting.store(false, Ordering::SeqCst);
+            return;
+        };
+        // Cleared however the task ends, also when its runtime shuts down under it: else the
+        // node would never be connected again.
+        let connecting = ClearOnDrop(self.clone());
+        runtime.spawn(async move {
+            let slot = &connecting.0;
+            let outcome = slot.connect().await;
+            let unheard = match report {
+                Some(report) => report.send((slot.index, outcome)).err().map(|e| e.0.1),
+                None => Some(outcome),
+            };
+            match unheard {
+                Some(Err(error @ LockError::Config { .. })) => {
+                    tracing::error!(node = %slot.addr(), %error, "redlock: node refused");
+                }
+                Some(Err(error)) => {
+                    tracing::debug!(node = %slot.addr(), %error, "redlock: node still unreachable");
+                }
+                Some(Ok(())) | None => {}
+            }
+        });
+    }
 }
+
+/// Where the nodes' connect tasks report: a node's index and how its connect ended.
+type Outcomes = tokio::sync::mpsc::UnboundedSender<(usize, Result<()>)>;
 
 /// Clears its slot's `connecting` when dropped.
 struct ClearOnDrop(Arc<Slot>);
@@ -135,7 +150,11 @@ impl Drop for ClearOnDrop {
 }
 
 /// Connects to every node in parallel, node `i`'s messages and lost connections going to
-/// `events(i)`; succeeds when at least `quorum` answer (the others are retried when needed).
+/// `events(i)`; succeeds when at least `quorum` answer. Once a quorum has, the others get one
+/// per-node timeout more (time enough for a node that answers, and for its checks to refuse it)
+/// and then go on connecting in the background: two frozen nodes of five (the kernel takes the
+/// connection, nothing answers) cost a start that one per-node timeout, not two connect
+/// timeouts.
 pub(crate) async fn connect_all(
     config: &RedlockConfig,
     events: impl Fn(usize) -> NodeEventHandler,
@@ -151,27 +170,27 @@ pub(crate) async fn connect_all(
             ))
         })
         .collect();
-    let results = futures::future::join_all(slots.iter().map(|slot| slot.connect())).await;
+    let results = first_answers(config, &slots).await;
     // A node the configuration refuses (its eviction policy) is a deployment mistake to name,
     // not an outage to ride out on the other nodes.
-    if let Some(Err(refused)) = results
+    if let Some(Some(Err(refused))) = results
         .iter()
-        .find(|r| matches!(r, Err(LockError::Config { .. })))
+        .find(|r| matches!(r, Some(Err(LockError::Config { .. }))))
     {
         return Err(LockError::Config {
             backend: BACKEND,
             reason: refused.to_string(),
         });
     }
-    let connected = results.iter().filter(|r| r.is_ok()).count();
+    let connected = results.iter().filter(|r| matches!(r, Some(Ok(())))).count();
     if connected < config.quorum() {
         let failures: Vec<String> = slots
             .iter()
             .zip(&results)
-            .filter_map(|(slot, r)| {
-                r.as_ref()
-                    .err()
-                    .map(|e| format!("{}: {}", slot.addr(), dlock_api::error_chain(e)))
+            .filter_map(|(slot, r)| match r {
+                Some(Ok(())) => None,
+                Some(Err(e)) => Some(format!("{}: {}", slot.addr(), dlock_api::error_chain(e))),
+                None => Some(format!("{}: no answer yet", slot.addr())),
             })
             .collect();
         return Err(LockError::unavailable_because(
@@ -185,11 +204,57 @@ pub(crate) async fn connect_all(
         ));
     }
     for (slot, result) in slots.iter().zip(&results) {
-        if let Err(error) = result {
-            tracing::warn!(node = %slot.addr(), %error, "redlock: node unreachable at start; retrying when needed");
+        match result {
+            Some(Ok(())) => {}
+            Some(Err(error)) => {
+                tracing::warn!(node = %slot.addr(), %error, "redlock: node unreachable at start; retrying when needed");
+            }
+            None => {
+                tracing::warn!(node = %slot.addr(), "redlock: node not answering at start; still connecting");
+            }
         }
     }
     Ok(slots)
+}
+
+/// Starts every node's connect and collects the outcomes (`None`: no answer yet) until each
+/// node has answered, a quorum has and the others' grace has passed, or a quorum can no longer
+/// answer.
+async fn first_answers(config: &RedlockConfig, slots: &[Arc<Slot>]) -> Vec<Option<Result<()>>> {
+    let (report, mut outcomes) = tokio::sync::mpsc::unbounded_channel();
+    for slot in slots {
+        slot.connect_in_background(Some(report.clone()));
+    }
+    drop(report);
+    let (n, quorum) = (slots.len(), config.quorum());
+    let grace = config.node_timeout_for(dlock_api::LockOptions::new().ttl());
+    let mut results: Vec<Option<Result<()>>> = (0..n).map(|_| None).collect();
+    let mut others_until = None;
+    loop {
+        let next = match others_until {
+            Some(until) => tokio::time::timeout_at(until, outcomes.recv())
+                .await
+                .ok()
+                .flatten(),
+            None => outcomes.recv().await,
+        };
+        // Every connect reported (a runtime shutting down drops them unreported), or the grace
+        // has passed.
+        let Some((i, outcome)) = next else { break };
+        results[i] = Some(outcome);
+        let connected = results.iter().filter(|r| matches!(r, Some(Ok(())))).count();
+        let failed = results.iter().filter(|r| matches!(r, Some(Err(_)))).count();
+        if failed > n - quorum.min(n) {
+            break;
+        }
+        if connected >= quorum && others_until.is_none() {
+            others_until = Some(dlock_api::raw::time::after(
+                tokio::time::Instant::now(),
+                grace,
+            ));
+        }
+    }
+    results
 }
 
 impl std::fmt::Debug for Slot {
