@@ -59,10 +59,18 @@
 //!
 //! ## Keys
 //! `PREFIX:{NAME}` (the lock; value = owner, TTL = lease), `PREFIX:{NAME}:fence` (last token; kept
-//! without TTL so tokens never repeat: one small key per name ever locked), `PREFIX:{NAME}:queue`
+//! ten minutes past its last grant, and as long as waiters may be queued), `PREFIX:{NAME}:queue`
 //! and `PREFIX:{NAME}:waiters` (the waiters, expiring with them), channel `PREFIX:{NAME}:released`. Braces in names are escaped so the hash tag is always the whole name.
 //! A trailing `+` on the lock's or the fence's value is a queue mark (above); clients of this
 //! layout and of the one before it (which read the queue key instead) must not share a server.
+//!
+//! Every key expires: a name used once (a lock per order id) leaves nothing behind once its
+//! lease has ended and its fence's ten minutes have passed. A fence can go because it is read
+//! only to take the next token, and every token is at least the server's clock in µs: the
+//! next token after a lost fence is above every earlier one, so long as the server's clock has
+//! not been stepped back by more than the time since the fence's last write (ten minutes, at
+//! least). Fences written by versions before this one had no expiry; the next grant of such a
+//! name gives its fence one.
 //!
 //! ## When a Redis deployment forgets a lock
 //! A Redis server can lose a held lock without anyone releasing it, and no client is told:

@@ -37,8 +37,8 @@ use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::LockKeys;
 use crate::scripts::{
-    EXTEND, INSPECT, NODE_ACQUIRE, NODE_LINE_CHECK, NODE_RAISE_FENCE, NODE_RAISE_FENCE_HELD,
-    NODE_RELEASE, NODE_RELEASE_ANNOUNCED,
+    EXTEND, FENCE_KEEP_MS, INSPECT, NODE_ACQUIRE, NODE_LINE_CHECK, NODE_RAISE_FENCE,
+    NODE_RAISE_FENCE_HELD, NODE_RELEASE, NODE_RELEASE_ANNOUNCED,
 };
 
 /// A connection to one Redis node (or Sentinel-managed primary) and its lock primitives.
@@ -180,6 +180,22 @@ pub enum Counting {
     EveryAttempt,
 }
 
+/// Where a node's fence counter that does not exist starts: this client's wall clock in
+/// microseconds, cut to the millisecond so that the nodes of one round (sent within the same
+/// millisecond, nearly always) start at the same value and a quorum agrees on the first token.
+///
+/// A counter is lost when its node restarts without persistence (or the counter expires):
+/// started again from the clock, it is above every token the old one handed out, which
+/// counted up by one per grant from an earlier clock reading (a grant takes far more than a
+/// microsecond), provided the clocks of the clients that start counters disagree by less than
+/// the time between the old counter's start and its loss.
+fn fence_floor() -> u64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX / 1000) * 1000
+}
+
 fn unexpected_acquire(reply: &impl std::fmt::Debug) -> LockError {
     LockError::unexpected(
         crate::BACKEND,
@@ -188,8 +204,9 @@ fn unexpected_acquire(reply: &impl std::fmt::Debug) -> LockError {
 }
 
 /// [`Counting::EveryAttempt`]'s acquire: `SET NX PX GET` (nil when it set the key, else the
-/// holder's value: Redis 7.0 takes `NX` with `GET`), `INCR`, `PTTL`.
-fn acquire_pipeline(keys: &LockKeys, owner: &str, ttl_ms: &str) -> redis::Pipeline {
+/// holder's value: Redis 7.0 takes `NX` with `GET`), `SET NX` of the counter at `floor` (a
+/// counter that does not exist starts there), `INCR`, `PTTL`.
+fn acquire_pipeline(keys: &LockKeys, owner: &str, ttl_ms: &str, floor: &str) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.cmd("SET")
         .arg(&keys.lock)
@@ -198,8 +215,17 @@ fn acquire_pipeline(keys: &LockKeys, owner: &str, ttl_ms: &str) -> redis::Pipeli
         .arg("PX")
         .arg(ttl_ms)
         .arg("GET")
+        .cmd("SET")
+        .arg(&keys.fence)
+        .arg(floor)
+        .arg("NX")
+        .ignore()
         .cmd("INCR")
         .arg(&keys.fence)
+        .cmd("PEXPIRE")
+        .arg(&keys.fence)
+        .arg(FENCE_KEEP_MS)
+        .ignore()
         .cmd("PTTL")
         .arg(&keys.lock);
     pipe
@@ -379,6 +405,7 @@ impl Node {
         counting: Counting,
     ) -> Result<NodeAttempt> {
         let ttl_ms = ttl.as_millis().max(1).to_string();
+        let floor = fence_floor().to_string();
         match counting {
             Counting::OnGrant => {
                 let reply: Value = self
@@ -387,13 +414,13 @@ impl Node {
                         timeout,
                         &self.acquire,
                         &[&keys.lock, &keys.fence],
-                        &[owner, &ttl_ms],
+                        &[owner, &ttl_ms, &floor],
                     )
                     .await?;
                 NodeAttempt::from_script(&reply)
             }
             Counting::EveryAttempt => {
-                let pipe = acquire_pipeline(keys, owner, &ttl_ms);
+                let pipe = acquire_pipeline(keys, owner, &ttl_ms, &floor);
                 let replies: Vec<Value> = self.conn.query(timeout, &pipe).await?;
                 NodeAttempt::from_pipeline(&replies)
             }

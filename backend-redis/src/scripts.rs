@@ -30,9 +30,26 @@
 
 use redis::Script;
 
+/// How long a fence lives past the write that last set it (a grant, a queue mark), in ms; a
+/// literal, to be pasted into the scripts.
+///
+/// A fence is read only to take the next token, and every token is floored at the server's clock
+/// in microseconds, which passes a token within microseconds of its grant: a fence deleted at any
+/// moment gives a next token above every earlier one (`the_fence_deleted_mid_stream_still_gives_rising_tokens`).
+/// So a name used once can leave nothing behind: a lock per order id must not grow the server
+/// without end. It is kept ten minutes past each grant, not less, so that a server clock stepped
+/// back by less than that still gives rising tokens; and at least as long as the queue and its
+/// waiters (their `keep`), so that its queue mark ("waiters may be queued") lives as long as the
+/// queue it stands for.
+macro_rules! fence_keep_ms {
+    () => {
+        "600000"
+    };
+}
+
 /// Takes the next fencing token of the name whose fence key is `fence`, given `t`, the reply of
-/// `TIME`, and `queued`, whether waiters may still be queued (the fence then keeps its mark);
-/// leaves it in `token`. Inline, not a function: each call of a script pays for every closure it
+/// `TIME`, and `queued`, whether waiters may still be queued in `queue` (the fence then keeps its
+/// mark, and lives as long as the queue); leaves it in `token`. Inline, not a function: each call of a script pays for every closure it
 /// makes.
 ///
 /// The token is above the last one, and at least the server clock in microseconds, so tokens keep
@@ -40,11 +57,17 @@ use redis::Script;
 /// missed the last grants). Lua numbers are doubles, exact below 2^53 µs (the year 2255).
 macro_rules! lua_take_token {
     () => {
-        r"
+        concat!(
+            r"
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local token = math.max(tonumber(string.match(redis.call('GET', fence) or '0', '^%d+')) + 1, now)
-redis.call('SET', fence, string.format('%.0f', token) .. (queued and '+' or ''))
+local keep = ",
+            fence_keep_ms!(),
+            r"
+if queued then keep = math.max(keep, redis.call('PTTL', queue)) end
+redis.call('SET', fence, string.format('%.0f', token) .. (queued and '+' or ''), 'PX', keep)
 "
+        )
     };
 }
 
@@ -54,7 +77,7 @@ macro_rules! lua_grant_helper {
     () => {
         concat!(
             r"
-local function raise_fence(fence, t, queued)
+local function raise_fence(fence, queue, t, queued)
 ",
             lua_take_token!(),
             r"
@@ -74,7 +97,7 @@ local function grant_next(head, lock, fence, queue, waiters, channel)
       local deadline, ttl = string.match(entry, '^(%d+):(%d+)$')
       if tonumber(deadline) > now_ms then
         redis.call('SET', lock, head, 'PX', ttl)
-        local token = raise_fence(fence, t, redis.call('EXISTS', queue) == 1)
+        local token = raise_fence(fence, queue, t, redis.call('EXISTS', queue) == 1)
         redis.call('PUBLISH', channel, 'granted ' .. head .. ' ' .. string.format('%.0f', token))
         return
       end
@@ -82,7 +105,7 @@ local function grant_next(head, lock, fence, queue, waiters, channel)
     head = redis.call('LPOP', queue)
   end
   local last = redis.call('GET', fence)
-  if last then redis.call('SET', fence, string.match(last, '^%d+')) end
+  if last then redis.call('SET', fence, string.match(last, '^%d+'), 'KEEPTTL') end
   redis.call('PUBLISH', channel, 'free')
 end
 "
@@ -108,24 +131,30 @@ macro_rules! lua_holds {
 /// dropped). `GETSET` stores the clock and returns the last token in one call; only when the
 /// last token is not below the clock (two grants in one microsecond, a clock stepped back) does
 /// a second call store the last token plus one.
-const ACQUIRE_FIRST: &str = r"
+const ACQUIRE_FIRST: &str = concat!(
+    r"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
 local t = redis.call('TIME')
-local last = redis.call('GETSET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6))
+local last = redis.call('SET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6), 'PX', ",
+    fence_keep_ms!(),
+    r", 'GET')
 local token = tonumber(last or '0')
 if not token then
-  redis.call('SET', KEYS[2], last)
+  redis.call('SET', KEYS[2], last, 'PX', math.max(",
+    fence_keep_ms!(),
+    r", redis.call('PTTL', KEYS[1]) + 1000))
   redis.call('DEL', KEYS[1])
   return false
 end
 token = token + 1
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if token > now then
-  redis.call('SET', KEYS[2], string.format('%.0f', token))
+  redis.call('SET', KEYS[2], string.format('%.0f', token), 'KEEPTTL')
   return token
 end
 return now
-";
+"
+);
 
 /// Acquire. KEYS: lock, fence, queue, waiters. ARGV: owner, ttl_ms, enqueue (`0`/`1`),
 /// presence_ms, channel.
@@ -174,14 +203,15 @@ if not holder then
 end
 local last = redis.call('GET', fence) or '0'
 if ARGV[3] == '1' then
+  local keep = math.max(redis.call('PTTL', lock), tonumber(ARGV[4])) + 1000
   if redis.call('HSET', waiters, owner, (now_ms + tonumber(ARGV[4])) .. ':' .. ARGV[2]) == 1 then
     redis.call('RPUSH', queue, owner)
-    if string.sub(last, -1) ~= '+' then redis.call('SET', fence, last .. '+') end
+    if string.sub(last, -1) ~= '+' then redis.call('SET', fence, last .. '+', 'PX', keep) end
     if holder and string.sub(holder, -1) ~= '+' then redis.call('APPEND', lock, '+') end
   end
-  local keep = math.max(redis.call('PTTL', lock), tonumber(ARGV[4])) + 1000
   redis.call('PEXPIRE', queue, keep)
   redis.call('PEXPIRE', waiters, keep)
+  if redis.call('PTTL', fence) < keep then redis.call('PEXPIRE', fence, keep) end
 end
 return {0, redis.call('PTTL', lock), tonumber(string.match(last, '^%d+'))}
 "
@@ -260,19 +290,33 @@ return 0
 "
 );
 
-/// Node acquire, for multi-node algorithms (no queue). KEYS: lock, fence. ARGV: owner, ttl_ms.
+/// Node acquire, for multi-node algorithms (no queue). KEYS: lock, fence. ARGV: owner, ttl_ms,
+/// floor.
 ///
-/// `SET NX PX` and, when set, the token alone: the name's fence counter plus one (a plain counter,
-/// without the single-node clock floor, so that nodes which saw the same grants hand out the same
-/// token and a quorum usually agrees on it). When someone holds the lock, `{0, PTTL, holder}`.
-/// A first attempt sent to every node at once does the same in plain pipelined commands
-/// (`Counting::EveryAttempt`), cheaper on the server, advancing the counter even when busy.
-pub(crate) const NODE_ACQUIRE: &str = r"
+/// `SET NX PX` and, when set, the token alone: the name's fence counter plus one. A counter that
+/// does not exist (first use, or lost with a restart without persistence) starts from `floor`,
+/// the caller's wall clock in microseconds, so tokens keep rising through a restart; otherwise it
+/// is a plain counter, so that nodes which saw the same grants hand out the same token and a
+/// quorum usually agrees on it (one caller's round gives every node the same floor). When someone
+/// holds the lock, `{0, PTTL, holder}`. A first attempt sent to every node at once does the same
+/// in plain pipelined commands (`Counting::EveryAttempt`), cheaper on the server, advancing the
+/// counter even when busy.
+pub(crate) const NODE_ACQUIRE: &str = concat!(
+    r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
+  redis.call('SET', KEYS[2], ARGV[3], 'NX')
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], ",
+    fence_keep_ms!(),
+    r")
+  return token
 end
 return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]) or ''}
-";
+"
+);
+
+/// [`fence_keep_ms!`] as a number, for the node acquire's pipeline.
+pub(crate) const FENCE_KEEP_MS: u64 = 600_000;
 
 /// Node release. KEYS: lock. ARGV: owner. Deletes the lock only if the caller owns it; 1 or 0.
 pub(crate) const NODE_RELEASE: &str = r"
@@ -295,27 +339,35 @@ return 0
 
 /// Raises a fence counter to at least a value (Redlock writes its quorum's highest token back).
 /// KEYS: fence. ARGV: token. Returns the counter after.
-pub(crate) const NODE_RAISE_FENCE: &str = r"
+pub(crate) const NODE_RAISE_FENCE: &str = concat!(
+    r"
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local wanted = tonumber(ARGV[1])
 if current < wanted then
-  redis.call('SET', KEYS[1], ARGV[1])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ",
+    fence_keep_ms!(),
+    r")
   return wanted
 end
 return current
-";
+"
+);
 
 /// Raises a fence counter to at least a value, only while the caller holds the lock on this node.
 /// KEYS: lock, fence. ARGV: owner, token. Returns 1 if the caller holds the lock (the counter is
 /// then at least the token), else 0 and leaves the counter alone.
-pub(crate) const NODE_RAISE_FENCE_HELD: &str = r"
+pub(crate) const NODE_RAISE_FENCE_HELD: &str = concat!(
+    r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local current = tonumber(redis.call('GET', KEYS[2]) or '0')
 if current < tonumber(ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[2])
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ",
+    fence_keep_ms!(),
+    r")
 end
 return 1
-";
+"
+);
 
 /// A waiter's place in the name's waiting line on one node, for multi-node algorithms (Redlock
 /// keeps the line on its agreed node, and the first in line skips that node's gate). KEYS:
@@ -421,6 +473,11 @@ impl<'a> Announcement<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scripts_and_the_pipeline_keep_a_fence_alike() {
+        assert_eq!(fence_keep_ms!().parse::<u64>().unwrap(), FENCE_KEEP_MS);
+    }
 
     #[test]
     fn parses_announcements() {

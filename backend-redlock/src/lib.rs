@@ -26,12 +26,19 @@
 //!   fail and its validity lasts, and lost with [`LostReason::RenewalFailed`] when it runs out.
 //! - [x] **Lost signal**: a renewal that finds the key gone from too many nodes loses the guard
 //!   at once ([`LostReason::TakenOver`]).
-//! - **Fencing: best effort**, strict unless a node loses its fence counter. Tokens strictly
-//!   increase per name as long as no node forgets the counters it handed out: run the nodes with
-//!   `appendonly yes` and `appendfsync always`, never `FLUSHALL` them, and never let an eviction
-//!   policy or a TTL touch the `…:fence` keys. A node that restarts empty can hand a later holder
-//!   a lower token than an earlier one (this crate's tests show the checker catching exactly
-//!   that).
+//! - **Fencing: best effort.** A grant's token is the highest its quorum handed out, written
+//!   back to a majority when they disagree, and each node's token is its per-name counter plus
+//!   one. A counter a node lost (a restart without persistence, `FLUSHALL`, an eviction) starts
+//!   again from the client's wall clock in microseconds (cut to the millisecond, so one round's
+//!   nodes agree), as a single Redis floors its tokens at its own clock: tokens keep rising
+//!   through restarts of every node, cleanly or by `SIGKILL`. What is left of "best effort" is
+//!   the clocks: a counter started again is above the old one's tokens only if the clocks of
+//!   the clients that start counters are less far apart than the time between the old
+//!   counter's start and its loss (seconds apart against minutes, in practice), and a node
+//!   whose clock jumps expires its keys early. A restart without persistence still lets a
+//!   majority grant a lock its holder still holds (this crate's tests show the checker catching
+//!   the overlap, and fencing refusing the first holder's late writes): run the nodes with
+//!   `appendonly yes` and `appendfsync always`, or restart one only after the longest TTL.
 //! - **Independent nodes only**: connect refuses (with [`LockError::Config`](dlock_api::LockError::Config), naming the node) a
 //!   node that is a replica or a primary with replicas attached, since a failover could put a
 //!   copy that missed a grant in its place; and a Sentinel or Cluster URL is never a node.

@@ -502,3 +502,149 @@ async fn a_node_clock_jump_expires_its_key_early_and_a_majority_of_jumps_loses_t
     next.release().await.unwrap();
     settles_empty(&nodes, &[0, 1, 2, 3, 4], &lock).await;
 }
+
+/// Every node restarted without persistence, cleanly and then by SIGKILL: the fence counters
+/// are gone, and the next tokens still rise above every earlier one (a lost counter starts from
+/// the client's clock, as the single-node fence is floored at the server's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_rising_when_every_node_restarts_without_persistence() {
+    let nodes = start_nodes(5);
+    let lock = name("tokens-through-restarts");
+    let mut last = 0;
+    let mut take = |tokens: &mut Vec<u64>, token: u64| {
+        assert!(
+            token > last,
+            "token {token} after {last}; tokens so far {tokens:?}"
+        );
+        last = token;
+        tokens.push(token);
+    };
+    let mut tokens = Vec::new();
+    for round in 0..3 {
+        // A new client each round, as after a restart of the service too.
+        let locks = client(&nodes, "").await;
+        for _ in 0..5 {
+            let guard = timeout(BOUND, locks.acquire(&lock, &opts(Duration::from_secs(10))))
+                .await
+                .expect("no hang")
+                .unwrap();
+            take(&mut tokens, guard.fencing_token().get());
+            guard.release().await.unwrap();
+        }
+        drop(locks);
+        for node in nodes.nodes() {
+            if round == 0 {
+                node.stop();
+            } else {
+                node.kill();
+            }
+            node.restart().unwrap();
+        }
+    }
+}
+
+/// A thousand names, each acquired and released once, leave no key without an expiry on any node:
+/// each node's fence counter of a name used once was kept for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_used_once_leave_nothing_without_an_expiry_on_any_node() {
+    use futures::StreamExt;
+    let nodes = start_nodes(5);
+    let locks = client(&nodes, "").await;
+    let used = futures::stream::iter(0..1_000)
+        .map(|i| {
+            let locks = locks.clone();
+            async move {
+                let name = name(&format!("order-{i}"));
+                let guard = locks
+                    .acquire(&name, &opts(Duration::from_secs(10)))
+                    .await
+                    .unwrap();
+                guard.release().await.unwrap();
+            }
+        })
+        .buffer_unordered(16)
+        .count();
+    timeout(BOUND * 4, used)
+        .await
+        .expect("1,000 names used once");
+    dlock_api::settle().await;
+    for (i, node) in nodes.nodes().iter().enumerate() {
+        let client = redis::Client::open(node.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut forever = Vec::new();
+        for key in keys {
+            let pttl: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if pttl == -1 {
+                forever.push(key);
+            }
+        }
+        assert!(
+            forever.is_empty(),
+            "node {i}: {} keys without an expiry, e.g. {:?}",
+            forever.len(),
+            &forever[..forever.len().min(5)]
+        );
+    }
+}
+
+/// Two of five nodes frozen (`SIGSTOP`: the kernel takes the connection, nothing answers) before a
+/// client starts: it goes on once three have answered and a per-node timeout more has passed,
+/// and connects the two in the background, instead of waiting out their connect timeouts (4.2 s,
+/// two connect timeouts, for a fresh `dlock run`). With 10 s connect timeouts, starting and a
+/// first acquire must take less than one of them; once the two thaw, they rejoin by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_minority_does_not_hold_up_the_start() {
+    let nodes = start_nodes(5);
+    nodes.node(1).pause();
+    nodes.node(3).pause();
+    let started = Instant::now();
+    let locks = timeout(
+        BOUND,
+        client(&nodes, "?connect_timeout=10s&node_timeout=500ms"),
+    )
+    .await
+    .expect("no hang");
+    let lock = name("frozen-at-start");
+    let guard = timeout(BOUND, locks.acquire(&lock, &opts(Duration::from_secs(10))))
+        .await
+        .expect("no hang")
+        .expect("three answering nodes are a quorum");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the start and a first acquire took {took:?}, a connect timeout or more"
+    );
+    guard.release().await.unwrap();
+    nodes.node(1).resume();
+    nodes.node(3).resume();
+    // Thawed, the two connect in the background and take part: with two of the other three
+    // killed, a grant needs both.
+    nodes.node(0).kill();
+    nodes.node(2).kill();
+    let give_up = Instant::now() + BOUND;
+    loop {
+        match locks
+            .try_acquire(&lock, &opts(Duration::from_secs(10)))
+            .await
+        {
+            Ok(Some(guard)) => {
+                guard.release().await.unwrap();
+                break;
+            }
+            other => assert!(
+                Instant::now() < give_up,
+                "the thawed nodes never joined: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
