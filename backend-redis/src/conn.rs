@@ -313,6 +313,14 @@ impl Conn {
         }
     }
 
+    /// Whether a command may reach the server twice: a Cluster client sends a command again
+    /// after a lost connection or a redirection, and a Sentinel connection a release after a
+    /// failover ([`follows_failover`](Self::follows_failover)). A single node's connection
+    /// sends each command once.
+    pub(crate) fn may_resend(&self) -> bool {
+        !matches!(self, Self::Single(_))
+    }
+
     /// Whether a failed command makes this connection look for a new primary (Sentinel), so
     /// that an idempotent command may be sent once more.
     pub(crate) fn follows_failover(&self) -> bool {

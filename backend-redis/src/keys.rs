@@ -8,7 +8,8 @@ use dlock_api::{LockName, Result};
 pub struct LockKeys {
     /// `PREFIX:{NAME}`: holds the owner's random token, with the lease as its TTL.
     pub lock: String,
-    /// `PREFIX:{NAME}:fence`: the last fencing token handed out (kept, no TTL).
+    /// `PREFIX:{NAME}:fence`: the last fencing token handed out (kept ten minutes past the last
+    /// grant, and while waiters may be queued).
     pub fence: String,
     /// `PREFIX:{NAME}:queue`: waiting owners, first in line first.
     pub queue: String,
@@ -16,6 +17,9 @@ pub struct LockKeys {
     pub waiters: String,
     /// `PREFIX:{NAME}:released`: the channel releases announce grants and free locks on.
     pub channel: String,
+    /// `PREFIX:{NAME}:released-by`: who released the lock last, for a minute, on a Sentinel or
+    /// a Cluster, where a release may reach the server twice.
+    pub released_by: String,
 }
 
 impl LockKeys {
@@ -51,6 +55,7 @@ impl LockKeys {
             queue: suffixed(":queue"),
             waiters: suffixed(":waiters"),
             channel: suffixed(":released"),
+            released_by: suffixed(":released-by"),
             lock,
         }
     }

@@ -40,7 +40,7 @@ impl RedisLease {
         }
     }
 
-    /// Runs `script` (release or cancel) with the name's four keys, for `owner`.
+    /// Runs `script` (the cancel) with the name's four keys, for `owner`.
     async fn run(
         inner: &Inner,
         script: &redis::Script,
@@ -76,20 +76,32 @@ impl RedisLease {
         }
     }
 
-    /// Releases `owner`'s hold, handing the lock to the next live waiter. True if it was held.
+    /// Releases `owner`'s hold, handing the lock to the next live waiter. True if it was held
+    /// (also when this is the second arrival of a release whose first one released it, where
+    /// releases are marked).
     async fn release_script(&self) -> Result<bool> {
         let (inner, keys, owner) = (&self.inner, &self.keys, &*self.owner);
+        let marks = inner.scripts.marks_releases;
         if self.taken_uncontended {
-            let names = [keys.lock.as_str()];
-            match Self::run_with(inner, &inner.scripts.release_uncontended, &names, &[owner])
-                .await?
+            let names = [keys.lock.as_str(), keys.released_by.as_str()];
+            let names = if marks { &names[..] } else { &names[..1] };
+            match Self::run_with(inner, &inner.scripts.release_uncontended, names, &[owner]).await?
             {
                 // Waiters queued while it was held (they marked it): the full release hands it over.
                 2 => {}
                 released => return Ok(released == 1),
             }
         }
-        Ok(Self::run(inner, &inner.scripts.release, keys, owner).await? == 1)
+        let names = [
+            keys.lock.as_str(),
+            keys.fence.as_str(),
+            keys.queue.as_str(),
+            keys.waiters.as_str(),
+            keys.released_by.as_str(),
+        ];
+        let names = if marks { &names[..] } else { &names[..4] };
+        let args = [owner, keys.channel.as_str()];
+        Ok(Self::run_with(inner, &inner.scripts.release, names, &args).await? == 1)
     }
 
     /// Ends `owner`'s wait: leaves the queue, or, if a release granted it the lock meanwhile,

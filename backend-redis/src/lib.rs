@@ -60,7 +60,13 @@
 //! ## Keys
 //! `PREFIX:{NAME}` (the lock; value = owner, TTL = lease), `PREFIX:{NAME}:fence` (last token; kept
 //! ten minutes past its last grant, and as long as waiters may be queued), `PREFIX:{NAME}:queue`
-//! and `PREFIX:{NAME}:waiters` (the waiters, expiring with them), channel `PREFIX:{NAME}:released`. Braces in names are escaped so the hash tag is always the whole name.
+//! and `PREFIX:{NAME}:waiters` (the waiters, expiring with them), channel `PREFIX:{NAME}:released`;
+//! on a Sentinel or a Cluster also `PREFIX:{NAME}:released-by`, the owner that released the lock
+//! last, for a minute. There a release may reach the server twice (the Cluster client sends a
+//! command again after a lost reply, a Sentinel connection sends a release again after a
+//! failover), and the second arrival, finding the lock gone, answers "released" when the mark is
+//! its own, instead of `NotHeld`, which would tell the caller that its critical section went
+//! unprotected. A single node sends each command once and leaves no mark. Braces in names are escaped so the hash tag is always the whole name.
 //! A trailing `+` on the lock's or the fence's value is a queue mark (above); clients of this
 //! layout and of the one before it (which read the queue key instead) must not share a server.
 //!

@@ -58,11 +58,12 @@ impl RedisLock {
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let hub = Arc::new(Wakeups::default());
         let conn = crate::connect::connect_checked(&config, Wakeups::handler(&hub)).await?;
+        let scripts = Scripts::new(conn.may_resend());
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 conn,
-                scripts: Scripts::new(),
+                scripts,
                 hub,
                 timer: GuardTimer::new(),
             }),

@@ -217,40 +217,100 @@ return {0, redis.call('PTTL', lock), tonumber(string.match(last, '^%d+'))}
 "
 );
 
-/// Release. KEYS: lock, fence, queue, waiters. ARGV: owner, channel. Deletes the lock only if the
-/// caller owns it and hands it to the next live waiter. Returns 1 or 0.
-const RELEASE: &str = concat!(
-    r"
+/// How long a release's mark says who released a lock, in ms: longer than any re-sent release
+/// takes to arrive (the Cluster client's retries, a Sentinel failover).
+///
+/// Where a release may reach the server twice (a Cluster client re-sends a command whose reply
+/// it lost, a Sentinel connection re-sends a release after a failover), a release that deleted
+/// the lock leaves a short-lived mark, `released-by = OWNER`, and a release that finds the lock
+/// not the caller's but the mark its own answers "released": the first one did, and the second
+/// finding nothing must not tell the caller its critical section went unprotected (`NotHeld`).
+/// A single node's connection sends each command once, and its scripts leave no mark.
+macro_rules! release_mark_ms {
+    () => {
+        "60000"
+    };
+}
+
+/// Release. KEYS: lock, fence, queue, waiters (and the mark, [`RELEASE_MARKED`]). ARGV: owner,
+/// channel. Deletes the lock only if the caller owns it and hands it to the next live waiter.
+/// Returns 1 or 0. `$mark` runs once the lock is deleted, `$not_mine` answers when it is not the
+/// caller's.
+macro_rules! release_script {
+    ($mark:expr, $not_mine:expr) => {
+        concat!(
+            r"
 local holder = redis.call('GET', KEYS[1])
 if not ",
-    lua_holds!("holder", "ARGV[1]"),
-    r" then return 0 end
+            lua_holds!("holder", "ARGV[1]"),
+            r" then ",
+            $not_mine,
+            r" end
 redis.call('DEL', KEYS[1])
-local head = redis.call('LPOP', KEYS[3])
+",
+            $mark,
+            r"local head = redis.call('LPOP', KEYS[3])
 if not head then return 1 end
 ",
-    lua_grant_helper!(),
-    r"
+            lua_grant_helper!(),
+            r"
 grant_next(head, KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2])
 return 1
 "
+        )
+    };
+}
+
+const RELEASE: &str = release_script!("", "return 0");
+
+/// [`RELEASE`] where a release may be re-sent: KEYS\[5\] is the name's `released-by` mark.
+const RELEASE_MARKED: &str = release_script!(
+    concat!(
+        "redis.call('SET', KEYS[5], ARGV[1], 'PX', ",
+        release_mark_ms!(),
+        ")\n"
+    ),
+    "if redis.call('GET', KEYS[5]) == ARGV[1] then return 1 end return 0"
 );
 
-/// Release of a lock taken by the first attempt, with nobody queued. KEYS: lock. ARGV: owner.
+/// Release of a lock taken by the first attempt, with nobody queued. KEYS: lock (and the mark,
+/// [`RELEASE_UNCONTENDED_MARKED`]). ARGV: owner.
 /// Deletes the lock only if the caller owns it and nobody queued since (the lock is not marked);
 /// returns 1 (released), 0 (not the caller's), or 2 (the caller's, marked: left held for
 /// [`RELEASE`] to hand over). Most locks are released before anyone queues for them, and this
 /// script is the compare-and-delete of a plain lock: each key or argument passed into Lua, and
 /// each call from it, costs the server about as much as a plain command.
-const RELEASE_UNCONTENDED: &str = r"
+macro_rules! release_uncontended_script {
+    ($mark:expr, $not_mine:expr) => {
+        concat!(
+            r"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  return 1
+  ",
+            $mark,
+            r"return 1
 end
 if holder == ARGV[1] .. '+' then return 2 end
-return 0
-";
+",
+            $not_mine,
+            r"
+"
+        )
+    };
+}
+
+const RELEASE_UNCONTENDED: &str = release_uncontended_script!("", "return 0");
+
+/// [`RELEASE_UNCONTENDED`] where a release may be re-sent: KEYS\[2\] is the `released-by` mark.
+const RELEASE_UNCONTENDED_MARKED: &str = release_uncontended_script!(
+    concat!(
+        "redis.call('SET', KEYS[2], ARGV[1], 'PX', ",
+        release_mark_ms!(),
+        ")\n"
+    ),
+    "if redis.call('GET', KEYS[2]) == ARGV[1] then return 1 end return 0"
+);
 
 /// Cancel a wait (timeout, dropped future, failed acquire). KEYS and ARGV as release. If a
 /// release granted the lock to the caller meanwhile, releases it onward (returns 2); otherwise
@@ -426,6 +486,9 @@ return {holder, redis.call('PTTL', KEYS[1]),
 pub(crate) struct Scripts {
     pub(crate) acquire_first: Script,
     pub(crate) acquire: Script,
+    /// The releases leave a `released-by` mark and take one as released ([`release_mark_ms!`]):
+    /// they take the mark's key after their own.
+    pub(crate) marks_releases: bool,
     pub(crate) release: Script,
     pub(crate) release_uncontended: Script,
     pub(crate) cancel: Script,
@@ -434,12 +497,18 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    pub(crate) fn new() -> Self {
+    /// The scripts; with `marks_releases` where a release may reach the server twice.
+    pub(crate) fn new(marks_releases: bool) -> Self {
+        let (release, release_uncontended) = match marks_releases {
+            true => (RELEASE_MARKED, RELEASE_UNCONTENDED_MARKED),
+            false => (RELEASE, RELEASE_UNCONTENDED),
+        };
         Self {
             acquire_first: Script::new(ACQUIRE_FIRST),
             acquire: Script::new(ACQUIRE),
-            release: Script::new(RELEASE),
-            release_uncontended: Script::new(RELEASE_UNCONTENDED),
+            marks_releases,
+            release: Script::new(release),
+            release_uncontended: Script::new(release_uncontended),
             cancel: Script::new(CANCEL),
             extend: Script::new(EXTEND),
             inspect: Script::new(INSPECT),
@@ -473,6 +542,86 @@ impl<'a> Announcement<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs `script` on `keys` for `owner` (and the channel, for the full release).
+    async fn release(
+        conn: &mut redis::aio::MultiplexedConnection,
+        script: &str,
+        keys: &[&str],
+        owner: &str,
+        channel: Option<&str>,
+    ) -> i64 {
+        let script = Script::new(script);
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        invocation.arg(owner);
+        if let Some(channel) = channel {
+            invocation.arg(channel);
+        }
+        invocation.invoke_async(conn).await.unwrap()
+    }
+
+    /// A release that reaches the server twice (its first reply lost, the command sent again by
+    /// the Cluster client or after a Sentinel failover): with marks, the second arrival answers
+    /// released, on the first attempt's path and on the full one; without, it answered "not
+    /// held", which says the caller's critical section was unprotected. Another owner's release
+    /// is still refused. Against a real Redis.
+    #[tokio::test]
+    async fn a_release_sent_twice_is_released_twice_where_releases_are_marked() {
+        let server = dlock_test_servers::shared_redis();
+        let mut conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let keys = crate::LockKeys::new(
+            "dlock-test",
+            &dlock_api::LockName::new(format!("resent-release/{}", std::process::id())).unwrap(),
+        );
+        let lock_and_mark = [keys.lock.as_str(), keys.released_by.as_str()];
+        let all = [
+            keys.lock.as_str(),
+            keys.fence.as_str(),
+            keys.queue.as_str(),
+            keys.waiters.as_str(),
+            keys.released_by.as_str(),
+        ];
+        let channel = Some(keys.channel.as_str());
+        let mut answers = Vec::new();
+        for (uncontended, full) in [
+            (RELEASE_UNCONTENDED_MARKED, RELEASE_MARKED),
+            (RELEASE_UNCONTENDED, RELEASE),
+        ] {
+            let mut sent_twice = Vec::new();
+            for first_attempts_path in [true, false] {
+                let _: () = redis::cmd("SET")
+                    .arg(&keys.lock)
+                    .arg("me")
+                    .arg("PX")
+                    .arg(10_000)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                for _ in 0..2 {
+                    sent_twice.push(match first_attempts_path {
+                        true => release(&mut conn, uncontended, &lock_and_mark, "me", None).await,
+                        false => release(&mut conn, full, &all, "me", channel).await,
+                    });
+                }
+                let other = release(&mut conn, full, &all, "other", channel).await;
+                assert_eq!(other, 0, "another owner's release");
+            }
+            answers.push(sent_twice);
+        }
+        assert_eq!(answers[0], [1, 1, 1, 1], "marked releases, sent twice each");
+        assert_eq!(
+            answers[1],
+            [1, 0, 1, 0],
+            "unmarked releases, sent twice each"
+        );
+    }
 
     #[test]
     fn the_scripts_and_the_pipeline_keep_a_fence_alike() {
