@@ -36,11 +36,7 @@ fn run_stops_the_command_and_exits_74_when_the_lock_is_lost() {
         .spawn()
         .expect("run dlock");
     // Wait (bounded) until the command runs under the lock, then take the lock away server-side.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::path::Path::new(&marker).exists() {
-        assert!(Instant::now() < deadline, "the command never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_started(&marker);
     let deleted = redis.command(&["DEL", "dlock:{cli-lost}"]).unwrap();
     assert_eq!(
         deleted.as_text().as_deref(),
@@ -81,6 +77,15 @@ fn run_stops_the_command_and_exits_74_when_the_lock_is_lost() {
     assert_eq!(status.code(), Some(74), "{stderr}");
     assert!(stderr.contains("lost"), "{stderr}");
     let _ = std::fs::remove_file(&marker);
+}
+
+/// Waits (within 30 s) until the command under the lock has made `marker`.
+fn until_started(marker: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::path::Path::new(marker).exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// A command that cannot be started leaves the lock free when `dlock run` exits: the lock it took
@@ -363,11 +368,8 @@ fn run_exits_soon_after_stopping_the_command_when_its_server_froze() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run dlock");
+    until_started(&marker);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::path::Path::new(&marker).exists() {
-        assert!(Instant::now() < deadline, "the command never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
     redis.pause();
     let (status, told_to_stop) = loop {
         if let Some(status) = child.try_wait().unwrap() {
