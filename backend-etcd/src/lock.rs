@@ -55,8 +55,8 @@ impl EtcdLock {
     /// so a dead cluster would otherwise look connected.
     ///
     /// # Errors
-    /// [`LockError::Config`] for a configuration the client refuses (a certificate file that
-    /// cannot be read); [`LockError::Unavailable`] when no member answers within the connect
+    /// [`LockError::Config`](dlock_api::LockError::Config) for a configuration the client refuses (a certificate file that
+    /// cannot be read); [`LockError::Unavailable`](dlock_api::LockError::Unavailable) when no member answers within the connect
     /// timeout.
     ///
     /// # Cancel safety
