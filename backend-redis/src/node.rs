@@ -204,8 +204,9 @@ fn unexpected_acquire(reply: &impl std::fmt::Debug) -> LockError {
 }
 
 /// [`Counting::EveryAttempt`]'s acquire: `SET NX PX GET` (nil when it set the key, else the
-/// holder's value: Redis 7.0 takes `NX` with `GET`), `SET NX` of the counter at `floor` (a
-/// counter that does not exist starts there), `INCR`, `PTTL`.
+/// holder's value: Redis 7.0 takes `NX` with `GET`), `SET NX PX` of the counter at `floor` (a
+/// counter that does not exist starts there, for ten minutes), `INCR` (which keeps its
+/// expiry), `PTTL`.
 fn acquire_pipeline(keys: &LockKeys, owner: &str, ttl_ms: &str, floor: &str) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.cmd("SET")
@@ -219,13 +220,11 @@ fn acquire_pipeline(keys: &LockKeys, owner: &str, ttl_ms: &str, floor: &str) -> 
         .arg(&keys.fence)
         .arg(floor)
         .arg("NX")
+        .arg("PX")
+        .arg(FENCE_KEEP_MS)
         .ignore()
         .cmd("INCR")
         .arg(&keys.fence)
-        .cmd("PEXPIRE")
-        .arg(&keys.fence)
-        .arg(FENCE_KEEP_MS)
-        .ignore()
         .cmd("PTTL")
         .arg(&keys.lock);
     pipe

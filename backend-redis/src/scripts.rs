@@ -354,9 +354,10 @@ return 0
 /// floor.
 ///
 /// `SET NX PX` and, when set, the token alone: the name's fence counter plus one. A counter that
-/// does not exist (first use, or lost with a restart without persistence) starts from `floor`,
-/// the caller's wall clock in microseconds, so tokens keep rising through a restart; otherwise it
-/// is a plain counter, so that nodes which saw the same grants hand out the same token and a
+/// does not exist (first use, lost with a restart without persistence, or expired ten minutes
+/// after it started) starts from `floor`, the caller's wall clock in microseconds, so tokens keep
+/// rising through a restart and an expiry (the counter counted far fewer grants than
+/// microseconds passed since its start); otherwise it is a plain counter, so that nodes which saw the same grants hand out the same token and a
 /// quorum usually agrees on it (one caller's round gives every node the same floor). When someone
 /// holds the lock, `{0, PTTL, holder}`. A first attempt sent to every node at once does the same
 /// in plain pipelined commands (`Counting::EveryAttempt`), cheaper on the server, advancing the
@@ -364,12 +365,10 @@ return 0
 pub(crate) const NODE_ACQUIRE: &str = concat!(
     r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[3], 'NX')
-  local token = redis.call('INCR', KEYS[2])
-  redis.call('PEXPIRE', KEYS[2], ",
+  redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ",
     fence_keep_ms!(),
     r")
-  return token
+  return redis.call('INCR', KEYS[2])
 end
 return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]) or ''}
 "

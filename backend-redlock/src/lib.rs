@@ -28,7 +28,8 @@
 //!   at once ([`LostReason::TakenOver`]).
 //! - **Fencing: best effort.** A grant's token is the highest its quorum handed out, written
 //!   back to a majority when they disagree, and each node's token is its per-name counter plus
-//!   one. A counter a node lost (a restart without persistence, `FLUSHALL`, an eviction) starts
+//!   one. A counter a node lost (a restart without persistence, `FLUSHALL`, an eviction, or its own
+//!   expiry ten minutes after it started, which keeps a name used once from staying) starts
 //!   again from the client's wall clock in microseconds (cut to the millisecond, so one round's
 //!   nodes agree), as a single Redis floors its tokens at its own clock: tokens keep rising
 //!   through restarts of every node, cleanly or by `SIGKILL`. What is left of "best effort" is
