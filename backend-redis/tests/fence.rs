@@ -24,23 +24,6 @@ async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
-/// Every key on the server with no expiry (`PTTL` -1).
-async fn keys_without_expiry(conn: &mut redis::aio::MultiplexedConnection) -> Vec<String> {
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(conn).await.unwrap();
-    let mut forever = Vec::new();
-    for key in keys {
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(conn)
-            .await
-            .unwrap();
-        if pttl == -1 {
-            forever.push(key);
-        }
-    }
-    forever
-}
-
 /// Waits (within the bound) until `count` waiters are queued for `name`.
 async fn until_waiters(locks: &RedisLock, name: &LockName, count: usize) {
     dlock_conformance::wait_for::within(BOUND, "the waiter to queue", async {
@@ -123,8 +106,7 @@ async fn names_used_once_leave_nothing_without_an_expiry() {
         .await
         .expect("10,000 names used once");
     dlock_api::settle().await;
-    let mut conn = raw(&server).await;
-    let forever = keys_without_expiry(&mut conn).await;
+    let forever = tokio::task::block_in_place(|| server.keys_without_expiry()).unwrap();
     assert!(
         forever.is_empty(),
         "{} keys without an expiry, e.g. {:?}",

@@ -569,24 +569,7 @@ async fn names_used_once_leave_nothing_without_an_expiry_on_any_node() {
         .expect("1,000 names used once");
     dlock_api::settle().await;
     for (i, node) in nodes.nodes().iter().enumerate() {
-        let client = redis::Client::open(node.url()).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("*")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let mut forever = Vec::new();
-        for key in keys {
-            let pttl: i64 = redis::cmd("PTTL")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            if pttl == -1 {
-                forever.push(key);
-            }
-        }
+        let forever = tokio::task::block_in_place(|| node.keys_without_expiry()).unwrap();
         assert!(
             forever.is_empty(),
             "node {i}: {} keys without an expiry, e.g. {:?}",

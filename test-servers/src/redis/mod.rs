@@ -215,6 +215,22 @@ impl RedisServer {
         redis_command(self.addr(), args)
     }
 
+    /// Every key on the server that has no expiry (`PTTL` -1): what a name used once would leave
+    /// behind for ever.
+    ///
+    /// # Errors
+    /// When the server cannot be reached or does not answer within 5 s.
+    pub fn keys_without_expiry(&self) -> io::Result<Vec<String>> {
+        let keys = self.command(&["KEYS", "*"])?;
+        let mut forever = Vec::new();
+        for key in keys.items().iter().filter_map(Resp::as_text) {
+            if self.command(&["PTTL", &key])?.as_text().as_deref() == Some("-1") {
+                forever.push(key);
+            }
+        }
+        Ok(forever)
+    }
+
     /// One field of `INFO <section>`, e.g. `info_field("replication", "role")`.
     ///
     /// # Errors
