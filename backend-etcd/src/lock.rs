@@ -221,6 +221,7 @@ impl RawLock for EtcdLock {
             // last renewal, a 3 s one 3.32-3.43 s after.
             expiry_lag: Duration::from_millis(1500),
             inspect: true,
+            takeover_signal: true,
             ..Capabilities::TTL_LEASE
         }
     }

@@ -137,6 +137,7 @@ impl RawLock for MySqlLock {
             },
             max_name_bytes: Some(MAX_KEY_CHARS - self.config().prefix.len()),
             inspect: true,
+            takeover_signal: true,
             ..Capabilities::SESSION_LEASE
         }
     }

@@ -189,6 +189,7 @@ impl RawLock for PostgresLock {
                 Fencing::None
             },
             inspect: true,
+            takeover_signal: true,
             ..Capabilities::SESSION_LEASE
         }
     }

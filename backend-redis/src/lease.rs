@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_api::raw::RawLease;
 use dlock_api::raw::time::after;
+use dlock_api::raw::{RawLease, Scheduled};
 use dlock_api::{LockError, LockName, Result};
 use tokio::time::Instant;
 
@@ -21,6 +21,8 @@ pub(crate) struct RedisLease {
     /// Taken with nobody queued: the release first tries the script without the hand-off. A
     /// lock granted after a wait goes straight to the hand-off, as others likely wait too.
     taken_uncontended: bool,
+    /// The start of the watch on the held lock (`held.rs`), until it comes due.
+    _watch: Option<Scheduled>,
 }
 
 impl RedisLease {
@@ -30,6 +32,7 @@ impl RedisLease {
         keys: Arc<LockKeys>,
         owner: Arc<str>,
         taken_uncontended: bool,
+        watch: Option<Scheduled>,
     ) -> Self {
         Self {
             inner,
@@ -37,6 +40,7 @@ impl RedisLease {
             keys,
             owner,
             taken_uncontended,
+            _watch: watch,
         }
     }
 

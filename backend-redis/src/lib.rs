@@ -46,6 +46,11 @@
 //! - **Renewal**: the shared dlock watchdog extends the lease every TTL/3; when the key is gone or
 //!   someone else's, or the server stays unreachable until the lease ends, the guard's `lost`
 //!   fires.
+//! - **Takeover signal**: a lock held for 250 ms marks the name's fence with its client's id, on
+//!   a subscription to the client's own channel (`PREFIX:held-by:CLIENT`, one for all its held
+//!   locks, on a connection of its own); whoever takes the lock over a key that went without a
+//!   release publishes `taken` there, and the old holder's `lost` fires as it arrives rather than
+//!   at its next renewal.
 //! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) is one
 //!   read-only script: the holder's owner value and remaining lease (`PTTL`), its fencing token
 //!   (the fence counter, raised in the script that granted the lock) and the live waiters in the
@@ -67,8 +72,11 @@
 //! failover), and the second arrival, finding the lock gone, answers "released" when the mark is
 //! its own, instead of `NotHeld`, which would tell the caller that its critical section went
 //! unprotected. A single node sends each command once and leaves no mark. Braces in names are escaped so the hash tag is always the whole name.
-//! A trailing `+` on the lock's or the fence's value is a queue mark (above); clients of this
-//! layout and of the one before it (which read the queue key instead) must not share a server.
+//! A trailing `+` on the lock's or the fence's value is a queue mark (above), and `!CLIENT` after
+//! the fence's digits a watch mark (its holder listens on channel `PREFIX:held-by:CLIENT`);
+//! clients of this layout and of the one before it (which read the queue key instead) must not
+//! share a server. A client of the version before the watch mark reads a marked fence as a
+//! queue mark: it takes the full acquire, and nobody is told of its takeover.
 //!
 //! Every key expires: a name used once (a lock per order id) leaves nothing behind once its
 //! lease has ended and its fence's ten minutes have passed. A fence can go because it is read
@@ -249,6 +257,7 @@ mod driven;
 pub mod driver;
 mod error;
 mod eviction;
+mod held;
 mod keys;
 mod lease;
 mod lock;

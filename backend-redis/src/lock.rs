@@ -13,8 +13,9 @@ use dlock_api::{
 use tokio::time::{Instant, sleep_until};
 
 use crate::BACKEND;
-use crate::client::Inner;
+use crate::client::{HeldBy, Inner};
 use crate::config::RedisConfig;
+use crate::held::HeldLock;
 use crate::keys::LockKeys;
 use crate::lease::RedisLease;
 use crate::scripts::Scripts;
@@ -61,11 +62,13 @@ impl RedisLock {
         let scripts = Scripts::new(conn.may_resend());
         Ok(Self {
             inner: Arc::new(Inner {
-                config,
                 conn,
                 scripts,
                 hub,
                 timer: GuardTimer::new(),
+                held_by: HeldBy::new(&config.prefix),
+                watch_conn: tokio::sync::OnceCell::new(),
+                config,
             }),
         })
     }
@@ -100,12 +103,22 @@ impl RedisLock {
 
     fn guard(&self, name: &LockName, keys: &Arc<LockKeys>, owner: &Arc<str>, held: Held) -> Grant {
         let state = Arc::new(LeaseState::new(Some(held.valid_until)));
+        let watch = crate::held::schedule_watch(
+            &self.inner,
+            HeldLock {
+                keys: keys.clone(),
+                owner: owner.clone(),
+                token: held.token as u64,
+                state: state.clone(),
+            },
+        );
         let lease = Arc::new(RedisLease::new(
             self.inner.clone(),
             name.clone(),
             keys.clone(),
             owner.clone(),
             held.uncontended,
+            watch,
         ));
         Grant::new(
             name.clone(),
@@ -197,6 +210,7 @@ impl RedisLock {
                     if enqueue { "1" } else { "0" },
                     &presence_ms,
                     &keys.channel,
+                    &self.inner.held_by.prefix,
                 ],
                 options.ttl(),
             )
@@ -454,6 +468,7 @@ impl RawLock for RedisLock {
             fencing: Fencing::BestEffort,
             fifo: true,
             inspect: true,
+            takeover_signal: true,
             ..Capabilities::TTL_LEASE
         }
     }

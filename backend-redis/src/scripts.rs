@@ -26,7 +26,18 @@
 //!   it owns, and hands a marked one to the full release. Every script that compares the holder
 //!   with an owner takes both values as that owner's.
 //!
-//! Owner values are hex digits and fences decimal digits, so a `+` is never part of either.
+//!
+//! **The watch mark.** A holder that keeps its lock longer than a moment marks the fence with
+//! `!CLIENT` after its digits ([`WATCH_HELD`]): "the holder listens on `PREFIX:held-by:CLIENT`",
+//! the one channel its client subscribes for all its held locks. A lock can pass to someone else
+//! without its holder's release only when its key went (it expired, an operator deleted it, a
+//! failover lost it); whoever takes it then finds the mark and publishes `taken OWNER TOKEN
+//! LOCK_KEY` there, and the old holder's guard is lost at once instead of at its next renewal.
+//! The first attempt reads a marked fence as not a number and leaves the decision to the full
+//! acquire, which announces; every grant writes the fence anew, without the mark.
+//!
+//! Owner values and client ids are hex digits and fences decimal digits, so neither `+` nor `!`
+//! is ever part of either.
 
 use redis::Script;
 
@@ -49,7 +60,8 @@ macro_rules! fence_keep_ms {
 
 /// Takes the next fencing token of the name whose fence key is `fence`, given `t`, the reply of
 /// `TIME`, and `queued`, whether waiters may still be queued in `queue` (the fence then keeps its
-/// mark, and lives as long as the queue); leaves it in `token`. Inline, not a function: each call of a script pays for every closure it
+/// mark, and lives as long as the queue); leaves it in `token`, and the fence's value before in
+/// `prior`. The new value drops the watch mark: the new holder does not watch yet. Inline, not a function: each call of a script pays for every closure it
 /// makes.
 ///
 /// The token is above the last one, and at least the server clock in microseconds, so tokens keep
@@ -60,7 +72,8 @@ macro_rules! lua_take_token {
         concat!(
             r"
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local token = math.max(tonumber(string.match(redis.call('GET', fence) or '0', '^%d+')) + 1, now)
+local prior = redis.call('GET', fence) or '0'
+local token = math.max(tonumber(string.match(prior, '^%d+')) + 1, now)
 local keep = ",
             fence_keep_ms!(),
             r"
@@ -157,14 +170,15 @@ return now
 );
 
 /// Acquire. KEYS: lock, fence, queue, waiters. ARGV: owner, ttl_ms, enqueue (`0`/`1`),
-/// presence_ms, channel.
+/// presence_ms, channel, the watch channels' prefix (`PREFIX:held-by:`).
 ///
 /// Returns `{1, token, pttl}` when the caller holds the lock (taken now, held already, or granted
 /// to it by a release whose message may still be on its way), else `{0, holder's PTTL, fence}`
 /// (`-2`: free but a live waiter is first; `fence`: the last token handed out, so a waiter can
 /// tell a grant made after this answer, whose token is higher, from one made before). With
 /// enqueue, a busy answer also queues the caller (or refreshes its presence), marking the fence
-/// and a held lock when it joins.
+/// and a held lock when it joins. Taking a lock whose fence carries a watch mark publishes
+/// `taken OWNER TOKEN LOCK_KEY` on the watching client's channel.
 const ACQUIRE: &str = concat!(
     r"
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -196,6 +210,11 @@ if not holder then
 ",
     lua_take_token!(),
     r"
+    local watcher = string.match(prior, '^%d+!(%x+)')
+    if watcher then
+      redis.call('PUBLISH', ARGV[6] .. watcher,
+        'taken ' .. owner .. ' ' .. string.format('%.0f', token) .. ' ' .. lock)
+    end
     return {1, token, tonumber(ARGV[2])}
   end
   -- Free with a live waiter first (its holder expired rather than released): wake it.
@@ -350,6 +369,28 @@ return 0
 "
 );
 
+/// Starts a holder's watch. KEYS: lock, fence. ARGV: owner, client id.
+///
+/// If the caller holds the lock, marks the fence with `!CLIENT` (see the module docs; a mark
+/// an earlier holder left is replaced) and keeps it at least [`fence_keep_ms!`] more (a lock
+/// held longer than its fence would otherwise live keeps its mark: the watch runs this again
+/// well before then), and returns 1; else returns 0: the holder's lock is gone. A fence that is
+/// missing (deleted) is started at `0`: tokens are floored at the server's clock, so the next
+/// one still rises.
+pub(crate) const WATCH_HELD: &str = concat!(
+    r"
+local holder = redis.call('GET', KEYS[1])
+if not ",
+    lua_holds!("holder", "ARGV[1]"),
+    r" then return 0 end
+local digits, queued = string.match(redis.call('GET', KEYS[2]) or '0', '^(%d+)!?%x*(.*)$')
+redis.call('SET', KEYS[2], digits .. '!' .. ARGV[2] .. queued, 'PX', math.max(redis.call('PTTL', KEYS[2]), ",
+    fence_keep_ms!(),
+    r"))
+return 1
+"
+);
+
 /// Node acquire, for multi-node algorithms (no queue). KEYS: lock, fence. ARGV: owner, ttl_ms,
 /// floor.
 ///
@@ -492,6 +533,7 @@ pub(crate) struct Scripts {
     pub(crate) release_uncontended: Script,
     pub(crate) cancel: Script,
     pub(crate) extend: Script,
+    pub(crate) watch_held: Script,
     pub(crate) inspect: Script,
 }
 
@@ -510,6 +552,7 @@ impl Scripts {
             release_uncontended: Script::new(release_uncontended),
             cancel: Script::new(CANCEL),
             extend: Script::new(EXTEND),
+            watch_held: Script::new(WATCH_HELD),
             inspect: Script::new(INSPECT),
         }
     }
@@ -522,10 +565,27 @@ pub(crate) enum Announcement<'a> {
     Granted { owner: &'a str, token: u64 },
     /// The lock is free: waiters should try.
     Free,
+    /// `owner` took the lock whose key is `lock`, with fencing token `token`, over a key that
+    /// went without its holder's release: a holder of it with a lower token has lost it.
+    Taken {
+        owner: &'a str,
+        token: u64,
+        lock: &'a str,
+    },
 }
 
 impl<'a> Announcement<'a> {
     pub(crate) fn parse(payload: &'a str) -> Option<Self> {
+        if let Some(taken) = payload.strip_prefix("taken ") {
+            // The lock key goes last: a name may hold spaces.
+            let mut words = taken.splitn(3, ' ');
+            let (owner, token, lock) = (words.next()?, words.next()?, words.next()?);
+            return Some(Self::Taken {
+                owner,
+                token: token.parse().ok()?,
+                lock,
+            });
+        }
         let mut words = payload.split(' ');
         match (words.next()?, words.next(), words.next()) {
             ("granted", Some(owner), Some(token)) => Some(Self::Granted {
@@ -637,6 +697,15 @@ mod tests {
             })
         );
         assert_eq!(Announcement::parse("free"), Some(Announcement::Free));
+        assert_eq!(
+            Announcement::parse("taken abc 18 dlock:{a b}"),
+            Some(Announcement::Taken {
+                owner: "abc",
+                token: 18,
+                lock: "dlock:{a b}"
+            })
+        );
+        assert_eq!(Announcement::parse("taken abc 18"), None);
         assert_eq!(Announcement::parse("granted abc"), None);
         assert_eq!(Announcement::parse("released"), None);
     }

@@ -1,4 +1,5 @@
-//! Pub/sub wake-up of waiters: one subscription per name per client, shared by all its waiters.
+//! Pub/sub on lock channels: one subscription per name per client, shared by all its waiters and
+//! by the holders that watch their lock.
 //!
 //! A waiter registers (subscribing the name's channel if it is the first, and its owner token for
 //! grants), then re-checks the lock, so an announcement between its failed attempt and its
@@ -7,14 +8,19 @@
 //! local waiter of the name is woken to try). A lost connection wakes every waiter, so none sleeps
 //! through an announcement it could not hear; waiters also re-check when they refresh their
 //! presence and at the holder's remaining TTL.
-
+//!
+//! A holder that watches its lock (see `held.rs`) registers its lock key, owner and token, and
+//! joins its client's own channel, `PREFIX:held-by:CLIENT`, one subscription for all its held
+//! locks: `taken OWNER TOKEN LOCK_KEY`, published there by whoever took a lock over a key that
+//! went without a release, loses the watching holders of that key with a lower token, at once,
+//! from the push handler.
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use dlock_api::Result;
-use dlock_api::raw::{Subscription, Subscriptions};
+use dlock_api::raw::{LeaseState, Subscription, Subscriptions};
+use dlock_api::{LostReason, Result};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 use tokio::sync::futures::Notified;
@@ -27,6 +33,16 @@ pub(crate) struct Wakeups {
     channels: Arc<Subscriptions<Channel>>,
     /// This client's waiting owners, to deliver `granted` announcements to.
     grants: Mutex<HashMap<String, Arc<Grant>>>,
+    /// This client's watching holders, by lock key, to lose on a `taken` announcement.
+    held: Mutex<HashMap<String, Vec<Watched>>>,
+}
+
+/// One watching holder: its owner value, its token, and its guard's state.
+#[derive(Debug)]
+struct Watched {
+    owner: Arc<str>,
+    token: u64,
+    state: Weak<LeaseState>,
 }
 
 #[derive(Debug, Default)]
@@ -43,15 +59,30 @@ struct Grant {
     notify: Notify,
 }
 
+/// A membership of one channel's subscription; dropping it unsubscribes when no member of the
+/// name is left.
+#[derive(Debug)]
+struct Listening {
+    hub: Arc<Wakeups>,
+    channel: Arc<Subscription<Channel>>,
+    conn: Conn,
+    timeout: Duration,
+}
+
 /// One waiter's registration; dropping it unsubscribes when no waiter of the name is left.
 #[derive(Debug)]
 pub(crate) struct Waiting {
-    hub: Arc<Wakeups>,
-    channel: Arc<Subscription<Channel>>,
+    listening: Listening,
     owner: String,
     grant: Arc<Grant>,
-    conn: Conn,
-    timeout: Duration,
+}
+
+/// One holder's watch of its lock's channel; dropping it ends the watch.
+#[derive(Debug)]
+pub(crate) struct Watching {
+    listening: Listening,
+    lock: String,
+    owner: Arc<str>,
 }
 
 fn text(value: &Value) -> Option<&str> {
@@ -90,6 +121,9 @@ impl Wakeups {
                             grant.notify.notify_one();
                         }
                     }
+                    Some(Announcement::Taken { owner, token, lock }) => {
+                        self.lose_watched(lock, owner, token);
+                    }
                     // `free`, or a message this version does not know: every waiter checks.
                     _ => {
                         if let Some(channel) = channel {
@@ -107,6 +141,63 @@ impl Wakeups {
         }
     }
 
+    /// Loses every watching holder of the lock key `lock` that `taker` has taken it from:
+    /// another owner, whose token is above the holder's (an announcement that comes late, for a
+    /// grant made before the holder's own, loses nothing). A released guard's state is closed:
+    /// it has nothing left to lose.
+    fn lose_watched(&self, lock: &str, taker: &str, token: u64) {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        for watched in held.get(lock).into_iter().flatten() {
+            if &*watched.owner != taker && watched.token < token {
+                if let Some(state) = watched.state.upgrade().filter(|s| !s.is_closed()) {
+                    state.mark_lost(LostReason::TakenOver);
+                }
+            }
+        }
+    }
+
+    fn listen(self: &Arc<Self>, conn: &Conn, channel: &str, timeout: Duration) -> Listening {
+        Listening {
+            hub: self.clone(),
+            channel: self.channels.join(channel, Channel::default),
+            conn: conn.clone(),
+            timeout,
+        }
+    }
+
+    /// Registers the holder `owner` of the lock key `lock` with `token` as a listener on its
+    /// client's `channel`: a `taken` announcement of the key by another owner with a higher token
+    /// loses `state`. Subscribe with [`Watching::ensure_subscribed`] before marking the lock
+    /// watched.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        conn: &Conn,
+        channel: &str,
+        lock: &str,
+        owner: &Arc<str>,
+        token: u64,
+        state: &Arc<LeaseState>,
+        timeout: Duration,
+    ) -> Watching {
+        let listening = self.listen(conn, channel, timeout);
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(lock.to_owned())
+            .or_default()
+            .push(Watched {
+                owner: owner.clone(),
+                token,
+                state: Arc::downgrade(state),
+            });
+        Watching {
+            listening,
+            lock: lock.to_owned(),
+            owner: owner.clone(),
+        }
+    }
+
     /// Registers `owner` as a waiter on `channel`, subscribing if needed; returns once the
     /// subscription is live.
     pub(crate) async fn register(
@@ -116,19 +207,16 @@ impl Wakeups {
         owner: &str,
         timeout: Duration,
     ) -> Result<Waiting> {
-        let entry = self.channels.join(channel, Channel::default);
+        let listening = self.listen(conn, channel, timeout);
         let grant = Arc::new(Grant::default());
         self.grants
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(owner.to_owned(), grant.clone());
         let waiting = Waiting {
-            hub: self.clone(),
-            channel: entry,
+            listening,
             owner: owner.to_owned(),
             grant,
-            conn: conn.clone(),
-            timeout,
         };
         waiting.ensure_subscribed().await?;
         Ok(waiting)
@@ -138,7 +226,7 @@ impl Wakeups {
 impl Waiting {
     /// A wake-up future for `free` announcements; create and `enable` it *before* re-checking.
     pub(crate) fn notified(&self) -> Notified<'_> {
-        self.channel.notify.notified()
+        self.listening.notified()
     }
 
     /// Resolves when a release granted the lock to this waiter. A grant that arrives while the
@@ -158,6 +246,46 @@ impl Waiting {
 
     /// Subscribes again after a lost connection (a no-op while subscribed).
     pub(crate) async fn ensure_subscribed(&self) -> Result<()> {
+        self.listening.ensure_subscribed().await
+    }
+}
+
+impl Watching {
+    /// Wakes on a lost connection (and on `free` announcements of the name): create and
+    /// `enable` it before checking the lock.
+    pub(crate) fn notified(&self) -> Notified<'_> {
+        self.listening.notified()
+    }
+
+    /// Subscribes the lock's channel (a no-op while subscribed).
+    pub(crate) async fn ensure_subscribed(&self) -> Result<()> {
+        self.listening.ensure_subscribed().await
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        let mut held = self
+            .listening
+            .hub
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(watchers) = held.get_mut(&self.lock) {
+            watchers.retain(|w| !Arc::ptr_eq(&w.owner, &self.owner));
+            if watchers.is_empty() {
+                held.remove(&self.lock);
+            }
+        }
+    }
+}
+
+impl Listening {
+    fn notified(&self) -> Notified<'_> {
+        self.channel.notify.notified()
+    }
+
+    async fn ensure_subscribed(&self) -> Result<()> {
         if self.channel.subscribed.load(Ordering::SeqCst) {
             return Ok(());
         }
@@ -174,11 +302,17 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.hub
+        self.listening
+            .hub
             .grants
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.owner);
+    }
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
         let (conn, timeout) = (self.conn.clone(), self.timeout);
         self.hub
             .channels

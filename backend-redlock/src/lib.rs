@@ -25,7 +25,10 @@
 //! - [x] **Extend** and automatic renewal on a quorum; the guard is *suspended* while renewals
 //!   fail and its validity lasts, and lost with [`LostReason::RenewalFailed`] when it runs out.
 //! - [x] **Lost signal**: a renewal that finds the key gone from too many nodes loses the guard
-//!   at once ([`LostReason::TakenOver`]).
+//!   at once ([`LostReason::TakenOver`]). No takeover signal: a holder whose keys were deleted
+//!   on the nodes learns it at its next renewal (a third of the TTL), not when another client
+//!   takes the lock. Waiters look at the nodes every second, so keys that went without an
+//!   announcement reach them within about a second, not at the old lease's end.
 //! - **Fencing: best effort.** A grant's token is the highest its quorum handed out, written
 //!   back to a majority when they disagree, and each node's token is its per-name counter plus
 //!   one. A counter a node lost (a restart without persistence, `FLUSHALL`, an eviction, or its own

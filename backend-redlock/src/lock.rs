@@ -568,8 +568,12 @@ impl RawLock for Redlock {
                         line.check(retry_at, node_timeout).await;
                         retry_at
                     } else {
-                        // Wait for a quorum's announcements, or until enough keys expire.
-                        let fallback = held_until.unwrap_or_else(|| after(Instant::now(), ttl));
+                        // Wait for a quorum's announcements, or until enough keys expire, or
+                        // look again a while later: keys deleted on the nodes (by an operator, a
+                        // restart without persistence) go without an announcement.
+                        let fallback = held_until
+                            .unwrap_or_else(|| after(Instant::now(), ttl))
+                            .min(after(Instant::now(), LOOK_AGAIN_EVERY));
                         let fallback = match deadline {
                             Some(d) => fallback.min(d),
                             None => fallback,
@@ -603,6 +607,11 @@ impl RawLock for Redlock {
         }
     }
 }
+
+/// How long a waiter waits for announcements before it looks at the nodes again: a bound on
+/// how late it finds keys that went without a release announcing it (Redis waits on its
+/// presence refresh, under a second by default).
+const LOOK_AGAIN_EVERY: Duration = Duration::from_secs(1);
 
 impl fmt::Debug for Redlock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -631,3 +631,54 @@ async fn a_frozen_minority_does_not_hold_up_the_start() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A lock whose keys an operator deleted on every node goes to a waiting client long before the
+/// deleted lease would have ended: waiters look at the nodes again every second, as nothing
+/// announces a deletion (before, the waiter slept until the old lease's end: 29.6 s of a 30 s
+/// lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_deleted_on_every_node_reach_a_waiter_before_the_old_lease_ends() {
+    let nodes = start_nodes(5);
+    let (a, b) = (client(&nodes, "").await, client(&nodes, "").await);
+    let lock = name("deleted-under-a-waiter");
+    let lease = Duration::from_secs(120);
+    let held = a.acquire(&lock, &opts(lease)).await.unwrap();
+    let waiter = {
+        let (b, lock) = (b.clone(), lock.clone());
+        tokio::spawn(async move {
+            b.acquire(
+                &lock,
+                &LockOptions::new().with_wait_timeout(Duration::from_secs(90)),
+            )
+            .await
+        })
+    };
+    // Let the waiter find the lock busy and settle into its wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let key = common::keys(&redlock_url(&nodes, ""), &lock).lock;
+    for i in 0..5 {
+        let client = redis::Client::open(nodes.node(i).url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: i64 = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let deleted = Instant::now();
+    let next = timeout(BOUND, waiter)
+        .await
+        .expect("the waiter took the lock within the bound, long before the old lease's end")
+        .unwrap()
+        .unwrap();
+    assert!(
+        next.fencing_token() > held.fencing_token(),
+        "the waiter's token is above the deleted holder's"
+    );
+    eprintln!(
+        "the waiter took the lock {:?} after the deletion",
+        deleted.elapsed()
+    );
+    next.release().await.unwrap();
+    drop(held);
+}

@@ -315,6 +315,7 @@ impl RawLock for ZkLock {
             fifo: true,
             survives_failover: true,
             inspect: true,
+            takeover_signal: true,
             ..Capabilities::SESSION_LEASE
         }
     }

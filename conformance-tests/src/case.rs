@@ -64,6 +64,9 @@ pub struct Needs {
     /// A lost signal on loss the backend detects ([`Capabilities::lost_signal`]): the case
     /// checks the claim.
     pub lost_signal: bool,
+    /// A lost signal as the lock passes to another client ([`Capabilities::takeover_signal`]):
+    /// the case checks the claim.
+    pub takeover_signal: bool,
 }
 
 impl Needs {
@@ -94,6 +97,9 @@ impl Needs {
         }
         if self.lost_signal && !caps.lost_signal {
             return Some("backend signals a loss only at the lease's local deadline");
+        }
+        if self.takeover_signal && !caps.takeover_signal {
+            return Some("backend's holder learns of a takeover only at its next renewal");
         }
         if self.extend && !caps.extend {
             return Some("backend cannot extend leases");

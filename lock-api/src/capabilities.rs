@@ -11,8 +11,8 @@ use crate::options::LockOptions;
 /// order; only with `inspect`, which the case needs to start each waiter once the server
 /// counts the one before it), `wake_on_release` (a waiter let in on release, with a retry
 /// policy that would poll too late: a backend that polls on a schedule of its own instead of
-/// the options' retry policy is not caught), `lost_signal` (a holder killed on the server,
-/// where the harness can kill one), `extend`, `inspect` and the lease model (their own cases);
+/// the options' retry policy is not caught), `lost_signal` and `takeover_signal` (a holder
+/// killed on the server, where the harness can kill one), `extend`, `inspect` and the lease model (their own cases);
 /// cases a backend's claims rule out show as ignored, with the reason.
 ///
 /// Naming rule: plain nouns for features (`extend`, `fifo`), `max_*` for limits. Backends build it
@@ -34,6 +34,12 @@ pub struct Capabilities {
     /// The guard's [`lost`](crate::LockGuard::lost) signal fires on loss the backend can detect
     /// (expiry, failed renewal, closed session), not only at the local TTL deadline.
     pub lost_signal: bool,
+    /// The guard's [`lost`](crate::LockGuard::lost) signal fires as the lock passes to another
+    /// client without its holder's release (its key expired unnoticed or was deleted, its
+    /// session was killed), not at the holder's next renewal: two guards do not both say
+    /// `is_held()` for longer than the server's message takes to arrive. Where it is `false`,
+    /// the holder learns at its next renewal (a third of the TTL) or its deadline.
+    pub takeover_signal: bool,
     /// A held lock survives the failover of a server (a quorum or consensus system).
     pub survives_failover: bool,
     /// One client can hold the same name twice. No dlock backend is: a second acquire by the same
@@ -91,6 +97,7 @@ impl Capabilities {
         fifo: false,
         wake_on_release: true,
         lost_signal: true,
+        takeover_signal: false,
         survives_failover: false,
         reentrant: false,
         inspect: false,

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use dlock_api::{
-    DistributedLockExt, LeaseKind, LockError, LockOptions, LockStatus, LostReason, Renewal,
+    DistributedLock, DistributedLockExt, LeaseKind, LockError, LockName, LockOptions, LockStatus,
+    LostReason, Renewal,
 };
 
 use crate::{CaseResult, Ctx, Failure, ensure};
@@ -92,18 +93,7 @@ pub async fn killed_holder_passes_the_lock_to_its_waiter(ctx: Ctx) -> CaseResult
     };
     let guard = a.acquire(&name, &hold).await?;
     let waiter = crate::wait_for::spawned_acquire(ctx.timing().bound, &b, &name);
-    if caps.inspect {
-        ctx.within("the waiter to queue", async {
-            loop {
-                let seen = a.inspect(&name).await?;
-                if seen.waiters.is_none_or(|n| n >= 1) {
-                    return Ok::<_, LockError>(());
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await??;
-    }
+    queued(&ctx, &*a, &name).await?;
     let faults = ctx.require_faults()?;
     faults.kill_holder(&name).await.map_err(Failure)?;
     ctx.within("lost after the holder was killed", guard.lost())
@@ -134,6 +124,55 @@ pub async fn killed_holder_passes_the_lock_to_its_waiter(ctx: Ctx) -> CaseResult
     .await??
     .release()
     .await?;
+    Ok(())
+}
+
+/// A holder killed on the server while another client waits learns it as the waiter takes the
+/// lock, not at its next renewal (Curator's killed-session test, ported): the lease here is long,
+/// so a renewal comes only after the case's bound, and a TTL lock's key goes without anyone
+/// announcing it (an operator's `DEL`). Prints how late the signal came.
+pub async fn killed_holder_learns_it_when_its_waiter_takes_over(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("lock");
+    let bound = ctx.timing().bound;
+    let caps = a.capabilities();
+    // Renewal first comes a third of the TTL after the grant: after the whole case.
+    let ttl = bound.saturating_mul(6);
+    let ttl = caps.max_ttl.map_or(ttl, |max| ttl.min(max));
+    let first_renewal = ttl / 3;
+    let acquired = tokio::time::Instant::now();
+    let guard = a.acquire(&name, &LockOptions::new().with_ttl(ttl)).await?;
+    let waiter = crate::wait_for::spawned_acquire(bound, &b, &name);
+    queued(&ctx, &*a, &name).await?;
+    ctx.require_faults()?
+        .kill_holder(&name)
+        .await
+        .map_err(Failure)?;
+    let next = ctx
+        .within("the waiter", waiter)
+        .await?
+        .map_err(|e| Failure(format!("the waiter's task: {e}")))??;
+    let taken_over = tokio::time::Instant::now();
+    let lost = tokio::time::timeout(bound, guard.lost()).await;
+    let learnt = taken_over.elapsed();
+    ensure!(
+        lost.is_ok(),
+        "the killed holder's guard was not lost within {bound:?} of the waiter's grant"
+    );
+    ensure!(
+        acquired.elapsed() < first_renewal,
+        "the guard was lost only after its first renewal was due; the takeover signal never came"
+    );
+    eprintln!(
+        "{}: the killed holder learnt of the takeover {learnt:?} after the waiter's grant",
+        ctx.case()
+    );
+    ensure!(
+        !guard.is_held(),
+        "is_held() after lost ({:?})",
+        guard.lost_reason()
+    );
+    next.release().await?;
     Ok(())
 }
 
@@ -289,5 +328,23 @@ pub async fn expired_session_loses_every_guard(ctx: Ctx) -> CaseResult {
     let again = client.acquire(&names[0], &wait).await?;
     ensure!(again.is_held(), "a new session's guard is not held");
     again.release().await?;
+    Ok(())
+}
+
+/// Waits for a waiter of `name` to queue, where the backend can count waiters (elsewhere the
+/// kill that follows finds the waiter queued or about to queue, and either way it is let in).
+async fn queued(ctx: &Ctx, client: &dyn DistributedLock, name: &LockName) -> CaseResult {
+    if client.capabilities().inspect {
+        ctx.within("the waiter to queue", async {
+            loop {
+                let seen = client.inspect(name).await?;
+                if seen.waiters.is_none_or(|n| n >= 1) {
+                    return Ok::<_, LockError>(());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await??;
+    }
     Ok(())
 }

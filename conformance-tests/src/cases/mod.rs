@@ -31,6 +31,7 @@ const NONE: Needs = Needs {
     fifo: false,
     wake_on_release: false,
     lost_signal: false,
+    takeover_signal: false,
 };
 const INSPECT: Needs = Needs {
     inspect: true,
@@ -123,6 +124,10 @@ const KILL_HOLDER_LOST: Needs = Needs {
     lost_signal: true,
     ..KILL_HOLDER
 };
+const KILL_HOLDER_TAKEOVER: Needs = Needs {
+    takeover_signal: true,
+    ..KILL_HOLDER_LOST
+};
 const SESSION: Needs = Needs {
     fault: Some(Fault::SuspendSession),
     ..NONE
@@ -177,6 +182,10 @@ static CASES: &[Case] = &[
     case!(
         lost::killed_holder_passes_the_lock_to_its_waiter,
         KILL_HOLDER
+    ),
+    case!(
+        lost::killed_holder_learns_it_when_its_waiter_takes_over,
+        KILL_HOLDER_TAKEOVER
     ),
     case!(lost::with_lock_stops_work_when_lost, TTL),
     case!(lost::with_lock_releases_after_work, NONE),

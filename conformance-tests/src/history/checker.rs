@@ -82,6 +82,17 @@ pub struct Recovery {
     pub next_grant: Option<u64>,
 }
 
+/// How late a holder learnt that its lock had passed to someone else.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostSignal {
+    /// The hold whose lost signal fired.
+    pub hold: HoldId,
+    /// The grant of the same name, to another hold, that came first after it started.
+    pub superseded_by: HoldId,
+    /// Nanoseconds from that grant's return to the lost signal.
+    pub latency: u64,
+}
+
 /// Measurements of progress; reported, never asserted by the checker.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Liveness {
@@ -97,6 +108,9 @@ pub struct Liveness {
     pub max_latency: Option<(HoldId, u64)>,
     /// Per heal or death, the time to the next grant.
     pub recoveries: Vec<Recovery>,
+    /// Per hold lost after another hold of its name was granted, how late its signal came
+    /// (a hold lost before any other grant has no latency to report: nobody held it meanwhile).
+    pub lost_signals: Vec<LostSignal>,
 }
 
 /// What a history shows, check by check. Its [`Display`](std::fmt::Display) is the verdict,
@@ -225,6 +239,7 @@ fn liveness(holds: &[Hold], input: &Input) -> Liveness {
         .collect();
     recoveries.sort_by_key(|r| r.t);
     Liveness {
+        lost_signals: lost_signals(holds, input),
         granted: grants.len(),
         failed: input
             .events
@@ -236,4 +251,33 @@ fn liveness(holds: &[Hold], input: &Input) -> Liveness {
         max_latency: latencies.last().map(|&(l, id)| (id, l)),
         recoveries,
     }
+}
+
+/// For each hold whose lost signal fired, the first grant of its name to another hold after it
+/// started, if that came before the signal: the signal's lateness.
+fn lost_signals(holds: &[Hold], input: &Input) -> Vec<LostSignal> {
+    let mut signals: Vec<LostSignal> = input
+        .events
+        .iter()
+        .filter(|e| e.op == Op::Lost)
+        .filter_map(|lost| {
+            let id = HoldId {
+                worker: lost.worker,
+                handle: lost.handle,
+            };
+            let own = holds.iter().find(|h| h.id == id && h.determinate)?;
+            let first_other = holds
+                .iter()
+                .filter(|h| h.determinate && h.id != id && h.name == own.name)
+                .filter(|h| h.start > own.start && h.start <= lost.t)
+                .min_by_key(|h| h.start)?;
+            Some(LostSignal {
+                hold: id,
+                superseded_by: first_other.id,
+                latency: lost.t - first_other.start,
+            })
+        })
+        .collect();
+    signals.sort_by_key(|s| s.latency);
+    signals
 }

@@ -515,3 +515,27 @@ fn a_run_from_files_with_a_torn_line_checks_and_dumps_on_failure() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_lost_signal_after_another_grant_is_measured_from_that_grant() {
+    let mut run = Run::new();
+    // Hold 1's key went at 190ms; hold 2 was granted at 200ms, and 1 learnt at 230ms.
+    run.acquire(100 * MS, id(1, 0), 1, Some(10_000 * MS));
+    run.acquire(200 * MS, id(2, 0), 2, Some(10_000 * MS));
+    run.event(230 * MS, id(1, 0), Op::Lost, Phase::Info);
+    // Hold 3 was lost before anyone else held the name: no lateness to report.
+    run.acquire(300 * MS, id(3, 1), 3, None);
+    run.event(310 * MS, id(3, 1), Op::Lost, Phase::Info);
+    let report = check(&run.input());
+    let signals = &report.liveness.lost_signals;
+    assert_eq!(signals.len(), 1, "{report}");
+    assert_eq!(signals[0].hold, id(1, 0));
+    assert_eq!(signals[0].superseded_by, id(2, 0));
+    assert_eq!(signals[0].latency, 30 * MS);
+    assert!(
+        report
+            .to_string()
+            .contains("lost signal: 1 holds learnt of a later grant"),
+        "{report}"
+    );
+}

@@ -76,7 +76,7 @@ mod checker_tests;
 #[cfg(test)]
 mod testutil;
 
-pub use checker::{Input, Liveness, Recovery, Report, TokenIssue, check};
+pub use checker::{Input, Liveness, LostSignal, Recovery, Report, TokenIssue, check};
 pub use clock::{deadline_ns, now_ns, tokio_deadline_ns};
 pub use dump::dump;
 pub use event::{

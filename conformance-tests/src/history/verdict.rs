@@ -175,6 +175,22 @@ impl fmt::Display for Report {
             })
             .collect();
         list(f, &recoveries)?;
+        let signals = &l.lost_signals;
+        match (signals.get(signals.len() / 2), signals.last()) {
+            (Some(median), Some(max)) => writeln!(
+                f,
+                "lost signal: {} holds learnt of a later grant of their lock; after it by median {}, max {} ({} after {})",
+                signals.len(),
+                fmt_ns(median.latency),
+                fmt_ns(max.latency),
+                max.hold,
+                max.superseded_by
+            )?,
+            _ => writeln!(
+                f,
+                "lost signal: no hold learnt of a later grant of its lock"
+            )?,
+        }
         match &self.residue {
             None => writeln!(f, "residue: not scanned"),
             Some(residue) => {

@@ -260,6 +260,7 @@ impl RawLock for MemoryLock {
             fencing: Fencing::Strict,
             fifo: true,
             inspect: true,
+            takeover_signal: true,
             ..Capabilities::TTL_LEASE
         }
     }

@@ -20,7 +20,11 @@ pub(in crate::cases) fn verify(
     expect: &Expect,
     input: &Input,
 ) -> Result<Report, Failure> {
-    expect.verify(input, &run.dir).map_err(Failure)
+    let report = expect.verify(input, &run.dir).map_err(Failure)?;
+    // A passing verdict is worth reading too: how late lost signals came, how soon the lock
+    // came back after each fault, what fencing refused.
+    eprintln!("{}: the checker reports:\n{report}", run.id);
+    Ok(report)
 }
 
 /// The next line of a worker in announce mode that starts with `what` (`holding`,

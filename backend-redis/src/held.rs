@@ -1,0 +1,145 @@
+//! The watch of a held lock: a holder learns that its key went and someone took the lock at
+//! once, not at its next renewal.
+//!
+//! A Redis lock is a key with a TTL. Its key can go without its holder's release: the lease ran
+//! out while the holder was paused, an operator deleted it, a failover to a replica lost it, the
+//! server evicted it. Renewal finds out at the next extend (a third of the TTL: up to 10 s with
+//! the default lease), and until then two guards say `is_held()`. So a lock held longer than
+//! [`WATCH_HELD_AFTER`] marks the name's fence with its client's id ("a holder listens",
+//! `scripts.rs`), once its client has subscribed to its own channel, `PREFIX:held-by:CLIENT`
+//! (one subscription for all the locks a client holds, so holding many costs one script each,
+//! not a subscription each). Whoever takes the lock over a vanished key then publishes `taken
+//! OWNER TOKEN LOCK_KEY` there, and the push handler loses the guard as the message arrives. A
+//! lock released sooner (most are) never pays for the mark.
+//!
+//! The watch also finds a key that went before it started (its mark answers "not yours"), and
+//! marks again after every reconnect, whose new connection has no subscriptions. A key that goes
+//! while nobody takes the lock is still found by the next renewal: nobody else holds it
+//! meanwhile.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use dlock_api::raw::time::after;
+use dlock_api::raw::{LeaseState, Scheduled};
+use dlock_api::{LostReason, Result};
+use tokio::time::Instant;
+
+use crate::client::Inner;
+use crate::keys::LockKeys;
+use crate::wake::Watching;
+
+/// How long a lock is held before its holder watches it, as etcd's and ZooKeeper's holders do.
+pub(crate) const WATCH_HELD_AFTER: Duration = Duration::from_millis(250);
+
+/// How often a watch marks the fence again: well within the ten minutes a mark lives.
+const MARK_AGAIN_EVERY: Duration = Duration::from_secs(120);
+
+/// How soon a watch whose check failed (no answer, a reconnect) checks again.
+const CHECK_AGAIN_AFTER: Duration = Duration::from_millis(200);
+
+/// What a holder hands its watch.
+pub(crate) struct HeldLock {
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) owner: Arc<str>,
+    pub(crate) token: u64,
+    pub(crate) state: Arc<LeaseState>,
+}
+
+/// Schedules the watch of a lock just granted, [`WATCH_HELD_AFTER`] from now on the client's
+/// guard timer; dropping the handle (the lease went first) cancels it.
+pub(crate) fn schedule_watch(inner: &Arc<Inner>, held: HeldLock) -> Option<Scheduled> {
+    let client = Arc::downgrade(inner);
+    inner
+        .timer
+        .schedule(after(Instant::now(), WATCH_HELD_AFTER), move || {
+            if !held.state.is_closed() {
+                tokio::spawn(watch(client, held));
+            }
+        })
+}
+
+/// Runs until the guard is released, lost, or its client dropped.
+async fn watch(client: Weak<Inner>, held: HeldLock) {
+    let watching = loop {
+        let Some(inner) = client.upgrade() else {
+            return;
+        };
+        let connected = inner
+            .watch_conn
+            .get_or_try_init(|| {
+                crate::conn::Conn::connect(&inner.config, crate::wake::Wakeups::handler(&inner.hub))
+            })
+            .await;
+        match connected {
+            Ok(conn) => break watching(&inner, conn, &held),
+            Err(error) => {
+                tracing::debug!(%error, "redis: the connection for held-lock watches failed; trying again");
+                drop(inner);
+                tokio::select! {
+                    _ = held.state.closed() => return,
+                    _ = held.state.lost_token().cancelled() => return,
+                    _ = tokio::time::sleep(CHECK_AGAIN_AFTER) => {}
+                }
+            }
+        }
+    };
+    loop {
+        let notified = watching.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let again_at = match check(&client, &watching, &held).await {
+            Ok(true) => after(Instant::now(), MARK_AGAIN_EVERY),
+            Ok(false) => {
+                if !held.state.is_closed() {
+                    held.state.mark_lost(LostReason::TakenOver);
+                }
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(key = %held.keys.lock, %error, "redis: the watch of a held lock could not check it; trying again");
+                after(Instant::now(), CHECK_AGAIN_AFTER)
+            }
+        };
+        if client.strong_count() == 0 {
+            return;
+        }
+        tokio::select! {
+            _ = held.state.closed() => return,
+            _ = held.state.lost_token().cancelled() => return,
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(again_at) => {}
+        }
+    }
+}
+
+fn watching(inner: &Inner, conn: &crate::conn::Conn, held: &HeldLock) -> Watching {
+    inner.hub.watch(
+        conn,
+        &inner.held_by.channel,
+        &held.keys.lock,
+        &held.owner,
+        held.token,
+        &held.state,
+        inner.config.command_timeout,
+    )
+}
+
+/// Subscribes (a no-op while subscribed), then marks the fence if the lock is still this
+/// holder's: false if it is not.
+async fn check(client: &Weak<Inner>, watching: &Watching, held: &HeldLock) -> Result<bool> {
+    watching.ensure_subscribed().await?;
+    let Some(inner) = client.upgrade() else {
+        return Ok(true);
+    };
+    let marked: i64 = inner
+        .conn
+        .run_script(
+            inner.config.command_timeout,
+            &inner.scripts.watch_held,
+            &[&held.keys.lock, &held.keys.fence],
+            &[&held.owner, &inner.held_by.client],
+        )
+        .await?;
+    Ok(marked == 1)
+}
