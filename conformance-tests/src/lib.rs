@@ -108,4 +108,4 @@ pub use harness::{
     SessionControl, TaskClient, Timing,
 };
 pub use memory::MemoryHarness;
-pub use runner::{CaseReport, Outcome, Report, main, main_paused, run_all};
+pub use runner::{CaseReport, Outcome, Report, main, main_per_case, run_all};

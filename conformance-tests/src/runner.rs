@@ -128,20 +128,31 @@ where
     conclusion.exit_code()
 }
 
-/// Like [`main`], but each case runs on its own current-thread runtime with **paused time**
-/// (tokio's `start_paused`) and its own harness: TTLs pass instantly. For in-process backends
-/// only; a real server's clock does not pause.
-pub fn main_paused<H: Harness>(setup: fn() -> H) -> ExitCode {
+/// Like [`main`], but each case runs on its own runtime, made by `runtime`, with its own harness.
+///
+/// For in-process backends under **paused time**: a test passes a current-thread runtime built
+/// with tokio's `start_paused(true)` (which needs tokio's `test-util` feature in the test's own
+/// dev-dependencies, not in this crate, so that nothing users install links it), and TTLs pass
+/// instantly. A real server's clock does not pause.
+///
+/// ```no_run
+/// fn main() -> std::process::ExitCode {
+///     dlock_conformance::main_per_case(dlock_conformance::MemoryHarness::new, || {
+///         tokio::runtime::Builder::new_current_thread()
+///             .enable_all()
+///             // .start_paused(true), with tokio's `test-util` feature
+///             .build()
+///             .expect("tokio runtime")
+///     })
+/// }
+/// ```
+pub fn main_per_case<H: Harness>(
+    setup: fn() -> H,
+    runtime: fn() -> tokio::runtime::Runtime,
+) -> ExitCode {
     let line = CommandLine::from_env();
-    let paused = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .expect("tokio runtime")
-    };
     let probe: Arc<dyn Harness> = Arc::new(setup());
-    let caps = paused()
+    let caps = runtime()
         .block_on(probe.client())
         .expect("client")
         .capabilities();
@@ -155,7 +166,7 @@ pub fn main_paused<H: Harness>(setup: fn() -> H) -> ExitCode {
             let (case, run) = (*case, run.clone());
             Trial::test(trial_name(&case), move || {
                 let ctx = Ctx::new(Arc::new(setup()), case.id, run);
-                paused()
+                runtime()
                     .block_on(run_case(&case, ctx))
                     .map_err(|f| f.0.into())
             })
