@@ -197,6 +197,7 @@ static CASES: &[Case] = &[
     case!(lost::expired_session_loses_every_guard, SESSION),
     case!(crash::crashed_holder_process_frees_the_lock, CHILD),
     case!(faults::exclusion_is_history_checked, FENCED_WORKERS),
+    case!(faults::coupon_100_requests_leave_zero, FENCED_WORKERS),
     case!(faults::paused_holder_is_fenced_off, FENCED_WORKERS),
     case!(faults::paused_waiter_takes_no_stale_grant, FENCED_WORKERS),
     case!(faults::killed_holder_process_frees_the_lock, FENCED_WORKERS),

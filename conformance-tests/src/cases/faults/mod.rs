@@ -26,7 +26,7 @@ pub use restarts::{
 };
 pub(super) use steps::{announced, verify};
 pub use workers::{
-    exclusion_is_history_checked, killed_at_random_points_leaves_nothing,
-    killed_holder_process_frees_the_lock, paused_holder_is_fenced_off,
-    paused_waiter_takes_no_stale_grant,
+    coupon_100_requests_leave_zero, exclusion_is_history_checked,
+    killed_at_random_points_leaves_nothing, killed_holder_process_frees_the_lock,
+    paused_holder_is_fenced_off, paused_waiter_takes_no_stale_grant,
 };

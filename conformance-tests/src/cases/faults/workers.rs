@@ -37,6 +37,58 @@ pub async fn exclusion_is_history_checked(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// **The coupon scenario, history-checked.** A hundred requests, from four worker processes,
+/// each take one of a hundred coupons under the lock: read what was taken, think, write it back
+/// with one more take. None may be left, none taken twice, and the checker must find the
+/// history clean: no overlap, no refused or lost write (in the unfenced shadow either), tokens
+/// rising. The in-process `exclusion::coupon_100_tasks_leave_zero` shows the count; this shows
+/// it across processes, from the records alone.
+pub async fn coupon_100_requests_leave_zero(ctx: Ctx) -> CaseResult {
+    const COUPONS: usize = 100;
+    const WORKERS: u32 = 4;
+    let run = Run::start(&ctx).await?;
+    let names = [ctx.name("coupon")];
+    let timing = ctx.timing();
+    let mut workers = Vec::new();
+    for id in 1..=WORKERS {
+        let rounds = (COUPONS as u32) / WORKERS;
+        let spec = run.spec(id, &names, rounds, timing.short_ttl, timing.bound, THINK);
+        workers.push(run.spawn(&spec)?);
+    }
+    for worker in workers {
+        ctx.within("a worker's requests", worker.finish()).await??;
+    }
+    let residue = ctx.settled_residue(&names).await?;
+    let input = run.input(residue)?;
+    let report = verify(&run, &Expect::CLEAN, &input)?;
+    let taken = |register: &crate::history::RegisterSnapshot| {
+        register
+            .sets
+            .get(names[0].as_str())
+            .map_or(0, |set| set.len())
+    };
+    ensure!(
+        report.liveness.granted == COUPONS && report.liveness.failed == 0,
+        "{} of {COUPONS} requests got the lock ({} failed): {report}",
+        report.liveness.granted,
+        report.liveness.failed
+    );
+    ensure!(
+        taken(&input.register) == COUPONS,
+        "{} coupons left: {report}",
+        COUPONS - taken(&input.register)
+    );
+    if let Some(shadow) = &input.shadow {
+        ensure!(
+            taken(shadow) == COUPONS,
+            "{} coupons left in the unfenced shadow: {report}",
+            COUPONS - taken(shadow)
+        );
+    }
+    run.discard();
+    Ok(())
+}
+
 /// **A paused holder** (a GC pause, a frozen VM): a worker is stopped with `SIGSTOP` while it
 /// holds the lock, between reading the register and writing it, for three lease TTLs; another
 /// worker takes the lock meanwhile (where the lease expires) and writes; then the paused one
