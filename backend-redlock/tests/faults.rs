@@ -653,9 +653,27 @@ async fn keys_deleted_on_every_node_reach_a_waiter_before_the_old_lease_ends() {
             .await
         })
     };
-    // Let the waiter find the lock busy and settle into its wait.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let key = common::keys(&redlock_url(&nodes, ""), &lock).lock;
+    // Delete only once the waiter found the lock busy and joined the line (on one node): a
+    // deletion before its first round would let it in at once, fix or no fix.
+    let keys = common::keys(&redlock_url(&nodes, ""), &lock);
+    let give_up = Instant::now() + BOUND;
+    'queued: loop {
+        for i in 0..5 {
+            let client = redis::Client::open(nodes.node(i).url()).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let queued: i64 = redis::cmd("LLEN")
+                .arg(&keys.queue)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if queued > 0 {
+                break 'queued;
+            }
+        }
+        assert!(Instant::now() < give_up, "the waiter never joined the line");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let key = keys.lock;
     for i in 0..5 {
         let client = redis::Client::open(nodes.node(i).url()).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();
