@@ -1,5 +1,6 @@
 //! `RedisConfig`: where the servers are and how to talk to them, from a URL or key/value pairs.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -47,6 +48,7 @@ pub enum Topology {
 /// | `wait_replicas` | `0` | after acquiring, `WAIT` for this many replicas (narrows, does not close, the failover window) |
 /// | `wait_replicas_timeout` | `100ms` | how long that `WAIT` may take; fewer acknowledgements fail the acquire |
 /// | `ca_cert` | (system roots) | with `rediss://`: a PEM file of the CA to trust instead (a private CA) |
+/// | `nat_map` | (none) | Sentinel and Cluster behind NAT (Docker, Kubernetes, a proxy): `ANNOUNCED=REACHABLE` pairs of `host:port`, comma-separated; where a Sentinel names a primary, or a Cluster a node, at an announced address, connect to the reachable one instead |
 /// | `eviction_check` | `warn` | at connect (and behind Sentinels, at each new primary), when the server may evict lock keys (`maxmemory` set, `maxmemory-policy` not `noeviction`): `warn`, `refuse` (a [`LockError::Config`]) or `off` |
 ///
 /// `Debug` and `Display` never show the password.
@@ -77,6 +79,9 @@ pub struct RedisConfig {
     pub ca_cert: Option<std::path::PathBuf>,
     /// What connecting does when the server may evict lock keys.
     pub eviction_check: EvictionCheck,
+    /// Addresses (`host:port`) the servers announce, mapped to where this client reaches them
+    /// (option `nat_map`); see [`reachable`](Self::reachable).
+    pub nat_map: BTreeMap<String, String>,
 }
 
 impl Default for RedisConfig {
@@ -96,6 +101,7 @@ impl Default for RedisConfig {
             wait_replicas_timeout: Duration::from_millis(100),
             ca_cert: None,
             eviction_check: EvictionCheck::Warn,
+            nat_map: BTreeMap::new(),
         }
     }
 }
@@ -197,15 +203,24 @@ impl RedisConfig {
             }
             "ca_cert" => self.ca_cert = Some(value.into()),
             "eviction_check" => self.eviction_check = value.parse()?,
+            "nat_map" => self.nat_map = parse_nat_map(value)?,
             other => {
                 return Err(unknown_option(
                     BACKEND,
                     other,
-                    "prefix, connect_timeout, command_timeout, wait_replicas, wait_replicas_timeout, ca_cert, eviction_check",
+                    "prefix, connect_timeout, command_timeout, wait_replicas, wait_replicas_timeout, ca_cert, eviction_check, nat_map",
                 ));
             }
         }
         Ok(())
+    }
+
+    /// Where this client reaches a server that announces itself at `announced` (`host:port`,
+    /// as a Sentinel or a Cluster's slot map names it): its `nat_map` entry, else `announced`.
+    pub fn reachable<'a>(&'a self, announced: &'a str) -> &'a str {
+        self.nat_map
+            .get(announced)
+            .map_or(announced, String::as_str)
     }
 
     /// A `redis://` (or `rediss://`) URL for one node, with credentials and database, for the driver.
@@ -226,6 +241,31 @@ impl RedisConfig {
         };
         format!("{scheme}://{auth}{node}{db}?protocol=resp3")
     }
+}
+
+/// `ANNOUNCED=REACHABLE[,ANNOUNCED=REACHABLE…]`, each side a `host:port`.
+fn parse_nat_map(value: &str) -> Result<BTreeMap<String, String>> {
+    let address = |text: &str| -> Result<String> {
+        let text = text.trim();
+        match text.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                Ok(text.to_owned())
+            }
+            _ => Err(config_error(format!(
+                "option `nat_map`: `{text}` is not a host:port"
+            ))),
+        }
+    };
+    value
+        .split(',')
+        .filter(|pair| !pair.trim().is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((announced, reachable)) => Ok((address(announced)?, address(reachable)?)),
+            None => Err(config_error(format!(
+                "option `nat_map` takes ANNOUNCED=REACHABLE pairs of host:port, not `{pair}`"
+            ))),
+        })
+        .collect()
 }
 
 fn encode(text: &str) -> String {
@@ -350,6 +390,26 @@ mod tests {
         ] {
             assert!(
                 matches!(RedisConfig::from_url(bad), Err(LockError::Config { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn nat_map_maps_announced_addresses_and_nothing_else() {
+        let c = RedisConfig::from_url(
+            "redis+cluster://a:7000?nat_map=10.0.0.5:6379%3D127.0.0.1:16379,10.0.0.6:6379=localhost:16380",
+        )
+        .unwrap();
+        assert_eq!(c.reachable("10.0.0.5:6379"), "127.0.0.1:16379");
+        assert_eq!(c.reachable("10.0.0.6:6379"), "localhost:16380");
+        assert_eq!(c.reachable("10.0.0.7:6379"), "10.0.0.7:6379");
+        for bad in ["a:1", "a:1=b", "a=b:2", ":1=b:2", "a:x=b:2"] {
+            assert!(
+                matches!(
+                    RedisConfig::from_url(&format!("redis+cluster://a:7000?nat_map={bad}")),
+                    Err(LockError::Config { .. })
+                ),
                 "{bad}"
             );
         }

@@ -43,6 +43,109 @@ pub async fn primary(config: &RedisConfig) -> Result<String> {
     }
 }
 
+/// The servers of a deployment, as a client of it meets them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Members {
+    /// The servers the configuration lists (`host:port`): the node, the Sentinels, or the
+    /// Cluster's seeds.
+    pub listed: Vec<String>,
+    /// The data nodes the listed servers announce, at the addresses they announce them
+    /// (before any `nat_map`): a Sentinel's primary and its replicas, every node of a Cluster
+    /// (its seeds too, as the Cluster names them). Empty for a single node.
+    pub announced: Vec<String>,
+}
+
+/// Every server a client of `config` may connect to: what a tool needs to put each of them
+/// behind a proxy (and map the announced ones to it with `nat_map`), or to check them all.
+///
+/// # Errors
+/// [`LockError::Unavailable`] when the first listed server does not answer; a Sentinel that
+/// does not know the master is a [`LockError::Config`].
+///
+/// # Cancel safety
+/// Cancel safe: it only asks.
+pub async fn members(config: &RedisConfig) -> Result<Members> {
+    match &config.topology {
+        Topology::Single { node } => Ok(Members {
+            listed: vec![node.clone()],
+            announced: Vec::new(),
+        }),
+        Topology::Sentinel { sentinels, master } => {
+            let asked = async {
+                let first = sentinels.first().map_or("", String::as_str);
+                let mut conn = sentinel_client(config, first)?
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(map_err)?;
+                let primary: Option<(String, u16)> = redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(master)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(map_err)?;
+                let Some((host, port)) = primary else {
+                    return Err(LockError::Config {
+                        backend: crate::BACKEND,
+                        reason: format!("sentinel {first} does not know a master named `{master}`"),
+                    });
+                };
+                let replicas: Vec<std::collections::HashMap<String, String>> =
+                    redis::cmd("SENTINEL")
+                        .arg("replicas")
+                        .arg(master)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(map_err)?;
+                let mut announced = vec![format!("{host}:{port}")];
+                announced.extend(
+                    replicas
+                        .iter()
+                        .filter_map(|r| Some(format!("{}:{}", r.get("ip")?, r.get("port")?))),
+                );
+                Ok(announced)
+            };
+            let announced = tokio::time::timeout(config.connect_timeout, asked)
+                .await
+                .map_err(|_| timed_out(config.connect_timeout))??;
+            Ok(Members {
+                listed: sentinels.clone(),
+                announced,
+            })
+        }
+        Topology::Cluster { nodes } => {
+            let asked = async {
+                let first = nodes.first().map_or("", String::as_str);
+                let mut conn = node_client(config, first)?
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(map_err)?;
+                let listing: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(map_err)?;
+                Ok::<_, LockError>(listing)
+            };
+            let listing = tokio::time::timeout(config.connect_timeout, asked)
+                .await
+                .map_err(|_| timed_out(config.connect_timeout))??;
+            // `<id> <ip:port@bus-port[,hostname]> <flags> …`, a line per node; a node without
+            // an address yet (`:0@0`, flag `noaddr`) has nothing to reach.
+            let announced = listing
+                .lines()
+                .filter_map(|line| line.split_whitespace().nth(1)?.split(['@', ',']).next())
+                .filter(|address| !address.starts_with(':'))
+                .map(str::to_owned)
+                .collect();
+            Ok(Members {
+                listed: nodes.clone(),
+                announced,
+            })
+        }
+    }
+}
+
 /// A driver client for the Cluster the configuration names (every listed node a seed), with its
 /// credentials, TLS and CA, RESP3, and its connect and command timeouts.
 ///
@@ -57,7 +160,10 @@ pub fn cluster_client(config: &RedisConfig) -> Result<redis::cluster::ClusterCli
         });
     };
     let urls: Vec<String> = nodes.iter().map(|n| config.node_url(n, false)).collect();
-    let builder = redis::cluster::ClusterClientBuilder::new(urls);
+    let mut builder = redis::cluster::ClusterClientBuilder::new(urls);
+    if !config.nat_map.is_empty() {
+        builder = builder.node_address_map(node_address_map(config)?);
+    }
     #[cfg(feature = "tls-rustls")]
     let builder = match tls_certificates(config)? {
         Some(certificates) => builder.certs(certificates),
@@ -72,6 +178,29 @@ pub fn cluster_client(config: &RedisConfig) -> Result<redis::cluster::ClusterCli
             backend: crate::BACKEND,
             reason: e.to_string(),
         })
+}
+
+/// The configuration's `nat_map` as the driver takes it: applied as it connects to a node the
+/// slot map (or a `MOVED` redirect) names, which keeps the announced address as the node's name.
+fn node_address_map(
+    config: &RedisConfig,
+) -> Result<std::collections::HashMap<redis::cluster::NodeAddress, redis::cluster::NodeAddress>> {
+    let node = |address: &str| {
+        address
+            .rsplit_once(':')
+            .and_then(|(host, port)| {
+                Some(redis::cluster::NodeAddress::new(host, port.parse().ok()?))
+            })
+            .ok_or_else(|| LockError::Config {
+                backend: crate::BACKEND,
+                reason: format!("option `nat_map`: `{address}` is not a host:port"),
+            })
+    };
+    config
+        .nat_map
+        .iter()
+        .map(|(announced, reachable)| Ok((node(announced)?, node(reachable)?)))
+        .collect()
 }
 
 /// The CA to trust, read from the configured PEM file (TLS with a private CA).
@@ -177,7 +306,10 @@ pub(crate) async fn find_primary(
             Ok::<_, LockError>(reply)
         };
         match tokio::time::timeout(config.connect_timeout, asked).await {
-            Ok(Ok(Some((host, port)))) => return Ok(format!("{host}:{port}")),
+            Ok(Ok(Some((host, port)))) => {
+                let announced = format!("{host}:{port}");
+                return Ok(config.reachable(&announced).to_owned());
+            }
             // A Sentinel just replaced may not monitor the master yet: ask the next.
             Ok(Ok(None)) => {
                 unknown = Some(LockError::Config {

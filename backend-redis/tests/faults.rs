@@ -199,6 +199,96 @@ async fn sentinel_failover_is_followed_and_a_held_lock_survives_or_is_reported_l
     drop(sentinel);
 }
 
+/// A failover in the middle of a partition: a client reaching a Sentinel deployment through
+/// proxies of its own (every Sentinel, the primary and the replica, announced addresses mapped
+/// with `nat_map`) holds a lock that has reached the replica, and is cut off; the Sentinels
+/// promote the replica meanwhile. The cut-off holder must learn its lock is lost, another client
+/// must take it on the new primary with a higher token once the lease ends there, and when the
+/// link heals, the old holder's late release must not free the new holder's lock; its client
+/// then follows to the new primary like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_during_a_partition_leaves_one_holder() {
+    let sentinel = RedisSentinel::start().unwrap_or_else(|e| panic!("{e}"));
+    let data = [sentinel.primary().addr(), sentinel.replica().addr()];
+    let members: Vec<std::net::SocketAddr> =
+        sentinel.sentinel_addrs().into_iter().chain(data).collect();
+    let proxies: Vec<FaultProxy> = members
+        .iter()
+        .map(|&member| FaultProxy::start(member).unwrap())
+        .collect();
+    let (sentinel_proxies, data_proxies) = proxies.split_at(members.len() - data.len());
+    let nat_map: Vec<String> = data
+        .iter()
+        .zip(data_proxies)
+        .map(|(node, proxy)| format!("{node}={}", proxy.addr()))
+        .collect();
+    let proxied_url = format!(
+        "redis+sentinel://{}/{}?command_timeout=1s&nat_map={}",
+        sentinel_proxies
+            .iter()
+            .map(|p| p.addr().to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        sentinel.master_name(),
+        nat_map.join(",")
+    );
+    let cut_off = RedisLock::connect_url(&proxied_url).await.unwrap();
+    let direct = RedisLock::connect_url(&sentinel_url(&sentinel, "command_timeout=1s"))
+        .await
+        .unwrap();
+    let lock = name("failover-in-partition");
+    let guard = cut_off.acquire(&lock, &short_ttl()).await.unwrap();
+    let stale_token = guard.fencing_token();
+    sentinel.primary().command(&["WAIT", "1", "1000"]).unwrap();
+    assert!(
+        data_proxies[0].connections() > 0,
+        "the proxied client does not reach the primary through its proxy"
+    );
+
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Blackhole);
+    }
+    let old = sentinel.primary().addr();
+    let (promoted, sentinel) = tokio::task::spawn_blocking(move || (sentinel.failover(), sentinel))
+        .await
+        .unwrap();
+    assert_ne!(promoted.unwrap(), old);
+    let reason = timeout(BOUND, guard.lost())
+        .await
+        .expect("the cut-off holder learns its lock is lost");
+    assert_eq!(reason, LostReason::RenewalFailed);
+    let new_holder = timeout(BOUND, direct.acquire(&lock, &short_ttl()))
+        .await
+        .expect("another client takes the lock on the new primary")
+        .unwrap();
+    assert!(new_holder.fencing_token() > stale_token);
+
+    for proxy in &proxies {
+        proxy.reset();
+        proxy.heal();
+    }
+    let late = guard.release().await;
+    assert!(matches!(late, Err(LockError::Lost { .. })), "{late:?}");
+    assert!(
+        direct
+            .try_acquire(&lock, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none(),
+        "the cut-off holder's late release freed the new holder's lock"
+    );
+    new_holder.release().await.unwrap();
+    let followed = taken_within_bound(
+        &cut_off,
+        &lock,
+        "the healed client follows to the new primary",
+    )
+    .await;
+    assert!(followed.fencing_token() > stale_token);
+    followed.release().await.unwrap();
+    drop(sentinel);
+}
+
 /// The eviction check follows a Sentinel failover: a replica set up to evict lock keys is not
 /// taken as the new primary with `eviction_check=refuse` (the client fails rather than lock
 /// there) until its policy is fixed, and is taken, with a warning, with `warn`.

@@ -23,9 +23,9 @@ pub struct ConformanceArgs {
     /// paused and killed, or reach the server through a fault proxy started here (a partition,
     /// lost and late replies, a slow link), judged by the history checker: one proxy per server
     /// the URL names (Redlock's nodes, an ensemble's members), so the proxy cases need
-    /// `--backend` to spell out each `host:port`; Sentinel and Redis Cluster URLs skip them (the
-    /// servers they name are not the data path). Not for `memory://`, whose locks live in one
-    /// process.
+    /// `--backend` to spell out each `host:port`. Behind a Sentinel or a Redis Cluster URL,
+    /// every data node the deployment announces gets a proxy too, which the proxied clients
+    /// reach through `nat_map`. Not for `memory://`, whose locks live in one process.
     #[arg(long)]
     faults: bool,
 }
@@ -72,43 +72,104 @@ impl Harness for DeployedHarness {
 #[derive(Clone, Debug)]
 struct ServerList {
     head: String,
+    /// Every server a client of the URL talks to: the URL's own, then those they announce.
     servers: Vec<std::net::SocketAddr>,
+    /// How many of `servers` the URL itself lists.
+    listed: usize,
+    /// The announced servers' names as the deployment gives them, which a proxied client maps
+    /// to its proxies (`nat_map`): a Sentinel's primary and replicas, a Cluster's nodes.
+    announced: Vec<String>,
     tail: String,
+}
+
+/// Splits `url` into `scheme://[user@]`, its `host:port`s and the rest.
+fn split_url(url: &str) -> Option<(String, Vec<&str>, String)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let (user, hosts) = match authority.rsplit_once('@') {
+        Some((user, hosts)) => (format!("{user}@"), hosts),
+        None => (String::new(), authority),
+    };
+    Some((
+        format!("{scheme}://{user}"),
+        hosts.split(',').collect(),
+        tail.to_owned(),
+    ))
+}
+
+fn resolve(host: &str) -> Option<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    host.to_socket_addrs().ok()?.next()
+}
+
+/// Whether `url` is a Redis deployment whose clients reach servers it does not list: the
+/// primary a Sentinel names, the nodes of a Cluster's slot map.
+fn announces_its_servers(url: &str) -> bool {
+    url.split_once("://")
+        .is_some_and(|(scheme, _)| scheme.ends_with("+sentinel") || scheme.ends_with("+cluster"))
 }
 
 impl ServerList {
     /// The servers `url` names, if each is an explicit `host:port` that resolves (a default port
-    /// left out cannot be pointed at a proxy without knowing the backend's default).
+    /// left out cannot be pointed at a proxy without knowing the backend's default), and the URL
+    /// is not one whose servers announce others ([`discover`](Self::discover) asks those).
     fn parse(url: &str) -> Option<Self> {
-        use std::net::ToSocketAddrs;
-        let (scheme, rest) = url.split_once("://")?;
-        // The servers such a URL names are not the data path, so proxies in front of them would
-        // cut nothing: Sentinels name the primary the client then reaches directly, and a
-        // cluster client learns every node's address from the cluster.
-        if scheme.ends_with("+sentinel") || scheme.ends_with("+cluster") {
+        if announces_its_servers(url) {
             return None;
         }
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(authority_end);
-        let (user, hosts) = match authority.rsplit_once('@') {
-            Some((user, hosts)) => (format!("{user}@"), hosts),
-            None => (String::new(), authority),
-        };
-        let servers = hosts
-            .split(',')
-            .map(|host| host.to_socket_addrs().ok()?.next())
-            .collect::<Option<Vec<_>>>()?;
+        let (head, hosts, tail) = split_url(url)?;
+        let servers = hosts.into_iter().map(resolve).collect::<Option<Vec<_>>>()?;
         (!servers.is_empty()).then(|| Self {
-            head: format!("{scheme}://{user}"),
+            head,
+            listed: servers.len(),
             servers,
-            tail: tail.to_owned(),
+            announced: Vec::new(),
+            tail,
         })
     }
 
-    /// The same URL with `at` in place of the servers, in order.
+    /// The servers of a Sentinel or Cluster deployment: those `url` lists, then the data nodes
+    /// they announce, asked of the deployment.
+    #[cfg(feature = "redis")]
+    async fn discover(url: &str) -> Result<Self, String> {
+        let config = dlock_redis::RedisConfig::from_url(url).map_err(|e| e.to_string())?;
+        let members = dlock_redis::driver::members(&config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (head, _, tail) = split_url(url).ok_or("not a URL")?;
+        let servers = members
+            .listed
+            .iter()
+            .chain(&members.announced)
+            .map(|server| resolve(server).ok_or_else(|| format!("{server} does not resolve")))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            head,
+            servers,
+            listed: members.listed.len(),
+            announced: members.announced,
+            tail,
+        })
+    }
+
+    /// The same URL with `at` in place of the servers, in order; the announced ones mapped to
+    /// theirs.
     fn reached_at(&self, at: &[std::net::SocketAddr]) -> String {
-        let hosts: Vec<String> = at.iter().map(ToString::to_string).collect();
-        format!("{}{}{}", self.head, hosts.join(","), self.tail)
+        let (listed, announced) = at.split_at(self.listed.min(at.len()));
+        let hosts: Vec<String> = listed.iter().map(ToString::to_string).collect();
+        let mut url = format!("{}{}{}", self.head, hosts.join(","), self.tail);
+        if !self.announced.is_empty() {
+            let pairs: Vec<String> = self
+                .announced
+                .iter()
+                .zip(announced)
+                .map(|(name, proxy)| format!("{name}={proxy}"))
+                .collect();
+            let joiner = if self.tail.contains('?') { '&' } else { '?' };
+            url = format!("{url}{joiner}nat_map={}", pairs.join(","));
+        }
+        url
     }
 }
 
@@ -139,7 +200,12 @@ impl DeployedHarness {
 impl Faults for DeployedHarness {
     /// Only a proxy in front of the deployed server: the rest needs power over the server.
     fn supports(&self, fault: Fault) -> bool {
-        fault == Fault::ProxyLink && self.workers && self.servers().is_some()
+        let sentinel_or_cluster = self.backend.config.is_none()
+            && cfg!(feature = "redis")
+            && announces_its_servers(self.backend.backend_or_memory());
+        fault == Fault::ProxyLink
+            && self.workers
+            && (self.servers().is_some() || sentinel_or_cluster)
     }
 
     async fn kill_holder(&self, _name: &dlock_api::LockName) -> Result<(), String> {
@@ -147,9 +213,16 @@ impl Faults for DeployedHarness {
     }
 
     async fn proxy_target(&self) -> Result<ProxyTarget, String> {
-        let servers = self
-            .servers()
-            .ok_or("--backend names no explicit host:port list")?;
+        let servers = match self.servers() {
+            Some(servers) => servers,
+            #[cfg(feature = "redis")]
+            None if self.backend.config.is_none()
+                && announces_its_servers(self.backend.backend_or_memory()) =>
+            {
+                ServerList::discover(self.backend.backend_or_memory()).await?
+            }
+            None => return Err("--backend names no explicit host:port list".into()),
+        };
         let direct = Arc::new(DeployedHarness {
             backend: BackendArgs {
                 backend: self.backend.backend.clone(),
@@ -311,5 +384,24 @@ mod tests {
                 "{off_the_data_path}"
             );
         }
+    }
+
+    #[test]
+    fn announced_servers_are_mapped_to_their_proxies() {
+        let list = ServerList {
+            head: "redis+sentinel://".into(),
+            servers: Vec::new(),
+            listed: 1,
+            announced: vec!["10.0.0.5:6379".into()],
+            tail: "/mymaster?command_timeout=1s".into(),
+        };
+        let at = [
+            "127.0.0.1:9001".parse().unwrap(),
+            "127.0.0.1:9002".parse().unwrap(),
+        ];
+        assert_eq!(
+            list.reached_at(&at),
+            "redis+sentinel://127.0.0.1:9001/mymaster?command_timeout=1s&nat_map=10.0.0.5:6379=127.0.0.1:9002"
+        );
     }
 }

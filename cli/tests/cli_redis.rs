@@ -7,7 +7,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dlock_test_servers::RedisServer;
+use dlock_test_servers::{RedisCluster, RedisSentinel, RedisServer};
 
 #[test]
 fn run_stops_the_command_and_exits_74_when_the_lock_is_lost() {
@@ -216,6 +216,49 @@ fn conformance_with_faults_runs_the_proxy_cases_against_a_deployed_server() {
         stdout.contains("skipped  faults::frozen_server_holds_no_one_twice"),
         "{stdout}"
     );
+}
+
+/// `dlock conformance --faults` against a Sentinel deployment and a Redis Cluster: the CLI asks
+/// each for the data nodes it announces, puts a proxy in front of every server, and its proxied
+/// clients reach the announced nodes through `nat_map`, so the link cases cut what they must.
+#[test]
+fn conformance_with_faults_runs_the_link_cases_on_sentinel_and_cluster() {
+    let sentinel = RedisSentinel::start().unwrap_or_else(|e| panic!("{e}"));
+    let sentinels: Vec<String> = sentinel
+        .sentinel_addrs()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let sentinel_url = format!(
+        "redis+sentinel://{}/{}",
+        sentinels.join(","),
+        sentinel.master_name()
+    );
+    let cluster = RedisCluster::start().unwrap_or_else(|e| panic!("{e}"));
+    let nodes: Vec<String> = cluster.addrs().iter().map(ToString::to_string).collect();
+    // One seed: the others are reached as the Cluster announces them.
+    let cluster_url = format!("redis+cluster://{}", nodes[0]);
+    for url in [sentinel_url, cluster_url] {
+        let stdout = common::succeeds([
+            "conformance",
+            "--backend",
+            &url,
+            "--faults",
+            "--filter",
+            "faults::partitioned_holder_is_fenced_off",
+            "--filter",
+            "faults::lost_release_reply_spares_the_next_holder",
+        ]);
+        for case in [
+            "faults::partitioned_holder_is_fenced_off",
+            "faults::lost_release_reply_spares_the_next_holder",
+        ] {
+            assert!(
+                stdout.contains(&format!("ok       {case} (")),
+                "{case} did not pass on {url}:\n{stdout}"
+            );
+        }
+    }
 }
 
 /// `dlock status` against a server that needs a password: the line of a held name shows the

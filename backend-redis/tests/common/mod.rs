@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::{DistributedLock, LockName, Result};
-use dlock_conformance::{Amnesia, Deployment, Fault, Faults, Harness, OwnServer};
+use dlock_conformance::{Amnesia, Deployment, Fault, Faults, Harness, OwnServer, ProxyTarget};
 use dlock_redis::{LockKeys, RedisConfig, RedisLock};
 use dlock_test_servers::{RedisCluster, RedisSentinel, RedisServer, subscribed_client_ids};
 
 pub mod amnesia;
+pub mod proxied;
 
 pub struct RedisHarness {
     deployment: Deployment,
@@ -130,6 +131,8 @@ impl Faults for RedisHarness {
             Fault::KillHolder | Fault::KillWaiters => true,
             // A single node only: the other topologies have their own failover tests.
             Fault::OwnServer => self.deployment.url_var() == SINGLE_URL_VAR,
+            // Sentinel and Cluster: each member behind a proxy (see `proxied`).
+            Fault::ProxyLink => self.deployment.url_var() != SINGLE_URL_VAR,
             Fault::Amnesia => self.deployment.url_var() != "DLOCK_TEST_REDIS_CLUSTER_URL",
             Fault::AmnesiaMitigated => self.deployment.url_var() != "DLOCK_TEST_REDIS_CLUSTER_URL",
             _ => false,
@@ -142,6 +145,18 @@ impl Faults for RedisHarness {
             Arc::new(RedisHarness::at("redis", url, SINGLE_URL_VAR))
         })
         .await
+    }
+
+    /// A single node: a server of the case's own. Sentinel and Cluster: the shared deployment,
+    /// each of its members behind a proxy of the case's own.
+    async fn proxy_target(&self) -> std::result::Result<ProxyTarget, String> {
+        let (label, url_var) = (self.deployment.label(), self.deployment.url_var());
+        if url_var == SINGLE_URL_VAR {
+            return Ok(self.own_server().await?.into());
+        }
+        let url = self.url().to_owned();
+        let direct = Arc::new(RedisHarness::at(label, url.clone(), url_var));
+        proxied::proxy_target(label, url, url_var, direct).await
     }
 
     /// A single node evicts the lock key; a Sentinel deployment fails over to a replica that
