@@ -28,6 +28,23 @@ pub struct ConformanceArgs {
     /// reach through `nat_map`. Not for `memory://`, whose locks live in one process.
     #[arg(long)]
     faults: bool,
+    /// With `--faults`: then the long run, for at least this long (30s if no time is given):
+    /// `--workers` processes take locks of a few names at random, holding each for a random
+    /// time, while every fault the cases above use is done in turn (a paused and a killed
+    /// worker; with proxies, a partition, a slow link, lost and late replies), and the history
+    /// checker judges the whole run. Run it against a deployment before trusting it.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        num_args = 0..=1,
+        default_missing_value = "30s",
+        value_parser = crate::parse_duration,
+        requires = "faults"
+    )]
+    long: Option<std::time::Duration>,
+    /// The long run's workers at any time (a killed one is replaced).
+    #[arg(long, default_value_t = 6, requires = "long", value_parser = clap::value_parser!(u32).range(2..))]
+    workers: u32,
 }
 
 /// Each client is a fresh connection to the deployed backend.
@@ -290,7 +307,12 @@ pub fn run_worker_if_asked(runtime: &tokio::runtime::Runtime) -> Option<ExitCode
 
 pub(super) async fn conformance(args: ConformanceArgs) -> Result<ExitCode, LockError> {
     let selects = |id: &str| args.filter.iter().any(|f| id.contains(f.as_str()));
-    if !args.filter.is_empty() && !dlock_conformance::cases().iter().any(|c| selects(c.id)) {
+    let long_selected =
+        args.long.is_some() && (args.filter.is_empty() || selects(dlock_conformance::LONG_RUN_ID));
+    if !args.filter.is_empty()
+        && !long_selected
+        && !dlock_conformance::cases().iter().any(|c| selects(c.id))
+    {
         // A misspelt filter must not certify a deployment by running nothing.
         let mut areas: Vec<&str> = dlock_conformance::cases()
             .iter()
@@ -324,12 +346,29 @@ pub(super) async fn conformance(args: ConformanceArgs) -> Result<ExitCode, LockE
         label,
         workers: args.faults,
     });
-    let report = dlock_conformance::run_all(harness, &args.filter)
-        .await
-        .map_err(|f| LockError::Config {
-            backend: "dlock",
-            reason: f.0,
-        })?;
+    let mut report = if long_selected
+        && !args.filter.is_empty()
+        && !dlock_conformance::cases().iter().any(|c| selects(c.id))
+    {
+        dlock_conformance::Report::default()
+    } else {
+        dlock_conformance::run_all(harness.clone(), &args.filter)
+            .await
+            .map_err(|f| LockError::Config {
+                backend: "dlock",
+                reason: f.0,
+            })?
+    };
+    if let Some(duration) = args.long.filter(|_| long_selected) {
+        println!(
+            "the long run: {} workers, at least {duration:?}…",
+            args.workers
+        );
+        let plan = dlock_conformance::cases::faults::LongRun::new(duration, args.workers);
+        report
+            .cases
+            .push(dlock_conformance::run_long(harness, plan).await);
+    }
     for case in &report.cases {
         let ms = case.elapsed.as_millis();
         match &case.outcome {

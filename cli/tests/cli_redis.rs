@@ -261,6 +261,30 @@ fn conformance_with_faults_runs_the_link_cases_on_sentinel_and_cluster() {
     }
 }
 
+/// `dlock conformance --faults --long`: the long run goes through every fault in turn (here a
+/// single round: the shortest run asked for still runs each once) and the checker passes it.
+#[test]
+fn conformance_long_run_passes_every_fault_in_turn() {
+    let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let stdout = common::succeeds([
+        "conformance",
+        "--backend",
+        &redis.url(),
+        "--faults",
+        "--long",
+        "1s",
+        "--workers",
+        "6",
+        "--filter",
+        "faults::long_run",
+    ]);
+    assert!(
+        stdout.contains("ok       faults::long_run_under_every_nemesis ("),
+        "{stdout}"
+    );
+    assert!(stdout.contains("1 passed, 0 failed"), "{stdout}");
+}
+
 /// `dlock status` against a server that needs a password: the line of a held name shows the
 /// holder's token and a lease at most the TTL, a free name shows free, `--json` carries the
 /// same, `--watch --count` refreshes, and the password is never printed.

@@ -66,6 +66,15 @@
 //! ([`nemesis::clock::SteppedClock`]) and steps their wall clock an hour each way mid-hold;
 //! it needs only what `exclusion_is_history_checked` needs, plus the `faketime` package.
 //!
+//! **The long run** ([`cases::faults::long_run_under_every_nemesis`], [`run_long`]) is the
+//! fault suite's soak: six or more workers (half behind a fault proxy where the harness can put
+//! one in front of the deployment) take locks of a few names at random, holding each for a
+//! random time, while every client-side fault above is done in turn (a paused worker, a killed
+//! one replaced, a partition, a slow link, lost and late replies), for as long as asked; the
+//! checker judges the whole history. It is not in the case table: `dlock conformance --faults
+//! --long [30s]` runs it against a deployment, and a [`main`] suite adds it as a trial when
+//! [`LONG_RUN_VAR`] (`DLOCK_CONFORMANCE_LONG=30s`) says how long.
+//!
 //! A deployment that lives in the test's own process (the memory backend: no child process can
 //! reach it) runs the worker cases with worker **tasks** instead ([`Faults::task_client`]): a
 //! paused worker is not polled and its client is cut off from the store (its renewals fail, as
@@ -108,4 +117,6 @@ pub use harness::{
     SessionControl, TaskClient, Timing,
 };
 pub use memory::MemoryHarness;
-pub use runner::{CaseReport, Outcome, Report, main, main_per_case, run_all};
+pub use runner::{
+    CaseReport, LONG_RUN_ID, LONG_RUN_VAR, Outcome, Report, main, main_per_case, run_all, run_long,
+};

@@ -122,6 +122,7 @@ where
                     .map_err(|f| f.0.into())
             })
         })
+        .chain(std::iter::once(long_trial(&runtime, &harness)))
         .collect();
     let conclusion = run_selected(&line, trials);
     runtime.block_on(async move { drop(harness) });
@@ -173,6 +174,40 @@ pub fn main_per_case<H: Harness>(
         })
         .collect();
     run_selected(&line, trials).exit_code()
+}
+
+/// Set to a duration (`30s`) to add [the long run](run_long) to a [`main`] suite's trials; with
+/// `LONG_RUN_WORKERS_VAR`, its workers (6 by default).
+pub const LONG_RUN_VAR: &str = "DLOCK_CONFORMANCE_LONG";
+const LONG_RUN_WORKERS_VAR: &str = "DLOCK_CONFORMANCE_LONG_WORKERS";
+
+/// The long run as a trial: run when [`LONG_RUN_VAR`] says for how long, else listed as ignored
+/// with the way to run it.
+fn long_trial(runtime: &tokio::runtime::Runtime, harness: &Arc<dyn Harness>) -> Trial {
+    let name = format!("conformance::{LONG_RUN_ID}");
+    let Ok(duration) = std::env::var(LONG_RUN_VAR) else {
+        return Trial::test(format!("{name} (not run: set {LONG_RUN_VAR}=30s)"), || {
+            Err(format!("the long run runs when {LONG_RUN_VAR} is set").into())
+        })
+        .with_ignored_flag(true);
+    };
+    let (handle, harness) = (runtime.handle().clone(), harness.clone());
+    Trial::test(name, move || {
+        let duration = humantime::parse_duration(&duration)
+            .map_err(|e| format!("{LONG_RUN_VAR}={duration}: {e}"))?;
+        let workers = match std::env::var(LONG_RUN_WORKERS_VAR) {
+            Ok(workers) => workers
+                .parse()
+                .map_err(|e| format!("{LONG_RUN_WORKERS_VAR}={workers}: {e}"))?,
+            Err(_) => 6,
+        };
+        let plan = crate::cases::faults::LongRun::new(duration, workers);
+        match handle.block_on(run_long(harness, plan)).outcome {
+            Outcome::Passed => Ok(()),
+            Outcome::Failed(why) => Err(why.into()),
+            Outcome::NotRun(why) => Err(format!("not run on this backend: {why}").into()),
+        }
+    })
 }
 
 /// A case the backend cannot run, listed as ignored with the reason in its name. Run anyway
@@ -239,6 +274,59 @@ impl Report {
             line.push_str(&format!(", {skipped} skipped"));
         }
         line
+    }
+}
+
+/// The id [`run_long`] reports under.
+pub const LONG_RUN_ID: &str = "faults::long_run_under_every_nemesis";
+
+/// Runs [the long run](crate::cases::faults::long_run_under_every_nemesis) against `harness`, on
+/// the caller's runtime, and checks what it left as every case is checked. For `dlock conformance
+/// --faults --long`: not in the case table, since it runs for as long as it is told.
+pub async fn run_long(
+    harness: Arc<dyn Harness>,
+    plan: crate::cases::faults::LongRun,
+) -> CaseReport {
+    let started = Instant::now();
+    let unmet = match harness.client().await {
+        Ok(client) => crate::cases::FENCED_WORKERS.unmet(&client.capabilities(), &*harness),
+        Err(error) => {
+            return CaseReport {
+                id: LONG_RUN_ID,
+                outcome: Outcome::Failed(format!("no client: {error}")),
+                elapsed: started.elapsed(),
+            };
+        }
+    };
+    let outcome = match unmet {
+        Some(reason) => Outcome::NotRun(reason),
+        None => {
+            let ctx = Ctx::new(harness, LONG_RUN_ID, run_id());
+            // Hung workers must fail the run, not hang it: its own waits are far shorter.
+            let limit = plan.duration * 3 + ctx.timing().bound * 4;
+            let ran = tokio::time::timeout(
+                limit,
+                crate::cases::faults::long_run_under_every_nemesis(ctx.clone(), plan),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(Failure(format!(
+                    "the long run did not end within {limit:?}"
+                )))
+            });
+            match ran {
+                Ok(()) => match check_residue(&ctx).await {
+                    Ok(()) => Outcome::Passed,
+                    Err(failure) => Outcome::Failed(failure.0),
+                },
+                Err(failure) => Outcome::Failed(failure.0),
+            }
+        }
+    };
+    CaseReport {
+        id: LONG_RUN_ID,
+        outcome,
+        elapsed: started.elapsed(),
     }
 }
 

@@ -77,7 +77,8 @@ const FENCED_CHILDREN: Needs = Needs {
     fencing: true,
     ..NONE
 };
-const FENCED_WORKERS: Needs = Needs {
+/// What the fault suite's worker cases need, and the long run.
+pub(crate) const FENCED_WORKERS: Needs = Needs {
     workers: true,
     fencing: true,
     ..NONE

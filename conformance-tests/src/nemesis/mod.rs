@@ -117,6 +117,7 @@ impl Run {
             announce: false,
             ready_pause: None,
             seed: self.seed,
+            run_for: None,
         }
     }
 

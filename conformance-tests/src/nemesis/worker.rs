@@ -55,6 +55,10 @@ pub struct WorkerSpec {
     pub ready_pause: Option<Duration>,
     /// The seed of its random choices.
     pub seed: u64,
+    /// Starts no round after this long (counted from its first round), whatever `rounds` says:
+    /// the long run's workers run for a time, not a count.
+    #[serde(default)]
+    pub run_for: Option<Duration>,
 }
 
 /// The element a hold adds to the register: unique per worker and round.
@@ -116,7 +120,13 @@ pub(crate) async fn run_rounds(
         tokio::time::sleep(pause).await;
     }
     let mut rng = StdRng::seed_from_u64(spec.seed ^ u64::from(spec.worker));
+    let stop_at = spec
+        .run_for
+        .map(|run_for| tokio::time::Instant::now() + run_for);
     for round in 0..spec.rounds {
+        if stop_at.is_some_and(|stop_at| tokio::time::Instant::now() >= stop_at) {
+            break;
+        }
         let hold = HoldId {
             worker: spec.worker,
             handle: u64::from(round),
@@ -137,6 +147,11 @@ pub(crate) async fn run_rounds(
                     Phase::Fail
                 };
                 log(at(Op::Acquire, phase).err(error.to_string()))?;
+                if stop_at.is_some() {
+                    // A run for a time goes on through faults: an outage that fails every
+                    // attempt at once must not fill the history with them.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 continue;
             }
         };

@@ -6,10 +6,12 @@
 //! The cases are grouped by what the harness does: to the worker processes (`workers`: paused,
 //! killed), to the server process (`restarts`: restarted, crashed, frozen, killed), to the link
 //! between them (`links`: cut, slowed, replies lost or held back), and to what the deployment
-//! remembers (`amnesia`). What they share is in `steps`.
+//! remembers (`amnesia`); `long` runs a mixed load through every client-side fault in turn, for
+//! a time. What they share is in `steps`.
 
 mod amnesia;
 mod links;
+mod long;
 mod restarts;
 mod steps;
 mod workers;
@@ -20,6 +22,7 @@ pub use links::{
     lost_acquire_reply_leaves_nothing, lost_release_reply_spares_the_next_holder,
     partitioned_holder_is_fenced_off, slow_link_keeps_exclusion,
 };
+pub use long::{LongRun, long_run_under_every_nemesis};
 pub use restarts::{
     dead_or_frozen_server_answers_unavailable, frozen_server_holds_no_one_twice,
     server_restart_while_held_is_lost_or_kept, tokens_rise_across_server_restarts,
