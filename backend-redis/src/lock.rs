@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
-use dlock_api::raw::{Grant, GuardTimer, LeaseState, PendingAcquire, RawLock, RenewedBy};
+use dlock_api::raw::{
+    Grant, GuardTimer, LeaseState, PendingAcquire, RawLock, RenewedBy, WaitRecovery,
+};
 use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
 };
@@ -369,6 +371,9 @@ impl RedisLock {
         // socket of a paused process.) A grant with a token no higher was made before the server
         // ran the attempt, which found the lock not ours: that grant has already ended.
         let mut last_busy: Option<(Instant, u64)> = None;
+        let config = &self.inner.config;
+        let mut recovery =
+            WaitRecovery::new(config.connect_timeout.max(config.command_timeout * 3));
         loop {
             let notified = waiting.notified();
             tokio::pin!(notified);
@@ -397,9 +402,30 @@ impl RedisLock {
                 // the server (the lock is still ours: the lease it has left, counted from this
                 // request; it is not: we wait on).
             }
-            waiting.ensure_subscribed().await?;
+            // A connection killed under a step of the wait (a proxy reset, `CLIENT KILL`) is
+            // reconnected and the step asked again: each is safe to repeat (the acquire script
+            // answers a caller that holds the lock with its grant). Only a server that stays
+            // unreachable ends the wait early.
+            if let Err(error) = waiting.ensure_subscribed().await {
+                recovery
+                    .pause_or_give_up(error, options.retry(), deadline)
+                    .await?;
+                continue;
+            }
             let sent = Instant::now();
-            let pttl = match self.attempt(name, &keys, &owner, options, true).await? {
+            let attempt = match self.attempt(name, &keys, &owner, options, true).await {
+                Ok(attempt) => {
+                    recovery.reached_server();
+                    attempt
+                }
+                Err(error) => {
+                    recovery
+                        .pause_or_give_up(error, options.retry(), deadline)
+                        .await?;
+                    continue;
+                }
+            };
+            let pttl = match attempt {
                 Attempt::Granted(grant) => {
                     pending.disarm();
                     return Ok(Some(grant));

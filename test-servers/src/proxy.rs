@@ -244,6 +244,15 @@ impl FaultProxy {
         self.shared.refused.load(Ordering::SeqCst)
     }
 
+    /// The bytes of replies [`ProxyMode::HoldReplies`] holds back now, over every open
+    /// connection: a test waits for it to know a request is in flight.
+    pub fn held_bytes(&self) -> usize {
+        self.open_connections()
+            .iter()
+            .map(|conn| lock(&conn.held).len())
+            .sum()
+    }
+
     /// The number of open connections.
     pub fn connections(&self) -> usize {
         self.open_connections().len()

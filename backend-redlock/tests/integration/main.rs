@@ -1,0 +1,10 @@
+//! dlock-redlock's tests, other than the conformance suites, in one test binary: one build and one
+//! link instead of one per file. Each file is a module; `cargo test -p dlock-redlock --test integration
+//! -- faults::` runs one of them.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod faults;
+mod handoff;
+mod inspect;

@@ -1,0 +1,16 @@
+//! `dlock bench`'s raw floors against a real etcd member: create + guarded delete pairs, the
+//! hand-off through a synced watch on the predecessor, and many tasks on one client.
+
+use crate::common;
+
+use dlock_test_servers::Etcd;
+
+#[test]
+fn bench_measures_every_raw_floor_of_etcd() {
+    let etcd = Etcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let report = common::bench(&format!("etcd://{}", etcd.addr()));
+    common::assert_every_floor_measured(
+        &report,
+        "guarded delete, then the waiter's watch (from the read's revision + 1) fires",
+    );
+}

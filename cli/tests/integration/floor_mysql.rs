@@ -1,0 +1,26 @@
+//! `dlock bench`'s raw floors against a real MariaDB: `GET_LOCK` + `RELEASE_LOCK` pairs on a
+//! held connection, the same pairs taking a token from a sequence, the server queue handing a
+//! blocking `GET_LOCK` on, and many tasks on a pool as large as dlock's.
+
+use crate::common;
+
+use dlock_test_servers::MariaDb;
+
+#[test]
+fn bench_measures_every_raw_floor_of_mysql() {
+    let server = MariaDb::start().unwrap_or_else(|e| panic!("{e}"));
+    let report = common::bench(&server.url());
+    common::assert_every_floor_measured(
+        &report,
+        "RELEASE_LOCK, then the next blocking GET_LOCK answers (raw connections contending as dlock's clients do)",
+    );
+    common::assert_fenced_floor_measured(&report);
+    // The fenced floor's sequences are dropped after each measurement.
+    let left = server
+        .query(
+            "SELECT table_name FROM information_schema.tables \
+             WHERE table_name LIKE 'dlock\\_fence\\_floor%'",
+        )
+        .unwrap();
+    assert!(left.trim().is_empty(), "left behind: {left}");
+}
