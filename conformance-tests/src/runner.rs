@@ -220,9 +220,18 @@ fn not_run(case: &Case, reason: &'static str) -> Trial {
     .with_ignored_flag(true)
 }
 
+/// Cases at once when neither `--test-threads` nor `RUST_TEST_THREADS` says: most of a case is
+/// waiting (for a lease to run out, a server to answer), so four keep a 2-core machine busy
+/// without starving it, as `dlock conformance` runs them ([`run_all`]). libtest's default, one per
+/// core, left the suites mostly idle.
+const CASES_AT_ONCE: usize = 4;
+
 /// Runs the trials the command line's filters select, as libtest would.
 fn run_selected(line: &CommandLine, trials: Vec<Trial>) -> Conclusion {
-    let arguments = line.arguments_for(trials.iter().map(Trial::name));
+    let mut arguments = line.arguments_for(trials.iter().map(Trial::name));
+    if arguments.test_threads.is_none() && std::env::var_os("RUST_TEST_THREADS").is_none() {
+        arguments.test_threads = Some(CASES_AT_ONCE);
+    }
     libtest_mimic::run(&arguments, trials)
 }
 
@@ -359,7 +368,7 @@ pub async fn run_all(harness: Arc<dyn Harness>, filters: &[String]) -> Result<Re
                 }
             }
         })
-        .buffered(4)
+        .buffered(CASES_AT_ONCE)
         .collect()
         .await;
     Ok(Report { cases: results })
