@@ -24,7 +24,7 @@ use crate::tls::{SslMode, set_certificate_option};
 /// | `keepalive` | `1s` | how often a session connection is pinged: the bound on noticing a killed or broken session |
 /// | `session_timeout` | `30s` | `SET SESSION wait_timeout`: the server drops a connection silent for this long, freeing its locks (the bound for a half-open connection of a vanished client); must exceed `keepalive` |
 /// | `table` | `dlock_fence` | the fencing counter table on MySQL; on MariaDB the fencing sequence is this name with `_seq` (`name` or `database.name`) |
-/// | `fencing` | `true` | fencing tokens (a sequence on MariaDB, a counter table on MySQL); `false`: plain `GET_LOCK`, every token 0, no table |
+/// | `fencing` | `true` | fencing tokens (a sequence on MariaDB, a counter table on MySQL); `table`: the counter table on MariaDB too (a token per name, which `inspect` reports, at a row write per acquire); `false`: plain `GET_LOCK`, every token 0, no table |
 /// | `create_table` | `true` | create the table (or sequence) on first use; `false`: call [`MySqlLock::migrate`](crate::MySqlLock::migrate) or create it yourself |
 /// | `prefix` | *(empty)* | prepended to every `GET_LOCK` key, to keep dlock's names apart from other users of named locks on the server |
 /// | `socket` | none | path of the server's Unix socket: connect through it instead of TCP (host and port are then only for display) |
@@ -62,6 +62,8 @@ pub struct MySqlConfig {
     pub table: String,
     /// Issue fencing tokens (a counter row per key).
     pub fencing: bool,
+    /// Take tokens from the counter table even where the server has sequences (`fencing=table`).
+    pub fence_table: bool,
     /// Create the fencing table on first use.
     pub create_table: bool,
     /// Prefix of every `GET_LOCK` key.
@@ -90,6 +92,7 @@ impl Default for MySqlConfig {
             session_timeout: Duration::from_secs(30),
             table: "dlock_fence".into(),
             fencing: true,
+            fence_table: false,
             create_table: true,
             prefix: String::new(),
             socket: None,
@@ -187,7 +190,18 @@ impl MySqlConfig {
                 self.table = value.to_owned();
             }
             "create_table" => self.create_table = bool_option(BACKEND, key, value)?,
-            "fencing" => self.fencing = bool_option(BACKEND, key, value)?,
+            "fencing" if value.eq_ignore_ascii_case("table") => {
+                self.fencing = true;
+                self.fence_table = true;
+            }
+            "fencing" => {
+                self.fencing = bool_option(BACKEND, key, value).map_err(|_| {
+                    config_error(format!(
+                        "option `fencing` takes true, false or table, not `{value}`"
+                    ))
+                })?;
+                self.fence_table = false;
+            }
             "prefix" => {
                 if value.len() > MAX_PREFIX
                     || !value.chars().all(|c| c.is_ascii_graphic() && c != '~')
@@ -356,6 +370,9 @@ mod tests {
                 .unwrap()
                 .fencing
         );
+        let table = MySqlConfig::from_url("mysql://h/db?fencing=table").unwrap();
+        assert!(table.fencing && table.fence_table);
+        assert!(MySqlConfig::from_url("mysql://h/db?fencing=rows").is_err());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use sqlx::{ConnectOptions, Connection, Executor, Row};
 use crate::BACKEND;
 use crate::config::{MySqlConfig, config_error};
 use crate::error::{is_connection_error, map_err};
-use crate::sql::{Cmd, Fence, HELLO, Reply, Sql, exec, raise_sequence};
+use crate::sql::{Cmd, FENCE_RETENTION, Fence, HELLO, Reply, Sql, exec, raise_sequence};
 use crate::tls;
 
 impl MySqlConfig {
@@ -52,6 +52,8 @@ pub(crate) struct MySqlDriver {
     init: String,
     /// Where tokens come from: decided by the first connection's server.
     fence: OnceLock<Fence>,
+    /// When this client last swept old counter rows (`None`: not yet).
+    last_sweep: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl MySqlDriver {
@@ -62,6 +64,7 @@ impl MySqlDriver {
             connect: config.connect_options()?.statement_cache_capacity(16),
             config,
             fence: OnceLock::new(),
+            last_sweep: std::sync::Mutex::new(None),
         })
     }
 
@@ -100,6 +103,21 @@ impl MySqlDriver {
             fence: self.fence(),
             create_table: self.config.create_table,
         }
+    }
+
+    /// Whether this release should sweep the counter table (claiming the sweep if so): on the
+    /// counter-row fence, at the first release and then once per [`FENCE_RETENTION`].
+    fn sweep_due(&self) -> bool {
+        if self.fence() != Fence::Row || !self.config.fencing {
+            return false;
+        }
+        let now = tokio::time::Instant::now();
+        let mut last = self.last_sweep.lock().unwrap_or_else(|e| e.into_inner());
+        let due = last.is_none_or(|at| now.saturating_duration_since(at) >= FENCE_RETENTION);
+        if due {
+            *last = Some(now);
+        }
+        due
     }
 
     /// Creates the fencing table, or sequence, on a connection of its own.
@@ -166,9 +184,9 @@ impl SessionDriver for MySqlDriver {
         let server_id = row.try_get::<i64, _>(0).map_err(map_err)?;
         let version = row.try_get::<String, _>(1).map_err(map_err)?;
         let now_micros = row.try_get::<u64, _>(2).map_err(map_err)?;
-        let fence = *self
-            .fence
-            .get_or_init(|| Fence::for_server(self.config.fencing, &version));
+        let fence = *self.fence.get_or_init(|| {
+            Fence::for_server(self.config.fencing, self.config.fence_table, &version)
+        });
         if fence == Fence::Sequence {
             raise_sequence(&mut conn, &self.sql, now_micros, self.config.create_table)
                 .await
@@ -207,11 +225,28 @@ impl SessionDriver for MySqlDriver {
         conn: &mut MySqlConnection,
         key: &Arc<str>,
     ) -> Result<bool, DriverError> {
-        match self.run(conn, &Cmd::Release { key: key.clone() }).await? {
+        let released = match self.run(conn, &Cmd::Release { key: key.clone() }).await? {
             // 0: another connection holds it; NULL: nobody does. Either way not ours.
-            Reply::Released(released) => Ok(released == Some(1)),
-            other => Err(unexpected(other)),
+            Reply::Released(released) => released == Some(1),
+            other => return Err(unexpected(other)),
+        };
+        if self.sweep_due() {
+            // Counter rows of names no longer used go here, a few at a time, at most once per
+            // retention per client: off the acquire path, and never failing the release.
+            match self.run(conn, &Cmd::SweepFence).await {
+                Ok(Reply::Swept(rows)) if rows > 0 => {
+                    tracing::debug!(
+                        rows,
+                        "dlock mysql: deleted counter rows past their retention"
+                    );
+                }
+                Ok(_) => {}
+                Err(failure) => {
+                    tracing::debug!(error = %failure.error, "dlock mysql: the counter sweep failed");
+                }
+            }
         }
+        Ok(released)
     }
 
     async fn ping(&self, conn: &mut MySqlConnection) -> Result<(), DriverError> {

@@ -93,9 +93,12 @@
 //! [`MySqlLock::migrate`]) with `CACHE 1000`: it writes its table once per 1000 tokens. Every
 //! connection raises it to the server's clock in µs when it opens (`SETVAL` never lowers it), so
 //! tokens rise across clients, restarts and crashes that lost its last reservation, as long as
-//! the server's clock does not go back. On MySQL, the table `dlock_fence (name VARBINARY(255)
-//! PRIMARY KEY, token BIGINT UNSIGNED)`: one row per key ever locked; a token is
-//! `max(previous + 1, server clock in µs)`.
+//! the server's clock does not go back. On MySQL (and with `fencing=table`, on MariaDB too), the
+//! table `dlock_fence (name VARBINARY(255) PRIMARY KEY, token BIGINT UNSIGNED)`: a row per key
+//! locked; a token is `max(previous + 1, server clock in µs)`. A row whose token the server's
+//! clock passed ten minutes ago is deleted by a client's release (its first, then one sweep of at
+//! most 1000 rows per ten minutes): the name's next token, the clock again, is still above it, so
+//! a lock per order id does not grow the table for ever.
 //!
 //! ## Performance
 //! `dlock bench --backend mysql://… --rounds 3` measures dlock against the raw protocol floor in

@@ -22,10 +22,14 @@ pub(crate) enum Fence {
 }
 
 impl Fence {
-    /// The token source for a server whose `VERSION()` is `version`.
-    pub(crate) fn for_server(fencing: bool, version: &str) -> Self {
+    /// The token source for a server whose `VERSION()` is `version`; `table` asks for the
+    /// counter table whatever the server.
+    pub(crate) fn for_server(fencing: bool, table: bool, version: &str) -> Self {
         if !fencing {
             return Self::Off;
+        }
+        if table {
+            return Self::Row;
         }
         let mut numbers = version.split(['.', '-']).map(|n| n.parse::<u32>().ok());
         let major_minor = (numbers.next().flatten(), numbers.next().flatten());
@@ -66,7 +70,20 @@ pub(crate) struct Sql {
     release: &'static str,
     /// The fencing table.
     create: String,
+    /// Deletes up to [`SWEEP_ROWS`] counter rows whose token is older than the server's clock by
+    /// more than [`FENCE_RETENTION`]. Parameter: that retention in µs.
+    sweep: String,
 }
+
+/// How long a counter row outlives the token it holds. Every token is at least the server's
+/// clock in µs when it was taken, so once the clock has passed a row's token by this much, a
+/// fresh row for the name (the clock again) still gives a higher token: the row can go, and a
+/// name used once leaves nothing behind for good. Far beyond any burst that pushes a name's
+/// tokens past the clock (one per µs), and any step of the server's clock a lock can live with.
+pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(600);
+
+/// Rows one sweep deletes at most, so that it locks few rows, briefly.
+pub(crate) const SWEEP_ROWS: u32 = 1000;
 
 const NOW_MICROS: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED)";
 
@@ -88,6 +105,7 @@ impl Sql {
             sequence,
             acquire_plain: "SELECT GET_LOCK(?, ?)",
             release: "SELECT RELEASE_LOCK(?)",
+            sweep: format!("DELETE FROM {table} WHERE token < {NOW_MICROS} - ? LIMIT {SWEEP_ROWS}"),
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {table} (\
                  name VARBINARY(255) NOT NULL PRIMARY KEY, \
@@ -163,6 +181,8 @@ pub(crate) enum Cmd {
     KillQuery(u64),
     /// Creates the fencing table (or sequence) if missing.
     CreateTable(Fence),
+    /// Deletes counter rows past [`FENCE_RETENTION`].
+    SweepFence,
 }
 
 /// What a command returned.
@@ -172,6 +192,8 @@ pub(crate) enum Reply {
     Acquired(Option<u64>),
     /// `RELEASE_LOCK`'s value: `Some(1)` released, `Some(0)` another connection's, `None` no such lock.
     Released(Option<i64>),
+    /// Rows deleted.
+    Swept(u64),
     /// Done.
     Done,
 }
@@ -279,6 +301,14 @@ pub(crate) async fn exec(conn: &mut MySqlConnection, sql: &Sql, cmd: &Cmd) -> sq
             raise_sequence(conn, sql, now, true).await?;
             Ok(Reply::Done)
         }
+        Cmd::SweepFence => {
+            let retention = u64::try_from(FENCE_RETENTION.as_micros()).unwrap_or(u64::MAX);
+            let done = sqlx::query(&sql.sweep)
+                .bind(retention)
+                .execute(&mut *conn)
+                .await?;
+            Ok(Reply::Swept(done.rows_affected()))
+        }
         Cmd::CreateTable(_) => {
             conn.execute(sqlx::raw_sql(&sql.create)).await?;
             Ok(Reply::Done)
@@ -293,16 +323,26 @@ mod tests {
     #[test]
     fn mariadb_since_10_3_fences_with_a_sequence() {
         assert_eq!(
-            Fence::for_server(true, "10.11.6-MariaDB-0+deb12u1"),
+            Fence::for_server(true, false, "10.11.6-MariaDB-0+deb12u1"),
             Fence::Sequence
         );
-        assert_eq!(Fence::for_server(true, "11.4.2-MariaDB"), Fence::Sequence);
         assert_eq!(
-            Fence::for_server(true, "10.3.39-MariaDB-log"),
+            Fence::for_server(true, false, "11.4.2-MariaDB"),
             Fence::Sequence
         );
-        assert_eq!(Fence::for_server(true, "10.2.44-MariaDB"), Fence::Row);
-        assert_eq!(Fence::for_server(true, "8.0.36"), Fence::Row);
-        assert_eq!(Fence::for_server(false, "10.11.6-MariaDB"), Fence::Off);
+        assert_eq!(
+            Fence::for_server(true, false, "10.3.39-MariaDB-log"),
+            Fence::Sequence
+        );
+        assert_eq!(
+            Fence::for_server(true, false, "10.2.44-MariaDB"),
+            Fence::Row
+        );
+        assert_eq!(Fence::for_server(true, false, "8.0.36"), Fence::Row);
+        assert_eq!(
+            Fence::for_server(false, false, "10.11.6-MariaDB"),
+            Fence::Off
+        );
+        assert_eq!(Fence::for_server(true, true, "10.11.6-MariaDB"), Fence::Row);
     }
 }

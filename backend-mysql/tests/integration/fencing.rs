@@ -118,3 +118,81 @@ async fn clients_starting_at_once_all_create_the_fence() {
     tokens.dedup();
     assert_eq!(tokens.len(), 8, "two grants shared a token: {tokens:?}");
 }
+
+/// The counter table (`fencing=table`, MySQL's own fence) does not grow for ever with names used
+/// once, a lock per order id: a row whose token the server's clock passed ten minutes ago is
+/// deleted by a client's next release (its first, then once per ten minutes), and the name's next
+/// token is still above it. Rows of recent tokens stay. The table's tokens are per name, so
+/// `inspect` reports the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_rows_of_names_gone_quiet_are_swept_and_tokens_still_rise() {
+    let server = tokio::task::block_in_place(common::own_server);
+    let url = format!("{}?fencing=table", server.url());
+    let locks = MySqlLock::connect_url(&url).await.unwrap();
+    // The first client creates the table; its first release sweeps nothing yet.
+    let first = LockName::new("dlock-test/fencing/first").unwrap();
+    locks
+        .acquire(&first, &LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Orders of an hour ago: 500 names used once, their rows' tokens the clock then.
+    let mut conn = common::raw(&server.url()).await;
+    let names: Vec<LockName> = (0..500)
+        .map(|i| LockName::new(format!("dlock-test/fencing/order-{i}")).unwrap())
+        .collect();
+    for name in &names {
+        conn.execute(
+            sqlx::query(
+                "INSERT INTO dlock_fence (name, token) \
+                 VALUES (?, CAST((UNIX_TIMESTAMP(NOW(6)) - 3600) * 1000000 AS UNSIGNED))",
+            )
+            .bind(locks.key(name)),
+        )
+        .await
+        .unwrap();
+    }
+    assert_eq!(rows(&mut conn).await, 501);
+    let old: u64 = conn
+        .fetch_one("SELECT MAX(token) FROM dlock_fence WHERE name LIKE '%order-%'")
+        .await
+        .unwrap()
+        .get(0);
+
+    // A new client's first release sweeps; the row of the name it just used stays.
+    let sweeper = MySqlLock::connect_url(&url).await.unwrap();
+    let recent = LockName::new("dlock-test/fencing/recent").unwrap();
+    let guard = sweeper.acquire(&recent, &LockOptions::new()).await.unwrap();
+    let inspected = sweeper.inspect(&recent).await.unwrap();
+    assert_eq!(
+        inspected.token,
+        Some(guard.fencing_token()),
+        "the counter table keeps each name's token"
+    );
+    guard.release().await.unwrap();
+    assert_eq!(
+        rows(&mut conn).await,
+        2,
+        "only the rows of the two names used just now are left"
+    );
+    // A swept name starts again from the clock: above every token it had.
+    let again = sweeper
+        .acquire(&names[0], &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(
+        again.fencing_token().get() > old,
+        "token {} after a swept row's {old}",
+        again.fencing_token()
+    );
+    again.release().await.unwrap();
+}
+
+async fn rows(conn: &mut sqlx::MySqlConnection) -> i64 {
+    conn.fetch_one("SELECT COUNT(*) FROM dlock_fence")
+        .await
+        .unwrap()
+        .get::<i64, _>(0)
+}
