@@ -19,6 +19,8 @@ pub(crate) fn map_err(error: RedisError) -> LockError {
         || error.is_connection_dropped()
         || error.is_connection_refusal()
         || error.is_cluster_error()
+        // A Cluster client that reaches no node at all (every node down) says so this way.
+        || matches!(error.kind(), redis::ErrorKind::ClusterConnectionNotFound)
         || matches!(
             error.code(),
             Some("READONLY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN")

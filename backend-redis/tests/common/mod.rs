@@ -18,6 +18,8 @@ pub struct RedisHarness {
 }
 
 const SINGLE_URL_VAR: &str = "DLOCK_TEST_REDIS_URL";
+const SENTINEL_URL_VAR: &str = "DLOCK_TEST_REDIS_SENTINEL_URL";
+const CLUSTER_URL_VAR: &str = "DLOCK_TEST_REDIS_CLUSTER_URL";
 
 fn joined(addrs: &[std::net::SocketAddr]) -> String {
     addrs
@@ -45,28 +47,23 @@ impl RedisHarness {
 
     /// A primary, a replica and three Sentinels (or `DLOCK_TEST_REDIS_SENTINEL_URL`).
     pub fn sentinel() -> Self {
-        let deployment = Deployment::from_env_or_start(
-            "redis-sentinel",
-            "DLOCK_TEST_REDIS_SENTINEL_URL",
-            || {
-                let sentinel = RedisSentinel::start()?;
-                Ok((sentinel_url(&sentinel), sentinel))
-            },
-        );
+        let deployment = Deployment::from_env_or_start("redis-sentinel", SENTINEL_URL_VAR, || {
+            let sentinel = RedisSentinel::start()?;
+            Ok((sentinel_url(&sentinel), sentinel))
+        });
         Self { deployment }
     }
 
     /// Three primaries, each with a replica (or `DLOCK_TEST_REDIS_CLUSTER_URL`).
     pub fn cluster() -> Self {
-        let deployment =
-            Deployment::from_env_or_start("redis-cluster", "DLOCK_TEST_REDIS_CLUSTER_URL", || {
-                RedisCluster::start().map(|cluster| {
-                    (
-                        format!("redis+cluster://{}", joined(&cluster.addrs())),
-                        cluster,
-                    )
-                })
-            });
+        let deployment = Deployment::from_env_or_start("redis-cluster", CLUSTER_URL_VAR, || {
+            RedisCluster::start().map(|cluster| {
+                (
+                    format!("redis+cluster://{}", joined(&cluster.addrs())),
+                    cluster,
+                )
+            })
+        });
         Self { deployment }
     }
 
@@ -129,22 +126,28 @@ impl Faults for RedisHarness {
     fn supports(&self, fault: Fault) -> bool {
         match fault {
             Fault::KillHolder | Fault::KillWaiters => true,
-            // A single node only: the other topologies have their own failover tests.
-            Fault::OwnServer => self.deployment.url_var() == SINGLE_URL_VAR,
+            // A deployment of the case's own, crashed, restarted and frozen whole.
+            Fault::OwnServer => true,
             // Sentinel and Cluster: each member behind a proxy (see `proxied`).
             Fault::ProxyLink => self.deployment.url_var() != SINGLE_URL_VAR,
-            Fault::Amnesia => self.deployment.url_var() != "DLOCK_TEST_REDIS_CLUSTER_URL",
-            Fault::AmnesiaMitigated => self.deployment.url_var() != "DLOCK_TEST_REDIS_CLUSTER_URL",
+            Fault::Amnesia => self.deployment.url_var() != CLUSTER_URL_VAR,
+            Fault::AmnesiaMitigated => self.deployment.url_var() != CLUSTER_URL_VAR,
             _ => false,
         }
     }
 
-    /// A private redis-server (persistence off, as in the tests' shared one).
+    /// A private redis-server (persistence off, as in the tests' shared one); for Sentinel and
+    /// Cluster, a deployment of the same shape, whose every process the case crashes, restarts
+    /// and freezes at once.
     async fn own_server(&self) -> std::result::Result<OwnServer, String> {
-        OwnServer::start(RedisServer::start, |url| {
-            Arc::new(RedisHarness::at("redis", url, SINGLE_URL_VAR))
-        })
-        .await
+        let (label, url_var) = (self.deployment.label(), self.deployment.url_var());
+        let harness_for =
+            move |url| -> Arc<dyn Harness> { Arc::new(RedisHarness::at(label, url, url_var)) };
+        match url_var {
+            SENTINEL_URL_VAR => OwnServer::start(RedisSentinel::start, harness_for).await,
+            CLUSTER_URL_VAR => OwnServer::start(RedisCluster::start, harness_for).await,
+            _ => OwnServer::start(RedisServer::start, harness_for).await,
+        }
     }
 
     /// A single node: a server of the case's own. Sentinel and Cluster: the shared deployment,
@@ -162,7 +165,7 @@ impl Faults for RedisHarness {
     /// A single node evicts the lock key; a Sentinel deployment fails over to a replica that
     /// never received the grant.
     async fn amnesia(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
-        if self.deployment.url_var() == "DLOCK_TEST_REDIS_SENTINEL_URL" {
+        if self.deployment.url_var() == SENTINEL_URL_VAR {
             Ok(Box::new(amnesia::FailoverWithoutTheGrant::start().await?))
         } else {
             Ok(Box::new(
@@ -174,7 +177,7 @@ impl Faults for RedisHarness {
     /// A single node under `noeviction`, filled up the same way; a Sentinel deployment whose
     /// clients `WAIT` for the replica (`wait_replicas=1`), failed over with the link up.
     async fn amnesia_mitigated(&self) -> std::result::Result<Box<dyn Amnesia>, String> {
-        if self.deployment.url_var() == "DLOCK_TEST_REDIS_SENTINEL_URL" {
+        if self.deployment.url_var() == SENTINEL_URL_VAR {
             Ok(Box::new(
                 amnesia::FailoverWithoutTheGrant::start_mitigated().await?,
             ))

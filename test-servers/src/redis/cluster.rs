@@ -116,3 +116,44 @@ impl RedisCluster {
         self.primaries
     }
 }
+
+/// The whole cluster as one server, for the fault cases that crash, restart and freeze "the
+/// server": every node at once, so that no failover stands in for the fault. Its URL is the
+/// `redis+cluster://` one.
+impl crate::ServerProcess for RedisCluster {
+    fn addr(&self) -> SocketAddr {
+        self.nodes[0].addr()
+    }
+
+    fn url(&self) -> String {
+        let nodes: Vec<String> = self.addrs().iter().map(ToString::to_string).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    fn kill(&self) {
+        for node in &self.nodes {
+            node.kill();
+        }
+    }
+
+    /// Restarts every node (persistence is off: they come back empty, their cluster
+    /// configuration kept) and waits until the cluster is ok again.
+    fn restart(&self) -> Result<()> {
+        for node in &self.nodes {
+            node.restart()?;
+        }
+        self.wait_ok()
+    }
+
+    fn pause(&self) {
+        for node in &self.nodes {
+            node.pause();
+        }
+    }
+
+    fn resume(&self) {
+        for node in &self.nodes {
+            node.resume();
+        }
+    }
+}

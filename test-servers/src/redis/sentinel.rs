@@ -258,6 +258,82 @@ impl RedisSentinel {
     }
 }
 
+/// The whole deployment as one server, for the fault cases that crash, restart and freeze "the
+/// server": every process (primary, replica, Sentinels) at once, so that no failover stands in
+/// for the fault. Its URL is the `redis+sentinel://` one.
+impl crate::ServerProcess for RedisSentinel {
+    fn addr(&self) -> SocketAddr {
+        self.sentinels[0].addr()
+    }
+
+    fn url(&self) -> String {
+        let sentinels: Vec<String> = self
+            .sentinel_addrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        format!(
+            "redis+sentinel://{}/{SENTINEL_MASTER_NAME}",
+            sentinels.join(",")
+        )
+    }
+
+    fn kill(&self) {
+        for server in self.processes() {
+            server.kill();
+        }
+    }
+
+    /// Restarts every process, data nodes first (persistence is off: they come back empty), and
+    /// waits until every Sentinel names one primary that acts as one.
+    fn restart(&self) -> Result<()> {
+        for server in self.processes() {
+            server.restart()?;
+        }
+        wait_for(
+            SENTINEL_KIND,
+            "one primary after the restart",
+            TOPOLOGY_TIMEOUT,
+            || {
+                let mut reported = None;
+                for sentinel in &self.sentinels {
+                    let reply = sentinel
+                        .command(&["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER_NAME])
+                        .ok()?;
+                    let addr = parse_addr(&reply)?;
+                    if reported.is_some_and(|r| r != addr) {
+                        return None;
+                    }
+                    reported = Some(addr);
+                }
+                let role = redis_command(reported?, &["ROLE"]).ok()?;
+                (role.items().first()?.as_text()? == "master").then_some(())
+            },
+        )
+    }
+
+    fn pause(&self) {
+        for server in self.processes() {
+            server.pause();
+        }
+    }
+
+    fn resume(&self) {
+        for server in self.processes() {
+            server.resume();
+        }
+    }
+}
+
+impl RedisSentinel {
+    /// Every process: the data nodes, then the Sentinels.
+    fn processes(&self) -> impl Iterator<Item = &RedisServer> {
+        [&self.primary, &self.replica]
+            .into_iter()
+            .chain(&self.sentinels)
+    }
+}
+
 fn parse_addr(reply: &Resp) -> Option<SocketAddr> {
     let items = reply.items();
     let host: Ipv4Addr = items.first()?.as_text()?.parse().ok()?;
