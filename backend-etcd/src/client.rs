@@ -14,7 +14,6 @@ use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnResponse};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::BACKEND;
 use crate::config::EtcdConfig;
 use crate::connection::{Conn, Connection};
 use crate::error::{is_lease_not_found, is_unavailable, map_err, timed_out};
@@ -109,7 +108,7 @@ impl Inner {
                 Ok(Err(e)) => return Err(map_err(e)),
                 Err(_) => {
                     return Err(match last {
-                        Some(e) => LockError::unavailable(BACKEND, e),
+                        Some(e) => map_err(e),
                         None => timed_out(inner.config.connect_timeout),
                     });
                 }
@@ -312,6 +311,6 @@ pub(crate) fn lease_gone(error: &LockError) -> bool {
         error,
         LockError::Backend { .. } | LockError::Unavailable { .. }
     ) && error
-        .source_as::<etcd_client::Error>()
-        .is_some_and(is_lease_not_found)
+        .source_as::<crate::error::InOneSentence>()
+        .is_some_and(|said| is_lease_not_found(said.error()))
 }

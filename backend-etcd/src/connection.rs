@@ -46,7 +46,8 @@ impl Conn {
                 etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
                     dlock_api::raw::config::config_error(BACKEND, e.to_string())
                 }
-                e => LockError::unavailable(BACKEND, e),
+                // Whatever else fails a connect (a refused or unreachable member) is an outage.
+                e => LockError::unavailable(BACKEND, crate::error::InOneSentence::new(e)),
             })?;
         Ok(Self {
             client,

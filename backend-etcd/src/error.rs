@@ -8,12 +8,67 @@ use tonic::Code;
 use crate::BACKEND;
 
 pub(crate) fn map_err(error: Error) -> LockError {
-    if is_unavailable(&error) {
-        LockError::unavailable(BACKEND, error)
+    let unavailable = is_unavailable(&error);
+    let said = InOneSentence::new(error);
+    if unavailable {
+        LockError::unavailable(BACKEND, said)
     } else {
-        LockError::backend(BACKEND, error)
+        LockError::backend(BACKEND, said)
     }
 }
+
+/// The client's error said as one sentence: the gRPC status's message and its deepest cause
+/// (`tcp connect error: Connection refused (os error 111)`), where the client's own `Display`
+/// prints the status's code description and its transport error's debug dump. The sentence
+/// says every cause worth printing, so it has no source a printer would add; the client's error
+/// is kept for the code that asks what went wrong ([`error`](Self::error)).
+#[derive(Debug)]
+pub(crate) struct InOneSentence {
+    sentence: String,
+    error: Error,
+}
+
+impl InOneSentence {
+    pub(crate) fn new(error: Error) -> Self {
+        let deepest = |first: &(dyn std::error::Error + 'static)| {
+            let mut cause = first;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            cause.to_string()
+        };
+        let sentence = match &error {
+            Error::GRpcStatus(status) => {
+                let message = status.message();
+                let message = if message.is_empty() {
+                    status.code().description()
+                } else {
+                    message
+                };
+                match std::error::Error::source(status) {
+                    Some(cause) => format!("{message}: {}", deepest(cause)),
+                    None => message.to_owned(),
+                }
+            }
+            Error::TransportError(transport) => deepest(transport),
+            other => other.to_string(),
+        };
+        Self { sentence, error }
+    }
+
+    /// The client's error.
+    pub(crate) fn error(&self) -> &Error {
+        &self.error
+    }
+}
+
+impl std::fmt::Display for InOneSentence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.sentence)
+    }
+}
+
+impl std::error::Error for InOneSentence {}
 
 /// Whether trying again (on another member, or after a pause) may succeed.
 pub(crate) fn is_unavailable(error: &Error) -> bool {

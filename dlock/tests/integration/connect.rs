@@ -186,6 +186,13 @@ async fn a_refused_connection_says_each_cause_once() {
             chain.contains(&format!("unavailable: connecting to {url}: ")),
             "the error does not say where it was connecting to: {chain}"
         );
+        // One sentence a person reads: the cause in words, no driver's `Debug` dump.
+        for dump in ["Os {", "kind: ", "source: ", "code: '", "Error("] {
+            assert!(
+                !chain.contains(dump),
+                "{url}: the error prints a driver's debug text ({dump}): {chain}"
+            );
+        }
     }
 }
 
