@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::EtcdConfig;
 use crate::connection::{Conn, Connection};
 use crate::error::{is_lease_not_found, is_unavailable, map_err, timed_out};
+use crate::held::HeldKeys;
 use crate::keys::KeysInUse;
-use crate::lease::HeldKeys;
 use crate::session::{SessionLease, ShortestLease, grant_lease, ttl_class};
 use crate::watch::Watcher;
 

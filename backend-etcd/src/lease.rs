@@ -1,7 +1,6 @@
 //! `EtcdLease`: one held key. Release deletes it guarded by its create revision; a holder
 //! watches its own key, whose deletion means the lock is lost.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -493,34 +492,8 @@ impl Drop for EtcdLease {
     }
 }
 
-/// A client's held keys, whose watches a new connection starts again.
-#[derive(Debug, Default)]
-pub(crate) struct HeldKeys(Mutex<HashMap<usize, Weak<EtcdLease>>>);
-
-impl HeldKeys {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Weak<EtcdLease>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// By address: a lease leaves before it is freed, so no other can share it meanwhile.
-    fn insert(&self, lease: &Arc<EtcdLease>) {
-        self.lock()
-            .insert(Arc::as_ptr(lease) as usize, Arc::downgrade(lease));
-    }
-
-    fn remove(&self, lease: &EtcdLease) {
-        let removed = self.lock().remove(&(std::ptr::from_ref(lease) as usize));
-        drop(removed);
-    }
-
-    /// Starts on `conn` the watch of every held key whose watch ran on a runtime that stopped
-    /// (or had not started: the timer that starts it may have stopped with that runtime).
-    pub(crate) fn watch_on(&self, conn: &Conn) {
-        let held: Vec<Arc<EtcdLease>> = self.lock().values().filter_map(Weak::upgrade).collect();
-        for lease in &held {
-            lease.watch_on(conn);
-        }
-        // Dropped outside the lock: the last reference's drop takes it.
-        drop(held);
+impl crate::held::Rewatch for EtcdLease {
+    fn rewatch_on(&self, conn: &Conn) {
+        self.watch_on(conn);
     }
 }

@@ -154,6 +154,7 @@ mod client;
 mod config;
 mod connection;
 mod error;
+mod held;
 mod keys;
 mod lease;
 mod lock;

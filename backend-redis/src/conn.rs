@@ -14,13 +14,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, PushInfo, Script, ServerErrorKind};
 
 use crate::config::{RedisConfig, Topology};
-use crate::driven::{Connect, Driven};
+use crate::driven::{Connect, Driven, PushHandler};
 use crate::driver::{self, find_primary, sentinel_client};
 use crate::error::{map_err, timed_out};
 use crate::eviction;
-
-/// Receives every push message (pub/sub messages, disconnections) of the connection.
-pub(crate) type PushHandler = Arc<dyn Fn(PushInfo) + Send + Sync>;
 
 #[derive(Clone)]
 pub(crate) enum Conn {

@@ -5,7 +5,8 @@ use dlock_api::{LockError, Result};
 
 use crate::BACKEND;
 use crate::config::{RedisConfig, Topology};
-use crate::conn::{Conn, PushHandler};
+use crate::conn::Conn;
+use crate::driven::PushHandler;
 use crate::eviction::{self, MemorySettings};
 
 /// Connects as `config` says, refuses a Cluster node named as a single server, and judges

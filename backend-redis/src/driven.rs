@@ -20,7 +20,8 @@ use dlock_api::Result;
 use dlock_api::raw::{PerRuntime, RuntimeLife};
 use redis::{PushInfo, PushKind};
 
-use crate::conn::PushHandler;
+/// Receives every push message (pub/sub messages, disconnections) of a connection.
+pub(crate) type PushHandler = std::sync::Arc<dyn Fn(PushInfo) + Send + Sync>;
 
 type Connecting<C> = Pin<Box<dyn Future<Output = Result<C>> + Send>>;
 

@@ -95,7 +95,7 @@ fn text(value: &Value) -> Option<&str> {
 
 impl Wakeups {
     /// The push handler for the connection: it holds the hub weakly, so the hub dies with its client.
-    pub(crate) fn handler(hub: &Arc<Self>) -> crate::conn::PushHandler {
+    pub(crate) fn handler(hub: &Arc<Self>) -> crate::driven::PushHandler {
         let hub: Weak<Self> = Arc::downgrade(hub);
         Arc::new(move |info: PushInfo| {
             if let Some(hub) = hub.upgrade() {
