@@ -101,46 +101,10 @@
 //! a lock per order id does not grow the table for ever.
 //!
 //! ## Performance
-//! `dlock bench --backend mysql://… --rounds 3` measures dlock against the raw protocol floor in
-//! the same run (prepared `GET_LOCK(n,0)` + `RELEASE_LOCK(n)` on one held connection, and a raw
-//! blocking `GET_LOCK` hand-off). With a counter row per acquire (before the sequence, and still on
-//! MySQL), a server with `innodb_flush_log_at_trx_commit=1` (the default) waits for a log flush on
-//! every acquire: 0.09× the floor on a 2-core VM, against 0.78× with `=0`. The sequence takes
-//! that flush off every acquire.
-//!
-//! On MariaDB 10.11 the uncontended pair measured 0.96× the floor on one 2-core VM and 0.86×
-//! [0.85–0.91] on another. On the second, the acquire statement alone, sent from a bare sqlx
-//! connection in alternating 100 ms slices against the raw pair, reached 0.86–0.93×, and the
-//! same statement without `NEXTVAL` 0.98–0.99×, whatever the sequence's engine (InnoDB and
-//! Aria measured alike). Inside a stored procedure's loop a `NEXTVAL` costs the server under
-//! 1 µs; as a statement of its own it costs about 10 µs more than one without it (and each such
-//! statement counts one more `Handler_commit`), so the statement's end, not the counter, seems
-//! to be where the time goes. The cheaper counters the server has are not strict: `UUID_SHORT()`
-//! falls back after a failover to a server with a lower `server_id` or an earlier start, and a
-//! clock-only token falls back when the clock is stepped back.
-//!
-//! On a third VM the pair measured 0.88× [0.87–0.91] with fencing and 0.96× [0.90–0.97] with
-//! `fencing=false`, and with 4 tasks on one client 0.69× against 0.96×: concurrent `NEXTVAL`s
-//! on the one sequence cost more than one does alone (or so it seemed: on a fourth VM, 4 tasks
-//! went from 0.64× to 0.91× once the pool stopped placing a new lock on a connection whose
-//! holder was about to release, with fencing on). Two cheaper-looking strict designs were
-//! measured there and not taken, as the acquire statement on a bare connection against the
-//! plain `GET_LOCK` pair (144–160 µs): with `NEXTVAL` +4–11%; with a token read from a
-//! one-row window table in the same statement (the design that made Postgres's fencing cheap)
-//! +26–36%; with `UUID_SHORT()` alone, which is not strict, +7–9%.
-//!
-//! On a VM with fast round trips (an uncontended pair in about 100 µs), MariaDB 10.11's acquire
-//! statement with `NEXTVAL`, sent from a bare connection in alternating slices with the plain
-//! pair, measured 0.90–0.94× of it, and `dlock bench` put the whole pair at 0.80–0.84× (hand-off
-//! 1.14–1.16×): the client's bookkeeping, shared with Postgres (see `dlock-postgres`), costs
-//! as much again as the fencing there.
-//!
-//! `dlock bench` also measures a **fenced floor** in the same slices: the raw pair with
-//! `SELECT IF(GET_LOCK(n, 0) = 1, NEXTVAL(seq), NULL)` (a sequence of its own with `CACHE 1000`)
-//! in place of the plain `GET_LOCK`, or on MySQL the counter-row statement. On a VM whose
-//! rounds spread ±10–20%, it ran at 0.84–0.95× of the plain pair, and dlock at 0.91–1.01× of it
-//! (0.84–0.92× of the plain pair over seven runs; with 4 and 16 tasks on one client 0.92–0.99×
-//! and 0.90–0.97× of it, against 0.75–0.83× of the plain floor).
+//! `dlock bench --backend mysql://… --rounds 3 --duration 2s` measures this backend against its
+//! raw protocol floor (the driver alone doing the same server work) in the same run, and prints
+//! the ratio. What those runs measured, VM by VM, and what was tried to close the gap, is in the
+//! repository's `BENCHMARKS.md`: numbers of one machine age with it, so they are not kept here.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;

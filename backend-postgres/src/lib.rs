@@ -126,40 +126,10 @@
 //! inside one transaction.
 
 //! ## Performance
-//! `dlock bench --backend postgres://… --rounds 3 --duration 2s` (release build) on 2-core VMs
-//! against PostgreSQL 15, the floor (prepared `pg_try_advisory_lock` + `pg_advisory_unlock` on
-//! one held connection) measured in alternating slices of the same run; medians of three rounds
-//! with [min–max]. Absolute figures on such a VM drift 2–4× with the host's load.
-//!
-//! | measurement | result |
-//! |---|---|
-//! | uncontended pairs vs floor, fence window (the default) | 0.83× [0.83–0.89] and 0.85× [0.82–1.01], p99 248–309 µs |
-//! | the same, `fence_window=0` (a `nextval` on the durable sequence per acquire) | 0.77× [0.75–0.78], p99 920 µs; 0.70× in another run |
-//! | the same, `fencing=false` | 0.86× [0.84–0.91] |
-//! | hand-off p50, 4 clients, 2 ms hold | 1.05–1.17× raw blocking `pg_advisory_lock` |
-//! | many names, one client | 1 task 0.86×, 16 tasks 0.73–0.79× of raw pairs on a pool of 10; on a fifth VM, 1 / 4 / 16 tasks 0.90× / 0.89× / 0.95× (4 tasks 0.56× before the pool counted unlocks as load); on a sixth, 4 tasks 0.72× → 0.86× once each new lock got a connection holding none, up to half the pool (medians of five alternated runs) |
-//!
-//! On that VM an `fsync` takes about 1.5 ms, and a `nextval` on a durable sequence makes every
-//! 32nd acquire wait for one: that was most of what fencing cost (p99 920 µs against 250). The
-//! fence window draws from an unlogged sequence instead and flushes once per million tokens, so
-//! fencing now costs about what `fencing=false` does; what is left between dlock and the floor
-//! is the client (its session pool, guard and lease bookkeeping), with fencing on or off. On an
-//! earlier VM with a faster disk the `nextval` design measured 0.93–0.98×.
-//!
-//! On a VM with fast round trips (an uncontended pair in about 100 µs) the client is all of the
-//! gap: dlock's two statements sent from a bare connection, in alternating slices with the
-//! floor, measured 0.95–1.01×, and the whole pair 0.82–0.86× there (`dlock bench`: 0.77–0.78×,
-//! hand-off 1.07–1.17×). Per pair the client spent about 13 µs more CPU than the floor's (76.6
-//! against 63.1 µs under a profiler, half of it in the kernel on both sides): about half in dlock's
-//! own frames (the acquire and release futures, the session pool's pick and bookkeeping, the
-//! lease), the rest in allocation, the kernel, tokio and sqlx. Counted with callgrind, its
-//! instructions per pair went from 37.1k to 33.1k (the floor's: 18.7k) and its allocations from
-//! 26 to 23 (12) once the lease's cancellation tokens were made on first use, the pool's maps
-//! hashed with foldhash, the acquire span entered only when wanted and the watchdog kept the
-//! name rather than a copy; the pair's time did not move outside the noise. What remains is
-//! spread over the layers that make a lock cancel-safe and shareable (the boxed futures of the
-//! trait objects and of `Detach`, the connection's mutex, the pool's registry), each a few
-//! hundred instructions, and on a cold core each cache miss costs more than the instructions.
+//! `dlock bench --backend postgres://… --rounds 3 --duration 2s` measures this backend against its
+//! raw protocol floor (the driver alone doing the same server work) in the same run, and prints
+//! the ratio. What those runs measured, VM by VM, and what was tried to close the gap, is in the
+//! repository's `BENCHMARKS.md`: numbers of one machine age with it, so they are not kept here.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
