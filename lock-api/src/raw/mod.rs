@@ -1,6 +1,10 @@
 //! The implementor API: how a backend plugs into dlock. Read `ARCHITECTURE.md` at the repository
 //! root for the picture; this is the guide.
 //!
+//! **Stability**: this module is for backend authors, and moves with the backends of the same
+//! release. Until dlock 1.0 it may change in any minor version; an application that only takes
+//! locks never needs it (everything it uses is at the crate root and in the facade).
+//!
 //! ## What a backend supplies
 //! - [`RawLock`]: `try_grant` (one attempt that does not wait) and `wait_grant` (wait on the
 //!   server until granted or a deadline), plus its [`Capabilities`](crate::Capabilities). Both
