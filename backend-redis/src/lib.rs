@@ -43,6 +43,10 @@
 //!   When the acquire's reply never came (a command timeout, a broken connection), its script may
 //!   still run later (a server that stalled runs it when it wakes), so the cancel is retried every
 //!   command timeout until the server answers, for up to the TTL, and run once more after that.
+//!   A waiter whose re-check loses its reply that way (its connection killed under it) does not
+//!   give up: that cleanup owns what the server did for it, so it reconnects and waits on under
+//!   a new owner value, at the end of the queue; only a server that stays unreachable ends the
+//!   wait early.
 //! - **Renewal**: the shared dlock watchdog extends the lease every TTL/3; when the key is gone or
 //!   someone else's, or the server stays unreachable until the lease ends, the guard's `lost`
 //!   fires.

@@ -352,16 +352,16 @@ impl RedisLock {
         options: &LockOptions,
         deadline: Option<Instant>,
         keys: Arc<LockKeys>,
-        owner: Arc<str>,
+        mut owner: Arc<str>,
     ) -> Result<Option<Grant>> {
         let timeout = self.inner.config.command_timeout;
-        let waiting = self
+        let mut waiting = self
             .inner
             .hub
             .register(&self.inner.conn, &keys.channel, &owner, timeout)
             .await?;
         // From here the server may queue us or grant us the lock: a dropped wait must undo both.
-        let pending = self.arm_cleanup(&keys, &owner);
+        let mut pending = self.arm_cleanup(&keys, &owner);
         let refresh = self.presence() / 3;
         let mut backoff = 0;
         // The latest attempt that found the lock busy: when it was sent, and the last token the
@@ -374,7 +374,19 @@ impl RedisLock {
         let config = &self.inner.config;
         let mut recovery =
             WaitRecovery::new(config.connect_timeout.max(config.command_timeout * 3));
+        let mut reply_lost = false;
         loop {
+            if std::mem::take(&mut reply_lost) {
+                owner = owner_token();
+                waiting = self
+                    .inner
+                    .hub
+                    .register(&self.inner.conn, &keys.channel, &owner, timeout)
+                    .await?;
+                pending.disarm();
+                pending = self.arm_cleanup(&keys, &owner);
+                last_busy = None;
+            }
             let notified = waiting.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
@@ -403,9 +415,8 @@ impl RedisLock {
                 // request; it is not: we wait on).
             }
             // A connection killed under a step of the wait (a proxy reset, `CLIENT KILL`) is
-            // reconnected and the step asked again: each is safe to repeat (the acquire script
-            // answers a caller that holds the lock with its grant). Only a server that stays
-            // unreachable ends the wait early.
+            // reconnected and the wait goes on. Only a server that stays unreachable ends it
+            // early.
             if let Err(error) = waiting.ensure_subscribed().await {
                 recovery
                     .pause_or_give_up(error, options.retry(), deadline)
@@ -422,6 +433,10 @@ impl RedisLock {
                     recovery
                         .pause_or_give_up(error, options.retry(), deadline)
                         .await?;
+                    // The attempt's reply was lost, so its cleanup now undoes whatever the
+                    // server did for this owner, a grant a release may give it meanwhile
+                    // included: the wait goes on as a new owner, at the end of the queue.
+                    reply_lost = true;
                     continue;
                 }
             };
