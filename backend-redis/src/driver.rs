@@ -78,13 +78,7 @@ pub async fn members(config: &RedisConfig) -> Result<Members> {
                     .get_multiplexed_async_connection()
                     .await
                     .map_err(map_err)?;
-                let primary: Option<(String, u16)> = redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(master)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(map_err)?;
-                let Some((host, port)) = primary else {
+                let Some(primary) = announced_primary(&mut conn, master).await? else {
                     return Err(LockError::Config {
                         backend: crate::BACKEND,
                         reason: format!("sentinel {first} does not know a master named `{master}`"),
@@ -97,7 +91,7 @@ pub async fn members(config: &RedisConfig) -> Result<Members> {
                         .query_async(&mut conn)
                         .await
                         .map_err(map_err)?;
-                let mut announced = vec![format!("{host}:{port}")];
+                let mut announced = vec![primary];
                 announced.extend(
                     replicas
                         .iter()
@@ -283,6 +277,21 @@ fn client_with_tls(config: &RedisConfig, node: &str, url: String) -> Result<redi
     })
 }
 
+/// Where a Sentinel says the primary `master` is, as the primary announces itself (`host:port`,
+/// before any `nat_map`); `None` when it does not know the name.
+async fn announced_primary(
+    conn: &mut redis::aio::MultiplexedConnection,
+    master: &str,
+) -> Result<Option<String>> {
+    let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
+        .arg("get-master-addr-by-name")
+        .arg(master)
+        .query_async(conn)
+        .await
+        .map_err(map_err)?;
+    Ok(reply.map(|(host, port)| format!("{host}:{port}")))
+}
+
 /// Asks the Sentinels, in order, where the primary `master` is.
 pub(crate) async fn find_primary(
     config: &RedisConfig,
@@ -297,19 +306,10 @@ pub(crate) async fn find_primary(
                 .get_multiplexed_async_connection()
                 .await
                 .map_err(map_err)?;
-            let reply: Option<(String, u16)> = redis::cmd("SENTINEL")
-                .arg("get-master-addr-by-name")
-                .arg(master)
-                .query_async(&mut conn)
-                .await
-                .map_err(map_err)?;
-            Ok::<_, LockError>(reply)
+            announced_primary(&mut conn, master).await
         };
         match tokio::time::timeout(config.connect_timeout, asked).await {
-            Ok(Ok(Some((host, port)))) => {
-                let announced = format!("{host}:{port}");
-                return Ok(config.reachable(&announced).to_owned());
-            }
+            Ok(Ok(Some(announced))) => return Ok(config.reachable(&announced).to_owned()),
             // A Sentinel just replaced may not monitor the master yet: ask the next.
             Ok(Ok(None)) => {
                 unknown = Some(LockError::Config {
