@@ -20,9 +20,9 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use dlock_api::Result;
 use dlock_api::raw::time::after;
-use dlock_api::raw::{LeaseState, Scheduled};
-use dlock_api::{LostReason, Result};
+use dlock_api::raw::{HeldCheck, HeldWatchTiming, LeaseState, Scheduled, watch_held};
 use tokio::time::Instant;
 
 use crate::client::Inner;
@@ -32,11 +32,12 @@ use crate::wake::Watching;
 /// How long a lock is held before its holder watches it, as etcd's and ZooKeeper's holders do.
 pub(crate) const WATCH_HELD_AFTER: Duration = Duration::from_millis(250);
 
-/// How often a watch marks the fence again: well within the ten minutes a mark lives.
-const MARK_AGAIN_EVERY: Duration = Duration::from_secs(120);
-
-/// How soon a watch whose check failed (no answer, a reconnect) checks again.
-const CHECK_AGAIN_AFTER: Duration = Duration::from_millis(200);
+/// A watch marks the fence again well within the ten minutes a mark lives, and checks again
+/// soon after a check that failed (no answer, a reconnect).
+const TIMING: HeldWatchTiming = HeldWatchTiming {
+    again_every: Duration::from_secs(120),
+    retry_after: Duration::from_millis(200),
+};
 
 /// What a holder hands its watch.
 pub(crate) struct HeldLock {
@@ -79,38 +80,15 @@ async fn watch(client: Weak<Inner>, held: HeldLock) {
                 tokio::select! {
                     _ = held.state.closed() => return,
                     _ = held.state.lost_token().cancelled() => return,
-                    _ = tokio::time::sleep(CHECK_AGAIN_AFTER) => {}
+                    _ = tokio::time::sleep(TIMING.retry_after) => {}
                 }
             }
         }
     };
-    loop {
-        let notified = watching.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let again_at = match check(&client, &watching, &held).await {
-            Ok(true) => after(Instant::now(), MARK_AGAIN_EVERY),
-            Ok(false) => {
-                if !held.state.is_closed() {
-                    held.state.mark_lost(LostReason::TakenOver);
-                }
-                return;
-            }
-            Err(error) => {
-                tracing::debug!(key = %held.keys.lock, %error, "redis: the watch of a held lock could not check it; trying again");
-                after(Instant::now(), CHECK_AGAIN_AFTER)
-            }
-        };
-        if client.strong_count() == 0 {
-            return;
-        }
-        tokio::select! {
-            _ = held.state.closed() => return,
-            _ = held.state.lost_token().cancelled() => return,
-            _ = &mut notified => {}
-            _ = tokio::time::sleep_until(again_at) => {}
-        }
-    }
+    watch_held(&held.state, watching.wake(), TIMING, || {
+        check(&client, &watching, &held)
+    })
+    .await;
 }
 
 fn watching(inner: &Inner, conn: &crate::conn::Conn, held: &HeldLock) -> Watching {
@@ -126,11 +104,11 @@ fn watching(inner: &Inner, conn: &crate::conn::Conn, held: &HeldLock) -> Watchin
 }
 
 /// Subscribes (a no-op while subscribed), then marks the fence if the lock is still this
-/// holder's: false if it is not.
-async fn check(client: &Weak<Inner>, watching: &Watching, held: &HeldLock) -> Result<bool> {
+/// holder's.
+async fn check(client: &Weak<Inner>, watching: &Watching, held: &HeldLock) -> Result<HeldCheck> {
     watching.ensure_subscribed().await?;
     let Some(inner) = client.upgrade() else {
-        return Ok(true);
+        return Ok(HeldCheck::Stop);
     };
     let marked: i64 = inner
         .conn
@@ -141,5 +119,9 @@ async fn check(client: &Weak<Inner>, watching: &Watching, held: &HeldLock) -> Re
             &[&held.owner, &inner.held_by.client],
         )
         .await?;
-    Ok(marked == 1)
+    Ok(if marked == 1 {
+        HeldCheck::Held
+    } else {
+        HeldCheck::Gone
+    })
 }

@@ -20,6 +20,9 @@ pub struct LockKeys {
     /// `PREFIX:{NAME}:released-by`: who released the lock last, for a minute, on a Sentinel or
     /// a Cluster, where a release may reach the server twice.
     pub released_by: String,
+    /// `PREFIX:{NAME}:watch`: on Redlock's nodes, `CLIENT OWNER` of a holder that listens for
+    /// its key being taken over (`node.rs`).
+    pub watch: String,
 }
 
 impl LockKeys {
@@ -56,6 +59,7 @@ impl LockKeys {
             waiters: suffixed(":waiters"),
             channel: suffixed(":released"),
             released_by: suffixed(":released-by"),
+            watch: suffixed(":watch"),
             lock,
         }
     }

@@ -16,6 +16,9 @@
 //!   does it only while `owner` still holds the lock there;
 //! - [`Node::subscribe`]: listen to a name's channel; messages and lost connections reach the
 //!   handler given to [`Node::connect_with_events`];
+//! - [`Node::watch_held`]: mark a held lock as watched by its holder, whom [`Node::try_lock`]
+//!   then tells ([`NodeEvent::HolderLost`] on [`Node::held_by_channel`]) when it takes the lock
+//!   after the holder's key went (expired, deleted, lost with a restart);
 //! - [`Node::line_check`]: join the name's waiting line, or keep one's place in it, and learn
 //!   whether one is first; [`Node::line_leave`]: leave it.
 //!
@@ -38,8 +41,11 @@ use crate::conn::Conn;
 use crate::keys::LockKeys;
 use crate::scripts::{
     EXTEND, FENCE_KEEP_MS, INSPECT, NODE_ACQUIRE, NODE_LINE_CHECK, NODE_RAISE_FENCE,
-    NODE_RAISE_FENCE_HELD, NODE_RELEASE, NODE_RELEASE_ANNOUNCED,
+    NODE_RAISE_FENCE_HELD, NODE_RELEASE, NODE_RELEASE_ANNOUNCED, NODE_WATCH_HELD,
 };
+
+/// What a takeover tells a watching holder on its client's channel: `lost OWNER`.
+const HOLDER_LOST: &str = "lost ";
 
 /// A connection to one Redis node (or Sentinel-managed primary) and its lock primitives.
 pub struct Node {
@@ -53,6 +59,9 @@ pub struct Node {
     raise_held: Script,
     inspect: Script,
     line_check: Script,
+    watch_held: Script,
+    /// `PREFIX:held-by:`: a client's watch channel is this and its id.
+    held_by: String,
 }
 
 /// What a node tells its event handler ([`Node::connect_with_events`]).
@@ -65,6 +74,13 @@ pub enum NodeEvent<'a> {
         channel: &'a str,
         /// The message.
         payload: &'a str,
+    },
+    /// A holder watching its lock ([`Node::watch_held`]) lost its key on this node: someone
+    /// took the lock after the key went. Sent on [`Node::held_by_channel`] of the holder's
+    /// client.
+    HolderLost {
+        /// The watching holder's owner value.
+        owner: &'a str,
     },
     /// The connection was lost: messages sent meanwhile were missed. The connection comes back
     /// by itself and subscribes again.
@@ -206,7 +222,8 @@ fn unexpected_acquire(reply: &impl std::fmt::Debug) -> LockError {
 /// [`Counting::EveryAttempt`]'s acquire: `SET NX PX GET` (nil when it set the key, else the
 /// holder's value: Redis 7.0 takes `NX` with `GET`), `SET NX PX` of the counter at `floor` (a
 /// counter that does not exist starts there, for ten minutes), `INCR` (which keeps its
-/// expiry), `PTTL`.
+/// expiry), `PTTL`, and the watch mark (`GET`: read after the `SET`, so when it took the lock
+/// the mark is a former holder's, whom [`Node::try_lock`] then tells).
 fn acquire_pipeline(keys: &LockKeys, owner: &str, ttl_ms: &str, floor: &str) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.cmd("SET")
@@ -226,7 +243,9 @@ fn acquire_pipeline(keys: &LockKeys, owner: &str, ttl_ms: &str, floor: &str) -> 
         .cmd("INCR")
         .arg(&keys.fence)
         .cmd("PTTL")
-        .arg(&keys.lock);
+        .arg(&keys.lock)
+        .cmd("GET")
+        .arg(&keys.watch);
     pipe
 }
 
@@ -244,17 +263,21 @@ impl NodeAttempt {
         }
     }
 
-    /// The answer of [`acquire_pipeline`] ([`Counting::EveryAttempt`]).
-    fn from_pipeline(replies: &[Value]) -> Result<Self> {
+    /// The answer of [`acquire_pipeline`] ([`Counting::EveryAttempt`]), and the watch mark of
+    /// the holder whose key it took over, if any.
+    fn from_pipeline(replies: &[Value]) -> Result<(Self, Option<&str>)> {
         match replies {
-            [Value::Nil, Value::Int(token), _] if *token > 0 => Ok(Self::taken(*token)),
+            [Value::Nil, Value::Int(token), _, mark] if *token > 0 => {
+                Ok((Self::taken(*token), text(mark)))
+            }
             // The holder the `SET` found, and its lease read right after (`-2`: it released in
             // between; `-1`: a key without TTL, not dlock's).
             [
                 holder @ Value::BulkString(_),
                 Value::Int(_),
                 Value::Int(pttl),
-            ] => Ok(Self::busy(holder, *pttl)),
+                _,
+            ] => Ok((Self::busy(holder, *pttl), None)),
             _ => Err(unexpected_acquire(&replies)),
         }
     }
@@ -309,13 +332,20 @@ impl Node {
         config: RedisConfig,
         events: NodeEventHandler,
     ) -> Result<Self> {
+        let held_by = format!("{}:held-by:", config.prefix);
+        let watch_prefix = held_by.clone();
         let push = Arc::new(move |info: PushInfo| match info.kind {
             PushKind::Message | PushKind::SMessage => {
                 if let (Some(channel), Some(payload)) = (
                     info.data.first().and_then(text),
                     info.data.get(1).and_then(text),
                 ) {
-                    events(NodeEvent::Message { channel, payload });
+                    match payload.strip_prefix(HOLDER_LOST) {
+                        Some(owner) if channel.starts_with(&watch_prefix) => {
+                            events(NodeEvent::HolderLost { owner })
+                        }
+                        _ => events(NodeEvent::Message { channel, payload }),
+                    }
                 }
             }
             PushKind::Disconnection => events(NodeEvent::Disconnected),
@@ -333,6 +363,8 @@ impl Node {
             raise_held: Script::new(NODE_RAISE_FENCE_HELD),
             inspect: Script::new(INSPECT),
             line_check: Script::new(NODE_LINE_CHECK),
+            watch_held: Script::new(NODE_WATCH_HELD),
+            held_by,
         })
     }
 
@@ -412,8 +444,8 @@ impl Node {
                     .run_script(
                         timeout,
                         &self.acquire,
-                        &[&keys.lock, &keys.fence],
-                        &[owner, &ttl_ms, &floor],
+                        &[&keys.lock, &keys.fence, &keys.watch],
+                        &[owner, &ttl_ms, &floor, &self.held_by],
                     )
                     .await?;
                 NodeAttempt::from_script(&reply)
@@ -421,9 +453,75 @@ impl Node {
             Counting::EveryAttempt => {
                 let pipe = acquire_pipeline(keys, owner, &ttl_ms, &floor);
                 let replies: Vec<Value> = self.conn.query(timeout, &pipe).await?;
-                NodeAttempt::from_pipeline(&replies)
+                let (attempt, mark) = NodeAttempt::from_pipeline(&replies)?;
+                if let Some(mark) = mark {
+                    self.tell_lost_holder(keys, mark, timeout).await;
+                }
+                Ok(attempt)
             }
         }
+    }
+
+    /// Tells the holder whose watch `mark` (`CLIENT OWNER`) a pipelined acquire found as it took
+    /// the lock over, as the acquire script does in its own step, and drops the mark. Nobody
+    /// else can mark the key meanwhile: a mark needs the key, which is the caller's now. A
+    /// failure only delays the news to the next renewal of that holder.
+    async fn tell_lost_holder(&self, keys: &LockKeys, mark: &str, timeout: Duration) {
+        let Some((client, watcher)) = mark.split_once(' ') else {
+            return;
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("DEL")
+            .arg(&keys.watch)
+            .ignore()
+            .cmd("PUBLISH")
+            .arg(self.held_by_channel(client))
+            .arg(format!("{HOLDER_LOST}{watcher}"))
+            .ignore();
+        if let Err(error) = self.conn.query::<()>(timeout, &pipe).await {
+            tracing::debug!(key = %keys.lock, %error, "redis node: could not tell a watching holder that its key was taken over");
+        }
+    }
+
+    /// The channel the holders of client `client` listen on for [`NodeEvent::HolderLost`]:
+    /// `PREFIX:held-by:CLIENT`. Subscribe to it ([`subscribe`](Self::subscribe)) before
+    /// [`watch_held`](Self::watch_held).
+    pub fn held_by_channel(&self, client: &str) -> String {
+        let mut channel = String::with_capacity(self.held_by.len() + client.len());
+        channel.push_str(&self.held_by);
+        channel.push_str(client);
+        channel
+    }
+
+    /// Marks the lock as watched by its holder `owner` of client `client` (random hex digits),
+    /// for the next ten minutes, if `owner` holds it here; whether it does. Whoever takes the
+    /// lock here after the key went (expired, deleted) then publishes
+    /// [`NodeEvent::HolderLost`] on [`held_by_channel`](Self::held_by_channel)`(client)`. A
+    /// release drops the mark; a holder that keeps the lock longer marks it again.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] on a timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: marking is idempotent.
+    pub async fn watch_held(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        client: &str,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let mark = format!("{client} {owner}");
+        let held: i64 = self
+            .conn
+            .run_script(
+                timeout,
+                &self.watch_held,
+                &[&keys.lock, &keys.watch],
+                &[owner, &mark],
+            )
+            .await?;
+        Ok(held == 1)
     }
 
     /// Deletes the lock if `owner` holds it; whether it did.
@@ -436,7 +534,7 @@ impl Node {
     pub async fn unlock(&self, keys: &LockKeys, owner: &str, timeout: Duration) -> Result<bool> {
         let deleted: i64 = self
             .conn
-            .run_script(timeout, &self.release, &[&keys.lock], &[owner])
+            .run_script(timeout, &self.release, &[&keys.lock, &keys.watch], &[owner])
             .await?;
         Ok(deleted == 1)
     }
@@ -455,7 +553,7 @@ impl Node {
             .run_script(
                 timeout,
                 &self.release_announced,
-                &[&keys.lock],
+                &[&keys.lock, &keys.watch],
                 &[owner, &keys.channel],
             )
             .await?;

@@ -391,8 +391,8 @@ return 1
 "
 );
 
-/// Node acquire, for multi-node algorithms (no queue). KEYS: lock, fence. ARGV: owner, ttl_ms,
-/// floor.
+/// Node acquire, for multi-node algorithms (no queue). KEYS: lock, fence, watch. ARGV: owner,
+/// ttl_ms, floor, the watch channels' prefix (`PREFIX:held-by:`).
 ///
 /// `SET NX PX` and, when set, the token alone: the name's fence counter plus one. A counter that
 /// does not exist (first use, lost with a restart without persistence, or expired ten minutes
@@ -403,12 +403,21 @@ return 1
 /// holds the lock, `{0, PTTL, holder}`. A first attempt sent to every node at once does the same
 /// in plain pipelined commands (`Counting::EveryAttempt`), cheaper on the server, advancing the
 /// counter even when busy.
+///
+/// Taking a lock whose key went while its holder watched it ([`NODE_WATCH_HELD`]) tells that
+/// holder: `lost OWNER` on its client's channel, and the watch mark goes.
 pub(crate) const NODE_ACQUIRE: &str = concat!(
     r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ",
     fence_keep_ms!(),
     r")
+  local mark = redis.call('GET', KEYS[3])
+  if mark then
+    redis.call('DEL', KEYS[3])
+    local client, watcher = string.match(mark, '^(%x+) (%x+)$')
+    if client then redis.call('PUBLISH', ARGV[4] .. client, 'lost ' .. watcher) end
+  end
   return redis.call('INCR', KEYS[2])
 end
 return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]) or ''}
@@ -418,24 +427,42 @@ return {0, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[1]) or ''}
 /// [`fence_keep_ms!`] as a number, for the node acquire's pipeline.
 pub(crate) const FENCE_KEEP_MS: u64 = 600_000;
 
-/// Node release. KEYS: lock. ARGV: owner. Deletes the lock only if the caller owns it; 1 or 0.
+/// Node release. KEYS: lock, watch. ARGV: owner. Deletes the lock (and the holder's watch mark)
+/// only if the caller owns it; 1 or 0.
 pub(crate) const NODE_RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 1
 end
 return 0
 ";
 
-/// Node release with an announcement. KEYS: lock. ARGV: owner, channel. Deletes the lock only if
-/// the caller owns it and then publishes `released` on the channel; 1 or 0.
+/// Node release with an announcement. KEYS: lock, watch. ARGV: owner, channel. Deletes the lock
+/// (and the holder's watch mark) only if the caller owns it and then publishes `released` on the
+/// channel; 1 or 0.
 pub(crate) const NODE_RELEASE_ANNOUNCED: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('PUBLISH', ARGV[2], 'released')
   return 1
 end
 return 0
 ";
+
+/// A node holder's watch. KEYS: lock, watch. ARGV: owner, mark (`CLIENT OWNER`).
+///
+/// If the caller holds the lock, sets the watch mark for [`fence_keep_ms!`] (the watch runs this
+/// again well before then) and returns 1: whoever takes the lock after its key went tells the
+/// holder on `PREFIX:held-by:CLIENT` ([`NODE_ACQUIRE`]); else returns 0.
+pub(crate) const NODE_WATCH_HELD: &str = concat!(
+    r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ",
+    fence_keep_ms!(),
+    r")
+return 1
+"
+);
 
 /// Raises a fence counter to at least a value (Redlock writes its quorum's highest token back).
 /// KEYS: fence. ARGV: token. Returns the counter after.

@@ -251,10 +251,9 @@ impl Waiting {
 }
 
 impl Watching {
-    /// Wakes on a lost connection (and on `free` announcements of the name): create and
-    /// `enable` it before checking the lock.
-    pub(crate) fn notified(&self) -> Notified<'_> {
-        self.listening.notified()
+    /// Notified on a lost connection (and on `free` announcements of the name).
+    pub(crate) fn wake(&self) -> &Notify {
+        &self.listening.channel.notify
     }
 
     /// Subscribes the lock's channel (a no-op while subscribed).

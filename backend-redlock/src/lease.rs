@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
-use dlock_api::raw::{RawLease, Session};
+use dlock_api::raw::{RawLease, Scheduled, Session};
 use dlock_api::{LockError, LockName, LostReason, Result};
 use dlock_redis::LockKeys;
 use tokio::time::Instant;
@@ -28,9 +28,12 @@ pub(crate) struct RedlockLease {
     /// Whether the watchdog renews this lease (a failed renewal then suspends the guard; a
     /// failed extend by hand only reports its error).
     renewed: bool,
+    /// The start of the takeover watch (`held.rs`), until it comes due.
+    _watch: Option<Scheduled>,
 }
 
 impl RedlockLease {
+    #[allow(clippy::too_many_arguments)] // one per field the grant sets
     pub(crate) fn new(
         inner: Arc<Inner>,
         name: LockName,
@@ -39,6 +42,7 @@ impl RedlockLease {
         valid_until: Instant,
         session: Arc<Session>,
         renewed: bool,
+        watch: Option<Scheduled>,
     ) -> Self {
         Self {
             inner,
@@ -48,6 +52,7 @@ impl RedlockLease {
             valid_until: Mutex::new(valid_until),
             session,
             renewed,
+            _watch: watch,
         }
     }
 

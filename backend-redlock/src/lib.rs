@@ -25,10 +25,15 @@
 //! - [x] **Extend** and automatic renewal on a quorum; the guard is *suspended* while renewals
 //!   fail and its validity lasts, and lost with [`LostReason::RenewalFailed`] when it runs out.
 //! - [x] **Lost signal**: a renewal that finds the key gone from too many nodes loses the guard
-//!   at once ([`LostReason::TakenOver`]). No takeover signal: a holder whose keys were deleted
-//!   on the nodes learns it at its next renewal (a third of the TTL), not when another client
-//!   takes the lock. Waiters look at the nodes every second, so keys that went without an
-//!   announcement reach them within about a second, not at the old lease's end.
+//!   at once ([`LostReason::TakenOver`]).
+//! - [x] **Takeover signal**: a holder whose keys went (expired while it was paused, deleted by
+//!   an operator, lost with a restart) learns it as another client takes the lock, not at its
+//!   next renewal (a third of the TTL). A lock held for 250 ms marks itself watched on every
+//!   node, and whoever takes it over a vanished key tells the holder's client on its channel
+//!   there; once the lock is taken on more nodes than the quorum can spare (`N − quorum`), the
+//!   guard is lost ([`LostReason::TakenOver`]). Waiters look at the nodes every second, so keys
+//!   that went without an announcement reach them within about a second, not at the old
+//!   lease's end.
 //! - **Fencing: best effort.** A grant's token is the highest its quorum handed out, written
 //!   back to a majority when they disagree, and each node's token is its per-name counter plus
 //!   one. A counter a node lost (a restart without persistence, `FLUSHALL`, an eviction, or its own
@@ -142,6 +147,7 @@
 mod client;
 mod config;
 mod fanout;
+mod held;
 mod lease;
 mod line;
 mod lock;

@@ -20,9 +20,10 @@ use rand::Rng;
 use tokio::time::{Instant, sleep_until};
 
 use crate::BACKEND;
-use crate::client::{Counters, Inner};
+use crate::client::{Counters, Inner, node_events};
 use crate::config::{RedlockConfig, majority};
 use crate::fanout;
+use crate::held::{HeldLock, Holders, schedule_watch};
 use crate::lease::RedlockLease;
 use crate::line::Line;
 use crate::nodes::connect_all;
@@ -88,12 +89,14 @@ impl Redlock {
     pub async fn connect(config: RedlockConfig) -> Result<Self> {
         config.validate()?;
         let hub = Arc::new(Hub::default());
-        let slots = connect_all(&config, |node| hub.node_events(node)).await?;
+        let holders = Arc::new(Holders::new(config.nodes.len()));
+        let slots = connect_all(&config, |node| node_events(&hub, &holders, node)).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 slots,
                 hub,
+                holders,
                 stats: Counters::default(),
                 timer: dlock_api::raw::GuardTimer::new(),
             }),
@@ -376,6 +379,14 @@ impl Redlock {
     ) -> Grant {
         let session = Arc::new(Session::new());
         let state = Arc::new(LeaseState::on_session(Some(valid_until), session.clone()));
+        let watch = schedule_watch(
+            &self.inner,
+            HeldLock {
+                keys: keys.clone(),
+                owner: owner.clone(),
+                state: state.clone(),
+            },
+        );
         let lease = Arc::new(RedlockLease::new(
             self.inner.clone(),
             name.clone(),
@@ -384,6 +395,7 @@ impl Redlock {
             valid_until,
             session,
             options.renewal_interval().is_some(),
+            watch,
         ));
         Grant::new(
             name.clone(),
@@ -458,6 +470,7 @@ impl RawLock for Redlock {
             survives_failover: true,
             min_ttl: Some(self.inner.config.min_ttl()),
             inspect: true,
+            takeover_signal: true,
             ..Capabilities::TTL_LEASE
         }
     }

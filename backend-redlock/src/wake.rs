@@ -11,11 +11,11 @@
 //! the last waiter to leave unsubscribes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_api::raw::{Subscription, Subscriptions};
-use dlock_redis::node::{NodeEvent, NodeEventHandler};
+use dlock_redis::node::NodeEvent;
 use tokio::sync::Notify;
 
 use crate::nodes::Slot;
@@ -46,17 +46,6 @@ struct Cell {
 }
 
 impl Hub {
-    /// The handler of node `node`'s messages and lost connections: it passes them to this hub
-    /// while the hub lives (the node's connection must not keep its client alive).
-    pub(crate) fn node_events(self: &Arc<Self>, node: usize) -> NodeEventHandler {
-        let hub: Weak<Hub> = Arc::downgrade(self);
-        Arc::new(move |event: NodeEvent<'_>| {
-            if let Some(hub) = hub.upgrade() {
-                hub.on_event(node, event);
-            }
-        })
-    }
-
     /// A node's message or lost connection.
     pub(crate) fn on_event(&self, node: usize, event: NodeEvent<'_>) {
         match event {

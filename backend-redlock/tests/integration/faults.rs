@@ -700,3 +700,110 @@ async fn keys_deleted_on_every_node_reach_a_waiter_before_the_old_lease_ends() {
     next.release().await.unwrap();
     drop(held);
 }
+
+/// Whether the watch mark of `name` stands on every node in `on`.
+async fn watched_on(nodes: &RedisNodes, on: &[usize], name: &LockName) -> bool {
+    let key = common::keys(&redlock_url(nodes, ""), name).watch;
+    for &i in on {
+        let client = redis::Client::open(nodes.node(i).url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mark: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if mark.is_none() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Waits (within the bound) until the holder of `name` watches it on every node.
+async fn watched_everywhere(nodes: &RedisNodes, name: &LockName) {
+    let give_up = Instant::now() + BOUND;
+    while !watched_on(nodes, &[0, 1, 2, 3, 4], name).await {
+        assert!(
+            Instant::now() < give_up,
+            "the holder never watched its lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn delete_on(nodes: &RedisNodes, on: &[usize], key: &str) {
+    for &i in on {
+        let client = redis::Client::open(nodes.node(i).url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(deleted, 1, "node {i} had the key {key}");
+    }
+}
+
+/// A holder whose keys went learns it as another client takes the lock, not at its next
+/// renewal (a third of a two-minute lease here), and only once the taker holds a majority:
+/// keys taken over on a minority of nodes leave it a quorum, and its guard held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_learns_of_a_takeover_on_a_majority_and_keeps_a_minority() {
+    let nodes = start_nodes(5);
+    let (a, b) = (client(&nodes, "").await, client(&nodes, "").await);
+    let lock = name("taken-over");
+    let held = a
+        .acquire(&lock, &opts(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    watched_everywhere(&nodes, &lock).await;
+    let key = common::keys(&redlock_url(&nodes, ""), &lock).lock;
+    // Two of five: the other client takes those two and no more.
+    delete_on(&nodes, &[0, 1], &key).await;
+    assert!(
+        b.try_acquire(&lock, &LockOptions::new())
+            .await
+            .unwrap()
+            .is_none(),
+        "a minority of free nodes granted the lock"
+    );
+    assert!(
+        matches!(held.status(), LockStatus::Held { .. }),
+        "a takeover of a minority lost the guard: {:?}",
+        held.status()
+    );
+    // A third: now the other client holds a majority.
+    delete_on(&nodes, &[2], &key).await;
+    let next = b
+        .try_acquire(&lock, &LockOptions::new())
+        .await
+        .unwrap()
+        .expect("a majority of free nodes grants the lock");
+    let taken = Instant::now();
+    let reason = timeout(BOUND, held.lost())
+        .await
+        .expect("the holder learnt of the takeover within the bound");
+    assert_eq!(reason, LostReason::TakenOver);
+    eprintln!(
+        "the holder learnt of the takeover {:?} after it",
+        taken.elapsed()
+    );
+    assert!(next.fencing_token() > held.fencing_token());
+    // A watched lock's release takes its marks along.
+    drop(held);
+    let give_up = Instant::now() + BOUND;
+    while !watched_on(&nodes, &[0, 1, 2], &lock).await {
+        assert!(
+            Instant::now() < give_up,
+            "the new holder never watched its lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    next.release().await.unwrap();
+    for i in 0..3 {
+        assert!(
+            !watched_on(&nodes, &[i], &lock).await,
+            "the release left the watch mark on node {i}"
+        );
+    }
+}

@@ -67,12 +67,15 @@
 //! - [`Subscriptions`]: a client's pub/sub subscription per channel, shared by its waiters on it;
 //!   the last to leave unsubscribes, never undoing a newer subscribe.
 //! - [`config`]: option values and URL parts parsed, and refused, the same way in every backend.
+//! - [`watch_held`]: a TTL lock's holder checking its key until the guard ends, so that a key
+//!   taken over reaches its holder as the taker announces it, not at the next renewal.
 //! - [`random_owner`]: the random value a backend writes to tell its own key from others'.
 
 pub(crate) mod background;
 pub mod config;
 pub(crate) mod detach;
 mod engine;
+mod held_watch;
 pub(crate) mod lease;
 mod local_queue;
 mod owner;
@@ -91,6 +94,7 @@ pub use crate::inspect::inspect;
 pub use background::{settle, spawn_cleanup};
 pub use detach::Detach;
 pub use engine::{Grant, RawLock, acquire, acquire_by, try_acquire, try_acquire_by};
+pub use held_watch::{HeldCheck, HeldWatchTiming, watch_held};
 pub use lease::{RawLease, RenewedBy, spawn_release};
 pub use local_queue::{LocalQueue, Turn};
 pub use owner::random_owner;
