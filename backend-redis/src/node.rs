@@ -194,6 +194,10 @@ pub enum Counting {
     /// # }
     /// ```
     EveryAttempt,
+    /// As [`EveryAttempt`](Self::EveryAttempt), one command less: a busy answer does not say
+    /// how long the holder has left (its `pttl` is `None`). For an attempt that does not wait
+    /// on the holder's expiry: an uncontended acquire's first attempt, the most frequent of all.
+    EveryAttemptUntimed,
 }
 
 /// Where a node's fence counter that does not exist starts: this client's wall clock in
@@ -222,9 +226,15 @@ fn unexpected_acquire(reply: &impl std::fmt::Debug) -> LockError {
 /// [`Counting::EveryAttempt`]'s acquire: `SET NX PX GET` (nil when it set the key, else the
 /// holder's value: Redis 7.0 takes `NX` with `GET`), `SET NX PX` of the counter at `floor` (a
 /// counter that does not exist starts there, for ten minutes), `INCR` (which keeps its
-/// expiry), `PTTL`, and the watch mark (`GET`: read after the `SET`, so when it took the lock
-/// the mark is a former holder's, whom [`Node::try_lock`] then tells).
-fn acquire_pipeline(keys: &LockKeys, owner: &str, ttl_ms: &str, floor: &str) -> redis::Pipeline {
+/// expiry), the watch mark (`GET`: read after the `SET`, so when it took the lock the mark is
+/// a former holder's, whom [`Node::try_lock`] then tells), and `PTTL` when `timed`.
+fn acquire_pipeline(
+    keys: &LockKeys,
+    owner: &str,
+    ttl_ms: &str,
+    floor: &str,
+    timed: bool,
+) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.cmd("SET")
         .arg(&keys.lock)
@@ -242,10 +252,11 @@ fn acquire_pipeline(keys: &LockKeys, owner: &str, ttl_ms: &str, floor: &str) -> 
         .ignore()
         .cmd("INCR")
         .arg(&keys.fence)
-        .cmd("PTTL")
-        .arg(&keys.lock)
         .cmd("GET")
         .arg(&keys.watch);
+    if timed {
+        pipe.cmd("PTTL").arg(&keys.lock);
+    }
     pipe
 }
 
@@ -267,7 +278,7 @@ impl NodeAttempt {
     /// the holder whose key it took over, if any.
     fn from_pipeline(replies: &[Value]) -> Result<(Self, Option<&str>)> {
         match replies {
-            [Value::Nil, Value::Int(token), _, mark] if *token > 0 => {
+            [Value::Nil, Value::Int(token), mark, ..] if *token > 0 => {
                 Ok((Self::taken(*token), text(mark)))
             }
             // The holder the `SET` found, and its lease read right after (`-2`: it released in
@@ -275,9 +286,10 @@ impl NodeAttempt {
             [
                 holder @ Value::BulkString(_),
                 Value::Int(_),
-                Value::Int(pttl),
                 _,
+                Value::Int(pttl),
             ] => Ok((Self::busy(holder, *pttl), None)),
+            [holder @ Value::BulkString(_), Value::Int(_), _] => Ok((Self::busy(holder, -1), None)),
             _ => Err(unexpected_acquire(&replies)),
         }
     }
@@ -450,8 +462,9 @@ impl Node {
                     .await?;
                 NodeAttempt::from_script(&reply)
             }
-            Counting::EveryAttempt => {
-                let pipe = acquire_pipeline(keys, owner, &ttl_ms, &floor);
+            Counting::EveryAttempt | Counting::EveryAttemptUntimed => {
+                let timed = counting == Counting::EveryAttempt;
+                let pipe = acquire_pipeline(keys, owner, &ttl_ms, &floor, timed);
                 let replies: Vec<Value> = self.conn.query(timeout, &pipe).await?;
                 let (attempt, mark) = NodeAttempt::from_pipeline(&replies)?;
                 if let Some(mark) = mark {

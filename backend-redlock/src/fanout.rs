@@ -24,7 +24,7 @@ pub(crate) async fn until_decided<T, Fut>(
     slots: &[Arc<Slot>],
     request: impl Fn(&Arc<Slot>) -> Fut,
     mut decide: impl FnMut(&Slot, Result<T>) -> bool,
-    mut late: impl FnMut(&Slot, Result<T>) + Send + 'static,
+    mut late: impl FnMut(&Arc<Slot>, Result<T>) + Send + 'static,
 ) where
     T: Send + 'static,
     Fut: Future<Output = Result<T>> + Send + 'static,

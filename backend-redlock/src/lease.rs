@@ -1,6 +1,7 @@
 //! `RedlockLease`: release on every node, extend on a quorum.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,6 +31,9 @@ pub(crate) struct RedlockLease {
     renewed: bool,
     /// The start of the takeover watch (`held.rs`), until it comes due.
     _watch: Option<Scheduled>,
+    /// Set as the release starts, before any node is asked: a grant's answer still out then
+    /// deletes the key it set (the round's late answers, `lock.rs`).
+    let_go: Arc<AtomicBool>,
 }
 
 impl RedlockLease {
@@ -43,6 +47,7 @@ impl RedlockLease {
         session: Arc<Session>,
         renewed: bool,
         watch: Option<Scheduled>,
+        let_go: Arc<AtomicBool>,
     ) -> Self {
         Self {
             inner,
@@ -53,6 +58,7 @@ impl RedlockLease {
             session,
             renewed,
             _watch: watch,
+            let_go,
         }
     }
 
@@ -69,6 +75,7 @@ impl RawLease for RedlockLease {
     /// in the background, each on its node's connection, ahead of anything this client sends
     /// that node later.
     async fn release(&self) -> Result<()> {
+        self.let_go.store(true, Ordering::SeqCst);
         let timeout = self.inner.config.command_timeout;
         let quorum = self.inner.config.quorum();
         let mut deleted = 0;

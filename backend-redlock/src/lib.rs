@@ -66,7 +66,9 @@
 //!   at once, including the ones that did not answer: each release rides the same multiplexed
 //!   connection as that node's `SET`, so a node runs it after a slow `SET`. The first attempt
 //!   pipelines plain commands: `SET … NX PX … GET` (which answers the holder when busy), `INCR`
-//!   of the name's fence counter, then `PTTL` of the key (how long the holder has left). A waiter's later attempts, which may reach
+//!   of the name's fence counter, then `GET` of the name's watch mark (a holder to tell, see
+//!   *Takeover signal*); the first in the waiting line also asks `PTTL` of the key (how long
+//!   the holder has left). A waiter's later attempts, which may reach
 //!   some nodes only, run one Lua script per node instead, which raises the counter only where
 //!   the `SET` took. Plain commands cost a node about 2 µs, the script 7–8 µs.
 //! - **Fencing token**: the highest token of the quorum. If fewer than a majority of nodes

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,7 +26,7 @@ use crate::fanout;
 use crate::held::{HeldLock, Holders, schedule_watch};
 use crate::lease::RedlockLease;
 use crate::line::Line;
-use crate::nodes::connect_all;
+use crate::nodes::{Slot, connect_all};
 use crate::wake::Hub;
 
 /// Locks over N independent Redis nodes with the Redlock algorithm.
@@ -53,6 +53,18 @@ pub struct RedlockStats {
     /// Rounds of a waiter first in the name's waiting line: sent to every node at once instead
     /// of taking the agreed node first (see the crate docs, *Waiting*).
     pub first_in_line_rounds: u64,
+}
+
+/// Which round of an acquire: what it sends where.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RoundKind {
+    /// The first attempt: to every node at once.
+    First,
+    /// A waiter first in the name's waiting line: to every node at once, asking how long the
+    /// holder has left where it is busy.
+    FirstInLine,
+    /// Another waiter: the agreed node first (see [`Redlock::round`]).
+    Gated,
 }
 
 /// What one round ended in.
@@ -148,7 +160,7 @@ impl Redlock {
     /// a quorum said yes with validity to spare (after writing the highest fencing token back
     /// to a majority if fewer returned it), else every node released and what was seen.
     ///
-    /// With `gated` (a waiter's round, when others likely woke with it), the round first takes
+    /// A gated round (a waiter's, when others likely woke with it) first takes
     /// the agreed node alone, the lowest-numbered one this client reaches, and goes on to the
     /// others only once it has it: contenders woken together then do not split the nodes among
     /// them, at the price of one round trip. A busy agreed node ends the round there.
@@ -157,8 +169,9 @@ impl Redlock {
         name: &LockName,
         keys: &Arc<LockKeys>,
         options: &LockOptions,
-        gated: bool,
+        kind: RoundKind,
     ) -> Round {
+        let gated = kind == RoundKind::Gated;
         let inner = &self.inner;
         let config = &inner.config;
         let (n, quorum) = (inner.slots.len(), config.quorum());
@@ -171,9 +184,16 @@ impl Redlock {
         let started = Instant::now();
         // Any node may have set our key, even one whose answer was lost or late: a dropped
         // round releases on every node.
+        // Set once the round's keys are let go (the round failed, the acquire was dropped, the
+        // guard released): an answer still out that set a key after that undoes it.
+        let let_go = Arc::new(AtomicBool::new(false));
         let pending = {
-            let (inner, keys, owner) = (inner.clone(), keys.clone(), owner.clone());
-            PendingAcquire::arm(move || release_everywhere(&inner, keys, owner))
+            let (inner, keys, owner, let_go) =
+                (inner.clone(), keys.clone(), owner.clone(), let_go.clone());
+            PendingAcquire::arm(move || {
+                let_go.store(true, Ordering::SeqCst);
+                release_everywhere(&inner, keys, owner)
+            })
         };
         let gate = if gated {
             inner.slots.iter().find(|slot| slot.get().is_ok())
@@ -207,10 +227,11 @@ impl Redlock {
         }
         // A first round reaches every node at once, so the counters advance alike; a waiter's
         // round may stop at the agreed node.
-        let counting = if gated {
-            Counting::OnGrant
-        } else {
-            Counting::EveryAttempt
+        let counting = match kind {
+            RoundKind::Gated => Counting::OnGrant,
+            RoundKind::FirstInLine => Counting::EveryAttempt,
+            // Its busy answer is not waited on: no remaining TTL asked for.
+            RoundKind::First => Counting::EveryAttemptUntimed,
         };
         // The round is decided once a quorum said yes (the slower nodes are not waited for: a
         // key they set is ours, and release and extend reach every node) or once every node
@@ -246,7 +267,7 @@ impl Redlock {
                 }
                 taken.len() >= quorum
             },
-            |_, _| {},
+            undo_late_grant(inner, keys, &owner, &let_go),
         )
         .await;
         let valid_until = after(started, ttl.saturating_sub(config.drift_for(ttl)));
@@ -260,9 +281,12 @@ impl Redlock {
                         return Round::Granted(self.grant(
                             name,
                             keys,
-                            owner,
-                            token,
-                            valid_until,
+                            Held {
+                                owner,
+                                token,
+                                valid_until,
+                                let_go,
+                            },
                             options,
                         ));
                     }
@@ -372,11 +396,15 @@ impl Redlock {
         &self,
         name: &LockName,
         keys: &Arc<LockKeys>,
-        owner: Arc<str>,
-        token: u64,
-        valid_until: Instant,
+        held: Held,
         options: &LockOptions,
     ) -> Grant {
+        let Held {
+            owner,
+            token,
+            valid_until,
+            let_go,
+        } = held;
         let session = Arc::new(Session::new());
         let state = Arc::new(LeaseState::on_session(Some(valid_until), session.clone()));
         let watch = schedule_watch(
@@ -396,6 +424,7 @@ impl Redlock {
             session,
             options.renewal_interval().is_some(),
             watch,
+            let_go,
         ));
         Grant::new(
             name.clone(),
@@ -407,19 +436,55 @@ impl Redlock {
     }
 }
 
+/// What a won round hands its guard.
+struct Held {
+    owner: Arc<str>,
+    token: u64,
+    valid_until: Instant,
+    /// Set when the guard lets the lock go (see [`undo_late_grant`]).
+    let_go: Arc<AtomicBool>,
+}
+
 /// Releases `owner`'s key on every node, in the background, announcing each deletion (a waiter
 /// that lost the agreed node to this attempt wakes on it). Each release rides the node's
 /// connection after the `SET` it undoes.
 pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: Arc<LockKeys>, owner: Arc<str>) {
-    let timeout = inner.config.command_timeout;
     for slot in &inner.slots {
-        let (slot, keys, owner) = (slot.clone(), keys.clone(), owner.clone());
-        dlock_api::raw::spawn_cleanup(async move {
-            let Ok(node) = slot.get() else { return };
-            if let Err(error) = node.release(&keys, &owner, timeout).await {
-                tracing::debug!(node = %slot.addr(), key = %keys.lock, %error, "redlock: release of a failed attempt failed; the key ends with its TTL");
-            }
-        });
+        release_on(inner, slot.clone(), keys.clone(), owner.clone());
+    }
+}
+
+/// Releases `owner`'s key on one node, in the background.
+fn release_on(inner: &Inner, slot: Arc<Slot>, keys: Arc<LockKeys>, owner: Arc<str>) {
+    let timeout = inner.config.command_timeout;
+    dlock_api::raw::spawn_cleanup(async move {
+        let Ok(node) = slot.get() else { return };
+        if let Err(error) = node.release(&keys, &owner, timeout).await {
+            tracing::debug!(node = %slot.addr(), key = %keys.lock, %error, "redlock: release of a failed attempt failed; the key ends with its TTL");
+        }
+    });
+}
+
+/// What a round does with a node's answer that comes after the round was decided: a key set
+/// after its lock was let go is deleted again.
+///
+/// A node runs one connection's requests in the order they were sent, so a release normally
+/// finds the key the round's `SET` set before it. Not when the node had to load the acquire
+/// script again (it restarted, or never ran it): the `EVALSHA` fails with `NOSCRIPT`, and the
+/// `SCRIPT LOAD` and `EVALSHA` that follow are new requests, which a release sent meanwhile
+/// precedes. Left alone, that key would stay until its TTL, and on a majority it would block
+/// the name for as long.
+fn undo_late_grant(
+    inner: &Arc<Inner>,
+    keys: &Arc<LockKeys>,
+    owner: &Arc<str>,
+    let_go: &Arc<AtomicBool>,
+) -> impl FnMut(&Arc<Slot>, Result<NodeAttempt>) + Send + 'static {
+    let (inner, keys, owner, let_go) = (inner.clone(), keys.clone(), owner.clone(), let_go.clone());
+    move |slot, reply| {
+        if matches!(reply, Ok(NodeAttempt::Taken { .. })) && let_go.load(Ordering::SeqCst) {
+            release_on(&inner, slot.clone(), keys.clone(), owner.clone());
+        }
     }
 }
 
@@ -500,7 +565,7 @@ impl RawLock for Redlock {
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
         let keys = Arc::new(self.keys(name));
-        match self.round(name, &keys, options, false).await {
+        match self.round(name, &keys, options, RoundKind::First).await {
             Round::Granted(grant) => Ok(Some(grant)),
             Round::Busy { .. } => Ok(None),
             Round::Failed(error) => Err(error),
@@ -518,7 +583,7 @@ impl RawLock for Redlock {
         let quorum = inner.config.quorum();
         let ttl = options.ttl();
         // The first round fails fast: a deployment without a quorum is an error, not a wait.
-        match self.round(name, &keys, options, false).await {
+        match self.round(name, &keys, options, RoundKind::First).await {
             Round::Granted(grant) => return Ok(Some(grant)),
             Round::Failed(error) => return Err(error),
             Round::Busy { .. } => {}
@@ -552,7 +617,12 @@ impl RawLock for Redlock {
                 line.leave();
             }
             let round_started = Instant::now();
-            let round = self.round(name, &keys, options, gated).await;
+            let kind = if gated {
+                RoundKind::Gated
+            } else {
+                RoundKind::FirstInLine
+            };
+            let round = self.round(name, &keys, options, kind).await;
             let round_took = round_started.elapsed();
             let wake_at = match round {
                 Round::Granted(grant) => return Ok(Some(grant)),

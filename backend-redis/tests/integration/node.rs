@@ -217,3 +217,77 @@ async fn release_is_announced_to_subscribers() {
     );
     node.unsubscribe(&keys.channel, TIMEOUT).await.unwrap();
 }
+
+/// A holder that watches its lock hears who took it over after its key went, whether the taker
+/// came by the pipelined first attempt or by the script; a release takes the mark along; and
+/// the untimed first attempt answers busy without the holder's remaining lease.
+#[tokio::test]
+async fn a_watched_holder_hears_of_the_takeover_of_its_vanished_key() {
+    let (lost_tx, mut lost) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let node = Node::connect_with_events(
+        RedisConfig::from_url(&url()).unwrap(),
+        Arc::new(move |event| {
+            if let NodeEvent::HolderLost { owner } = event {
+                let _ = lost_tx.send(owner.to_owned());
+            }
+        }),
+    )
+    .await
+    .unwrap();
+    let name = LockName::new(format!("dlock-test/node-watch/{}", std::process::id())).unwrap();
+    let keys = node.keys(&name);
+    let ttl = Duration::from_secs(10);
+    let client = "c0ffee";
+    node.subscribe(&node.held_by_channel(client), TIMEOUT)
+        .await
+        .unwrap();
+    let mut plain = redis::Client::open(url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+
+    for counting in [Counting::EveryAttemptUntimed, Counting::OnGrant] {
+        token(
+            node.try_lock(&keys, "a1", ttl, TIMEOUT, Counting::EveryAttemptUntimed)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(
+            busy(
+                node.try_lock(&keys, "b1", ttl, TIMEOUT, Counting::EveryAttemptUntimed)
+                    .await
+                    .unwrap()
+            ),
+            ("a1".to_owned(), None)
+        );
+        assert!(node.watch_held(&keys, "a1", client, TIMEOUT).await.unwrap());
+        let _: i64 = redis::cmd("DEL")
+            .arg(&keys.lock)
+            .query_async(&mut plain)
+            .await
+            .unwrap();
+        token(
+            node.try_lock(&keys, "b1", ttl, TIMEOUT, counting)
+                .await
+                .unwrap(),
+        );
+        let told = tokio::time::timeout(BOUND, lost.recv())
+            .await
+            .expect("the watching holder was told within the bound");
+        assert_eq!(told.as_deref(), Some("a1"), "{counting:?}");
+        assert!(
+            !node.watch_held(&keys, "a1", client, TIMEOUT).await.unwrap(),
+            "the old holder's mark took again"
+        );
+        // The new holder watches, and its release takes the mark along.
+        assert!(node.watch_held(&keys, "b1", client, TIMEOUT).await.unwrap());
+        assert!(node.release(&keys, "b1", TIMEOUT).await.unwrap());
+        let marked: i64 = redis::cmd("EXISTS")
+            .arg(&keys.watch)
+            .query_async(&mut plain)
+            .await
+            .unwrap();
+        assert_eq!(marked, 0, "the release left the watch mark");
+    }
+}
