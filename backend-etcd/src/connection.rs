@@ -40,7 +40,7 @@ impl Conn {
                 "connecting outside a tokio runtime",
             ));
         };
-        let client = Client::connect(config.endpoint_urls(), Some(config.connect_options()?))
+        let client = Client::connect(config.endpoint_urls(), Some(config.driver_options()?))
             .await
             .map_err(|e| match e {
                 etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
@@ -114,7 +114,14 @@ impl EtcdConfig {
     ///
     /// # Errors
     /// [`LockError::Config`] if a certificate file cannot be read.
+    #[cfg(feature = "driver")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "driver")))]
     pub fn connect_options(&self) -> Result<ConnectOptions> {
+        self.driver_options()
+    }
+
+    /// [`connect_options`](Self::connect_options), for this crate's own connections.
+    pub(crate) fn driver_options(&self) -> Result<ConnectOptions> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.connect_timeout)
             .with_timeout(self.command_timeout)

@@ -112,6 +112,14 @@
 //! its first use after that runtime shut down connects again on the caller's, and starts there
 //! the watch stream and the keep-alives of the leases its guards still hold.
 //!
+//! ## Cargo features
+//! - `tls`: `etcds://` (TLS) with rustls and the system's roots.
+//! - `driver`: `EtcdConfig::connect_options`, the etcd-client options of every client dlock
+//!   makes, for tools that talk to the same server with the driver directly, as `dlock bench`'s
+//!   raw floors do. These types follow the driver's versions, so they are opt-in and outside this
+//!   crate's stable surface.
+//! - `testing`: hooks dlock's own fault suites use; not for applications, not covered by semver.
+//!
 //! ## Performance
 //! `dlock bench --backend etcd://… --rounds 3 --duration 2s` measures this backend against its
 //! raw protocol floor (the driver alone doing the same server work) in the same run, and prints

@@ -86,6 +86,7 @@ impl EtcdLock {
     /// For dlock's fault tests: while `lose` is on, this client's watch stream drops the
     /// deletion events it receives, as etcd 3.4 before 3.4.31 can after a compaction, so only
     /// the fallback re-reads can notice a deletion. Not part of the API.
+    #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn lose_watch_deletions(&self, lose: bool) {
         let probe = &self.inner.watcher.probe;
@@ -96,6 +97,7 @@ impl EtcdLock {
 
     /// For dlock's fault tests: how many of this client's watches the server answered
     /// "compacted" (each was then re-read). Not part of the API.
+    #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn compacted_watches(&self) -> u64 {
         let probe = &self.inner.watcher.probe;

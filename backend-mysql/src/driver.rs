@@ -24,7 +24,14 @@ impl MySqlConfig {
     /// # Errors
     /// [`LockError::Config`] if a certificate file cannot be read, or `ssl_cert` comes without
     /// `ssl_key` (or the reverse).
+    #[cfg(feature = "driver")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "driver")))]
     pub fn connect_options(&self) -> dlock_api::Result<MySqlConnectOptions> {
+        self.driver_options()
+    }
+
+    /// [`connect_options`](Self::connect_options), for this crate's own connections.
+    pub(crate) fn driver_options(&self) -> dlock_api::Result<MySqlConnectOptions> {
         let mut options = MySqlConnectOptions::new()
             .host(&self.host)
             .port(self.port)
@@ -61,7 +68,7 @@ impl MySqlDriver {
         Ok(Self {
             sql: Sql::new(&config),
             init: Sql::init(&config),
-            connect: config.connect_options()?.statement_cache_capacity(16),
+            connect: config.driver_options()?.statement_cache_capacity(16),
             config,
             fence: OnceLock::new(),
             last_sweep: std::sync::Mutex::new(None),

@@ -100,6 +100,14 @@
 //! most 1000 rows per ten minutes): the name's next token, the clock again, is still above it, so
 //! a lock per order id does not grow the table for ever.
 //!
+//! ## Cargo features
+//! - `tls-rustls`: TLS to the server (`ssl_mode=…`) with rustls.
+//! - `driver`: `MySqlConfig::connect_options`, the sqlx options of every connection dlock opens,
+//!   for tools that talk to the same server with the driver directly, as `dlock bench`'s raw
+//!   floors do. These types follow the driver's versions, so they are opt-in and outside this
+//!   crate's stable surface.
+//! - `testing`: hooks dlock's own fault suites use; not for applications, not covered by semver.
+//!
 //! ## Performance
 //! `dlock bench --backend mysql://… --rounds 3 --duration 2s` measures this backend against its
 //! raw protocol floor (the driver alone doing the same server work) in the same run, and prints

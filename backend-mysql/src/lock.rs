@@ -94,6 +94,7 @@ impl MySqlLock {
 
     /// The server connection id (`CONNECTION_ID()`) holding `name` for this client, if it does:
     /// for dlock's fault tests (`KILL <id>`); not part of the API.
+    #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn holder_connection_id(&self, name: &LockName) -> Option<u64> {
         self.pool.holder(&self.raw_key(name))
@@ -101,6 +102,7 @@ impl MySqlLock {
 
     /// How many server connections this client has open (sessions, waiters and idle ones): for
     /// dlock's tests; not part of the API.
+    #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn connection_count(&self) -> usize {
         self.pool.connections()

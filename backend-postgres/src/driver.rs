@@ -38,7 +38,14 @@ impl PostgresConfig {
     /// # Errors
     /// [`LockError::Config`] if a certificate file cannot be read, or `sslcert` comes without
     /// `sslkey` (or the reverse).
+    #[cfg(feature = "driver")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "driver")))]
     pub fn connect_options(&self) -> Result<PgConnectOptions> {
+        self.driver_options()
+    }
+
+    /// [`connect_options`](Self::connect_options), for this crate's own connections.
+    pub(crate) fn driver_options(&self) -> Result<PgConnectOptions> {
         let mut options = PgConnectOptions::new_without_pgpass()
             .host(&self.host)
             .port(self.port)
@@ -58,7 +65,7 @@ impl PostgresConfig {
 
 /// Opens one connection within the connect timeout.
 pub(crate) async fn open_connection(config: &PostgresConfig) -> Result<PgConnection> {
-    open_with(&config.connect_options()?, config.connect_timeout).await
+    open_with(&config.driver_options()?, config.connect_timeout).await
 }
 
 async fn open_with(options: &PgConnectOptions, within: Duration) -> Result<PgConnection> {
@@ -101,7 +108,7 @@ fn failure(error: sqlx::Error) -> DriverError {
 impl PgDriver {
     pub(crate) fn new(config: PostgresConfig, sql: Sql, fence: Option<Fence>) -> Result<Self> {
         Ok(Self {
-            connect: config.connect_options()?,
+            connect: config.driver_options()?,
             config,
             sql,
             fence,

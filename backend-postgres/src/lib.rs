@@ -125,6 +125,15 @@
 //! settings are set per connection). [`xact_lock`] and [`RowLock`] work in any mode: they live
 //! inside one transaction.
 
+//! ## Cargo features
+//! - `tls-rustls`: TLS to the server (`sslmode=…`) with rustls.
+//! - `driver`: `PostgresConfig::connect_options`, the sqlx options of every connection dlock
+//!   opens (this crate's transaction-scoped locks take your sqlx transaction, so `sqlx` is
+//!   re-exported either way), for tools that talk to the same server with the driver directly, as
+//!   `dlock bench`'s raw floors do. These types follow the driver's versions, so they are opt-in
+//!   and outside this crate's stable surface.
+//! - `testing`: hooks dlock's own fault suites use; not for applications, not covered by semver.
+//!
 //! ## Performance
 //! `dlock bench --backend postgres://… --rounds 3 --duration 2s` measures this backend against its
 //! raw protocol floor (the driver alone doing the same server work) in the same run, and prints

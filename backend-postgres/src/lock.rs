@@ -96,6 +96,7 @@ impl PostgresLock {
 
     /// How many connections this client has open right now (sessions and waits): for dlock's
     /// tests; not part of the API.
+    #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub fn connections(&self) -> usize {
         self.pool.connections()

@@ -118,6 +118,14 @@
 //! counter, with or without an owner check, and the name's channel), each bounded by a timeout of
 //! the caller's choosing: the building blocks of Redlock on N independent nodes.
 //!
+//! ## Cargo features
+//! - `tls-rustls`: `rediss://` (TLS) with rustls and the webpki roots.
+//! - `driver`: the `driver` module (the `redis` crate's clients made from a [`RedisConfig`]:
+//!   single node, the primary the Sentinels name, a Cluster) and a re-export of `redis`, for
+//!   tools that talk to the same server with the driver directly, as `dlock bench`'s raw floors
+//!   do. These types follow the driver's versions, so they are opt-in and outside this crate's
+//!   stable surface.
+//!
 //! ## Performance
 //! `dlock bench --backend redis://… --rounds 3 --duration 2s` measures this backend against its
 //! raw protocol floor (the driver alone doing the same server work) in the same run, and prints
@@ -130,7 +138,12 @@ mod config;
 mod conn;
 mod connect;
 mod driven;
+#[cfg(feature = "driver")]
+#[cfg_attr(docsrs, doc(cfg(feature = "driver")))]
 pub mod driver;
+#[cfg(not(feature = "driver"))]
+#[allow(unreachable_pub, dead_code)] // public with the `driver` feature
+mod driver;
 mod error;
 mod eviction;
 mod held;
@@ -145,6 +158,8 @@ pub use config::{EvictionCheck, RedisConfig, Topology};
 pub use keys::LockKeys;
 pub use lock::RedisLock;
 /// The `redis` crate this backend is built with, whose clients [`driver`] hands out.
+#[cfg(feature = "driver")]
+#[cfg_attr(docsrs, doc(cfg(feature = "driver")))]
 pub use redis;
 
 /// The URL schemes this backend serves.

@@ -128,8 +128,10 @@ pub use dlock_api::{
     BoxError, Capabilities, CommandTimeout, Connecting, DistributedLock, DistributedLockExt,
     DynDistributedLock, Fencing, FencingGate, FencingToken, Inspection, KeyMapper, LeaseKind,
     LockContext, LockError, LockGuard, LockName, LockOptions, LockStatus, Lost, LostReason,
-    MemoryLock, Renewal, Result, RetryPolicy, error_chain, observability, raw, settle,
+    MemoryLock, Renewal, Result, RetryPolicy, error_chain, observability, settle,
 };
+// Not `raw`: the implementor API moves with the backends (see its stability note); a backend
+// author depends on `dlock-api` for it, and an application never needs it.
 
 /// What `#[locked]`'s expansion calls; not an API. The traits exist for their compile errors:
 /// rustc shows their `on_unimplemented` text, which says the fix, where a bare

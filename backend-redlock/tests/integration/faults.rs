@@ -846,7 +846,10 @@ async fn contention_on_nodes_that_lost_their_scripts_leaves_no_key_behind() {
             })
             .collect();
         for task in tasks {
-            timeout(BOUND, task).await.expect("a task finished").unwrap();
+            timeout(BOUND, task)
+                .await
+                .expect("a task finished")
+                .unwrap();
         }
     }
     settles_empty(&nodes, &[0, 1, 2, 3, 4], &lock).await;
