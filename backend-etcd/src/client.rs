@@ -201,7 +201,7 @@ impl Inner {
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let timeout = self.command_timeout();
-        let give_up = after(Instant::now(), timeout * 3);
+        let give_up = after(Instant::now(), timeout.saturating_mul(3));
         let mut attempt: u32 = 0;
         loop {
             let error = match self.client().await {
@@ -214,7 +214,7 @@ impl Inner {
                 Err(e) if e.is_retryable() => e,
                 Err(e) => return Err(e),
             };
-            attempt += 1;
+            attempt = attempt.saturating_add(1);
             let pause = Duration::from_millis(10u64 << attempt.min(5));
             if after(Instant::now(), pause) >= give_up {
                 return Err(error);

@@ -73,7 +73,9 @@ impl LeaseKind {
                 ttl, valid_until, ..
             } => Some((
                 *valid_until.lock().unwrap_or_else(|e| e.into_inner()),
-                Duration::from_secs(ttl.unsigned_abs()) / 3,
+                Duration::from_secs(ttl.unsigned_abs())
+                    .checked_div(3)
+                    .unwrap_or_default(),
             )),
             Self::Session(_) => None,
         }
@@ -193,7 +195,10 @@ impl EtcdLease {
             return;
         }
         self.watching.ensure(conn, || {
-            let watch = self.inner.watcher.watch(&self.key, self.revision + 1);
+            let watch = self
+                .inner
+                .watcher
+                .watch(&self.key, self.revision.saturating_add(1));
             watch_own_key(
                 self.inner.clone(),
                 self.state.clone(),
@@ -259,7 +264,7 @@ impl EtcdLease {
             // A concurrent extend moved it here already.
             return Ok(from);
         }
-        let mut tries = 0;
+        let mut tries: u32 = 0;
         loop {
             let to = self.inner.session_lease(ttl).await?;
             // An answer that never came leaves the guard on the old lease: both are this
@@ -275,7 +280,7 @@ impl EtcdLease {
                 Ok(false) => return Err(self.not_held()),
                 Err(e) if tries == 0 && lease_gone(&e) => {
                     self.inner.drop_session(&to);
-                    tries += 1;
+                    tries = tries.saturating_add(1);
                 }
                 Err(e) => return Err(e),
             }
@@ -337,14 +342,14 @@ async fn watch_own_key(
                 }
                 if rewatch {
                     let seen = response.header().map_or(revision, |h| h.revision());
-                    watch = inner.watcher.watch(&key, seen + 1);
+                    watch = inner.watcher.watch(&key, seen.saturating_add(1));
                 }
             }
             // The timer tries again; a watch that ended is re-created from our revision, so
             // whatever it missed meanwhile is still delivered (or answered "compacted").
             Err(_) if rewatch => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                watch = inner.watcher.watch(&key, revision + 1);
+                watch = inner.watcher.watch(&key, revision.saturating_add(1));
             }
             Err(_) => {}
         }

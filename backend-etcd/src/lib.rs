@@ -142,6 +142,9 @@
 //! Building needs `protoc` and the protobuf well-known includes (`protobuf-compiler` and
 //! `libprotobuf-dev` on Debian): the client library compiles etcd's API at build time.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Bad input must never panic: arithmetic on instants, durations and counters is checked or
+// saturating (deadlines go through `dlock_api::raw::time`).
+#![warn(clippy::arithmetic_side_effects)]
 
 mod client;
 mod config;

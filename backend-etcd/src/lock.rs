@@ -191,14 +191,14 @@ impl EtcdLock {
         F: FnMut(Kind, NameKeys, Arc<KeyClaim>) -> Fut,
         Fut: Future<Output = (Result<T>, Option<Arc<SessionLease>>)>,
     {
-        let mut tries = 0;
+        let mut tries: u32 = 0;
         loop {
             let (kind, keys, key) = self.prepare(name, options).await?;
             let (result, session) = attempt(kind, keys, key).await;
             match (result, session) {
                 (Err(e), Some(session)) if tries == 0 && lease_gone(&e) => {
                     self.inner.drop_session(&session);
-                    tries += 1;
+                    tries = tries.saturating_add(1);
                 }
                 (result, _) => return result,
             }
@@ -362,7 +362,9 @@ impl EtcdLock {
     /// How long a waiter rides out a server that does not answer before it gives up.
     fn recovery_window(&self) -> Duration {
         let config = &self.inner.config;
-        config.connect_timeout.max(config.command_timeout * 3)
+        config
+            .connect_timeout
+            .max(config.command_timeout.saturating_mul(3))
     }
 
     async fn wait(
@@ -424,7 +426,7 @@ impl EtcdLock {
             // A waiter on a lease of its own keeps it alive while it queues.
             let renew_at = kind
                 .own_timing()
-                .map(|(until, every)| until.checked_sub(every * 2).unwrap_or(until));
+                .map(|(until, every)| until.checked_sub(every.saturating_mul(2)).unwrap_or(until));
             let renew = async {
                 match renew_at {
                     Some(at) => tokio::time::sleep_until(at).await,

@@ -193,7 +193,7 @@ impl QueueWatch {
         ahead.push(queue.key.clone());
         Self {
             // From just after the read: no deletion can fall between.
-            watch: watcher.watch_deletions_under(&keys.range, queue.seen + 1),
+            watch: watcher.watch_deletions_under(&keys.range, queue.seen.saturating_add(1)),
             ahead,
             complete: queue.older.is_some(),
             predecessor: queue.key,

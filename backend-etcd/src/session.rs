@@ -39,13 +39,18 @@ use crate::error::{is_lease_not_found, map_err};
 /// the TTL less a margin for the two clocks' rates (1 % and 5 ms).
 pub(crate) fn validity(sent: Instant, ttl_secs: i64) -> Instant {
     let ttl = Duration::from_secs(ttl_secs.max(0).unsigned_abs());
-    let margin = ttl / 100 + Duration::from_millis(5);
+    let margin = ttl
+        .checked_div(100)
+        .unwrap_or_default()
+        .saturating_add(Duration::from_millis(5));
     after(sent, ttl.saturating_sub(margin))
 }
 
 /// A TTL as etcd takes it: whole seconds, rounded up, at least one.
 pub(crate) fn ttl_class(ttl: Duration) -> i64 {
-    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    let secs = ttl
+        .as_secs()
+        .saturating_add(u64::from(ttl.subsec_nanos() > 0));
     i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
 }
 
@@ -289,7 +294,7 @@ pub(crate) async fn grant_lease(
     command_timeout: Duration,
     shortest: &ShortestLease,
 ) -> dlock_api::Result<(i64, i64, Instant)> {
-    let mut attempt = 0;
+    let mut attempt: u32 = 0;
     loop {
         let sent = Instant::now();
         let mut leases = client.lease_client();
@@ -319,7 +324,7 @@ pub(crate) async fn grant_lease(
             Err(_) if attempt < 2 => {}
             Err(_) => return Err(crate::error::timed_out(command_timeout)),
         }
-        attempt += 1;
+        attempt = attempt.saturating_add(1);
     }
 }
 
@@ -415,7 +420,9 @@ async fn run(client: &Client, lease: &SessionLease, command_timeout: Duration) {
             Outcome::Renewed(ttl) => {
                 failures = 0;
                 lease.renewed(sent, ttl);
-                let every = Duration::from_secs(ttl.unsigned_abs()) / 3;
+                let every = Duration::from_secs(ttl.unsigned_abs())
+                    .checked_div(3)
+                    .unwrap_or_default();
                 next = after(sent, every.max(Duration::from_millis(100)));
             }
             Outcome::Failed => {

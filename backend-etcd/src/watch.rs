@@ -252,7 +252,7 @@ async fn run(client: Client, mut commands: UnboundedReceiver<Command>, probe: &P
                 failures = failures.saturating_add(1);
                 let pause = Duration::from_millis(25u64 << failures.min(5));
                 // Keep taking commands while pausing, so watches come and go meanwhile.
-                let until = tokio::time::Instant::now() + pause;
+                let until = dlock_api::raw::time::after(tokio::time::Instant::now(), pause);
                 loop {
                     tokio::select! {
                         _ = tokio::time::sleep_until(until) => break,
@@ -409,7 +409,7 @@ async fn handle(
         let mut deleted = Vec::new();
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
-            entry.next = entry.next.max(kv.mod_revision() + 1);
+            entry.next = entry.next.max(kv.mod_revision().saturating_add(1));
             if event.event_type() == EventType::Delete
                 && !probe.lose_deletions.load(Ordering::Relaxed)
             {

@@ -48,7 +48,7 @@ impl MySqlLock {
     /// Cancel safe: dropping it leaves nothing behind.
     pub async fn connect(config: MySqlConfig) -> Result<Self> {
         config.check()?;
-        let keys = KeyMapper::new(MAX_KEY_CHARS - config.prefix.len())
+        let keys = KeyMapper::new(MAX_KEY_CHARS.saturating_sub(config.prefix.len()))
             .case_insensitive()
             .with_allowed(key_char);
         let driver = MySqlDriver::new(config)?;
@@ -137,7 +137,7 @@ impl RawLock for MySqlLock {
             } else {
                 Fencing::None
             },
-            max_name_bytes: Some(MAX_KEY_CHARS - self.config().prefix.len()),
+            max_name_bytes: Some(MAX_KEY_CHARS.saturating_sub(self.config().prefix.len())),
             inspect: true,
             takeover_signal: true,
             ..Capabilities::SESSION_LEASE

@@ -239,9 +239,9 @@ impl SessionDriver for PgDriver {
     ) -> std::result::Result<bool, DriverError> {
         // A cancel request is a signal the server may act on late: one that lands on this
         // statement (ours, for a wait that just ended) is retried.
-        let mut attempts = 0;
+        let mut attempts: u32 = 0;
         loop {
-            attempts += 1;
+            attempts = attempts.saturating_add(1);
             match sql::unlock(*key).fetch_one(&mut *conn).await {
                 Ok(row) => return row.try_get::<bool, _>(0).map_err(failure),
                 Err(e) if attempts < 3 && sqlstate(&e).as_deref() == Some(QUERY_CANCELED) => {}

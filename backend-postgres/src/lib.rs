@@ -140,6 +140,9 @@
 //! the ratio. What those runs measured, VM by VM, and what was tried to close the gap, is in the
 //! repository's `BENCHMARKS.md`: numbers of one machine age with it, so they are not kept here.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Bad input must never panic: arithmetic on instants, durations and counters is checked or
+// saturating (deadlines go through `dlock_api::raw::time`).
+#![warn(clippy::arithmetic_side_effects)]
 
 mod config;
 mod driver;

@@ -518,7 +518,10 @@ impl Request for redis::Pipeline {
 /// acquire and release path cost more allocations than the rest of the client together.
 fn evalsha(script: &Script, keys: &[&str], args: &[&str]) -> Cmd {
     let data: usize = keys.iter().chain(args).map(|text| text.len()).sum();
-    let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), 64 + data);
+    let mut cmd = Cmd::with_capacity(
+        keys.len().saturating_add(args.len()).saturating_add(3),
+        data.saturating_add(64),
+    );
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
     for text in keys.iter().chain(args) {
         cmd.arg(*text);

@@ -32,7 +32,7 @@ impl LockKeys {
     /// escaped (`\` → `\\`, `{` → `\(`, `}` → `\)`), which is injective, so two names never share a
     /// key and the tag always ends at our own `}`.
     pub fn new(prefix: &str, name: &LockName) -> Self {
-        let mut tag = String::with_capacity(name.as_str().len() + 8);
+        let mut tag = String::with_capacity(name.as_str().len().saturating_add(8));
         for c in name.as_str().chars() {
             match c {
                 '\\' => tag.push_str("\\\\"),
@@ -41,14 +41,15 @@ impl LockKeys {
                 c => tag.push(c),
             }
         }
-        let mut lock = String::with_capacity(prefix.len() + tag.len() + 3);
+        let mut lock =
+            String::with_capacity(prefix.len().saturating_add(tag.len()).saturating_add(3));
         lock.push_str(prefix);
         lock.push_str(":{");
         lock.push_str(&tag);
         lock.push('}');
         // On every acquire: plain concatenation, not the formatting machinery.
         let suffixed = |suffix: &str| {
-            let mut key = String::with_capacity(lock.len() + suffix.len());
+            let mut key = String::with_capacity(lock.len().saturating_add(suffix.len()));
             key.push_str(&lock);
             key.push_str(suffix);
             key

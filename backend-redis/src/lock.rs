@@ -362,7 +362,7 @@ impl RedisLock {
             .await?;
         // From here the server may queue us or grant us the lock: a dropped wait must undo both.
         let mut pending = self.arm_cleanup(&keys, &owner);
-        let refresh = self.presence() / 3;
+        let refresh = self.presence().checked_div(3).unwrap_or_default();
         let mut backoff = 0;
         // The latest attempt that found the lock busy: when it was sent, and the last token the
         // name had handed out when the server ran it. A grant to us with a higher token was made
@@ -372,8 +372,11 @@ impl RedisLock {
         // ran the attempt, which found the lock not ours: that grant has already ended.
         let mut last_busy: Option<(Instant, u64)> = None;
         let config = &self.inner.config;
-        let mut recovery =
-            WaitRecovery::new(config.connect_timeout.max(config.command_timeout * 3));
+        let mut recovery = WaitRecovery::new(
+            config
+                .connect_timeout
+                .max(config.command_timeout.saturating_mul(3)),
+        );
         let mut reply_lost = false;
         loop {
             if std::mem::take(&mut reply_lost) {
@@ -395,9 +398,10 @@ impl RedisLock {
                 let valid_until = last_busy
                     .filter(|&(_, fence)| token > fence)
                     .map(|(sent, _)| after(sent, ttl.saturating_sub(grant_margin(ttl))));
-                if let Some(valid_until) = valid_until
-                    .filter(|until| until.saturating_duration_since(Instant::now()) >= ttl / 2)
-                {
+                if let Some(valid_until) = valid_until.filter(|until| {
+                    until.saturating_duration_since(Instant::now())
+                        >= ttl.checked_div(2).unwrap_or_default()
+                }) {
                     pending.disarm();
                     return Ok(Some(self.guard(
                         name,
@@ -493,7 +497,9 @@ fn owner_token() -> Arc<str> {
 /// considers its lease over: the server's clock and ours run at slightly different rates, so
 /// the local deadline errs early, as Redlock's drift allowance does.
 fn grant_margin(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
+    ttl.checked_div(100)
+        .unwrap_or_default()
+        .saturating_add(Duration::from_millis(2))
 }
 
 dlock_api::impl_distributed_lock!(RedisLock);

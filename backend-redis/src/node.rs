@@ -213,7 +213,9 @@ fn fence_floor() -> u64 {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX / 1000) * 1000
+    u64::try_from(since_epoch.as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(1000)
 }
 
 fn unexpected_acquire(reply: &impl std::fmt::Debug) -> LockError {
@@ -500,7 +502,7 @@ impl Node {
     /// `PREFIX:held-by:CLIENT`. Subscribe to it ([`subscribe`](Self::subscribe)) before
     /// [`watch_held`](Self::watch_held).
     pub fn held_by_channel(&self, client: &str) -> String {
-        let mut channel = String::with_capacity(self.held_by.len() + client.len());
+        let mut channel = String::with_capacity(self.held_by.len().saturating_add(client.len()));
         channel.push_str(&self.held_by);
         channel.push_str(client);
         channel

@@ -236,7 +236,11 @@ impl RedlockConfig {
     /// One node's answer timeout for a lease of `ttl`.
     pub fn node_timeout_for(&self, ttl: Duration) -> Duration {
         self.node_timeout
-            .unwrap_or_else(|| (ttl / 20).max(MIN_NODE_TIMEOUT))
+            .unwrap_or_else(|| {
+                ttl.checked_div(20)
+                    .unwrap_or_default()
+                    .max(MIN_NODE_TIMEOUT)
+            })
             .min(self.command_timeout)
     }
 
@@ -270,7 +274,7 @@ impl RedlockConfig {
 
 /// `n / 2 + 1`.
 pub(crate) fn majority(n: usize) -> usize {
-    n / 2 + 1
+    (n / 2).saturating_add(1)
 }
 
 fn zero_or_duration(key: &str, value: &str) -> Result<Duration> {

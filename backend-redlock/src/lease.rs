@@ -78,7 +78,7 @@ impl RawLease for RedlockLease {
         self.let_go.store(true, Ordering::SeqCst);
         let timeout = self.inner.config.command_timeout;
         let quorum = self.inner.config.quorum();
-        let mut deleted = 0;
+        let mut deleted: usize = 0;
         let mut failed: Vec<String> = Vec::new();
         let name = self.name.clone();
         fanout::until_decided(
@@ -89,7 +89,7 @@ impl RawLease for RedlockLease {
             },
             |slot, reply| {
                 match reply {
-                    Ok(true) => deleted += 1,
+                    Ok(true) => deleted = deleted.saturating_add(1),
                     Ok(false) => {}
                     Err(error) => failed.push(format!("{}: {error}", slot.addr())),
                 }
@@ -144,7 +144,7 @@ impl RawLease for RedlockLease {
         let timeout = config.node_timeout_for(ttl).min(left);
         // Decided at a quorum's yes, like a grant: the new validity counts from before the
         // first request, so the nodes still to answer cannot shorten it.
-        let (mut extended, mut gone) = (0, 0);
+        let (mut extended, mut gone) = (0usize, 0usize);
         let mut failed: Vec<String> = Vec::new();
         fanout::until_decided(
             &self.inner.slots,
@@ -154,8 +154,8 @@ impl RawLease for RedlockLease {
             },
             |slot, reply| {
                 match reply {
-                    Ok(true) => extended += 1,
-                    Ok(false) => gone += 1,
+                    Ok(true) => extended = extended.saturating_add(1),
+                    Ok(false) => gone = gone.saturating_add(1),
                     Err(error) => failed.push(format!("{}: {error}", slot.addr())),
                 }
                 extended >= quorum
@@ -169,7 +169,7 @@ impl RawLease for RedlockLease {
             self.session.resume();
             return Ok(valid_until);
         }
-        if gone > n - quorum {
+        if gone > n.saturating_sub(quorum) {
             return Err(LockError::NotHeld {
                 name: self.name.to_string(),
             });

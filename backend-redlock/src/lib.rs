@@ -145,6 +145,9 @@
 //! [`LostReason::RenewalFailed`]: dlock_api::LostReason::RenewalFailed
 //! [`LostReason::TakenOver`]: dlock_api::LostReason::TakenOver
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Bad input must never panic: arithmetic on instants, durations and counters is checked or
+// saturating (deadlines go through `dlock_api::raw::time`).
+#![warn(clippy::arithmetic_side_effects)]
 
 mod client;
 mod config;

@@ -78,7 +78,9 @@ impl Line {
             self.leave();
         }
         self.node = Some(index);
-        let presence = next_round.saturating_duration_since(Instant::now()) + PRESENCE_MARGIN;
+        let presence = next_round
+            .saturating_duration_since(Instant::now())
+            .saturating_add(PRESENCE_MARGIN);
         self.first = matches!(
             node.line_check(&self.keys, &self.waiter, presence, timeout)
                 .await,

@@ -310,12 +310,12 @@ impl Redlock {
         // have set ours after all).
         drop(pending);
         let free = taken.iter().fold(0u64, |mask, (i, _)| mask | (1 << i));
-        if n - failures.len() < quorum {
+        if n.saturating_sub(failures.len()) < quorum {
             return Round::Failed(LockError::unavailable_because(
                 BACKEND,
                 format!(
                     "only {} of {n} nodes answered, {quorum} needed ({})",
-                    n - failures.len(),
+                    n.saturating_sub(failures.len()),
                     failures.join("; ")
                 ),
             ));
@@ -324,10 +324,11 @@ impl Redlock {
         // not answer (it may hold those too).
         let mut per_holder: HashMap<&str, usize> = HashMap::new();
         for (_, holder, _) in &busy {
-            *per_holder.entry(holder.as_str()).or_default() += 1;
+            let count = per_holder.entry(holder.as_str()).or_default();
+            *count = count.saturating_add(1);
         }
         let most = per_holder.values().copied().max().unwrap_or(0);
-        if most + failures.len() < quorum {
+        if most.saturating_add(failures.len()) < quorum {
             inner.stats.split_votes.fetch_add(1, Ordering::Relaxed);
             return Round::Busy {
                 free,
@@ -368,7 +369,12 @@ impl Redlock {
         if at_highest >= majority(n) {
             return Ok(highest);
         }
-        let timeout = node_timeout.max(self.inner.config.command_timeout.min(node_timeout * 4));
+        let timeout = node_timeout.max(
+            self.inner
+                .config
+                .command_timeout
+                .min(node_timeout.saturating_mul(4)),
+        );
         let raised = join_all(taken.iter().filter(|(_, t)| *t < highest).map(
             |(i, _)| async move {
                 let node = self.inner.slots[*i].get()?;
@@ -378,14 +384,14 @@ impl Redlock {
         ))
         .await;
         let raised = raised.iter().filter(|r| matches!(r, Ok(true))).count();
-        if at_highest + raised >= majority(n) {
+        if at_highest.saturating_add(raised) >= majority(n) {
             Ok(highest)
         } else {
             Err(LockError::unavailable_because(
                 BACKEND,
                 format!(
                     "the fencing token reached only {} of the {} nodes it must",
-                    at_highest + raised,
+                    at_highest.saturating_add(raised),
                     majority(n)
                 ),
             ))
@@ -510,7 +516,7 @@ fn quorum_view(views: &[NodeView], failures: Vec<String>, quorum: usize) -> Resu
         });
     }
     let most = by_owner.values().map(Vec::len).max().unwrap_or(0);
-    if most + silent < quorum {
+    if most.saturating_add(silent) < quorum {
         return Ok(Inspection::free(None));
     }
     Err(LockError::unavailable_because(
@@ -675,8 +681,10 @@ impl RawLock for Redlock {
                             // A head start for the first in line, about a round trip: it takes
                             // the agreed node before us, so that the nodes whose release had not
                             // landed when it woke cannot leave it short of a quorum.
-                            tokio::time::sleep((round_took * 2).min(inner.config.retry_delay))
-                                .await;
+                            tokio::time::sleep(
+                                round_took.saturating_mul(2).min(inner.config.retry_delay),
+                            )
+                            .await;
                         }
                         continue;
                     }

@@ -244,7 +244,7 @@ async fn first_answers(config: &RedlockConfig, slots: &[Arc<Slot>]) -> Vec<Optio
         results[i] = Some(outcome);
         let connected = results.iter().filter(|r| matches!(r, Some(Ok(())))).count();
         let failed = results.iter().filter(|r| matches!(r, Some(Err(_)))).count();
-        if failed > n - quorum.min(n) {
+        if failed > n.saturating_sub(quorum) {
             break;
         }
         if connected >= quorum && others_until.is_none() {

@@ -80,11 +80,11 @@ async fn within_timeout(
             Ok(Err(error)) => return Err(Refused::Server(error)),
             Err(_) => return Err(Refused::TimedOut),
         };
-        if Instant::now() + pause >= deadline {
+        if after(Instant::now(), pause) >= deadline {
             return Err(Refused::Server(error));
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(MAX_PAUSE);
+        pause = pause.saturating_mul(2).min(MAX_PAUSE);
     }
 }
 

@@ -75,7 +75,7 @@ async fn make_parents(
     timeout: Duration,
 ) -> Result<()> {
     let options = CreateMode::Container.with_acls(acls(acl));
-    timed(timeout * 2, client.mkdir(parent, &options))
+    timed(timeout.saturating_mul(2), client.mkdir(parent, &options))
         .await
         .map_err(LockError::from)
 }
@@ -99,9 +99,9 @@ async fn enqueue(
     let path = format!("{parent}/{marker}");
     let options = CreateMode::EphemeralSequential.with_acls(acls(acl));
     let mut counted = true;
-    let mut attempt = 0;
+    let mut attempt: u32 = 0;
     loop {
-        attempt += 1;
+        attempt = attempt.saturating_add(1);
         let sent = Instant::now();
         let created = if counted {
             timed(timeout, create_counted(&client, &path, parent, &options)).await

@@ -111,6 +111,9 @@
 //! wait, and when the wait ends first it answers `Unavailable`, by its deadline plus one
 //! command's timeout, never `Timeout` (which says somebody held the lock).
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Bad input must never panic: arithmetic on instants, durations and counters is checked or
+// saturating (deadlines go through `dlock_api::raw::time`).
+#![warn(clippy::arithmetic_side_effects)]
 
 mod config;
 mod connect;

@@ -163,7 +163,7 @@ impl ZkLock {
         drop(session);
         let hosts = hosts.map_or_else(|| self.inner.config.connect_string(), str::to_owned);
         let config = &self.inner.config;
-        let give_up = after(Instant::now(), config.connect_timeout * 3);
+        let give_up = after(Instant::now(), config.connect_timeout.saturating_mul(3));
         loop {
             let connector = crate::connect::connector(config)?.with_session(info.clone());
             let attach = crate::connect::dial(connector, config, &hosts);
@@ -330,9 +330,9 @@ impl RawLock for ZkLock {
         let client = session.client().await?;
         let timeout = session.command_timeout;
         let parent = self.inner.config.name_path(name);
-        let mut rounds = 0;
+        let mut rounds: u32 = 0;
         loop {
-            rounds += 1;
+            rounds = rounds.saturating_add(1);
             let sync = client.sync(&parent);
             let list = client.list_children(&parent);
             let (_, listed) = tokio::time::timeout(timeout, futures::future::join(sync, list))
@@ -353,7 +353,7 @@ impl RawLock for ZkLock {
                 Some(stat) => {
                     let token = u64::try_from(stat.czxid).ok().map(FencingToken::new);
                     return Ok(Inspection::held(token)
-                        .with_waiters(queue.len() - 1)
+                        .with_waiters(queue.len().saturating_sub(1))
                         .with_holder(format!("session {:#x}", stat.ephemeral_owner)));
                 }
                 // Released since the listing: look again, a few times under churn.

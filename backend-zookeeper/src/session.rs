@@ -47,7 +47,10 @@ mod reattach;
 
 /// The margin taken off the session timeout for the two clocks' rates: 1 % and 10 ms.
 fn margin(timeout: Duration) -> Duration {
-    timeout / 100 + Duration::from_millis(10)
+    timeout
+        .checked_div(100)
+        .unwrap_or_default()
+        .saturating_add(Duration::from_millis(10))
 }
 
 fn ended() -> LockError {
@@ -401,7 +404,11 @@ enum Wake {
 /// Keeps account of the session until it ends or nothing holds it any more.
 async fn heartbeat(weak: Weak<ZkSession>, mut states: StateWatcher) {
     let Some((every, bound)) = weak.upgrade().map(|s| {
-        let every = (s.timeout / 3).max(Duration::from_millis(50));
+        let every = s
+            .timeout
+            .checked_div(3)
+            .unwrap_or_default()
+            .max(Duration::from_millis(50));
         (every, every.min(s.command_timeout))
     }) else {
         return;
@@ -462,7 +469,13 @@ async fn heartbeat(weak: Weak<ZkSession>, mut states: StateWatcher) {
                             session.session.resume();
                         }
                         Err(_) => {
-                            next = after(Instant::now(), (every / 3).max(Duration::from_millis(50)))
+                            next = after(
+                                Instant::now(),
+                                every
+                                    .checked_div(3)
+                                    .unwrap_or_default()
+                                    .max(Duration::from_millis(50)),
+                            )
                         }
                     }
                 }
@@ -478,7 +491,13 @@ async fn heartbeat(weak: Weak<ZkSession>, mut states: StateWatcher) {
             }
             Err(_) => {
                 session.suspend();
-                next = after(Instant::now(), (every / 3).max(Duration::from_millis(50)));
+                next = after(
+                    Instant::now(),
+                    every
+                        .checked_div(3)
+                        .unwrap_or_default()
+                        .max(Duration::from_millis(50)),
+                );
             }
         }
     }

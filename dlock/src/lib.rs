@@ -74,6 +74,9 @@
 //! This crate is published as `dlock-rs` (the name `dlock` belongs to another crate on
 //! crates.io); its library is `dlock`: `dlock = { package = "dlock-rs", version = "0.1" }`.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Bad input must never panic: arithmetic on instants, durations and counters is checked or
+// saturating (deadlines go through `dlock_api::raw::time`).
+#![warn(clippy::arithmetic_side_effects)]
 
 mod config;
 mod connect;

@@ -176,7 +176,11 @@ pub fn redact(url: &str) -> String {
         // Unparsable: drop anything that looks like user info rather than risk printing a secret.
         Err(_) => match (url.find("://"), url.rfind('@')) {
             (Some(start), Some(at)) if at > start => {
-                format!("{}***@{}", &url[..start + 3], &url[at + 1..])
+                format!(
+                    "{}***@{}",
+                    &url[..start.saturating_add(3)],
+                    &url[at.saturating_add(1)..]
+                )
             }
             _ => url.to_owned(),
         },

@@ -28,6 +28,9 @@
 //! - `name`: the name's format string, checked against the function's arguments;
 //! - [`locked`] below: the expansion.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Bad input must never panic: arithmetic on instants, durations and counters is checked or
+// saturating (deadlines go through `dlock_api::raw::time`).
+#![warn(clippy::arithmetic_side_effects)]
 
 mod args;
 mod name;
