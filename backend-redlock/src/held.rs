@@ -28,7 +28,7 @@ use dlock_api::raw::time::after;
 use dlock_api::raw::{HeldCheck, HeldWatchTiming, LeaseState, Scheduled, watch_held};
 use dlock_api::{LockError, LostReason, Result};
 use dlock_redis::LockKeys;
-use dlock_redis::node::NodeEvent;
+use dlock_redis::node::{Node, NodeEvent};
 use futures::future::join_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -54,6 +54,9 @@ pub(crate) struct Holders {
     watched: Mutex<HashMap<Arc<str>, Arc<Watched>>>,
     /// Per node: whether this client's channel is subscribed there.
     subscribed: Vec<AtomicBool>,
+    /// Per node: taken while subscribing, so that the many watches that start together (a
+    /// batch of locks held at once) send one `SUBSCRIBE`, not one each.
+    subscribing: Vec<tokio::sync::Mutex<()>>,
 }
 
 /// One watching holder.
@@ -92,6 +95,7 @@ impl Holders {
             client: dlock_api::raw::random_owner(),
             watched: Mutex::new(HashMap::new()),
             subscribed: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
+            subscribing: (0..nodes).map(|_| tokio::sync::Mutex::new(())).collect(),
         }
     }
 
@@ -119,6 +123,22 @@ impl Holders {
             }
             _ => {}
         }
+    }
+}
+
+impl Holders {
+    /// Subscribes this client's channel on node `index` unless it is already.
+    async fn subscribe(&self, index: usize, node: &Node, timeout: Duration) -> Result<()> {
+        if self.subscribed[index].load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let _one_at_a_time = self.subscribing[index].lock().await;
+        if !self.subscribed[index].load(Ordering::SeqCst) {
+            node.subscribe(&node.held_by_channel(&self.client), timeout)
+                .await?;
+            self.subscribed[index].store(true, Ordering::SeqCst);
+        }
+        Ok(())
     }
 }
 
@@ -216,11 +236,7 @@ async fn mark(client: &Weak<Inner>, watched: &Watched, held: &HeldLock) -> Resul
             .filter(|slot| settled & (1 << slot.index) == 0)
             .map(|slot| async move {
                 let node = slot.get()?;
-                if !holders.subscribed[slot.index].load(Ordering::SeqCst) {
-                    node.subscribe(&node.held_by_channel(&holders.client), timeout)
-                        .await?;
-                    holders.subscribed[slot.index].store(true, Ordering::SeqCst);
-                }
+                holders.subscribe(slot.index, node, timeout).await?;
                 let held = node
                     .watch_held(&held.keys, &held.owner, &holders.client, timeout)
                     .await?;
