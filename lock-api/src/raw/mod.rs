@@ -70,6 +70,39 @@
 //! - [`watch_held`]: a TTL lock's holder checking its key until the guard ends, so that a key
 //!   taken over reaches its holder as the taker announces it, not at the next renewal.
 //! - [`random_owner`]: the random value a backend writes to tell its own key from others'.
+//!
+//! ## A whole backend
+//! Locks in a `HashMap` behind a mutex, the "server" every client made from one `MapServer`
+//! shares: `try_grant` takes a free (or expired) name in one step, `wait_grant` waits for a
+//! release or the holder's TTL, and the lease releases and extends only while the hold is still
+//! its own. That is all a backend writes; the engine does the rest (options, deadlines,
+//! cancellation, the watchdog, the lost signal). The example then runs the whole conformance
+//! suite against it, as a backend's `tests/conformance.rs` does (`dlock-conformance`: a fresh
+//! client per call, the cases as libtest trials), under paused time, and passes it.
+//!
+
+#![doc = concat!(
+    "```\n",
+    include_str!("example_backend.rs"),
+    "\n",
+    "# use dlock_conformance::Harness;\n",
+    "# struct MapHarness(Arc<MapServer>);\n",
+    "# #[dlock_api::raw::async_trait]\n",
+    "# impl Harness for MapHarness {\n",
+    "#     fn label(&self) -> &str { \"hashmap\" }\n",
+    "#     async fn client(&self) -> Result<Arc<dyn dlock_api::DistributedLock>> {\n",
+    "#         Ok(Arc::new(MapLock { server: self.0.clone() }))\n",
+    "#     }\n",
+    "# }\n",
+    "// The suite's cases, each against clients of one fresh server.\n",
+    "fn main() -> std::process::ExitCode {\n",
+    "    dlock_conformance::main_per_case(\n",
+    "        || MapHarness(Arc::default()),\n",
+    "        || tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap(),\n",
+    "    )\n",
+    "}\n",
+    "```\n",
+)]
 
 pub(crate) mod background;
 pub mod config;
