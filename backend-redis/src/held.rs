@@ -21,9 +21,9 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dlock_api::Result;
-use dlock_api::raw::time::after;
-use dlock_api::raw::{HeldCheck, HeldWatchTiming, LeaseState, Scheduled, watch_held};
-use tokio::time::Instant;
+use dlock_api::raw::{
+    HeldCheck, HeldWatchTiming, LeaseState, Scheduled, start_watch_after, watch_held,
+};
 
 use crate::client::Inner;
 use crate::keys::LockKeys;
@@ -50,14 +50,9 @@ pub(crate) struct HeldLock {
 /// Schedules the watch of a lock just granted, [`WATCH_HELD_AFTER`] from now on the client's
 /// guard timer; dropping the handle (the lease went first) cancels it.
 pub(crate) fn schedule_watch(inner: &Arc<Inner>, held: HeldLock) -> Option<Scheduled> {
-    let client = Arc::downgrade(inner);
-    inner
-        .timer
-        .schedule(after(Instant::now(), WATCH_HELD_AFTER), move || {
-            if !held.state.is_closed() {
-                tokio::spawn(watch(client, held));
-            }
-        })
+    let state = held.state.clone();
+    let watch = watch(Arc::downgrade(inner), held);
+    start_watch_after(&inner.timer, WATCH_HELD_AFTER, &state, watch)
 }
 
 /// Runs until the guard is released, lost, or its client dropped.

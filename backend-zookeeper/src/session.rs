@@ -468,15 +468,7 @@ async fn heartbeat(weak: Weak<ZkSession>, mut states: StateWatcher) {
                             );
                             session.session.resume();
                         }
-                        Err(_) => {
-                            next = after(
-                                Instant::now(),
-                                every
-                                    .checked_div(3)
-                                    .unwrap_or_default()
-                                    .max(Duration::from_millis(50)),
-                            )
-                        }
+                        Err(_) => next = after(Instant::now(), soon_again(every)),
                     }
                 }
             }
@@ -491,14 +483,16 @@ async fn heartbeat(weak: Weak<ZkSession>, mut states: StateWatcher) {
             }
             Err(_) => {
                 session.suspend();
-                next = after(
-                    Instant::now(),
-                    every
-                        .checked_div(3)
-                        .unwrap_or_default()
-                        .max(Duration::from_millis(50)),
-                );
+                next = after(Instant::now(), soon_again(every));
             }
         }
     }
+}
+
+/// How soon a heartbeat that failed is sent again: a third of its interval, at least 50 ms.
+fn soon_again(every: Duration) -> Duration {
+    every
+        .checked_div(3)
+        .unwrap_or_default()
+        .max(Duration::from_millis(50))
 }

@@ -8,13 +8,14 @@
 //! and losing the guard. Redis and Redlock run it.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::raw::LeaseState;
 use crate::raw::time::after;
+use crate::raw::{GuardTimer, LeaseState, Scheduled};
 use crate::{LostReason, Result};
 
 /// What one check of a held lock found.
@@ -36,6 +37,26 @@ pub struct HeldWatchTiming {
     pub again_every: Duration,
     /// After a check that could not tell (no answer, a reconnect under way).
     pub retry_after: Duration,
+}
+
+/// Starts `watch` (spawned) `delay` from now on the client's guard `timer`, unless the guard of
+/// `state` was released by then; dropping the handle (keep it with the lease) cancels it. A
+/// lock released sooner, as most are, then costs a timer entry and no task.
+pub fn start_watch_after<F>(
+    timer: &GuardTimer,
+    delay: Duration,
+    state: &Arc<LeaseState>,
+    watch: F,
+) -> Option<Scheduled>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let state = state.clone();
+    timer.schedule(after(Instant::now(), delay), move || {
+        if !state.is_closed() {
+            tokio::spawn(watch);
+        }
+    })
 }
 
 /// Runs `check` until the guard of `state` is released or lost, or `check` says

@@ -127,7 +127,7 @@ pub use crate::inspect::inspect;
 pub use background::{settle, spawn_cleanup};
 pub use detach::Detach;
 pub use engine::{Grant, RawLock, acquire, acquire_by, try_acquire, try_acquire_by};
-pub use held_watch::{HeldCheck, HeldWatchTiming, watch_held};
+pub use held_watch::{HeldCheck, HeldWatchTiming, start_watch_after, watch_held};
 pub use lease::{RawLease, RenewedBy, spawn_release};
 pub use local_queue::{LocalQueue, Turn};
 pub use owner::random_owner;
