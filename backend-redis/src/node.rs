@@ -184,7 +184,8 @@ pub enum Counting {
     /// let (ttl, timeout) = (Duration::from_secs(10), Duration::from_millis(50));
     /// for node in nodes {
     ///     let keys = node.keys(&name);
-    ///     match node.try_lock(&keys, "owner-1", ttl, timeout, Counting::EveryAttempt).await? {
+    ///     let floor = dlock_redis::node::fence_floor();
+    ///     match node.try_lock(&keys, "owner-1", ttl, floor, timeout, Counting::EveryAttempt).await? {
     ///         NodeAttempt::Taken { token } => println!("taken with token {token}"),
     ///         NodeAttempt::Busy { holder, pttl } => println!("{holder} holds it for {pttl:?}"),
     ///         other => println!("{other:?}"),
@@ -200,16 +201,18 @@ pub enum Counting {
     EveryAttemptUntimed,
 }
 
-/// Where a node's fence counter that does not exist starts: this client's wall clock in
-/// microseconds, cut to the millisecond so that the nodes of one round (sent within the same
-/// millisecond, nearly always) start at the same value and a quorum agrees on the first token.
+/// Where a node's fence counter that does not exist starts ([`Node::try_lock`]'s `floor`): this
+/// client's wall clock in microseconds, cut to the millisecond. Read it once per round and hand
+/// the same value to every node, so that their counters start alike and a quorum agrees on the
+/// first token (read per node, a round that straddles a millisecond would start them apart, and
+/// the grant would have to write its token back).
 ///
 /// A counter is lost when its node restarts without persistence (or the counter expires):
 /// started again from the clock, it is above every token the old one handed out, which
 /// counted up by one per grant from an earlier clock reading (a grant takes far more than a
 /// microsecond), provided the clocks of the clients that start counters disagree by less than
 /// the time between the old counter's start and its loss.
-fn fence_floor() -> u64 {
+pub fn fence_floor() -> u64 {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -433,7 +436,8 @@ impl Node {
     /// Takes the lock for `owner` for `ttl` if nobody holds it ([`NodeAttempt::Taken`] with the
     /// new fencing token), or says who holds it and for how long ([`NodeAttempt::Busy`]).
     /// `counting` says whether a busy attempt advances the name's fence counter too, in return
-    /// for less work on the node (see [`Counting`]).
+    /// for less work on the node (see [`Counting`]); a counter that does not exist starts at
+    /// `floor` ([`fence_floor`], read once for all the nodes of one round).
     ///
     /// # Errors
     /// [`LockError::Unavailable`] if the node does not answer
@@ -446,11 +450,12 @@ impl Node {
         keys: &LockKeys,
         owner: &str,
         ttl: Duration,
+        floor: u64,
         timeout: Duration,
         counting: Counting,
     ) -> Result<NodeAttempt> {
         let ttl_ms = ttl.as_millis().max(1).to_string();
-        let floor = fence_floor().to_string();
+        let floor = floor.to_string();
         match counting {
             Counting::OnGrant => {
                 let reply: Value = self

@@ -14,7 +14,7 @@ use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
 };
 use dlock_redis::LockKeys;
-use dlock_redis::node::{Counting, NodeAttempt, NodeView};
+use dlock_redis::node::{Counting, NodeAttempt, NodeView, fence_floor};
 use futures::future::join_all;
 use rand::Rng;
 use tokio::time::{Instant, sleep_until};
@@ -182,6 +182,8 @@ impl Redlock {
         inner.stats.rounds.fetch_add(1, Ordering::Relaxed);
         // Validity runs from before the first request.
         let started = Instant::now();
+        // One start for every node's counter this round (see `fence_floor`).
+        let floor = fence_floor();
         // Any node may have set our key, even one whose answer was lost or late: a dropped
         // round releases on every node.
         // Set once the round's keys are let go (the round failed, the acquire was dropped, the
@@ -204,7 +206,7 @@ impl Redlock {
         if let Some(slot) = gate {
             let reply = match slot.get() {
                 Ok(node) => {
-                    node.try_lock(keys, &owner, ttl, node_timeout, Counting::OnGrant)
+                    node.try_lock(keys, &owner, ttl, floor, node_timeout, Counting::OnGrant)
                         .await
                 }
                 Err(error) => Err(error),
@@ -252,7 +254,7 @@ impl Redlock {
                         Some(taken) => Ok(taken),
                         None => {
                             slot.get()?
-                                .try_lock(&keys, &owner, ttl, node_timeout, counting)
+                                .try_lock(&keys, &owner, ttl, floor, node_timeout, counting)
                                 .await
                         }
                     }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_api::LockName;
-use dlock_redis::node::{Counting, Node, NodeAttempt, NodeEvent};
+use dlock_redis::node::{Counting, Node, NodeAttempt, NodeEvent, fence_floor};
 use dlock_redis::{LockKeys, RedisConfig};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -47,12 +47,12 @@ async fn node_primitives_are_owner_checked_and_fenced() {
     let ttl = Duration::from_secs(10);
 
     let first = token(
-        node.try_lock(&keys, "a", ttl, TIMEOUT, Counting::OnGrant)
+        node.try_lock(&keys, "a", ttl, fence_floor(), TIMEOUT, Counting::OnGrant)
             .await
             .unwrap(),
     );
     let (holder, pttl) = busy(
-        node.try_lock(&keys, "b", ttl, TIMEOUT, Counting::OnGrant)
+        node.try_lock(&keys, "b", ttl, fence_floor(), TIMEOUT, Counting::OnGrant)
             .await
             .unwrap(),
     );
@@ -82,7 +82,7 @@ async fn node_primitives_are_owner_checked_and_fenced() {
         "already gone"
     );
     let second = token(
-        node.try_lock(&keys, "b", ttl, TIMEOUT, Counting::OnGrant)
+        node.try_lock(&keys, "b", ttl, fence_floor(), TIMEOUT, Counting::OnGrant)
             .await
             .unwrap(),
     );
@@ -104,7 +104,7 @@ async fn node_primitives_are_owner_checked_and_fenced() {
         raised
     );
     let third = token(
-        node.try_lock(&keys, "c", ttl, TIMEOUT, Counting::OnGrant)
+        node.try_lock(&keys, "c", ttl, fence_floor(), TIMEOUT, Counting::OnGrant)
             .await
             .unwrap(),
     );
@@ -120,30 +120,51 @@ async fn pipelined_acquire_answers_as_the_script_and_keeps_tokens_rising() {
     let ttl = Duration::from_secs(10);
 
     let first = token(
-        node.try_lock(&keys, "a", ttl, TIMEOUT, Counting::EveryAttempt)
-            .await
-            .unwrap(),
+        node.try_lock(
+            &keys,
+            "a",
+            ttl,
+            fence_floor(),
+            TIMEOUT,
+            Counting::EveryAttempt,
+        )
+        .await
+        .unwrap(),
     );
     let (holder, pttl) = busy(
-        node.try_lock(&keys, "b", ttl, TIMEOUT, Counting::EveryAttempt)
-            .await
-            .unwrap(),
+        node.try_lock(
+            &keys,
+            "b",
+            ttl,
+            fence_floor(),
+            TIMEOUT,
+            Counting::EveryAttempt,
+        )
+        .await
+        .unwrap(),
     );
     assert_eq!(holder, "a");
     assert!(pttl.is_some_and(|p| p <= ttl), "{pttl:?}");
     assert!(node.unlock(&keys, "a", TIMEOUT).await.unwrap());
     // The busy attempt used one value of the counter: the next grant goes past it.
     let second = token(
-        node.try_lock(&keys, "b", ttl, TIMEOUT, Counting::OnGrant)
+        node.try_lock(&keys, "b", ttl, fence_floor(), TIMEOUT, Counting::OnGrant)
             .await
             .unwrap(),
     );
     assert_eq!(second, first + 2);
     assert!(node.unlock(&keys, "b", TIMEOUT).await.unwrap());
     let third = token(
-        node.try_lock(&keys, "c", ttl, TIMEOUT, Counting::EveryAttempt)
-            .await
-            .unwrap(),
+        node.try_lock(
+            &keys,
+            "c",
+            ttl,
+            fence_floor(),
+            TIMEOUT,
+            Counting::EveryAttempt,
+        )
+        .await
+        .unwrap(),
     );
     assert_eq!(third, second + 1);
 
@@ -161,9 +182,16 @@ async fn pipelined_acquire_answers_as_the_script_and_keeps_tokens_rising() {
         .await
         .unwrap();
     let seen = busy(
-        node.try_lock(&keys, "d", ttl, TIMEOUT, Counting::EveryAttempt)
-            .await
-            .unwrap(),
+        node.try_lock(
+            &keys,
+            "d",
+            ttl,
+            fence_floor(),
+            TIMEOUT,
+            Counting::EveryAttempt,
+        )
+        .await
+        .unwrap(),
     );
     assert_eq!(seen, ("someone".to_owned(), None));
     let _: () = redis::cmd("DEL")
@@ -198,6 +226,7 @@ async fn release_is_announced_to_subscribers() {
             &keys,
             "a",
             Duration::from_secs(10),
+            fence_floor(),
             TIMEOUT,
             Counting::OnGrant,
         )
@@ -249,15 +278,29 @@ async fn a_watched_holder_hears_of_the_takeover_of_its_vanished_key() {
 
     for counting in [Counting::EveryAttemptUntimed, Counting::OnGrant] {
         token(
-            node.try_lock(&keys, "a1", ttl, TIMEOUT, Counting::EveryAttemptUntimed)
-                .await
-                .unwrap(),
+            node.try_lock(
+                &keys,
+                "a1",
+                ttl,
+                fence_floor(),
+                TIMEOUT,
+                Counting::EveryAttemptUntimed,
+            )
+            .await
+            .unwrap(),
         );
         assert_eq!(
             busy(
-                node.try_lock(&keys, "b1", ttl, TIMEOUT, Counting::EveryAttemptUntimed)
-                    .await
-                    .unwrap()
+                node.try_lock(
+                    &keys,
+                    "b1",
+                    ttl,
+                    fence_floor(),
+                    TIMEOUT,
+                    Counting::EveryAttemptUntimed
+                )
+                .await
+                .unwrap()
             ),
             ("a1".to_owned(), None)
         );
@@ -268,7 +311,7 @@ async fn a_watched_holder_hears_of_the_takeover_of_its_vanished_key() {
             .await
             .unwrap();
         token(
-            node.try_lock(&keys, "b1", ttl, TIMEOUT, counting)
+            node.try_lock(&keys, "b1", ttl, fence_floor(), TIMEOUT, counting)
                 .await
                 .unwrap(),
         );
