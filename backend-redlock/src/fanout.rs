@@ -23,7 +23,7 @@ use crate::nodes::Slot;
 pub(crate) async fn until_decided<T, Fut>(
     slots: &[Arc<Slot>],
     request: impl Fn(&Arc<Slot>) -> Fut,
-    mut decide: impl FnMut(&Slot, Result<T>) -> bool,
+    mut decide: impl FnMut(&Arc<Slot>, Result<T>) -> bool,
     mut late: impl FnMut(&Arc<Slot>, Result<T>) + Send + 'static,
 ) where
     T: Send + 'static,

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::BACKEND;
 use crate::client::Inner;
 use crate::fanout;
+use crate::release::release_on;
 
 pub(crate) struct RedlockLease {
     inner: Arc<Inner>,
@@ -73,14 +74,23 @@ impl RawLease for RedlockLease {
     /// `Ok` if any node still had it; `NotHeld` if every node answered without it. Returns once
     /// a quorum deleted it (the lock is free for others then); the deletions still out finish
     /// in the background, each on its node's connection, ahead of anything this client sends
-    /// that node later.
+    /// that node later. A node whose connection dropped is asked again while it comes back,
+    /// up to the command timeout, so that its key does not outlive the release until its TTL.
     async fn release(&self) -> Result<()> {
         self.let_go.store(true, Ordering::SeqCst);
         let timeout = self.inner.config.command_timeout;
         let quorum = self.inner.config.quorum();
         let mut deleted: usize = 0;
         let mut failed: Vec<String> = Vec::new();
-        let name = self.name.clone();
+        // A node that missed the release is asked again in the background, while its
+        // connection comes back.
+        let retry = {
+            let (inner, keys, owner) = (self.inner.clone(), self.keys.clone(), self.owner.clone());
+            move |slot: &Arc<crate::nodes::Slot>| {
+                release_on(&inner, slot.clone(), keys.clone(), owner.clone());
+            }
+        };
+        let retry_late = retry.clone();
         fanout::until_decided(
             &self.inner.slots,
             |slot| {
@@ -91,20 +101,23 @@ impl RawLease for RedlockLease {
                 match reply {
                     Ok(true) => deleted = deleted.saturating_add(1),
                     Ok(false) => {}
-                    Err(error) => failed.push(format!("{}: {error}", slot.addr())),
+                    Err(error) => {
+                        failed.push(format!("{}: {error}", slot.addr()));
+                        retry(slot);
+                    }
                 }
                 deleted >= quorum
             },
             move |slot, reply| {
-                if let Err(error) = reply {
-                    tracing::debug!(lock = %name, node = %slot.addr(), %error, "redlock: a node missed the release; its key ends with the TTL");
+                if reply.is_err() {
+                    retry_late(slot);
                 }
             },
         )
         .await;
         if deleted > 0 {
             if !failed.is_empty() {
-                tracing::debug!(lock = %self.name, failed = %failed.join("; "), "redlock: some nodes missed the release; their keys end with the TTL");
+                tracing::debug!(lock = %self.name, failed = %failed.join("; "), "redlock: some nodes missed the release; asking them again");
             }
             Ok(())
         } else if failed.is_empty() {

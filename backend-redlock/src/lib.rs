@@ -157,6 +157,7 @@ mod lease;
 mod line;
 mod lock;
 mod nodes;
+mod release;
 mod wake;
 
 pub use config::{DEFAULT_PORT, RedlockConfig};

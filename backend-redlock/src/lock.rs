@@ -27,6 +27,7 @@ use crate::held::{HeldLock, Holders, schedule_watch};
 use crate::lease::RedlockLease;
 use crate::line::Line;
 use crate::nodes::{Slot, connect_all};
+use crate::release::{release_everywhere, release_on};
 use crate::wake::Hub;
 
 /// Locks over N independent Redis nodes with the Redlock algorithm.
@@ -451,26 +452,6 @@ struct Held {
     valid_until: Instant,
     /// Set when the guard lets the lock go (see [`undo_late_grant`]).
     let_go: Arc<AtomicBool>,
-}
-
-/// Releases `owner`'s key on every node, in the background, announcing each deletion (a waiter
-/// that lost the agreed node to this attempt wakes on it). Each release rides the node's
-/// connection after the `SET` it undoes.
-pub(crate) fn release_everywhere(inner: &Arc<Inner>, keys: Arc<LockKeys>, owner: Arc<str>) {
-    for slot in &inner.slots {
-        release_on(inner, slot.clone(), keys.clone(), owner.clone());
-    }
-}
-
-/// Releases `owner`'s key on one node, in the background.
-fn release_on(inner: &Inner, slot: Arc<Slot>, keys: Arc<LockKeys>, owner: Arc<str>) {
-    let timeout = inner.config.command_timeout;
-    dlock_api::raw::spawn_cleanup(async move {
-        let Ok(node) = slot.get() else { return };
-        if let Err(error) = node.release(&keys, &owner, timeout).await {
-            tracing::debug!(node = %slot.addr(), key = %keys.lock, %error, "redlock: release of a failed attempt failed; the key ends with its TTL");
-        }
-    });
 }
 
 /// What a round does with a node's answer that comes after the round was decided: a key set

@@ -854,3 +854,79 @@ async fn contention_on_nodes_that_lost_their_scripts_leaves_no_key_behind() {
     }
     settles_empty(&nodes, &[0, 1, 2, 3, 4], &lock).await;
 }
+
+/// A release whose connection to one node drops before that node ran it (a reset link, or
+/// `CLIENT KILL`, as the killed-waiters fault does to every subscribed connection) asks that
+/// node again once it is back: otherwise the key stays there until its TTL (two minutes here,
+/// past the bound this waits for the nodes to be clean), and enough such keys on different
+/// nodes would block the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_cut_off_from_one_node_is_sent_again_when_it_reconnects() {
+    let nodes = start_nodes(5);
+    let locks = client(&nodes, "").await;
+    let lock = name("release-cut-off");
+    let guard = locks
+        .acquire(&lock, &opts(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    let admin = redis::Client::open(nodes.node(1).url()).unwrap();
+    let mut admin = timeout(BOUND, admin.get_multiplexed_async_connection())
+        .await
+        .expect("the node answers")
+        .unwrap();
+    // Node 1 holds every write it is sent, so the release reaches it and waits there.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(BOUND.as_millis() as u64)
+        .arg("WRITE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    guard
+        .release()
+        .await
+        .expect("the four other nodes delete the key");
+    let give_up = Instant::now() + BOUND;
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("clients")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        if info.contains("\nblocked_clients:1") {
+            break;
+        }
+        assert!(Instant::now() < give_up, "the release never reached node 1");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Its connection drops with the release unrun.
+    let own: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    for id in list
+        .lines()
+        .filter_map(|line| line.strip_prefix("id=")?.split(' ').next())
+        .filter(|id| *id != own.to_string())
+    {
+        let _: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    }
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    settles_empty(&nodes, &[0, 1, 2, 3, 4], &lock).await;
+}
