@@ -166,4 +166,9 @@ dlock_api::impl_distributed_lock!(EtcdLock);
 /// The URL schemes this backend serves: `etcd://` and `etcds://` (TLS).
 pub const SCHEMES: &[&str] = &["etcd", "etcds"];
 
+/// How the `dlock` facade and CLI find this backend: its name, [`SCHEMES`], and a connect from
+/// a URL and options ([`EtcdConfig::from_url`], then [`EtcdConfig::set_option`] for each option).
+pub const REGISTRATION: dlock_api::raw::Registration =
+    dlock_api::registration!(BACKEND, SCHEMES, EtcdConfig, EtcdLock);
+
 pub(crate) const BACKEND: &str = "etcd";

@@ -133,4 +133,9 @@ pub use tls::SslMode;
 /// The URL schemes this backend serves (`mariadb://` is a `mysql://` URL).
 pub const SCHEMES: &[&str] = &["mysql", "mariadb"];
 
+/// How the `dlock` facade and CLI find this backend: its name, [`SCHEMES`], and a connect from
+/// a URL and options ([`MySqlConfig::from_url`], then [`MySqlConfig::set_option`] for each option).
+pub const REGISTRATION: dlock_api::raw::Registration =
+    dlock_api::registration!(BACKEND, SCHEMES, MySqlConfig, MySqlLock);
+
 pub(crate) const BACKEND: &str = "mysql";

@@ -168,4 +168,9 @@ pub use sqlx;
 /// The URL schemes this backend serves.
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
 
+/// How the `dlock` facade and CLI find this backend: its name, [`SCHEMES`], and a connect from
+/// a URL and options ([`PostgresConfig::from_url`], then [`PostgresConfig::set_option`] for each option).
+pub const REGISTRATION: dlock_api::raw::Registration =
+    dlock_api::registration!(BACKEND, SCHEMES, PostgresConfig, PostgresLock);
+
 pub(crate) const BACKEND: &str = "postgres";

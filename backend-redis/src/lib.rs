@@ -175,4 +175,9 @@ pub const SCHEMES: &[&str] = &[
     "rediss+cluster",
 ];
 
+/// How the `dlock` facade and CLI find this backend: its name, [`SCHEMES`], and a connect from
+/// a URL and options ([`RedisConfig::from_url`], then [`RedisConfig::set_option`] for each option).
+pub const REGISTRATION: dlock_api::raw::Registration =
+    dlock_api::registration!(BACKEND, SCHEMES, RedisConfig, RedisLock);
+
 pub(crate) const BACKEND: &str = "redis";

@@ -168,4 +168,9 @@ dlock_api::impl_distributed_lock!(Redlock);
 /// The URL schemes this backend serves: `redlock://` and `redlocks://` (TLS to every node).
 pub const SCHEMES: &[&str] = &["redlock", "redlocks"];
 
+/// How the `dlock` facade and CLI find this backend: its name, [`SCHEMES`], and a connect from
+/// a URL and options ([`RedlockConfig::from_url`], then [`RedlockConfig::set_option`] for each option).
+pub const REGISTRATION: dlock_api::raw::Registration =
+    dlock_api::registration!(BACKEND, SCHEMES, RedlockConfig, Redlock);
+
 pub(crate) const BACKEND: &str = "redlock";

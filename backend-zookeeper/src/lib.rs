@@ -132,4 +132,9 @@ dlock_api::impl_distributed_lock!(ZkLock);
 /// The URL schemes this backend serves: `zk://` and `zks://` (TLS).
 pub const SCHEMES: &[&str] = &["zk", "zks"];
 
+/// How the `dlock` facade and CLI find this backend: its name, [`SCHEMES`], and a connect from
+/// a URL and options ([`ZkConfig::from_url`], then [`ZkConfig::set_option`] for each option).
+pub const REGISTRATION: dlock_api::raw::Registration =
+    dlock_api::registration!(BACKEND, SCHEMES, ZkConfig, ZkLock);
+
 pub(crate) const BACKEND: &str = "zookeeper";

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use dlock_api::raw::{Connecting, Registration};
 use dlock_api::{DistributedLock, LockError, MemoryLock, Result};
 use url::Url;
 
@@ -62,65 +63,24 @@ async fn connect_backend(
     url: &str,
     options: &[(String, String)],
 ) -> Result<Arc<dyn DistributedLock>> {
-    match BackendScheme::parse(url)? {
-        BackendScheme::Memory => connect_memory(url, options),
-        #[cfg(feature = "redis")]
-        BackendScheme::Redis => {
-            let mut config = dlock_redis::RedisConfig::from_url(url)?;
-            for (key, value) in options {
-                config.set_option(key, value)?;
-            }
-            Ok(Arc::new(dlock_redis::RedisLock::connect(config).await?))
-        }
-        #[cfg(feature = "redlock")]
-        BackendScheme::Redlock => {
-            let mut config = dlock_redlock::RedlockConfig::from_url(url)?;
-            for (key, value) in options {
-                config.set_option(key, value)?;
-            }
-            Ok(Arc::new(dlock_redlock::Redlock::connect(config).await?))
-        }
-        #[cfg(feature = "mysql")]
-        BackendScheme::MySql => {
-            let mut config = dlock_mysql::MySqlConfig::from_url(url)?;
-            for (key, value) in options {
-                config.set_option(key, value)?;
-            }
-            Ok(Arc::new(dlock_mysql::MySqlLock::connect(config).await?))
-        }
-        #[cfg(feature = "postgres")]
-        BackendScheme::Postgres => {
-            let mut config = dlock_postgres::PostgresConfig::from_url(url)?;
-            for (key, value) in options {
-                config.set_option(key, value)?;
-            }
-            Ok(Arc::new(
-                dlock_postgres::PostgresLock::connect(config).await?,
-            ))
-        }
-        #[cfg(feature = "etcd")]
-        BackendScheme::Etcd => {
-            let mut config = dlock_etcd::EtcdConfig::from_url(url)?;
-            for (key, value) in options {
-                config.set_option(key, value)?;
-            }
-            Ok(Arc::new(dlock_etcd::EtcdLock::connect(config).await?))
-        }
-        #[cfg(feature = "zookeeper")]
-        BackendScheme::ZooKeeper => {
-            let mut config = dlock_zookeeper::ZkConfig::from_url(url)?;
-            for (key, value) in options {
-                config.set_option(key, value)?;
-            }
-            Ok(Arc::new(dlock_zookeeper::ZkLock::connect(config).await?))
-        }
-        // Reached only for a backend whose feature is off (never with every feature on).
-        #[allow(unreachable_patterns)]
-        other => not_available(other),
+    let backend = BackendScheme::parse(url)?;
+    match backend.registration() {
+        Some(registration) => registration.connect(url, options).await,
+        None => Err(not_compiled_in(backend)),
     }
 }
 
-fn connect_memory(url: &str, options: &[(String, String)]) -> Result<Arc<dyn DistributedLock>> {
+/// The in-process backend, always compiled in.
+pub(crate) const MEMORY: Registration = Registration::new("memory", &["memory"], connect_memory);
+
+fn connect_memory<'a>(url: &'a str, options: &'a [(String, String)]) -> Connecting<'a> {
+    Box::pin(std::future::ready(memory_store(url, options).map(
+        |store| -> Arc<dyn DistributedLock> { Arc::new(MemoryLock::shared(&store)) },
+    )))
+}
+
+/// The store a `memory://[STORE]` URL names; memory takes no options.
+fn memory_store(url: &str, options: &[(String, String)]) -> Result<String> {
     let url = Url::parse(url).map_err(|e| LockError::Config {
         backend: "memory",
         reason: format!("`{}` is not a URL: {e}", redact(url)),
@@ -135,40 +95,27 @@ fn connect_memory(url: &str, options: &[(String, String)]) -> Result<Arc<dyn Dis
             reason: format!("unknown option `{key}`: memory takes none"),
         });
     }
-    let store = url
+    Ok(url
         .host_str()
         .filter(|h| !h.is_empty())
-        .unwrap_or("default");
-    Ok(Arc::new(MemoryLock::shared(store)))
+        .unwrap_or("default")
+        .to_owned())
 }
 
-fn not_available(scheme: BackendScheme) -> Result<Arc<dyn DistributedLock>> {
-    let compiled: Vec<&str> = BackendScheme::ALL
-        .iter()
-        .filter(|(s, _, _)| compiled_in(*s))
-        .map(|(s, _, _)| s.tag())
+fn not_compiled_in(backend: BackendScheme) -> LockError {
+    let compiled: Vec<&str> = BackendScheme::all()
+        .filter(|b| b.is_compiled_in())
+        .map(BackendScheme::name)
         .collect();
-    Err(LockError::Config {
-        backend: scheme.tag(),
+    LockError::Config {
+        backend: backend.name(),
         // The package, not the library: `dlock-rs` is what a Cargo.toml names.
         reason: format!(
-            "backend `{scheme}` not compiled in: enable feature `{}` of the dlock-rs package \
+            "backend `{backend}` not compiled in: enable feature `{}` of the dlock-rs package \
              (compiled in: {})",
-            scheme.feature(),
+            backend.feature().unwrap_or("?"),
             compiled.join(", ")
         ),
-    })
-}
-
-fn compiled_in(scheme: BackendScheme) -> bool {
-    match scheme {
-        BackendScheme::Memory => true,
-        BackendScheme::Redis => cfg!(feature = "redis"),
-        BackendScheme::Redlock => cfg!(feature = "redlock"),
-        BackendScheme::MySql => cfg!(feature = "mysql"),
-        BackendScheme::Postgres => cfg!(feature = "postgres"),
-        BackendScheme::Etcd => cfg!(feature = "etcd"),
-        BackendScheme::ZooKeeper => cfg!(feature = "zookeeper"),
     }
 }
 
@@ -178,20 +125,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_backend_not_compiled_in_names_its_feature_and_package() {
-        for (scheme, spellings, _) in BackendScheme::ALL {
+        for backend in BackendScheme::all().filter(|b| b.feature().is_some()) {
             // The message itself, for every backend: a build with every feature (as CI's) has
             // none left out, and would otherwise check nothing.
-            let error = not_available(*scheme).err().map(|e| e.to_string());
-            let error = error.expect("not_available is an error");
+            let error = not_compiled_in(backend).to_string();
             assert!(
-                error.contains(&format!("feature `{}`", scheme.feature()))
+                error.contains(&format!("feature `{}`", backend.feature().unwrap()))
                     && error.contains("dlock-rs")
                     && error.contains("compiled in: memory"),
-                "{scheme}: {error}"
+                "{backend}: {error}"
             );
             // And the path to it, for the backends this build leaves out.
-            if !compiled_in(*scheme) {
-                let url = format!("{}://127.0.0.1:1", spellings[0]);
+            if !backend.is_compiled_in() {
+                let url = format!("{}://127.0.0.1:1", backend.schemes()[0]);
                 let from_connect = connect(&url).await.err().map(|e| e.to_string());
                 assert_eq!(from_connect, Some(error), "{url}");
             }

@@ -78,6 +78,7 @@
 // saturating (deadlines go through `dlock_api::raw::time`).
 #![warn(clippy::arithmetic_side_effects)]
 
+mod backends;
 mod config;
 mod connect;
 mod scheme;
@@ -95,35 +96,9 @@ pub use dlock_macros::locked;
 #[doc(hidden)]
 pub use scheme::redact;
 
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-#[doc(inline)]
-pub use dlock_redis::{RedisConfig, RedisLock};
-
-#[cfg(feature = "redlock")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redlock")))]
-#[doc(inline)]
-pub use dlock_redlock::{Redlock, RedlockConfig};
-
-#[cfg(feature = "mysql")]
-#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-#[doc(inline)]
-pub use dlock_mysql::{MySqlConfig, MySqlLock};
-
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-#[doc(inline)]
-pub use dlock_postgres::{AdvisoryKey, PostgresConfig, PostgresLock, RowLock};
-
-#[cfg(feature = "etcd")]
-#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
-#[doc(inline)]
-pub use dlock_etcd::{EtcdConfig, EtcdLock};
-
-#[cfg(feature = "zookeeper")]
-#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
-#[doc(inline)]
-pub use dlock_zookeeper::{NodeAcl, ZkConfig, ZkLock};
+// The types of each compiled-in backend (none in a build without backend features).
+#[allow(unused_imports, unreachable_pub)]
+pub use backends::*;
 
 #[doc(inline)]
 // Every public item of dlock-api's root, so that no user needs to depend on it as well.

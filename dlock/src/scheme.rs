@@ -2,79 +2,28 @@
 
 use std::fmt;
 
+use dlock_api::raw::Registration;
 use dlock_api::{LockError, Result};
 use url::Url;
 
-// A compiled-in backend's schemes are its own `SCHEMES`, so the facade cannot drift from it; the
-// copies below only serve the error that names the feature a left-out backend needs.
-#[cfg(feature = "redis")]
-const REDIS: &[&str] = dlock_redis::SCHEMES;
-#[cfg(not(feature = "redis"))]
-const REDIS: &[&str] = &[
-    "redis",
-    "rediss",
-    "redis+sentinel",
-    "rediss+sentinel",
-    "redis+cluster",
-    "rediss+cluster",
-];
-#[cfg(feature = "mysql")]
-const MYSQL: &[&str] = dlock_mysql::SCHEMES;
-#[cfg(not(feature = "mysql"))]
-const MYSQL: &[&str] = &["mysql", "mariadb"];
-#[cfg(feature = "etcd")]
-const ETCD: &[&str] = dlock_etcd::SCHEMES;
-#[cfg(not(feature = "etcd"))]
-const ETCD: &[&str] = &["etcd", "etcds"];
-#[cfg(feature = "redlock")]
-const REDLOCK: &[&str] = dlock_redlock::SCHEMES;
-#[cfg(not(feature = "redlock"))]
-const REDLOCK: &[&str] = &["redlock", "redlocks"];
-#[cfg(feature = "zookeeper")]
-const ZOOKEEPER: &[&str] = dlock_zookeeper::SCHEMES;
-#[cfg(not(feature = "zookeeper"))]
-const ZOOKEEPER: &[&str] = &["zk", "zks"];
-#[cfg(feature = "postgres")]
-const POSTGRES: &[&str] = dlock_postgres::SCHEMES;
-#[cfg(not(feature = "postgres"))]
-const POSTGRES: &[&str] = &["postgres", "postgresql"];
+use crate::backends::{KNOWN, Known};
 
-/// The backends dlock knows, named by URL scheme.
+/// A backend dlock knows, named by URL scheme: one of the list in `backends.rs`, compiled into
+/// this build or not.
 ///
-/// A closed list with a `cfg`'d match (object_store's `ObjectStoreScheme`): no global registry,
-/// nothing to install at start-up, and a clear error for a backend left out of the build.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum BackendScheme {
-    /// `memory://[STORE]`: the in-process backend.
-    Memory,
-    /// `redis://`, `rediss://`, `redis+sentinel://`, `redis+cluster://`.
-    Redis,
-    /// `redlock://host1,host2,…`, `redlocks://…`.
-    Redlock,
-    /// `mysql://`, `mariadb://`.
-    MySql,
-    /// `postgres://`, `postgresql://`.
-    Postgres,
-    /// `etcd://`, `etcds://`.
-    Etcd,
-    /// `zk://`, `zks://`.
-    ZooKeeper,
-}
+/// object_store's `ObjectStoreScheme`, without a variant per backend: the list is data, so
+/// adding a backend adds no variant. Nothing is installed at start-up; a backend left out of
+/// the build is still recognised, for an error that names the feature it needs.
+#[derive(Clone, Copy)]
+pub struct BackendScheme(&'static Known);
 
 impl BackendScheme {
-    /// Every scheme, with its URL schemes and cargo feature.
-    pub const ALL: &[(BackendScheme, &[&str], &str)] = &[
-        (Self::Memory, &["memory"], "(always)"),
-        (Self::Redis, REDIS, "redis"),
-        (Self::Redlock, REDLOCK, "redlock"),
-        (Self::MySql, MYSQL, "mysql"),
-        (Self::Postgres, POSTGRES, "postgres"),
-        (Self::Etcd, ETCD, "etcd"),
-        (Self::ZooKeeper, ZOOKEEPER, "zookeeper"),
-    ];
+    /// Every backend this build knows, memory first.
+    pub fn all() -> impl Iterator<Item = BackendScheme> {
+        KNOWN.iter().map(BackendScheme)
+    }
 
-    /// The backend `url` names, from its scheme alone.
+    /// The backend `url` names, from its scheme alone (compared without regard to case).
     ///
     /// Takes the URL as text because some backends' URLs list several hosts
     /// (`redlock://h1:6379,h2:6379`), which a generic URL parser refuses; each backend parses the
@@ -93,53 +42,74 @@ impl BackendScheme {
                 ),
             });
         };
-        let scheme = scheme.to_ascii_lowercase();
-        let scheme = scheme.as_str();
-        Self::ALL
-            .iter()
-            .find(|(_, schemes, _)| schemes.contains(&scheme))
-            .map(|(s, _, _)| *s)
-            .ok_or_else(|| {
-                let known: Vec<&str> = Self::ALL
+        Self::all()
+            .find(|backend| {
+                backend
+                    .0
+                    .schemes
                     .iter()
-                    .flat_map(|(_, s, _)| s.iter().copied())
+                    .any(|own| own.eq_ignore_ascii_case(scheme))
+            })
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::all()
+                    .flat_map(|b| b.schemes().iter().copied())
                     .collect();
                 LockError::Config {
                     backend: "dlock",
                     reason: format!(
-                        "unknown scheme `{scheme}://`; dlock knows {}",
+                        "unknown scheme `{}://`; dlock knows {}",
+                        scheme.to_ascii_lowercase(),
                         known.join(", ")
                     ),
                 }
             })
     }
 
-    /// The cargo feature that compiles this backend in.
-    pub fn feature(self) -> &'static str {
-        Self::ALL
-            .iter()
-            .find(|(s, _, _)| *s == self)
-            .map(|(_, _, f)| *f)
-            .unwrap_or("?")
+    /// The backend's name in errors and logs: `memory`, `redis`, `redlock`, `mysql`,
+    /// `postgres`, `etcd`, `zookeeper`.
+    pub fn name(self) -> &'static str {
+        self.0.name
     }
 
-    /// The backend's tag in errors and logs.
-    pub fn tag(self) -> &'static str {
-        match self {
-            Self::Memory => "memory",
-            Self::Redis => "redis",
-            Self::Redlock => "redlock",
-            Self::MySql => "mysql",
-            Self::Postgres => "postgres",
-            Self::Etcd => "etcd",
-            Self::ZooKeeper => "zookeeper",
-        }
+    /// The cargo feature of the dlock-rs package that compiles this backend in (`None` for
+    /// memory, which is always in).
+    pub fn feature(self) -> Option<&'static str> {
+        self.0.feature
+    }
+
+    /// The URL schemes it serves.
+    pub fn schemes(self) -> &'static [&'static str] {
+        self.0.schemes
+    }
+
+    /// Whether this build has it.
+    pub fn is_compiled_in(self) -> bool {
+        self.0.registration.is_some()
+    }
+
+    /// How to connect to it, when compiled in.
+    pub(crate) fn registration(self) -> Option<Registration> {
+        self.0.registration
+    }
+}
+
+impl PartialEq for BackendScheme {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for BackendScheme {}
+
+impl fmt::Debug for BackendScheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("BackendScheme").field(&self.0.name).finish()
     }
 }
 
 impl fmt::Display for BackendScheme {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.tag())
+        f.write_str(self.name())
     }
 }
 
@@ -193,20 +163,15 @@ mod tests {
 
     #[test]
     fn parses_known_schemes() {
-        let parse = BackendScheme::parse;
-        assert_eq!(parse("memory://").unwrap(), BackendScheme::Memory);
-        assert_eq!(
-            parse("redis://127.0.0.1:6379").unwrap(),
-            BackendScheme::Redis
-        );
-        assert_eq!(
-            parse("redlock://a:1,b:2,c:3").unwrap(),
-            BackendScheme::Redlock
-        );
-        assert_eq!(parse("mariadb://root@h/db").unwrap(), BackendScheme::MySql);
-        assert_eq!(parse("postgresql://h/db").unwrap(), BackendScheme::Postgres);
-        assert_eq!(parse("zk://h:2181").unwrap(), BackendScheme::ZooKeeper);
-        let err = parse("ftp://h").unwrap_err().to_string();
+        let parsed = |url: &str| BackendScheme::parse(url).unwrap().name();
+        assert_eq!(parsed("memory://"), "memory");
+        assert_eq!(parsed("redis://127.0.0.1:6379"), "redis");
+        assert_eq!(parsed("REDIS+Sentinel://h:26379/m"), "redis");
+        assert_eq!(parsed("redlock://a:1,b:2,c:3"), "redlock");
+        assert_eq!(parsed("mariadb://root@h/db"), "mysql");
+        assert_eq!(parsed("postgresql://h/db"), "postgres");
+        assert_eq!(parsed("zk://h:2181"), "zookeeper");
+        let err = BackendScheme::parse("ftp://h").unwrap_err().to_string();
         assert!(
             err.contains("unknown scheme `ftp://`") && err.contains("redis"),
             "{err}"

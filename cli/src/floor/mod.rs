@@ -134,59 +134,57 @@ pub(crate) trait Protocol {
     }
 }
 
-/// The floors of the backend a URL names.
-#[derive(Debug)]
-pub(crate) enum Floors {
-    #[cfg(feature = "redis")]
-    Redis(redis::Redis),
-    #[cfg(feature = "redlock")]
-    Redlock(redlock::Redlock),
-    #[cfg(feature = "mysql")]
-    MySql(mysql::MySql),
-    #[cfg(feature = "postgres")]
-    Postgres(postgres::Postgres),
-    #[cfg(feature = "etcd")]
-    Etcd(etcd::Etcd),
-    #[cfg(feature = "zookeeper")]
-    ZooKeeper(zookeeper::ZooKeeper),
-}
+/// One line per backend that has floors: `"feature" => module::Type`, the backend named as
+/// `dlock`'s list of backends names it. Writes [`Floors`], [`Floors::for_url`] and
+/// `each_protocol!` (`$d` is a `$`, for the inner macro's own variables).
+macro_rules! floors {
+    ($d:tt $($feature:literal => $module:ident :: $ty:ident),+ $(,)?) => {
+        /// The floors of the backend a URL names.
+        #[derive(Debug)]
+        pub(crate) enum Floors {
+            $(#[cfg(feature = $feature)] $ty($module::$ty),)+
+        }
 
-/// Runs `$body` with `$floor` bound to the backend's [`Protocol`] and `$ty` to its type.
-macro_rules! each_protocol {
-    ($self:ident, $floor:ident, $ty:ident => $body:expr) => {
-        match *$self {
-            #[cfg(feature = "redis")]
-            Floors::Redis(ref $floor) => {
-                type $ty = redis::Redis;
-                $body
-            }
-            #[cfg(feature = "redlock")]
-            Floors::Redlock(ref $floor) => {
-                type $ty = redlock::Redlock;
-                $body
-            }
-            #[cfg(feature = "mysql")]
-            Floors::MySql(ref $floor) => {
-                type $ty = mysql::MySql;
-                $body
-            }
-            #[cfg(feature = "postgres")]
-            Floors::Postgres(ref $floor) => {
-                type $ty = postgres::Postgres;
-                $body
-            }
-            #[cfg(feature = "etcd")]
-            Floors::Etcd(ref $floor) => {
-                type $ty = etcd::Etcd;
-                $body
-            }
-            #[cfg(feature = "zookeeper")]
-            Floors::ZooKeeper(ref $floor) => {
-                type $ty = zookeeper::ZooKeeper;
-                $body
+        /// Runs `$body` with `$floor` bound to the backend's [`Protocol`] and `$ty` to its type.
+        macro_rules! each_protocol {
+            ($d self_:ident, $d floor:ident, $d t:ident => $d body:expr) => {
+                match *$d self_ {
+                    $(#[cfg(feature = $feature)]
+                    Floors::$ty(ref $d floor) => {
+                        type $d t = $module::$ty;
+                        $d body
+                    })+
+                }
+            };
+        }
+
+        impl Floors {
+            /// The floors of the backend `url` names (its connection parameters parsed, nothing
+            /// connected); `None` for a backend without floors (memory).
+            ///
+            /// # Errors
+            /// [`LockError::Config`] for a URL the backend refuses.
+            pub(crate) fn for_url(url: &str) -> Result<Option<Self>> {
+                let backend = BackendScheme::parse(url)?;
+                $(#[cfg(feature = $feature)]
+                if backend.name() == $feature {
+                    return Ok(Some(Self::$ty($module::$ty::new(url)?)));
+                })+
+                let _ = (backend, url);
+                Ok(None)
             }
         }
     };
+}
+
+floors! {
+    $
+    "redis" => redis::Redis,
+    "redlock" => redlock::Redlock,
+    "mysql" => mysql::MySql,
+    "postgres" => postgres::Postgres,
+    "etcd" => etcd::Etcd,
+    "zookeeper" => zookeeper::ZooKeeper,
 }
 
 #[cfg_attr(
@@ -201,29 +199,6 @@ macro_rules! each_protocol {
     allow(unused_variables)
 )]
 impl Floors {
-    /// The floors of the backend `url` names (its connection parameters parsed, nothing
-    /// connected); `None` for a backend without floors (memory).
-    ///
-    /// # Errors
-    /// [`LockError::Config`] for a URL the backend refuses.
-    pub(crate) fn for_url(url: &str) -> Result<Option<Self>> {
-        Ok(match BackendScheme::parse(url)? {
-            #[cfg(feature = "redis")]
-            BackendScheme::Redis => Some(Self::Redis(redis::Redis::new(url)?)),
-            #[cfg(feature = "redlock")]
-            BackendScheme::Redlock => Some(Self::Redlock(redlock::Redlock::new(url)?)),
-            #[cfg(feature = "mysql")]
-            BackendScheme::MySql => Some(Self::MySql(mysql::MySql::new(url)?)),
-            #[cfg(feature = "postgres")]
-            BackendScheme::Postgres => Some(Self::Postgres(postgres::Postgres::new(url)?)),
-            #[cfg(feature = "etcd")]
-            BackendScheme::Etcd => Some(Self::Etcd(etcd::Etcd::new(url)?)),
-            #[cfg(feature = "zookeeper")]
-            BackendScheme::ZooKeeper => Some(Self::ZooKeeper(zookeeper::ZooKeeper::new(url)?)),
-            _ => None,
-        })
-    }
-
     /// What the floors measure.
     pub(crate) fn ops(&self) -> Ops {
         each_protocol!(self, floor, _P => floor.ops())

@@ -70,6 +70,8 @@
 //! - [`watch_held`]: a TTL lock's holder checking its key until the guard ends, so that a key
 //!   taken over reaches its holder as the taker announces it, not at the next renewal.
 //! - [`random_owner`]: the random value a backend writes to tell its own key from others'.
+//! - [`Registration`]: the backend's name, URL schemes and connect-from-URL, which its crate
+//!   exports as `REGISTRATION` for the `dlock` facade's list of backends and its CLI.
 //!
 //! ## A whole backend
 //! Locks in a `HashMap` behind a mutex, the "server" every client made from one `MapServer`
@@ -115,6 +117,7 @@ mod owner;
 mod pending;
 pub mod pool;
 mod recovery;
+mod registration;
 mod runtime;
 mod session;
 pub(crate) mod state;
@@ -134,6 +137,7 @@ pub use owner::random_owner;
 pub use pending::PendingAcquire;
 pub use pool::{DriverError, PoolConfig, SessionDriver, SessionPool, Waited};
 pub use recovery::WaitRecovery;
+pub use registration::{ConnectFn, Connecting, Registration, with_options};
 pub use runtime::{PerRuntime, RuntimeLife};
 pub use session::{Session, SessionStatus};
 pub use state::LeaseState;
