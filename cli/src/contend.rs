@@ -57,7 +57,7 @@ pub(crate) async fn contend<C: Contender>(
                     if let Some(released) = b.released_at.take() {
                         b.samples.push(acquired.saturating_duration_since(released));
                     }
-                    b.generation += 1;
+                    b.generation = b.generation.wrapping_add(1);
                 }
                 changed.notify_waiters();
                 tokio::time::sleep(hold).await;

@@ -36,7 +36,7 @@ impl Coupon {
         }
         // The time between SELECT and UPDATE, where other requests read the same value.
         tokio::time::sleep(Duration::from_millis(1)).await;
-        self.stock.store(left - 1, Ordering::SeqCst);
+        self.stock.store(left.saturating_sub(1), Ordering::SeqCst);
         self.issued.fetch_add(1, Ordering::SeqCst);
     }
 }
@@ -63,9 +63,9 @@ pub(super) async fn demo(args: DemoArgs) -> Result<ExitCode, LockError> {
     let locked = run_workers(args.workers, args.stock, Some((locks, name))).await?;
     report("with dlock", args.stock, &locked, started.elapsed());
 
-    let expected_left = (args.stock - i64::from(args.workers)).max(0);
+    let expected_left = args.stock.saturating_sub(i64::from(args.workers)).max(0);
     let ok = locked.stock.load(Ordering::SeqCst) == expected_left
-        && locked.issued.load(Ordering::SeqCst) as i64 == args.stock - expected_left;
+        && locked.issued.load(Ordering::SeqCst) as i64 == args.stock.saturating_sub(expected_left);
     println!(
         "\n{}",
         if ok {
@@ -117,7 +117,7 @@ async fn run_workers(
 fn report(label: &str, initial: i64, coupon: &Coupon, took: Duration) {
     let left = coupon.stock.load(Ordering::SeqCst);
     let issued = coupon.issued.load(Ordering::SeqCst) as i64;
-    let lost = issued - (initial - left);
+    let lost = issued.saturating_sub(initial.saturating_sub(left));
     println!(
         "{label:>15}: {left:>4} left, {issued:>4} coupons issued, {lost:>4} lost updates (oversold)  [{} ms]",
         took.as_millis()

@@ -22,8 +22,9 @@ impl Flood {
         if self.micros.is_empty() {
             return 0.0;
         }
-        let rank = ((p / 100.0) * (self.micros.len() - 1) as f64).round() as usize;
-        self.micros[rank.min(self.micros.len() - 1)]
+        let last = self.micros.len().saturating_sub(1);
+        let rank = ((p / 100.0) * last as f64).round() as usize;
+        self.micros[rank.min(last)]
     }
 }
 
@@ -44,8 +45,8 @@ pub(super) async fn flood(
     let started = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for t in 0..tasks {
-        let client = clients[t % clients.len()].clone();
-        let name = names[t % names.len()].clone();
+        let client = clients[t.checked_rem(clients.len()).unwrap_or(0)].clone();
+        let name = names[t.checked_rem(names.len()).unwrap_or(0)].clone();
         let opts = opts.clone();
         set.spawn(async move {
             let begun = Instant::now();
@@ -66,17 +67,19 @@ pub(super) async fn flood(
     while let Some(outcome) = set.join_next().await {
         match outcome {
             Ok(Ok(took)) => {
-                flood.acquired += 1;
+                flood.acquired = flood.acquired.saturating_add(1);
                 flood.micros.push(took.as_secs_f64() * 1e6);
             }
-            Ok(Err(LockError::Timeout { .. })) => flood.timed_out += 1,
+            Ok(Err(LockError::Timeout { .. })) => {
+                flood.timed_out = flood.timed_out.saturating_add(1);
+            }
             Ok(Err(error)) => {
                 if flood.failed == 0 {
                     eprintln!("dlock bench --flood: first failure: {error}");
                 }
-                flood.failed += 1;
+                flood.failed = flood.failed.saturating_add(1);
             }
-            Err(_) => flood.failed += 1,
+            Err(_) => flood.failed = flood.failed.saturating_add(1),
         }
     }
     flood.elapsed = started.elapsed();

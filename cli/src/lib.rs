@@ -30,6 +30,9 @@
 //! 127 (not found) or 126 (not runnable) when `dlock run` cannot start the command, as `env(1)` exits;
 //! 128 + the signal's number (130 for Ctrl-C) when SIGINT, SIGTERM, SIGHUP or SIGQUIT ended
 //! `dlock run`'s wait for the lock (its place in the queue is given up before it exits). Every command lets background releases finish before it exits.
+// Bad input must never panic: arithmetic on instants, durations and counters from the command
+// line is checked or saturating (deadlines go through `dlock_api::raw::time`).
+#![warn(clippy::arithmetic_side_effects)]
 
 mod bench;
 mod conformance;

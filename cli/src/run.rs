@@ -243,10 +243,17 @@ impl Running {
     /// Sends `signal` to the command: to its whole process group (the command and everything it
     /// started) when it has its own, else to the command alone.
     fn signal(&self, signal: libc::c_int) {
-        let Some(pid) = self.child.id() else { return };
+        // A pid the kernel gave always fits `pid_t`.
+        let Some(pid) = self
+            .child
+            .id()
+            .and_then(|pid| libc::pid_t::try_from(pid).ok())
+        else {
+            return;
+        };
         let target = match self.placement {
-            Placement::OwnGroup => -(pid as libc::pid_t),
-            Placement::TerminalForeground => pid as libc::pid_t,
+            Placement::OwnGroup => pid.saturating_neg(),
+            Placement::TerminalForeground => pid,
         };
         // SAFETY: kill(2) on a child we have not reaped yet (or the group we created for it) has
         // no memory effects.

@@ -211,7 +211,7 @@ impl Ctx {
         harness: &dyn Harness,
         names: &[LockName],
     ) -> Result<Vec<String>, Failure> {
-        let give_up = tokio::time::Instant::now() + self.timing().bound;
+        let give_up = dlock_api::raw::time::after(tokio::time::Instant::now(), self.timing().bound);
         loop {
             // A failed read (the server busy after a heavy case) is tried again until the bound.
             let left = harness.residue(names).await;

@@ -91,6 +91,10 @@
 //!   several TTLs).
 //! - Assert the exact error variant (`matches!(e, Err(LockError::NotHeld { .. }))`).
 //! - Safety assertions (two holders, a stale write accepted) never depend on timing.
+// Bad input must never panic: arithmetic on instants, durations and counters is checked or
+// saturating (deadlines go through `dlock_api::raw::time`), so a failing backend shows as a
+// failed case, not as an overflow in the suite.
+#![warn(clippy::arithmetic_side_effects)]
 
 mod args;
 mod case;

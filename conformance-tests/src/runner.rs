@@ -23,7 +23,7 @@ fn trial_name(case: &Case) -> String {
 
 async fn run_case(case: &Case, ctx: Ctx) -> Result<(), Failure> {
     // A hung case must fail, not hang the suite: every case's own waits are far shorter.
-    let limit = ctx.timing().bound * 4;
+    let limit = ctx.timing().bound.saturating_mul(4);
     match tokio::time::timeout(limit, (case.run)(ctx.clone())).await {
         Ok(result) => result?,
         Err(_) => return Err(Failure(format!("the case did not finish within {limit:?}"))),
@@ -312,7 +312,10 @@ pub async fn run_long(
         None => {
             let ctx = Ctx::new(harness, LONG_RUN_ID, run_id());
             // Hung workers must fail the run, not hang it: its own waits are far shorter.
-            let limit = plan.duration * 3 + ctx.timing().bound * 4;
+            let limit = plan
+                .duration
+                .saturating_mul(3)
+                .saturating_add(ctx.timing().bound.saturating_mul(4));
             let ran = tokio::time::timeout(
                 limit,
                 crate::cases::faults::long_run_under_every_nemesis(ctx.clone(), plan),

@@ -97,6 +97,9 @@
 //! [`RedisServer::command`] (and [`redis_command`], [`Resp`]), [`Postgres::query`] (`psql`),
 //! [`MariaDb::query`] (`mariadb`), [`Etcd::etcdctl`], [`ZooKeeper::four_letter`]. [`free_port`] finds a free
 //! loopback port.
+// Bad input must never panic: arithmetic on instants, durations and counters is checked or
+// saturating, so a server that misbehaves shows as its error, not as an overflow here.
+#![warn(clippy::arithmetic_side_effects)]
 
 mod control;
 mod error;

@@ -47,7 +47,7 @@ pub fn free_port() -> io::Result<u16> {
 pub(crate) fn free_port_pair(offset: u16) -> io::Result<u16> {
     let random = RandomState::new();
     for attempt in 0u64..500 {
-        let port = 10_000 + (random.hash_one(attempt) % 12_000) as u16;
+        let port = 10_000u16.saturating_add((random.hash_one(attempt) % 12_000) as u16);
         let Some(other) = port.checked_add(offset) else {
             continue;
         };

@@ -105,9 +105,10 @@ pub fn read_reply(reader: &mut impl BufRead) -> io::Result<Resp> {
             if len < 0 {
                 Resp::Bulk(None)
             } else {
-                let mut buf = vec![0; len as usize + 2];
+                let len = usize::try_from(len).map_err(|_| bad())?;
+                let mut buf = vec![0; len.saturating_add(2)];
                 reader.read_exact(&mut buf)?;
-                buf.truncate(len as usize);
+                buf.truncate(len);
                 Resp::Bulk(Some(buf))
             }
         }

@@ -91,7 +91,7 @@ impl Side {
     /// as often. What runs first after another phase (the hand-off, a smaller task count) runs
     /// under other conditions than what follows it: on a VM, a third faster or slower.
     fn rotated(sides: &[Self], slice: u32) -> impl Iterator<Item = Self> + '_ {
-        let turn = slice as usize % sides.len().max(1);
+        let turn = (slice as usize).checked_rem(sides.len()).unwrap_or(0);
         sides[turn..].iter().chain(&sides[..turn]).copied()
     }
 }
@@ -109,9 +109,9 @@ impl Samples {
     /// Adds another slice's samples.
     fn extend(&mut self, other: Samples) {
         self.micros.extend(other.micros);
-        self.elapsed += other.elapsed;
+        self.elapsed = self.elapsed.saturating_add(other.elapsed);
         self.cost = match (self.cost, other.cost) {
-            (Some(a), Some(b)) => Some(a + b),
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
             (a, b) => a.or(b),
         };
     }
@@ -148,7 +148,7 @@ impl Samples {
         }
         let mut sorted = self.micros.clone();
         sorted.sort_by(f64::total_cmp);
-        let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+        let rank = ((p / 100.0) * sorted.len().saturating_sub(1) as f64).round() as usize;
         sorted[rank]
     }
 
@@ -280,7 +280,7 @@ async fn measure(
     run: &str,
 ) -> Result<Round, LockError> {
     let name = LockName::new(format!("{run}/uncontended"))?;
-    let slice = args.duration / SLICES;
+    let slice = args.duration.checked_div(SLICES).unwrap_or_default();
     let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(10));
     let sides = Side::all(floors);
     let mut uncontended = Samples::default();
@@ -327,7 +327,7 @@ async fn measure(
     };
     let mut parallel = Vec::new();
     for &tasks in &args.parallel {
-        let phase = args.duration / 2;
+        let phase = args.duration.checked_div(2).unwrap_or_default();
         parallel.push(many_names(client, floors, &sides, run, tasks.max(1), phase).await?);
     }
     Ok(Round {
@@ -350,7 +350,7 @@ async fn many_names(
     tasks: usize,
     phase: Duration,
 ) -> Result<Parallel, LockError> {
-    let slice = phase / MANY_SLICES;
+    let slice = phase.checked_div(MANY_SLICES).unwrap_or_default();
     let names = (0..tasks)
         .map(|i| LockName::new(format!("{run}/parallel/{tasks}/{i}")))
         .collect::<Result<_, _>>()?;
@@ -535,7 +535,8 @@ async fn handoff(
     duration: Duration,
     hold: Duration,
 ) -> Result<Samples, LockError> {
-    let options = LockOptions::new().with_wait_timeout(duration + Duration::from_secs(30));
+    let options =
+        LockOptions::new().with_wait_timeout(duration.saturating_add(Duration::from_secs(30)));
     let contenders = clients
         .into_iter()
         .map(|client| DlockContender {

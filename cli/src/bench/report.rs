@@ -92,10 +92,13 @@ impl Combine {
                 if numbers.len() % 2 == 1 {
                     shown(numbers[mid])
                 } else {
-                    shown((numbers[mid - 1] + numbers[mid]) / 2.0)
+                    shown((numbers[mid.saturating_sub(1)] + numbers[mid]) / 2.0)
                 }
             }
-            Self::Spread => json!([shown(numbers[0]), shown(numbers[numbers.len() - 1])]),
+            Self::Spread => json!([
+                shown(numbers[0]),
+                shown(numbers[numbers.len().saturating_sub(1)])
+            ]),
         }
     }
 }
@@ -319,7 +322,7 @@ fn table(rows: &[Vec<String>]) -> String {
     for cells in rows {
         let mut line = String::new();
         for (c, cell) in cells.iter().enumerate() {
-            let pad = " ".repeat(widths[c] - cell.chars().count());
+            let pad = " ".repeat(widths[c].saturating_sub(cell.chars().count()));
             if c == 0 {
                 line.push_str(cell);
                 line.push_str(&pad);

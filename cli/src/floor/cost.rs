@@ -7,7 +7,6 @@
 //! Context switches per pair count the wake-ups: a library that hands each command to another
 //! task pays one more per round trip.
 
-use std::ops::{Add, Sub};
 use std::time::Duration;
 
 /// CPU time and context switches of this whole process (every thread), at one moment or over a
@@ -34,18 +33,18 @@ impl ProcessCost {
         };
         let time = |t: libc::timeval| {
             Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
-                + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+                .saturating_add(Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0)))
         };
         let count = |n: libc::c_long| u64::try_from(n).unwrap_or(0);
         Self {
-            cpu: time(usage.ru_utime) + time(usage.ru_stime),
-            context_switches: count(usage.ru_nvcsw) + count(usage.ru_nivcsw),
+            cpu: time(usage.ru_utime).saturating_add(time(usage.ru_stime)),
+            context_switches: count(usage.ru_nvcsw).saturating_add(count(usage.ru_nivcsw)),
         }
     }
 
     /// The cost of what ran since `earlier`, a reading taken before now.
     pub(crate) fn since(earlier: Self) -> Self {
-        Self::now() - earlier
+        Self::now().saturating_sub(earlier)
     }
 
     /// CPU microseconds per operation, for `operations` operations.
@@ -57,25 +56,18 @@ impl ProcessCost {
     pub(crate) fn switches_per(&self, operations: u64) -> f64 {
         self.context_switches as f64 / operations.max(1) as f64
     }
-}
 
-impl Add for ProcessCost {
-    type Output = Self;
-
-    fn add(self, other: Self) -> Self {
+    /// The cost of both spans together.
+    pub(crate) fn saturating_add(self, other: Self) -> Self {
         Self {
-            cpu: self.cpu + other.cpu,
-            context_switches: self.context_switches + other.context_switches,
+            cpu: self.cpu.saturating_add(other.cpu),
+            context_switches: self.context_switches.saturating_add(other.context_switches),
         }
     }
-}
 
-impl Sub for ProcessCost {
-    type Output = Self;
-
-    /// Saturating: two readings of the same process never go backwards, but a zero reading (the
-    /// kernel refused) must not underflow.
-    fn sub(self, earlier: Self) -> Self {
+    /// The cost between `earlier` and this reading. Saturating: two readings of the same
+    /// process never go backwards, but a zero reading (the kernel refused) must not underflow.
+    pub(crate) fn saturating_sub(self, earlier: Self) -> Self {
         Self {
             cpu: self.cpu.saturating_sub(earlier.cpu),
             context_switches: self
@@ -114,8 +106,8 @@ mod tests {
             context_switches: 2,
         };
         let zero = ProcessCost::default();
-        assert_eq!(zero - a, zero);
-        assert_eq!((a + a) - a, a);
+        assert_eq!(zero.saturating_sub(a), zero);
+        assert_eq!(a.saturating_add(a).saturating_sub(a), a);
         assert!((a.switches_per(4) - 0.5).abs() < 1e-9);
         assert!((a.cpu_us_per(0) - 5.0).abs() < 1e-9);
     }

@@ -284,7 +284,7 @@ impl HandOff {
                 "the waiter is not queued right behind the holder",
             ));
         }
-        let watch_id = self.watch_holder(read + 1).await?;
+        let watch_id = self.watch_holder(read.saturating_add(1)).await?;
         tokio::time::sleep(hold).await;
         let released = Instant::now();
         self.holder

@@ -46,9 +46,9 @@ impl Throughput {
     /// Both runs' pairs over both runs' time, as if run back to back.
     pub(crate) fn add(self, other: Self) -> Self {
         Self {
-            pairs: self.pairs + other.pairs,
-            elapsed: self.elapsed + other.elapsed,
-            cost: self.cost + other.cost,
+            pairs: self.pairs.saturating_add(other.pairs),
+            elapsed: self.elapsed.saturating_add(other.elapsed),
+            cost: self.cost.saturating_add(other.cost),
         }
     }
 }
@@ -345,7 +345,7 @@ pub(crate) async fn many<P: Pairs>(
     duration: Duration,
 ) -> Result<Throughput> {
     let tasks = tasks.max(1);
-    let start = Arc::new(tokio::sync::Barrier::new(tasks + 1));
+    let start = Arc::new(tokio::sync::Barrier::new(tasks.saturating_add(1)));
     let mut workers = Vec::with_capacity(tasks);
     for task in 0..tasks {
         let (pairs, start) = (pairs.clone(), start.clone());
@@ -364,7 +364,7 @@ pub(crate) async fn many<P: Pairs>(
             let mut done = 0u64;
             while Instant::now() < deadline {
                 pairs.pair(task).await?;
-                done += 1;
+                done = done.saturating_add(1);
             }
             Ok::<u64, LockError>(done)
         }));
@@ -372,11 +372,11 @@ pub(crate) async fn many<P: Pairs>(
     start.wait().await;
     let started = Instant::now();
     let before = ProcessCost::now();
-    let mut total = 0;
+    let mut total = 0u64;
     let mut failed = None;
     for worker in workers {
         match worker.await {
-            Ok(Ok(done)) => total += done,
+            Ok(Ok(done)) => total = total.saturating_add(done),
             Ok(Err(error)) => {
                 failed.get_or_insert(error);
             }

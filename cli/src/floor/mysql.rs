@@ -274,7 +274,9 @@ impl MySql {
         let mut conn = self.connect().await?;
         let name = Self::name(if fenced.is_some() { "-fenced" } else { "" });
         let within = self.config.command_timeout;
-        let warm_up = WarmUp::For(Duration::from_millis(200).min(duration / 5));
+        let warm_up = WarmUp::For(
+            Duration::from_millis(200).min(duration.checked_div(5).unwrap_or_default()),
+        );
         let samples = sample(warm_up, duration, async || {
             pair(&mut conn, &name, within, fenced).await
         })

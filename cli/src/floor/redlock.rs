@@ -245,7 +245,7 @@ impl Protocol for Redlock {
         let handoff = async || -> Result<Duration> {
             // Each round announces its own number, so a late message of the last one is
             // told apart.
-            round += 1;
+            round = round.wrapping_add(1);
             let message = round.to_string();
             if set_on(&holder, &every, &key, "holder", timeout)
                 .await?
@@ -281,7 +281,7 @@ impl Protocol for Redlock {
                     if !this_round {
                         continue;
                     }
-                    heard += 1;
+                    heard = heard.saturating_add(1);
                     // The nodes not taken yet, in parallel; held at the quorum's last yes.
                     let mut answers: FuturesUnordered<_> = (0..waiter.len())
                         .filter(|&i| !taken[i])

@@ -11,7 +11,7 @@ use crate::{CaseResult, Ctx, Failure, ensure};
 /// a lock a cancelled call left behind is still held when the case looks, rather than running
 /// out on its own (at the default TTL, as long as the bound) and passing unseen.
 fn outlasting(ctx: &Ctx) -> LockOptions {
-    LockOptions::new().with_ttl(ctx.timing().bound * 4)
+    LockOptions::new().with_ttl(ctx.timing().bound.saturating_mul(4))
 }
 
 /// An `acquire` dropped while waiting leaves no ghost: after the holder releases, a third client
@@ -132,7 +132,7 @@ pub async fn storm_leaves_every_name_free(ctx: Ctx) -> CaseResult {
         cuts.sort_by_key(|(cut, _)| *cut);
         let started = tokio::time::Instant::now();
         for (cut, handle) in cuts {
-            tokio::time::sleep_until(started + cut).await;
+            tokio::time::sleep_until(dlock_api::raw::time::after(started, cut)).await;
             handle.abort();
         }
         ctx.within("the storm's tasks to end", async {
@@ -152,7 +152,7 @@ pub async fn storm_leaves_every_name_free(ctx: Ctx) -> CaseResult {
                     let who = if i == 0 {
                         "a fresh client".to_owned()
                     } else {
-                        format!("storm client {}", i - 1)
+                        format!("storm client {}", i.saturating_sub(1))
                     };
                     let left = ctx.harness().residue(&names).await;
                     return Err(Failure(format!(
@@ -189,7 +189,14 @@ pub async fn aborted_release_leaves_client_usable(ctx: Ctx) -> CaseResult {
         let releasing = tokio::spawn(async move { guard.release().await });
         // From 0 to twice a release, finer than the timer's 1 ms: before the request, in
         // flight, after the reply.
-        spin_for(release_time * 2 * round / ROUNDS).await;
+        spin_for(
+            release_time
+                .saturating_mul(2)
+                .saturating_mul(round)
+                .checked_div(ROUNDS)
+                .unwrap_or_default(),
+        )
+        .await;
         releasing.abort();
         let _ = releasing.await;
     }

@@ -28,7 +28,7 @@ async fn holding_skew(ctx: &Ctx, worker: &mut WorkerProcess) -> Result<i64, Fail
     let ours = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    Ok(wall - ours)
+    Ok(wall.saturating_sub(ours))
 }
 
 /// **Client wall-clock steps change nothing.** Two worker processes run with libfaketime
@@ -44,9 +44,11 @@ pub async fn client_wall_clock_steps_change_nothing(ctx: Ctx) -> CaseResult {
     let names = [ctx.name("lock")];
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
-    let think: Duration = ttl * 2;
-    let rounds = 3;
-    let wait = timing.bound + think * (2 * rounds + 2);
+    let think: Duration = ttl.saturating_mul(2);
+    let rounds: u32 = 3;
+    let wait = timing
+        .bound
+        .saturating_add(think.saturating_mul(rounds.saturating_mul(2).saturating_add(2)));
     let mut announcer_spec = run.spec(1, &names, rounds, ttl, wait, think);
     announcer_spec.announce = true;
     let mut announcer = run.spawn_with(&announcer_spec, &clock.env())?;
@@ -56,7 +58,7 @@ pub async fn client_wall_clock_steps_change_nothing(ctx: Ctx) -> CaseResult {
     for (expected, step) in schedule {
         let skew = holding_skew(&ctx, &mut announcer).await?;
         ensure!(
-            (skew - expected).abs() < SKEW_TOLERANCE_MS,
+            skew.saturating_sub(expected).saturating_abs() < SKEW_TOLERANCE_MS,
             "the worker's wall clock is {skew} ms from ours, expected about {expected} ms: \
              libfaketime did not take hold of the worker (is it preloaded?)"
         );
@@ -78,7 +80,8 @@ pub async fn client_wall_clock_steps_change_nothing(ctx: Ctx) -> CaseResult {
         "holds ended otherwise than by their release across the steps: {cut_short:?}\n{report}"
     );
     ensure!(
-        report.liveness.granted == 2 * rounds as usize && report.liveness.failed == 0,
+        report.liveness.granted == (rounds as usize).saturating_mul(2)
+            && report.liveness.failed == 0,
         "every acquire must succeed: {report}"
     );
     run.discard();

@@ -25,7 +25,7 @@ pub async fn coupon_100_tasks_leave_zero(ctx: Ctx) -> CaseResult {
     let clients = clients(&ctx).await?;
     let fenced = clients[0].capabilities().fencing != Fencing::None;
     let name = ctx.name("coupon");
-    let opts = LockOptions::new().with_wait_timeout(ctx.timing().bound * 2);
+    let opts = LockOptions::new().with_wait_timeout(ctx.timing().bound.saturating_mul(2));
     let stock = Arc::new(AtomicI64::new(100));
     let inside = Arc::new(AtomicUsize::new(0));
     let overlaps = Arc::new(AtomicUsize::new(0));
@@ -49,7 +49,7 @@ pub async fn coupon_100_tasks_leave_zero(ctx: Ctx) -> CaseResult {
             let left = stock.load(Ordering::SeqCst);
             // Widen the race window: without the lock, other tasks read the same value here.
             tokio::task::yield_now().await;
-            stock.store(left - 1, Ordering::SeqCst);
+            stock.store(left.saturating_sub(1), Ordering::SeqCst);
             inside.fetch_sub(1, Ordering::SeqCst);
             guard.release().await?;
             Ok::<(), LockError>(())

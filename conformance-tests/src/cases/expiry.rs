@@ -17,7 +17,11 @@ pub async fn forgotten_holder_frees_after_ttl(ctx: Ctx) -> CaseResult {
     // Half the bound past the short TTL: generous, yet short of the default TTL (as long as the
     // bound), so a backend that kept the default lease instead of the requested one fails.
     let timing = ctx.timing();
-    let wait = LockOptions::new().with_wait_timeout(timing.short_ttl + timing.bound / 2);
+    let wait = LockOptions::new().with_wait_timeout(
+        timing
+            .short_ttl
+            .saturating_add(timing.bound.checked_div(2).unwrap_or_default()),
+    );
     let next = b.acquire(&name, &wait).await.map_err(|e| {
         Failure(format!(
             "the forgotten lock was not free within half the bound after its {:?} TTL: {e}",
@@ -32,7 +36,7 @@ pub async fn forgotten_holder_frees_after_ttl(ctx: Ctx) -> CaseResult {
 pub async fn dropped_guard_frees_promptly(ctx: Ctx) -> CaseResult {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let name = ctx.name("lock");
-    let long = LockOptions::new().with_ttl(ctx.timing().bound * 4);
+    let long = LockOptions::new().with_ttl(ctx.timing().bound.saturating_mul(4));
     let guard = a.acquire(&name, &long).await?;
     drop(guard);
     let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);

@@ -65,7 +65,10 @@ pub async fn bad_extend_rejected(ctx: Ctx) -> CaseResult {
         caps.min_ttl
             .and_then(|min| min.checked_sub(Duration::from_millis(1))),
     );
-    bad.extend(caps.max_ttl.map(|max| max + Duration::from_secs(1)));
+    bad.extend(
+        caps.max_ttl
+            .and_then(|max| max.checked_add(Duration::from_secs(1))),
+    );
     for ttl in bad {
         let got = guard.extend(ttl).await;
         ensure!(invalid(&got), "extend({ttl:?}) returned {got:?}");

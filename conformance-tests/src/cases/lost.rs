@@ -139,7 +139,7 @@ pub async fn killed_holder_learns_it_when_its_waiter_takes_over(ctx: Ctx) -> Cas
     // Renewal first comes a third of the TTL after the grant: after the whole case.
     let ttl = bound.saturating_mul(6);
     let ttl = caps.max_ttl.map_or(ttl, |max| ttl.min(max));
-    let first_renewal = ttl / 3;
+    let first_renewal = ttl.checked_div(3).unwrap_or_default();
     let acquired = tokio::time::Instant::now();
     let guard = a.acquire(&name, &LockOptions::new().with_ttl(ttl)).await?;
     let waiter = crate::wait_for::spawned_acquire(bound, &b, &name);

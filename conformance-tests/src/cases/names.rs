@@ -55,6 +55,6 @@ pub async fn names_with_slashes_work(ctx: Ctx) -> CaseResult {
 /// A name of exactly 1024 bytes works and differs from its 1023-byte prefix.
 pub async fn longest_name_works(ctx: Ctx) -> CaseResult {
     let prefix_len = ctx.name("").as_str().len();
-    let long = "y".repeat(LockName::MAX_BYTES - prefix_len);
-    distinct(&ctx, &long, &long[..long.len() - 1]).await
+    let long = "y".repeat(LockName::MAX_BYTES.saturating_sub(prefix_len));
+    distinct(&ctx, &long, &long[..long.len().saturating_sub(1)]).await
 }

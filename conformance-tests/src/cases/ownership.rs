@@ -79,7 +79,7 @@ pub async fn killed_holder_cannot_extend_the_next_holders_lock(ctx: Ctx) -> Case
     let name = ctx.name("lock");
     // Unrenewed and far longer than the case: the guard learns of the kill only from the server.
     let long = LockOptions::new()
-        .with_ttl(ctx.timing().bound * 4)
+        .with_ttl(ctx.timing().bound.saturating_mul(4))
         .with_renewal(Renewal::Off);
     let killed = a.acquire(&name, &long).await?;
     ctx.require_faults()?
@@ -92,7 +92,7 @@ pub async fn killed_holder_cannot_extend_the_next_holders_lock(ctx: Ctx) -> Case
             b.acquire(&name, &long.clone().with_wait_timeout(ctx.timing().bound)),
         )
         .await??;
-    let extended = killed.extend(ctx.timing().bound * 4).await;
+    let extended = killed.extend(ctx.timing().bound.saturating_mul(4)).await;
     ensure!(
         is_stale_error(&extended),
         "the killed holder's extend returned {extended:?}"

@@ -19,7 +19,7 @@ pub async fn keeps_lock_past_ttl_and_stops_at_release(ctx: Ctx) -> CaseResult {
         )
         .await?;
     // Waiting out the TTL is the behaviour under test, not a timing assumption.
-    sleep(ttl * 3).await;
+    sleep(ttl.saturating_mul(3)).await;
     ensure!(
         guard.is_held(),
         "the renewed guard was lost: {:?}",
@@ -51,13 +51,13 @@ pub async fn extend_moves_the_deadline(ctx: Ctx) -> CaseResult {
         )
         .await?;
     let before = guard.valid_until();
-    guard.extend(ttl * 4).await?;
+    guard.extend(ttl.saturating_mul(4)).await?;
     ensure!(
         guard.valid_until() > before,
         "valid_until did not move: {before:?} -> {:?}",
         guard.valid_until()
     );
-    sleep(ttl * 2).await;
+    sleep(ttl.saturating_mul(2)).await;
     ensure!(guard.is_held(), "the extended guard was lost");
     let busy = b.try_acquire(&name, &LockOptions::new()).await?;
     ensure!(busy.is_none(), "another client acquired an extended lock");
@@ -70,7 +70,7 @@ pub async fn max_hold_time_releases(ctx: Ctx) -> CaseResult {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let name = ctx.name("lock");
     let opts = LockOptions::new()
-        .with_ttl(ctx.timing().bound * 4)
+        .with_ttl(ctx.timing().bound.saturating_mul(4))
         .with_max_hold(ctx.timing().short_ttl);
     let guard = a.acquire(&name, &opts).await?;
     let reason = ctx.within("the max hold time", guard.lost()).await?;

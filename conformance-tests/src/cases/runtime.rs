@@ -228,13 +228,20 @@ pub async fn client_shared_by_runtimes_running_at_once(ctx: Ctx) -> CaseResult {
     let before = busy.least();
     ctx.within(
         "pairs on the test's runtime to go on after the first ended",
-        busy.done_each(before + 3),
+        busy.done_each(before.saturating_add(3)),
     )
     .await?;
     busy.stop(&ctx).await?;
     // Nothing runs on the client for longer than a lease (or session): its renewal, keep-alive
     // or heartbeat must run on a runtime that runs, not on the one that ended.
-    tokio::time::sleep(short.max(ctx.timing().crash_bound) * 3 / 2).await;
+    tokio::time::sleep(
+        short
+            .max(ctx.timing().crash_bound)
+            .saturating_mul(3)
+            .checked_div(2)
+            .unwrap_or_default(),
+    )
+    .await;
 
     ensure!(
         held.is_held(),

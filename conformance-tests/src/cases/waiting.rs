@@ -98,7 +98,7 @@ impl Drop for BusyNeighbour {
 /// A release wakes a waiting `acquire` long before the holder's lease would end.
 pub async fn release_wakes_waiter(ctx: Ctx) -> CaseResult {
     // A lease far longer than the bound: only a release can let the waiter in.
-    let long = LockOptions::new().with_ttl(ctx.timing().bound * 4);
+    let long = LockOptions::new().with_ttl(ctx.timing().bound.saturating_mul(4));
     let waiting = long.clone().with_wait_timeout(ctx.timing().bound);
     release_lets_waiter_in(&ctx, long, waiting, "the waiter after release").await
 }
@@ -133,7 +133,7 @@ pub async fn waiters_acquire_in_turn(ctx: Ctx) -> CaseResult {
     let holder = ctx.client().await?;
     let name = ctx.name("lock");
     let opts = LockOptions::new()
-        .with_ttl(ctx.timing().bound * 4)
+        .with_ttl(ctx.timing().bound.saturating_mul(4))
         .with_wait_timeout(ctx.timing().bound);
     let first = holder.acquire(&name, &opts).await?;
     let mut waiters = Vec::new();
@@ -160,11 +160,13 @@ pub async fn waiters_acquire_in_turn(ctx: Ctx) -> CaseResult {
 /// by the server (or the release itself) lets it in within that bound.
 pub async fn release_wakes_waiter_without_polling(ctx: Ctx) -> CaseResult {
     let bound = ctx.timing().bound;
-    let never_polls_in_time = RetryPolicy::exponential(bound * 2, bound * 2).with_jitter(false);
+    let never_polls_in_time =
+        RetryPolicy::exponential(bound.saturating_mul(2), bound.saturating_mul(2))
+            .with_jitter(false);
     let long = LockOptions::new()
-        .with_ttl(bound * 4)
+        .with_ttl(bound.saturating_mul(4))
         .with_retry(never_polls_in_time);
-    let waiting = long.clone().with_wait_timeout(bound * 3);
+    let waiting = long.clone().with_wait_timeout(bound.saturating_mul(3));
     release_lets_waiter_in(
         &ctx,
         long,
@@ -180,8 +182,8 @@ pub async fn waiters_acquire_in_arrival_order(ctx: Ctx) -> CaseResult {
     let holder = ctx.client().await?;
     let name = ctx.name("lock");
     let opts = LockOptions::new()
-        .with_ttl(ctx.timing().bound * 4)
-        .with_wait_timeout(ctx.timing().bound * 2);
+        .with_ttl(ctx.timing().bound.saturating_mul(4))
+        .with_wait_timeout(ctx.timing().bound.saturating_mul(2));
     let first = holder.acquire(&name, &opts).await?;
     let served = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();

@@ -219,7 +219,13 @@ fn liveness(holds: &[Hold], input: &Input) -> Liveness {
         .filter(|h| h.determinate)
         .map(|h| h.start)
         .collect();
-    let next_grant = |t: u64| grants.iter().filter(|&&s| s >= t).min().map(|s| s - t);
+    let next_grant = |t: u64| {
+        grants
+            .iter()
+            .filter(|&&s| s >= t)
+            .min()
+            .map(|s| s.saturating_sub(t))
+    };
     let heals = input
         .nemesis
         .iter()
@@ -274,7 +280,7 @@ fn lost_signals(holds: &[Hold], input: &Input) -> Vec<LostSignal> {
             Some(LostSignal {
                 hold: id,
                 superseded_by: first_other.id,
-                latency: lost.t - first_other.start,
+                latency: lost.t.saturating_sub(first_other.start),
             })
         })
         .collect();

@@ -44,6 +44,8 @@ pub fn tokio_deadline_ns(deadline: tokio::time::Instant) -> u64 {
     shift(now_ns(), deadline, tokio::time::Instant::now())
 }
 
+// Each subtraction takes the earlier instant from the later one (the branch checks which).
+#[allow(clippy::arithmetic_side_effects)]
 fn shift<I>(now: u64, deadline: I, now_instant: I) -> u64
 where
     I: Ord + Copy + std::ops::Sub<Output = Duration>,

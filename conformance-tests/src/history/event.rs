@@ -194,7 +194,10 @@ impl HistoryWriter {
         let mut text = Vec::new();
         file.read_to_end(&mut text)?;
         if !text.is_empty() && !text.ends_with(b"\n") {
-            let keep = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            let keep = text
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| i.saturating_add(1));
             file.set_len(u64::try_from(keep).unwrap_or(u64::MAX))?;
             file.seek(SeekFrom::End(0))?;
         }
@@ -241,11 +244,13 @@ pub fn read_jsonl<T: DeserializeOwned>(paths: &[PathBuf]) -> io::Result<Loaded<T
             }
             match serde_json::from_str(line) {
                 Ok(record) => loaded.records.push(record),
-                Err(_) if !complete && i + 1 == lines.len() => loaded.torn.push(path.clone()),
+                Err(_) if !complete && i.saturating_add(1) == lines.len() => {
+                    loaded.torn.push(path.clone())
+                }
                 Err(e) => {
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
-                        format!("{}:{}: {e}", path.display(), i + 1),
+                        format!("{}:{}: {e}", path.display(), i.saturating_add(1)),
                     ));
                 }
             }
@@ -269,6 +274,7 @@ pub fn read_history_dir(dir: &Path) -> io::Result<Loaded<Event>> {
 }
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // Tests may panic.
 mod tests {
     use super::*;
     use crate::history::testutil::temp_dir;

@@ -118,7 +118,7 @@ pub fn analyse(snapshot: &RegisterSnapshot) -> RegisterFindings {
             }
             continue;
         }
-        findings.accepted += 1;
+        findings.accepted = findings.accepted.saturating_add(1);
         match top.get(name).copied() {
             Some((newer_token, newer_holder)) if !admitted => {
                 findings.stale_accepted.push(StaleWrite {
@@ -186,7 +186,9 @@ impl RegisterFindings {
     /// Findings that mean the register or the harness is broken, whatever the lock did:
     /// wrong rejections and token conflicts.
     pub fn integrity_faults(&self) -> usize {
-        self.wrong_rejections.len() + self.token_conflicts.len()
+        self.wrong_rejections
+            .len()
+            .saturating_add(self.token_conflicts.len())
     }
 
     /// Moves out of [`lost`](Self::lost) the writes the register decided after their writer was

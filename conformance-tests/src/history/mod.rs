@@ -72,6 +72,7 @@ pub mod register_service;
 pub mod verdict;
 
 #[cfg(test)]
+#[allow(clippy::arithmetic_side_effects)] // Tests may panic.
 mod checker_tests;
 #[cfg(test)]
 mod testutil;

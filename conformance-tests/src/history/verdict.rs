@@ -74,7 +74,7 @@ impl fmt::Display for Overlap {
         let length = if to == u64::MAX {
             "open".to_owned()
         } else {
-            fmt_ns(to - from)
+            fmt_ns(to.saturating_sub(from))
         };
         write!(
             f,
@@ -94,7 +94,7 @@ fn list<T: fmt::Display>(f: &mut fmt::Formatter<'_>, items: &[T]) -> fmt::Result
         writeln!(f, "    {item}")?;
     }
     if items.len() > SHOWN {
-        writeln!(f, "    … and {} more", items.len() - SHOWN)?;
+        writeln!(f, "    … and {} more", items.len().saturating_sub(SHOWN))?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_api::raw::time::after;
 use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -76,7 +77,7 @@ pub(crate) type Say = dyn Fn(&str) -> Result<(), String> + Send + Sync;
 pub async fn run_worker(harness: Arc<dyn Harness>, spec: WorkerSpec) -> Result<(), String> {
     // A server that is down or frozen when the worker starts is waited for, as a service
     // would, up to the worker's wait.
-    let give_up = tokio::time::Instant::now() + spec.wait;
+    let give_up = after(tokio::time::Instant::now(), spec.wait);
     let client = loop {
         match harness.client().await {
             Ok(client) => break client,
@@ -122,7 +123,7 @@ pub(crate) async fn run_rounds(
     let mut rng = StdRng::seed_from_u64(spec.seed ^ u64::from(spec.worker));
     let stop_at = spec
         .run_for
-        .map(|run_for| tokio::time::Instant::now() + run_for);
+        .map(|run_for| after(tokio::time::Instant::now(), run_for));
     for round in 0..spec.rounds {
         if stop_at.is_some_and(|stop_at| tokio::time::Instant::now() >= stop_at) {
             break;
@@ -184,9 +185,13 @@ pub(crate) async fn run_rounds(
                 }
                 // Thinks, recording each renewal the guard's watchdog makes meanwhile (the deadline
                 // it moved to), so a hold longer than its lease is not taken for expired.
-                let think_until = tokio::time::Instant::now() + think;
+                let think_until = after(tokio::time::Instant::now(), think);
                 let mut deadline = guard.valid_until();
-                let slice = (spec.ttl / 8).max(Duration::from_millis(10));
+                let slice = spec
+                    .ttl
+                    .checked_div(8)
+                    .unwrap_or_default()
+                    .max(Duration::from_millis(10));
                 while let Some(left) =
                     think_until.checked_duration_since(tokio::time::Instant::now())
                     && !left.is_zero()

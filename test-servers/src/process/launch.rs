@@ -91,7 +91,7 @@ impl Launch {
             stderr.try_clone().map_err(io_err("cannot prepare"))?,
         );
         let mut child = spawn(command, self.run_as).map_err(io_err("cannot run"))?;
-        let deadline = Instant::now() + timeout;
+        let deadline = super::after(Instant::now(), timeout);
         let status = loop {
             match child.try_wait().map_err(io_err("cannot wait for"))? {
                 Some(status) => break Some(status),

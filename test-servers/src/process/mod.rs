@@ -44,6 +44,16 @@ const POLL_FAST: Duration = Duration::from_millis(10);
 const POLL: Duration = Duration::from_millis(50);
 const FAST_POLLING_FOR: Duration = Duration::from_millis(500);
 
+/// The instant `delay` after `start`, for a wait's deadline: a delay too long for the clock (a
+/// caller's `Duration::MAX`) is cut to a year, which no test waits out. It is
+/// `dlock_api::raw::time::after` on std's clock: this crate does not depend on dlock-api.
+pub(crate) fn after(start: Instant, delay: Duration) -> Instant {
+    start
+        .checked_add(delay)
+        .or_else(|| start.checked_add(Duration::from_secs(365 * 24 * 3600)))
+        .unwrap_or(start)
+}
+
 /// Answers "is the server ready?" by speaking its protocol. Must return within a second or so.
 pub(crate) type Probe = Box<dyn Fn() -> bool + Send + Sync>;
 
@@ -162,7 +172,7 @@ impl Proc {
 
     /// Waits until the probe answers, the process exits, or the bound passes; returns the time since `begun`.
     pub(crate) fn wait_ready(&self, begun: Instant) -> Result<Duration> {
-        let deadline = begun + self.ready_timeout;
+        let deadline = after(begun, self.ready_timeout);
         loop {
             let pid = self.state().child.as_ref().map(|c| c.id() as libc::pid_t);
             match pid {
@@ -261,7 +271,7 @@ impl Proc {
             Some(leader) => {
                 // SAFETY: signalling our own, unreaped child.
                 unsafe { libc::kill(leader, libc::SIGSTOP) };
-                let deadline = Instant::now() + Duration::from_secs(2);
+                let deadline = after(Instant::now(), Duration::from_secs(2));
                 while !all_threads_stopped(leader as u32) && Instant::now() < deadline {
                     thread::sleep(Duration::from_millis(1));
                 }
@@ -282,7 +292,7 @@ impl Proc {
         // helper processes) may still be dying, holding the port or the old shared memory, which
         // makes an immediate restart fail ("pre-existing shared memory block is still in use").
         if let Some(group) = group {
-            let deadline = Instant::now() + Duration::from_secs(10);
+            let deadline = after(Instant::now(), Duration::from_secs(10));
             while (group_has_live_members(group) || descendants.iter().any(|&pid| is_alive(pid)))
                 && Instant::now() < deadline
             {
@@ -306,7 +316,7 @@ impl Proc {
             }
             // SAFETY: signalling our own, unreaped child.
             unsafe { libc::kill(pid, self.stop_signal) };
-            let deadline = Instant::now() + STOP_TIMEOUT;
+            let deadline = after(Instant::now(), STOP_TIMEOUT);
             while Instant::now() < deadline && !leader_exited(pid) {
                 thread::sleep(Duration::from_millis(10));
             }
@@ -348,7 +358,7 @@ impl Proc {
         // Postgres would go on answering the connections it already has.
         signal_descendants(pid as libc::pid_t, libc::SIGSTOP);
         state.paused = true;
-        let deadline = Instant::now() + Duration::from_secs(2);
+        let deadline = after(Instant::now(), Duration::from_secs(2));
         while !all_threads_stopped(pid) && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(1));
         }
@@ -375,6 +385,17 @@ impl Drop for Proc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deadline_past_the_clock_is_cut_not_a_panic() {
+        let now = Instant::now();
+        assert!(after(now, Duration::MAX) > now + Duration::from_secs(3600));
+        assert_eq!(after(now, Duration::ZERO), now);
+        assert_eq!(
+            after(now, Duration::from_secs(2)),
+            now + Duration::from_secs(2)
+        );
+    }
 
     #[test]
     fn a_missing_program_says_how_to_install_it() {

@@ -45,7 +45,7 @@ pub(super) fn descendants(root: libc::pid_t) -> Vec<libc::pid_t> {
     let mut i = 0;
     while let Some(&parent) = family.get(i) {
         family.extend(processes.iter().filter(|p| p.ppid == parent).map(|p| p.pid));
-        i += 1;
+        i = i.saturating_add(1);
     }
     family.remove(0);
     family

@@ -39,7 +39,7 @@ impl RedisCluster {
         let primaries = 3;
         let config =
             "cluster-enabled yes\ncluster-config-file nodes.conf\ncluster-node-timeout 2000\n";
-        let nodes = (0..primaries * (1 + replicas))
+        let nodes = (0..replicas.saturating_add(1).saturating_mul(primaries))
             .map(|_| {
                 let port = free_port_pair(10_000)
                     .map_err(ServerError::io(CLUSTER_KIND, "cannot find free ports"))?;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crate::control::process_control;
 use crate::error::{Result, ServerError};
 use crate::ports::free_port;
-use crate::process::{Launch, Proc, find_program, temp_dir};
+use crate::process::{Launch, Proc, after, find_program, temp_dir};
 use crate::resp::{Resp, redis_command};
 use crate::tls::make_certificates;
 
@@ -63,7 +63,7 @@ fn wait_for<T>(
     timeout: Duration,
     mut check: impl FnMut() -> Option<T>,
 ) -> Result<T> {
-    let deadline = Instant::now() + timeout;
+    let deadline = after(Instant::now(), timeout);
     loop {
         if let Some(value) = check() {
             return Ok(value);

@@ -145,7 +145,7 @@ impl RedisSentinel {
         let old = self
             .primary_addr()
             .map_err(ServerError::io(SENTINEL_KIND, "cannot ask for the primary"))?;
-        let deadline = Instant::now() + TOPOLOGY_TIMEOUT;
+        let deadline = crate::process::after(Instant::now(), TOPOLOGY_TIMEOUT);
         loop {
             match self.sentinels[0].command(&["SENTINEL", "FAILOVER", SENTINEL_MASTER_NAME]) {
                 Ok(Resp::Simple(_)) => break,
@@ -231,7 +231,7 @@ impl RedisSentinel {
                         let i = items
                             .iter()
                             .position(|x| x.as_text().as_deref() == Some(name))?;
-                        items.get(i + 1)?.as_text()
+                        items.get(i.saturating_add(1))?.as_text()
                     };
                     if field("num-slaves")? != "1" || field("num-other-sentinels")? != "2" {
                         return None;
@@ -244,7 +244,7 @@ impl RedisSentinel {
                         items
                             .iter()
                             .position(|x| x.as_text().as_deref() == Some("port"))
-                            .and_then(|i| items.get(i + 1)?.as_text())
+                            .and_then(|i| items.get(i.saturating_add(1))?.as_text())
                             .as_deref()
                             == Some(replica_port.as_str())
                     });

@@ -65,10 +65,10 @@ async fn held_through_the_act(
     let timing = ctx.timing();
     // The act may chain waits of its own (a Sentinel failover, then the old primary rejoining
     // as a replica), each of which can take seconds on a loaded machine.
-    let act_bound = timing.bound * 3;
+    let act_bound = timing.bound.saturating_mul(3);
     // A lease the holder neither renews nor outlives while the case runs: the act, not an
     // expiry, is what could free the lock.
-    let long_lease = act_bound + timing.bound;
+    let long_lease = act_bound.saturating_add(timing.bound);
     let mut holder_spec = run.spec(1, &names, 1, long_lease, timing.bound, timing.short_ttl);
     holder_spec.announce = true;
     holder_spec.ready_pause = Some(READY_PAUSE);
@@ -113,7 +113,14 @@ pub async fn mitigated_server_keeps_the_lock(ctx: Ctx) -> CaseResult {
         hazard: _,
     } = held_through_the_act(&ctx, &*amnesia).await?;
     let (harness, timing) = (amnesia.harness(), ctx.timing());
-    let mut other_spec = run.spec(2, &names, 1, timing.short_ttl, timing.bound * 2, THINK);
+    let mut other_spec = run.spec(
+        2,
+        &names,
+        1,
+        timing.short_ttl,
+        timing.bound.saturating_mul(2),
+        THINK,
+    );
     other_spec.announce = true;
     let mut other = run.spawn_via(&other_spec, &*harness)?;
     announced(&ctx, &mut other, "acquiring").await?;

@@ -29,13 +29,20 @@ pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
     let names = [ctx.name("lock")];
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
-    let mut cut_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl * 2);
+    let mut cut_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl.saturating_mul(2));
     cut_spec.announce = true;
     let mut cut = run.spawn_via(&cut_spec, &*linked)?;
     holding(&ctx, &mut cut).await?;
     proxy.set_mode(dlock_test_servers::ProxyMode::Blackhole);
     run.log(crate::history::Edge::Start, "blackhole worker 1's link");
-    let other_spec = run.spec(2, &names, 2, ttl, ttl * 4 + timing.bound, THINK);
+    let other_spec = run.spec(
+        2,
+        &names,
+        2,
+        ttl,
+        ttl.saturating_mul(4).saturating_add(timing.bound),
+        THINK,
+    );
     let other = run.spawn_via(&other_spec, &*target.harness)?;
     ctx.within("the cut-off worker to give up", cut.finish())
         .await??;
@@ -68,7 +75,7 @@ pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
 pub async fn late_release_after_a_partition_spares_the_next_holder(ctx: Ctx) -> CaseResult {
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
-    let (case, cut) = proxied_holder(&ctx, ttl * 3).await?;
+    let (case, cut) = proxied_holder(&ctx, ttl.saturating_mul(3)).await?;
     let ProxiedCase {
         target,
         proxy,
@@ -78,10 +85,17 @@ pub async fn late_release_after_a_partition_spares_the_next_holder(ctx: Ctx) -> 
     proxy.set_mode(dlock_test_servers::ProxyMode::Blackhole);
     run.log(crate::history::Edge::Start, "blackhole worker 1's link");
     // The next holder keeps the lock well past the cut-off worker's release.
-    let mut next_spec = run.spec(2, names, 1, ttl, ttl * 4 + timing.bound, ttl * 4);
+    let mut next_spec = run.spec(
+        2,
+        names,
+        1,
+        ttl,
+        ttl.saturating_mul(4).saturating_add(timing.bound),
+        ttl.saturating_mul(4),
+    );
     next_spec.announce = true;
     let mut next = run.spawn_via(&next_spec, &*target.harness)?;
-    let next_holds = tokio::time::timeout(ttl * 2, holding(&ctx, &mut next)).await;
+    let next_holds = tokio::time::timeout(ttl.saturating_mul(2), holding(&ctx, &mut next)).await;
     // Where the lease is a session, the server still counts the cut-off worker as holding:
     // the next holder waits for the heal.
     proxy.reset();
@@ -90,7 +104,14 @@ pub async fn late_release_after_a_partition_spares_the_next_holder(ctx: Ctx) -> 
         crate::history::Edge::Stop,
         "heal worker 1's link (its connections reset)",
     );
-    let third_spec = run.spec(3, names, 1, ttl, ttl * 8 + timing.bound, THINK);
+    let third_spec = run.spec(
+        3,
+        names,
+        1,
+        ttl,
+        ttl.saturating_mul(8).saturating_add(timing.bound),
+        THINK,
+    );
     let third = run.spawn_via(&third_spec, &*target.harness)?;
     ctx.within("the cut-off worker's late write and release", cut.finish())
         .await??;
@@ -120,9 +141,14 @@ pub async fn slow_link_keeps_exclusion(ctx: Ctx) -> CaseResult {
     let (target, proxy) = proxied(&ctx).await?;
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
-    proxy.set_mode(dlock_test_servers::ProxyMode::Latency(ttl / 20));
+    proxy.set_mode(dlock_test_servers::ProxyMode::Latency(
+        ttl.checked_div(20).unwrap_or_default(),
+    ));
     let jittery_proxy = Link::start(&target.upstreams)?;
-    let (min, max) = (ttl / 40, ttl / 10);
+    let (min, max) = (
+        ttl.checked_div(40).unwrap_or_default(),
+        ttl.checked_div(10).unwrap_or_default(),
+    );
     jittery_proxy.set_mode(dlock_test_servers::ProxyMode::Jitter { min, max });
     let slow = (target.reach_at)(&proxy.addrs());
     let jittery = (target.reach_at)(&jittery_proxy.addrs());
@@ -131,7 +157,7 @@ pub async fn slow_link_keeps_exclusion(ctx: Ctx) -> CaseResult {
         crate::history::Edge::Start,
         format!(
             "{:?} latency each way on worker 1, {min:?}..{max:?} on worker 2",
-            ttl / 20
+            ttl.checked_div(20).unwrap_or_default()
         ),
     );
     let names = [ctx.name("lock")];
@@ -207,14 +233,21 @@ async fn linked_pair(
         }
         Ok::<_, Failure>(())
     };
-    match tokio::time::timeout(timing.short_ttl * 2, took_effect).await {
+    match tokio::time::timeout(timing.short_ttl.saturating_mul(2), took_effect).await {
         Ok(result) => result?,
         Err(_) => run.log(
             crate::history::Edge::Start,
             "the linked worker's request did not reach the server",
         ),
     }
-    let direct_spec = run.spec(2, &names, 2, ttl, ttl * 4 + timing.bound, THINK);
+    let direct_spec = run.spec(
+        2,
+        &names,
+        2,
+        ttl,
+        ttl.saturating_mul(4).saturating_add(timing.bound),
+        THINK,
+    );
     let direct = run.spawn_via(&direct_spec, &*target.harness)?;
     Ok(LinkedPair {
         target,
@@ -244,7 +277,11 @@ pub async fn lost_acquire_reply_leaves_nothing(ctx: Ctx) -> CaseResult {
         .await?;
     let report = verify(&pair.run, &SURVIVED, &pair.run.input(residue)?)?;
     ensure!(
-        report.liveness.indeterminate + report.liveness.failed >= 1,
+        report
+            .liveness
+            .indeterminate
+            .saturating_add(report.liveness.failed)
+            >= 1,
         "the worker behind the dropped replies acquired anyway: {report}"
     );
     pair.run.discard();
@@ -260,7 +297,7 @@ pub async fn lost_acquire_reply_leaves_nothing(ctx: Ctx) -> CaseResult {
 pub async fn lost_release_reply_spares_the_next_holder(ctx: Ctx) -> CaseResult {
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
-    let (case, linked) = proxied_holder(&ctx, THINK * 10).await?;
+    let (case, linked) = proxied_holder(&ctx, THINK.saturating_mul(10)).await?;
     let ProxiedCase {
         target,
         proxy,
@@ -274,11 +311,25 @@ pub async fn lost_release_reply_spares_the_next_holder(ctx: Ctx) -> CaseResult {
         "drop the replies on worker 1's link, before its release",
     );
     // The next holder keeps the lock (renewing it) long enough for any retry to land.
-    let mut next_spec = run.spec(2, names, 1, ttl, ttl * 4 + timing.bound, ttl * 2);
+    let mut next_spec = run.spec(
+        2,
+        names,
+        1,
+        ttl,
+        ttl.saturating_mul(4).saturating_add(timing.bound),
+        ttl.saturating_mul(2),
+    );
     next_spec.announce = true;
     let mut next = run.spawn_via(&next_spec, &*target.harness)?;
     holding(&ctx, &mut next).await?;
-    let third_spec = run.spec(3, names, 1, ttl, ttl * 4 + timing.bound, THINK);
+    let third_spec = run.spec(
+        3,
+        names,
+        1,
+        ttl,
+        ttl.saturating_mul(4).saturating_add(timing.bound),
+        THINK,
+    );
     let third = run.spawn_via(&third_spec, &*target.harness)?;
     ctx.within("the worker whose release reply is lost", linked.finish())
         .await??;
@@ -301,7 +352,7 @@ pub async fn delayed_grant_counts_from_the_request(ctx: Ctx) -> CaseResult {
     let pair = linked_pair(
         &ctx,
         dlock_test_servers::ProxyMode::HoldReplies,
-        ttl * 3 / 4,
+        ttl.saturating_mul(3).checked_div(4).unwrap_or_default(),
     )
     .await?;
     let LinkedPair {
@@ -314,7 +365,7 @@ pub async fn delayed_grant_counts_from_the_request(ctx: Ctx) -> CaseResult {
     } = pair;
     // The fault's length is what is under test here: the grant arrives three quarters of a TTL
     // after the request took effect.
-    tokio::time::sleep(ttl * 3 / 4).await;
+    tokio::time::sleep(ttl.saturating_mul(3).checked_div(4).unwrap_or_default()).await;
     proxy.release_held();
     run.log(
         crate::history::Edge::Stop,

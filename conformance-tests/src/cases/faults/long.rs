@@ -81,12 +81,12 @@ impl Nemesis {
     fn length(self, ttl: Duration) -> Duration {
         let fault = match self {
             Self::Calm | Self::KillWorker => Duration::ZERO,
-            Self::PauseWorker => ttl * 3,
-            Self::Partition | Self::SlowLink => ttl * 2,
+            Self::PauseWorker => ttl.saturating_mul(3),
+            Self::Partition | Self::SlowLink => ttl.saturating_mul(2),
             Self::LostReplies => ttl,
-            Self::LateReplies => ttl / 2,
+            Self::LateReplies => ttl.checked_div(2).unwrap_or_default(),
         };
-        fault + ttl
+        fault.saturating_add(ttl)
     }
 }
 
@@ -107,11 +107,16 @@ impl Crew<'_> {
     /// until the end of the run.
     fn spawn(&mut self) -> Result<(), Failure> {
         let id = self.next_id;
-        self.next_id += 1;
+        self.next_id = self.next_id.wrapping_add(1);
         // Holds from nothing up to a whole TTL: some end at once, some need a renewal.
-        let mut spec = self
-            .run
-            .spec(id, self.names, u32::MAX, self.ttl, self.ttl * 4, self.ttl);
+        let mut spec = self.run.spec(
+            id,
+            self.names,
+            u32::MAX,
+            self.ttl,
+            self.ttl.saturating_mul(4),
+            self.ttl,
+        );
         spec.run_for = Some(
             self.ends_at
                 .saturating_duration_since(tokio::time::Instant::now()),
@@ -174,7 +179,7 @@ pub async fn long_run_under_every_nemesis(ctx: Ctx, plan: LongRun) -> CaseResult
         ttl,
         workers: Vec::new(),
         next_id: 1,
-        ends_at: tokio::time::Instant::now() + total,
+        ends_at: dlock_api::raw::time::after(tokio::time::Instant::now(), total),
     };
     for _ in 0..plan.workers.max(2) {
         crew.spawn()?;
@@ -185,7 +190,7 @@ pub async fn long_run_under_every_nemesis(ctx: Ctx, plan: LongRun) -> CaseResult
     for worker in std::mem::take(&mut crew.workers) {
         ctx.within_for(
             "a worker's last round",
-            ttl * 4 + timing.bound,
+            ttl.saturating_mul(4).saturating_add(timing.bound),
             worker.finish(),
         )
         .await??;
@@ -219,7 +224,7 @@ fn schedule(duration: Duration, ttl: Duration, with_link: bool) -> Vec<Nemesis> 
     let mut planned = Duration::ZERO;
     while phases.is_empty() || planned < duration {
         for &nemesis in &round {
-            planned += nemesis.length(ttl);
+            planned = planned.saturating_add(nemesis.length(ttl));
             phases.push(nemesis);
         }
     }
@@ -255,7 +260,7 @@ async fn apply(
         Nemesis::PauseWorker => {
             let victim = rng.random_range(..crew.workers.len());
             run.pause(&crew.workers[victim])?;
-            tokio::time::sleep(ttl * 3).await;
+            tokio::time::sleep(ttl.saturating_mul(3)).await;
             run.resume(&crew.workers[victim])?;
         }
         Nemesis::KillWorker => {
@@ -267,13 +272,16 @@ async fn apply(
         }
         Nemesis::Partition => {
             link_fault(ProxyMode::Blackhole, "blackhole");
-            tokio::time::sleep(ttl * 2).await;
+            tokio::time::sleep(ttl.saturating_mul(2)).await;
             heal(true);
         }
         Nemesis::SlowLink => {
-            let (min, max) = (ttl / 40, ttl / 10);
+            let (min, max) = (
+                ttl.checked_div(40).unwrap_or_default(),
+                ttl.checked_div(10).unwrap_or_default(),
+            );
             link_fault(ProxyMode::Jitter { min, max }, "jitter");
-            tokio::time::sleep(ttl * 2).await;
+            tokio::time::sleep(ttl.saturating_mul(2)).await;
             heal(false);
         }
         Nemesis::LostReplies => {
@@ -283,7 +291,7 @@ async fn apply(
         }
         Nemesis::LateReplies => {
             link_fault(ProxyMode::HoldReplies, "hold replies");
-            tokio::time::sleep(ttl / 2).await;
+            tokio::time::sleep(ttl.checked_div(2).unwrap_or_default()).await;
             heal(false);
         }
     }

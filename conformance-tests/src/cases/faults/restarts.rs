@@ -105,7 +105,7 @@ pub async fn server_restart_while_held_is_lost_or_kept(ctx: Ctx) -> CaseResult {
         // kept that long survived the restart. A session lease may still be suspended then
         // (reconnecting, checking its nodes): wait, within the bound, until it is one or the
         // other.
-        let mut lost = tokio::time::timeout(timing.short_ttl * 2, guard.lost()).await;
+        let mut lost = tokio::time::timeout(timing.short_ttl.saturating_mul(2), guard.lost()).await;
         if lost.is_err() {
             ctx.within("a suspended guard to be held again or lost", async {
                 while matches!(guard.status(), dlock_api::LockStatus::Suspended { .. }) {
@@ -168,16 +168,23 @@ pub async fn frozen_server_holds_no_one_twice(ctx: Ctx) -> CaseResult {
     let names = [ctx.name("lock")];
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
-    let mut holder_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl * 4);
+    let mut holder_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl.saturating_mul(4));
     holder_spec.announce = true;
     let mut holder = run.spawn_via(&holder_spec, &*own.harness)?;
     holding(&ctx, &mut holder).await?;
-    let other_spec = run.spec(2, &names, 2, ttl, ttl * 6 + timing.bound, THINK);
+    let other_spec = run.spec(
+        2,
+        &names,
+        2,
+        ttl,
+        ttl.saturating_mul(6).saturating_add(timing.bound),
+        THINK,
+    );
     let other = run.spawn_via(&other_spec, &*own.harness)?;
     own.process.pause();
     run.log(crate::history::Edge::Start, "freeze the server");
     // The freeze's length is what is under test.
-    tokio::time::sleep(ttl * 3).await;
+    tokio::time::sleep(ttl.saturating_mul(3)).await;
     own.process.resume();
     run.log(crate::history::Edge::Stop, "thaw the server");
     ctx.within("the holder after the thaw", holder.finish())

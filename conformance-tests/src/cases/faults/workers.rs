@@ -76,13 +76,13 @@ pub async fn coupon_100_requests_leave_zero(ctx: Ctx) -> CaseResult {
     ensure!(
         taken(&input.register) == COUPONS,
         "{} coupons left: {report}",
-        COUPONS - taken(&input.register)
+        COUPONS.saturating_sub(taken(&input.register))
     );
     if let Some(shadow) = &input.shadow {
         ensure!(
             taken(shadow) == COUPONS,
             "{} coupons left in the unfenced shadow: {report}",
-            COUPONS - taken(shadow)
+            COUPONS.saturating_sub(taken(shadow))
         );
     }
     run.discard();
@@ -109,13 +109,13 @@ pub async fn paused_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
     let names = [ctx.name("lock")];
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
-    let pause = ttl * 3;
+    let pause = ttl.saturating_mul(3);
     let mut frozen_spec = run.spec(1, &names, 1, ttl, timing.bound, Duration::from_millis(300));
     frozen_spec.announce = true;
     let mut frozen = run.spawn(&frozen_spec)?;
     holding(&ctx, &mut frozen).await?;
     run.pause(&frozen)?;
-    let other_spec = run.spec(2, &names, 2, ttl, pause + timing.bound, THINK);
+    let other_spec = run.spec(2, &names, 2, ttl, pause.saturating_add(timing.bound), THINK);
     let other = run.spawn(&other_spec)?;
     let ttl_lease = caps.lease == LeaseKind::Ttl;
     if ttl_lease {
@@ -191,12 +191,12 @@ pub async fn paused_waiter_takes_no_stale_grant(ctx: Ctx) -> CaseResult {
     let names = [ctx.name("lock")];
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
-    let pause = ttl * 3;
+    let pause = ttl.saturating_mul(3);
     let mut holder_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl);
     holder_spec.announce = true;
     let mut holder = run.spawn(&holder_spec)?;
     holding(&ctx, &mut holder).await?;
-    let mut waiter_spec = run.spec(2, &names, 1, ttl, pause + timing.bound, THINK);
+    let mut waiter_spec = run.spec(2, &names, 1, ttl, pause.saturating_add(timing.bound), THINK);
     waiter_spec.announce = true;
     let mut waiter = run.spawn(&waiter_spec)?;
     announced(&ctx, &mut waiter, "acquiring").await?;
@@ -204,7 +204,14 @@ pub async fn paused_waiter_takes_no_stale_grant(ctx: Ctx) -> CaseResult {
     // comes first only makes the case test less.
     tokio::time::sleep(Duration::from_millis(300)).await;
     run.pause(&waiter)?;
-    let mut behind_spec = run.spec(3, &names, 1, ttl, pause + timing.bound, ttl * 2);
+    let mut behind_spec = run.spec(
+        3,
+        &names,
+        1,
+        ttl,
+        pause.saturating_add(timing.bound),
+        ttl.saturating_mul(2),
+    );
     behind_spec.announce = true;
     let mut behind = run.spawn(&behind_spec)?;
     ctx.within("the holder", holder.finish()).await??;
@@ -286,14 +293,14 @@ pub async fn killed_at_random_points_leaves_nothing(ctx: Ctx) -> CaseResult {
         .collect();
     // The waves run side by side, each on its name: a wave's victims are workers
     // `wave * (VICTIMS_PER_WAVE + 1) + 1..`, its prober the last of its ids.
-    let waves = names.iter().zip(0..).map(|(name, wave)| {
+    let waves = names.iter().zip(0u32..).map(|(name, wave)| {
         let delays: Vec<Duration> = (0..VICTIMS_PER_WAVE)
             .map(|_| Duration::from_millis(rng.random_range(0..=30)))
             .collect();
         let (ctx, run) = (&ctx, &run);
         async move {
             let wave_names = std::slice::from_ref(name);
-            let first_id = wave * (VICTIMS_PER_WAVE + 1) + 1;
+            let first_id = wave.saturating_mul(VICTIMS_PER_WAVE + 1).saturating_add(1);
             let mut kills = Vec::new();
             for (id, delay) in (first_id..).zip(delays) {
                 let mut spec = run.spec(
@@ -313,7 +320,7 @@ pub async fn killed_at_random_points_leaves_nothing(ctx: Ctx) -> CaseResult {
                 });
             }
             futures::future::try_join_all(kills).await?;
-            let prober_id = first_id + VICTIMS_PER_WAVE;
+            let prober_id = first_id.saturating_add(VICTIMS_PER_WAVE);
             let prober =
                 run.spawn(&run.spec(prober_id, wave_names, 1, ttl, timing.bound, THINK))?;
             ctx.within("the prober after the kills", prober.finish())
@@ -327,7 +334,7 @@ pub async fn killed_at_random_points_leaves_nothing(ctx: Ctx) -> CaseResult {
         &Expect {
             // A worker killed between its fenced and its shadow write leaves the shadow short.
             shadow_lost: Count::Any,
-            recovery_within: Some(timing.crash_bound * (VICTIMS_PER_WAVE + 1)),
+            recovery_within: Some(timing.crash_bound.saturating_mul(VICTIMS_PER_WAVE + 1)),
             ..Expect::CLEAN
         },
         &run.input(residue)?,
