@@ -46,8 +46,13 @@ impl Conn {
                 etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_) => {
                     dlock_api::raw::config::config_error(BACKEND, e.to_string())
                 }
-                // Whatever else fails a connect (a refused or unreachable member) is an outage.
-                e => LockError::unavailable(BACKEND, crate::error::InOneSentence::new(e)),
+                // Whatever else fails a connect (a refused or unreachable member) is an outage,
+                // unless the configuration must change (credentials, certificates).
+                e => {
+                    let said = crate::error::InOneSentence::new(e);
+                    crate::error::to_fix_in_config(&said)
+                        .unwrap_or_else(|| LockError::unavailable(BACKEND, said))
+                }
             })?;
         Ok(Self {
             client,

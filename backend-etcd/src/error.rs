@@ -1,5 +1,6 @@
 //! etcd errors as `LockError`s: an unreachable member, a member without a leader or a slow
-//! answer is `Unavailable` (retryable); the rest is `Backend`.
+//! answer is `Unavailable` (retryable); refused credentials or an untrusted certificate is
+//! `Config` (fixed in the configuration); the rest is `Backend`.
 
 use dlock_api::LockError;
 use etcd_client::Error;
@@ -10,11 +11,32 @@ use crate::BACKEND;
 pub(crate) fn map_err(error: Error) -> LockError {
     let unavailable = is_unavailable(&error);
     let said = InOneSentence::new(error);
+    if let Some(config) = to_fix_in_config(&said) {
+        return config;
+    }
     if unavailable {
         LockError::unavailable(BACKEND, said)
     } else {
         LockError::backend(BACKEND, said)
     }
+}
+
+/// Refused credentials or an untrusted certificate as the `Config` error they are: each fails
+/// again on every retry, and the fix is in the configuration, not a wait.
+pub(crate) fn to_fix_in_config(said: &InOneSentence) -> Option<LockError> {
+    let reason = if refused_credentials(&said.error) {
+        format!(
+            "the server refused the credentials: {said}; check the user and password in the URL"
+        )
+    } else if said.sentence.contains("invalid peer certificate") {
+        format!("TLS refused the server: {said}; check ca_cert and the host name")
+    } else {
+        return None;
+    };
+    Some(LockError::Config {
+        backend: BACKEND,
+        reason,
+    })
 }
 
 /// The client's error said as one sentence: the gRPC status's message and its deepest cause
@@ -45,9 +67,10 @@ impl InOneSentence {
                 } else {
                     message
                 };
-                match std::error::Error::source(status) {
-                    Some(cause) => format!("{message}: {}", deepest(cause)),
-                    None => message.to_owned(),
+                match std::error::Error::source(status).map(deepest) {
+                    // The status often repeats its transport's error as its message.
+                    Some(cause) if !message.contains(&cause) => format!("{message}: {cause}"),
+                    _ => message.to_owned(),
                 }
             }
             Error::TransportError(transport) => deepest(transport),
@@ -91,6 +114,13 @@ pub(crate) fn is_unavailable(error: &Error) -> bool {
         Error::WatchError(_) | Error::LeaseKeepAliveError(_) => true,
         _ => false,
     }
+}
+
+/// A wrong password, or none where the cluster requires one.
+fn refused_credentials(error: &Error) -> bool {
+    matches!(error, Error::GRpcStatus(status)
+        if status.message().contains("authentication failed")
+            || status.message().contains("user name is empty"))
 }
 
 /// The server no longer knows the lease (revoked, or expired).

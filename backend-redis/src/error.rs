@@ -1,4 +1,5 @@
-//! Redis errors as `LockError`s: unreachable or slow is `Unavailable` (retryable), the rest `Backend`.
+//! Redis errors as `LockError`s: unreachable or slow is `Unavailable` (retryable), an untrusted
+//! certificate or refused credentials `Config` (fixed in the configuration), the rest `Backend`.
 
 use dlock_api::LockError;
 use redis::RedisError;
@@ -12,6 +13,15 @@ pub(crate) fn map_err(error: RedisError) -> LockError {
         return LockError::Config {
             backend: BACKEND,
             reason: format!("TLS refused the server: {error}"),
+        };
+    }
+    if refused_credentials(&error) {
+        // A wrong or missing password fails again on every retry: fixed in the configuration.
+        return LockError::Config {
+            backend: BACKEND,
+            reason: format!(
+                "the server refused the credentials: {error}; check the user and password in the URL"
+            ),
         };
     }
     if error.is_io_error()
@@ -34,6 +44,12 @@ pub(crate) fn map_err(error: RedisError) -> LockError {
 
 pub(crate) fn timed_out(after: std::time::Duration) -> LockError {
     LockError::command_timeout(BACKEND, after)
+}
+
+/// A wrong or missing password, or a user the server's ACL does not let run dlock's commands.
+fn refused_credentials(error: &RedisError) -> bool {
+    matches!(error.kind(), redis::ErrorKind::AuthenticationFailed)
+        || matches!(error.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
 }
 
 /// A server certificate rustls would not trust. Told by rustls's message: the driver wraps the

@@ -24,7 +24,7 @@ pub(crate) async fn client(config: &ZkConfig) -> Result<Client> {
     within_timeout(connector, config)
         .await
         .map_err(|refused| match refused {
-            Refused::Server(error) => connect_error(error),
+            Refused::Server(error) => connect_error(error, config),
             Refused::TimedOut => LockError::command_timeout(BACKEND, config.connect_timeout),
         })
 }
@@ -36,7 +36,7 @@ pub(crate) async fn reattach(config: &ZkConfig, info: SessionInfo) -> Result<Opt
     match within_timeout(connector, config).await {
         Ok(client) => Ok(Some(client)),
         Err(Refused::Server(zookeeper_client::Error::SessionExpired)) => Ok(None),
-        Err(Refused::Server(error)) => Err(connect_error(error)),
+        Err(Refused::Server(error)) => Err(connect_error(error, config)),
         Err(Refused::TimedOut) => Err(LockError::command_timeout(BACKEND, config.connect_timeout)),
     }
 }
@@ -136,11 +136,23 @@ pub(crate) async fn dial(
     connector.connect(hosts).await
 }
 
-fn connect_error(error: zookeeper_client::Error) -> LockError {
+fn connect_error(error: zookeeper_client::Error, config: &ZkConfig) -> LockError {
     match error {
         zookeeper_client::Error::BadArguments(_) => {
             dlock_api::raw::config::config_error(BACKEND, error.to_string())
         }
+        // The client library says only this, whether the hosts refused the connection, closed
+        // it, or failed the TLS handshake: say what to check.
+        zookeeper_client::Error::NoHosts => LockError::unavailable_because(
+            BACKEND,
+            if config.tls {
+                "no host answered: each refused the connection or failed the TLS handshake (check \
+                 that the port serves TLS and that ca_cert signed the server's certificate)"
+            } else {
+                "no host answered: each refused or closed the connection (check the hosts and \
+                 that the port serves ZooKeeper without TLS)"
+            },
+        ),
         error => map_err(error),
     }
 }

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod errors;
 mod faults;
 mod keys;
 mod runtimes;

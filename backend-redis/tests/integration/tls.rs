@@ -51,8 +51,10 @@ async fn an_untrusted_certificate_is_refused() {
         RedisLock::connect_url(&format!("{}?connect_timeout=1s", redis.tls_url().unwrap())).await;
     // A configuration to fix (exit 64 in the CLI), not an outage to wait out (69).
     match result {
-        Err(dlock_api::LockError::Config { reason, .. }) => {
-            assert!(reason.contains("certificate"), "{reason}")
+        Err(error @ dlock_api::LockError::Config { .. }) => {
+            let said = dlock_conformance::errors::one_sentence("untrusted certificate", &error);
+            assert!(said.contains("certificate"), "{said}");
+            println!("untrusted certificate: {said}");
         }
         other => panic!("expected a config error for an untrusted certificate, got {other:?}"),
     }

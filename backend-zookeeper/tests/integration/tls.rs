@@ -91,6 +91,17 @@ async fn a_server_the_ca_did_not_sign_or_a_plain_client_is_refused() {
         matches!(plain, Err(LockError::Unavailable { .. })),
         "{plain:?}"
     );
+    for (what, result) in [
+        ("untrusted certificate", &untrusted),
+        ("plain client", &plain),
+    ] {
+        if let Err(error) = result {
+            println!(
+                "{what}: {}",
+                dlock_conformance::errors::one_sentence(what, error)
+            );
+        }
+    }
     // The trusted CA still gets in: the refusals were about trust, not the server.
     ZkLock::connect_url(&zk.tls_url().unwrap()).await.unwrap();
 }

@@ -132,21 +132,6 @@ async fn unknown_options_and_bad_urls_are_config_errors() {
     }
 }
 
-/// Where a cause of `error` repeats what the chain has already said, the repeated text.
-fn repeated_cause(error: &dyn std::error::Error) -> Option<String> {
-    let mut shown = error.to_string();
-    let mut next = error.source();
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if shown.contains(&text) {
-            return Some(text);
-        }
-        shown.push_str(&text);
-        next = cause.source();
-    }
-    None
-}
-
 /// A refused connection on every backend is `Unavailable`, and its chain of causes (as
 /// anyhow's `{:#}`, tracing and the CLI print it) says each cause once.
 #[tokio::test]
@@ -175,24 +160,12 @@ async fn a_refused_connection_says_each_cause_once() {
             matches!(error, LockError::Unavailable { .. }),
             "{url}: {error:?}"
         );
-        if let Some(repeated) = repeated_cause(&error) {
-            panic!(
-                "{url}: `{repeated}` is said twice in `{}`",
-                dlock::error_chain(&error)
-            );
-        }
-        let chain = dlock::error_chain(&error);
+        let chain = dlock_conformance::errors::one_sentence(&url, &error);
         assert!(
             chain.contains(&format!("unavailable: connecting to {url}: ")),
             "the error does not say where it was connecting to: {chain}"
         );
-        // One sentence a person reads: the cause in words, no driver's `Debug` dump.
-        for dump in ["Os {", "kind: ", "source: ", "code: '", "Error("] {
-            assert!(
-                !chain.contains(dump),
-                "{url}: the error prints a driver's debug text ({dump}): {chain}"
-            );
-        }
+        println!("{chain}");
     }
 }
 
