@@ -67,6 +67,8 @@ pub struct Needs {
     /// A lost signal as the lock passes to another client ([`Capabilities::takeover_signal`]):
     /// the case checks the claim.
     pub takeover_signal: bool,
+    /// Semaphores ([`Capabilities::max_permits`]) of at least 3 permits.
+    pub semaphore: bool,
 }
 
 impl Needs {
@@ -100,6 +102,9 @@ impl Needs {
         }
         if self.takeover_signal && !caps.takeover_signal {
             return Some("backend's holder learns of a takeover only at its next renewal");
+        }
+        if self.semaphore && caps.max_permits < 3 {
+            return Some("backend has no semaphores (max_permits)");
         }
         if self.extend && !caps.extend {
             return Some("backend cannot extend leases");

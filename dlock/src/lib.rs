@@ -106,7 +106,7 @@ pub use dlock_api::{
     BoxError, Capabilities, CommandTimeout, Connecting, DistributedLock, DistributedLockExt,
     DynDistributedLock, Fencing, FencingGate, FencingToken, Inspection, KeyMapper, LeaseKind,
     LockContext, LockError, LockGuard, LockName, LockOptions, LockStatus, Lost, LostReason,
-    MemoryLock, Renewal, Result, RetryPolicy, error_chain, observability, settle,
+    MemoryLock, Permit, Renewal, Result, RetryPolicy, error_chain, observability, settle,
 };
 // Not `raw`: the implementor API moves with the backends (see its stability note); a backend
 // author depends on `dlock-api` for it, and an application never needs it.

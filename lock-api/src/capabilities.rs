@@ -62,6 +62,10 @@ pub struct Capabilities {
     /// expires leases on a sweep (etcd: whole seconds, a sweep every 500 ms). A session lease
     /// ends with its session instead, so it has none.
     pub expiry_lag: Duration,
+    /// The most permits a semaphore of this backend can have
+    /// ([`DistributedLock::acquire_permit`](crate::DistributedLock::acquire_permit)); `0` where
+    /// it has no semaphores.
+    pub max_permits: u32,
 }
 
 /// How far fencing tokens can be trusted.
@@ -105,6 +109,7 @@ impl Capabilities {
         max_ttl: None,
         min_ttl: None,
         expiry_lag: Duration::ZERO,
+        max_permits: 0,
     };
 
     /// A lease that lasts as long as the holder's session, so there is nothing to extend;
@@ -115,6 +120,37 @@ impl Capabilities {
         extend: false,
         ..Self::TTL_LEASE
     };
+
+    /// Checks a semaphore's number of permits against these capabilities, before any network
+    /// call.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] on a backend without semaphores; [`LockError::InvalidArgument`]
+    /// for no permits, or more than the backend can keep.
+    pub fn check_permits(&self, backend: &'static str, permits: u32) -> Result<()> {
+        if self.max_permits == 0 {
+            return Err(LockError::Unsupported {
+                backend,
+                operation: "semaphores",
+            });
+        }
+        if permits == 0 {
+            return Err(LockError::invalid(
+                "permits",
+                "a semaphore needs at least one permit",
+            ));
+        }
+        if permits > self.max_permits {
+            return Err(LockError::invalid(
+                "permits",
+                format!(
+                    "{permits} permits is more than {backend}'s limit of {}",
+                    self.max_permits
+                ),
+            ));
+        }
+        Ok(())
+    }
 
     /// Checks `options` against these capabilities and on their own. Backends call this first,
     /// so bad input fails before any network call (OpenDAL's correctness-check layer).

@@ -81,6 +81,7 @@ mod name;
 pub mod observability;
 mod options;
 pub mod raw;
+mod semaphore;
 mod status;
 mod token;
 
@@ -89,7 +90,7 @@ pub use error::{BoxError, CommandTimeout, Connecting, LockError, Result, error_c
 pub use fencing::FencingGate;
 pub use guard::{LockGuard, Lost};
 pub use inspect::Inspection;
-pub use lock::{DistributedLock, DistributedLockExt, DynDistributedLock, LockContext};
+pub use lock::{DistributedLock, DistributedLockExt, DynDistributedLock, LockContext, Permit};
 pub use memory::MemoryLock;
 pub use name::{KeyMapper, LockName};
 pub use options::{LockOptions, Renewal, RetryPolicy};

@@ -97,7 +97,88 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
         let _ = name;
         Err(crate::inspect::unsupported("this backend"))
     }
+
+    /// Takes one of the `permits` permits of the semaphore `name` if one is free, without
+    /// waiting.
+    ///
+    /// A semaphore is a lock that up to `permits` guards hold at once ("at most 3 backups across
+    /// the fleet"); a mutex is a semaphore of one permit. Each permit is a lease like a lock's:
+    /// it ends when its holder releases it, when its TTL runs out unrenewed, or with its
+    /// session, so a holder that crashes gives its permit back, and a release is owner-checked,
+    /// so releasing twice or after expiry never adds a permit. The [`Permit`] is a
+    /// [`LockGuard`]: its fencing token rises above every earlier permit's and lock's of the
+    /// name, and it has `lost()`, `status()`, `extend` and `release` as a lock's guard does.
+    ///
+    /// While a name is in use, every client must ask for the same number of permits: another
+    /// number is refused, naming both. A name held as a lock is a semaphore of one permit.
+    ///
+    /// # Behavior
+    /// - At most `permits` guards hold the name at once (`semaphore::at_most_n_hold_at_once`);
+    ///   the next gets `Ok(None)` (`semaphore::try_beyond_the_limit_returns_none`).
+    /// - Releasing a permit twice adds nothing (`semaphore::double_release_adds_nothing`).
+    /// - Bad numbers are refused before any network call (`semaphore::bad_limits_refused`).
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] on a backend without semaphores (its
+    /// [`Capabilities::max_permits`] is 0, the default); [`LockError::InvalidArgument`] for no
+    /// permits, more than the backend keeps, a number other than the name's, or bad options;
+    /// [`LockError::Unavailable`] / [`LockError::Backend`] when the server fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`try_acquire`](Self::try_acquire).
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Permit>> {
+        let _ = (name, permits, options);
+        Err(crate::semaphore::unsupported("this backend"))
+    }
+
+    /// Takes one of the `permits` permits of the semaphore `name`, waiting until one is free
+    /// or the options' wait timeout passes. See [`try_acquire_permit`](Self::try_acquire_permit).
+    ///
+    /// # Behavior
+    /// - A waiter beyond the limit is woken by one release
+    ///   (`semaphore::release_wakes_one_waiter`), and by a holder's lease ending
+    ///   (`semaphore::forgotten_permit_comes_back`).
+    /// - A cancelled wait leaves no permit held (`semaphore::cancel_storm_leaves_count_zero`).
+    ///
+    /// # Errors
+    /// As [`try_acquire_permit`](Self::try_acquire_permit), plus [`LockError::Timeout`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire`](Self::acquire): a dropped wait leaves no permit held and no
+    /// waiter registered.
+    async fn acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Permit> {
+        let _ = (name, permits, options);
+        Err(crate::semaphore::unsupported("this backend"))
+    }
+
+    /// How many permits of the semaphore `name` are held now, as the server says (a snapshot,
+    /// stale as soon as it arrives).
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] on a backend without semaphores;
+    /// [`LockError::Unavailable`] / [`LockError::Backend`] when the server fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    async fn count_permits(&self, name: &LockName) -> Result<u32> {
+        let _ = name;
+        Err(crate::semaphore::unsupported("this backend"))
+    }
 }
+
+/// A permit of a semaphore: a [`LockGuard`] held while up to the semaphore's number of others
+/// hold the same name (see [`DistributedLock::acquire_permit`]).
+pub type Permit = LockGuard;
 
 /// A lock service behind a pointer: `Arc<DynDistributedLock>`.
 pub type DynDistributedLock = dyn DistributedLock;
@@ -121,6 +202,25 @@ impl<T: DistributedLock + ?Sized> DistributedLock for Arc<T> {
     async fn inspect(&self, name: &LockName) -> Result<Inspection> {
         (**self).inspect(name).await
     }
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Permit>> {
+        (**self).try_acquire_permit(name, permits, options).await
+    }
+    async fn acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Permit> {
+        (**self).acquire_permit(name, permits, options).await
+    }
+    async fn count_permits(&self, name: &LockName) -> Result<u32> {
+        (**self).count_permits(name).await
+    }
 }
 
 #[deny(clippy::missing_trait_methods)]
@@ -141,6 +241,25 @@ impl<T: DistributedLock + ?Sized> DistributedLock for Box<T> {
     }
     async fn inspect(&self, name: &LockName) -> Result<Inspection> {
         (**self).inspect(name).await
+    }
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Permit>> {
+        (**self).try_acquire_permit(name, permits, options).await
+    }
+    async fn acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Permit> {
+        (**self).acquire_permit(name, permits, options).await
+    }
+    async fn count_permits(&self, name: &LockName) -> Result<u32> {
+        (**self).count_permits(name).await
     }
 }
 
@@ -243,30 +362,85 @@ pub trait DistributedLockExt: DistributedLock {
         async move {
             let name = name.try_into()?;
             let guard = self.acquire(&name, options).await?;
-            let context = LockContext {
-                name: name.clone(),
-                token: guard.fencing_token(),
-                lost: guard.lost_token(),
-            };
-            let outcome = tokio::select! {
-                biased;
-                reason = guard.lost() => Err(reason),
-                output = work(context) => Ok(output),
-            };
-            match outcome {
-                Ok(output) => {
-                    guard.release().await?;
-                    Ok(output)
-                }
-                Err(reason) => {
-                    // Owner-checked: never touches a new holder's lock.
-                    let _ = guard.release().await;
-                    Err(LockError::Lost {
-                        name: name.to_string(),
-                        reason,
-                    })
-                }
-            }
+            hold_while(name, guard, work).await
+        }
+    }
+
+    /// [`with_lock`](Self::with_lock) for a permit: runs `work` while holding one of the
+    /// `permits` permits of the semaphore `name`, releases the permit after the work has
+    /// finished, and drops the work at its next await point if the permit is lost.
+    ///
+    /// # Errors
+    /// Whatever [`acquire_permit`](DistributedLock::acquire_permit) returns; [`LockError::Lost`]
+    /// if the permit was lost during the work; the release's error.
+    ///
+    /// # Cancel safety
+    /// Dropping it drops the work and the permit; the permit then goes back in the background.
+    ///
+    /// # Examples
+    /// ```
+    /// # async fn demo() -> dlock_api::Result<()> {
+    /// use dlock_api::{DistributedLockExt, LockOptions, MemoryLock};
+    /// let locks = MemoryLock::new();
+    /// // At most 3 backups at once, whichever machines run them.
+    /// locks
+    ///     .with_permit("backups", 3, &LockOptions::new(), |_ctx| async move {
+    ///         // run the backup
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    fn with_permit<N, F, Fut, T>(
+        &self,
+        name: N,
+        permits: u32,
+        options: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        N: TryInto<LockName, Error = LockError> + Send,
+        F: FnOnce(LockContext) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        async move {
+            let name = name.try_into()?;
+            let permit = self.acquire_permit(&name, permits, options).await?;
+            hold_while(name, permit, work).await
+        }
+    }
+}
+
+/// Runs `work` while `guard` holds `name`, and releases it after: the work of
+/// [`with_lock`](DistributedLockExt::with_lock) and
+/// [`with_permit`](DistributedLockExt::with_permit).
+async fn hold_while<F, Fut, T>(name: LockName, guard: LockGuard, work: F) -> Result<T>
+where
+    F: FnOnce(LockContext) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let context = LockContext {
+        name: name.clone(),
+        token: guard.fencing_token(),
+        lost: guard.lost_token(),
+    };
+    let outcome = tokio::select! {
+        biased;
+        reason = guard.lost() => Err(reason),
+        output = work(context) => Ok(output),
+    };
+    match outcome {
+        Ok(output) => {
+            guard.release().await?;
+            Ok(output)
+        }
+        Err(reason) => {
+            // Owner-checked: never touches a new holder's lock.
+            let _ = guard.release().await;
+            Err(LockError::Lost {
+                name: name.to_string(),
+                reason,
+            })
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod names;
 pub mod ownership;
 pub mod renewal;
 pub mod runtime;
+pub mod semaphore;
 pub mod waiting;
 
 use crate::case::{Case, Needs};
@@ -32,6 +33,7 @@ const NONE: Needs = Needs {
     wake_on_release: false,
     lost_signal: false,
     takeover_signal: false,
+    semaphore: false,
 };
 const INSPECT: Needs = Needs {
     inspect: true,
@@ -132,6 +134,18 @@ const KILL_HOLDER_TAKEOVER: Needs = Needs {
 const SESSION: Needs = Needs {
     fault: Some(Fault::SuspendSession),
     ..NONE
+};
+const SEMAPHORE: Needs = Needs {
+    semaphore: true,
+    ..NONE
+};
+const SEMAPHORE_FENCED: Needs = Needs {
+    fencing: true,
+    ..SEMAPHORE
+};
+const SEMAPHORE_TTL: Needs = Needs {
+    ttl_lease: true,
+    ..SEMAPHORE
 };
 const KILL_WAITERS: Needs = Needs {
     fault: Some(Fault::KillWaiters),
@@ -254,6 +268,14 @@ static CASES: &[Case] = &[
     case!(cancel::settle_finishes_background_cleanup, NONE),
     case!(runtime::client_outlives_the_runtime_that_made_it, NONE),
     case!(runtime::client_shared_by_runtimes_running_at_once, NONE),
+    case!(semaphore::try_beyond_the_limit_returns_none, SEMAPHORE),
+    case!(semaphore::at_most_n_hold_at_once, SEMAPHORE),
+    case!(semaphore::release_wakes_one_waiter, SEMAPHORE),
+    case!(semaphore::forgotten_permit_comes_back, SEMAPHORE_TTL),
+    case!(semaphore::stale_release_adds_nothing, SEMAPHORE_TTL),
+    case!(semaphore::tokens_rise, SEMAPHORE_FENCED),
+    case!(semaphore::bad_limits_refused, SEMAPHORE),
+    case!(semaphore::cancel_storm_leaves_count_zero, SEMAPHORE),
     case!(names::unicode_names_work, NONE),
     case!(names::names_are_case_sensitive, NONE),
     case!(names::names_differ_after_byte_64, NONE),

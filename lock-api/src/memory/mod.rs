@@ -261,6 +261,7 @@ impl RawLock for MemoryLock {
             fifo: true,
             inspect: true,
             takeover_signal: true,
+            max_permits: MAX_PERMITS,
             ..Capabilities::TTL_LEASE
         }
     }
@@ -280,13 +281,7 @@ impl RawLock for MemoryLock {
     }
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
-        self.reachable()?;
-        Ok(match self.store.try_take(name, options.ttl(), None) {
-            Attempt::Granted { id, token, at } => {
-                Some(self.grant(name, id, token, at, options.ttl()))
-            }
-            Attempt::Busy { .. } | Attempt::Lapsed => None,
-        })
+        self.take(name, 1, options)
     }
 
     async fn wait_grant(
@@ -295,11 +290,66 @@ impl RawLock for MemoryLock {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
+        self.wait(name, 1, options, deadline).await
+    }
+
+    async fn try_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        self.take(name, permits, options)
+    }
+
+    async fn wait_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        self.wait(name, permits, options, deadline).await
+    }
+
+    async fn count_permits(&self, name: &LockName) -> Result<u32> {
+        self.reachable()?;
+        Ok(self.store.count(name))
+    }
+}
+
+/// The most permits a memory semaphore takes: far more than any use, and few enough that a
+/// name's holders stay a short list.
+const MAX_PERMITS: u32 = 1_000_000;
+
+impl MemoryLock {
+    /// One attempt at one of `limit` places of `name` (a lock has one).
+    fn take(&self, name: &LockName, limit: u32, options: &LockOptions) -> Result<Option<Grant>> {
+        self.reachable()?;
+        match self.store.try_take(name, limit, options.ttl(), None) {
+            Attempt::Granted { id, token, at } => {
+                Ok(Some(self.grant(name, id, token, at, options.ttl())))
+            }
+            Attempt::Busy { .. } | Attempt::Lapsed => Ok(None),
+            Attempt::OtherLimit { in_use } => {
+                Err(crate::raw::permits_mismatch(name, limit, in_use))
+            }
+        }
+    }
+
+    /// Waits in line for one of `limit` places of `name`, until `deadline`.
+    async fn wait(
+        &self,
+        name: &LockName,
+        limit: u32,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
         let ttl = options.ttl();
-        if let Some(grant) = self.try_grant(name, options).await? {
+        if let Some(grant) = self.take(name, limit, options)? {
             return Ok(Some(grant));
         }
-        let (first, mut wake) = self.store.enqueue(name, ttl);
+        let (first, mut wake) = self.store.enqueue(name, limit, ttl);
         // The place in the queue changes when an offer lapses and the wait queues again.
         let place = Arc::new(AtomicU64::new(first));
         let pending = {
@@ -312,22 +362,26 @@ impl RawLock for MemoryLock {
             tokio::pin!(notified);
             notified.as_mut().enable();
             self.reachable()?;
-            let until = match self
-                .store
-                .try_take(name, ttl, Some(place.load(Ordering::SeqCst)))
-            {
-                Attempt::Granted { id, token, at } => {
-                    pending.disarm();
-                    return Ok(Some(self.grant(name, id, token, at, ttl)));
-                }
-                Attempt::Busy { until } => until,
-                Attempt::Lapsed => {
-                    let (again, woken_by) = self.store.enqueue(name, ttl);
-                    place.store(again, Ordering::SeqCst);
-                    wake = woken_by;
-                    continue;
-                }
-            };
+            let until =
+                match self
+                    .store
+                    .try_take(name, limit, ttl, Some(place.load(Ordering::SeqCst)))
+                {
+                    Attempt::Granted { id, token, at } => {
+                        pending.disarm();
+                        return Ok(Some(self.grant(name, id, token, at, ttl)));
+                    }
+                    Attempt::Busy { until } => until,
+                    Attempt::Lapsed => {
+                        let (again, woken_by) = self.store.enqueue(name, limit, ttl);
+                        place.store(again, Ordering::SeqCst);
+                        wake = woken_by;
+                        continue;
+                    }
+                    Attempt::OtherLimit { in_use } => {
+                        return Err(crate::raw::permits_mismatch(name, limit, in_use));
+                    }
+                };
             let wake_at = match (until, deadline) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -340,10 +394,10 @@ impl RawLock for MemoryLock {
                 None => notified.await,
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                // One last try, so a lock freed exactly at the deadline is not missed.
+                // One last try, so a place freed exactly at the deadline is not missed.
                 if let Attempt::Granted { id, token, at } =
                     self.store
-                        .try_take(name, ttl, Some(place.load(Ordering::SeqCst)))
+                        .try_take(name, limit, ttl, Some(place.load(Ordering::SeqCst)))
                 {
                     pending.disarm();
                     return Ok(Some(self.grant(name, id, token, at, ttl)));

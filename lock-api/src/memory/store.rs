@@ -1,4 +1,8 @@
 //! The memory backend's shared state: holders, FIFO waiter queues, the fencing counter.
+//!
+//! One shape for every holder count: a name is held by up to its limit of holders at once (a
+//! lock by one, a semaphore by its number of permits), and each free place is offered to the
+//! next waiter in line.
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, VecDeque};
@@ -26,10 +30,22 @@ struct Inner {
     counters: Counters,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Entry {
-    holder: Option<Holder>,
+    /// How many may hold the name at once, as the clients using it now asked.
+    limit: u32,
+    holders: Vec<Holder>,
     waiters: VecDeque<Waiter>,
+}
+
+impl Entry {
+    fn new(limit: u32) -> Self {
+        Self {
+            limit,
+            holders: Vec::new(),
+            waiters: VecDeque::new(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -55,8 +71,11 @@ struct Waiter {
 pub(super) enum Attempt {
     /// The caller holds it, with a lease that started at `at`.
     Granted { id: u64, token: u64, at: Instant },
-    /// Someone holds it (until `until`), or a waiter ahead of the caller is about to take it (`None`).
+    /// Every place is held (the first to end at `until`), or a waiter ahead of the caller is
+    /// about to take the free one (`None`).
     Busy { until: Option<Instant> },
+    /// The name is in use with another limit.
+    OtherLimit { in_use: u32 },
     /// The caller's place in the queue is gone: the lock was offered to it and the offer ran out
     /// before it looked (its task was not polled). It must queue again.
     Lapsed,
@@ -92,36 +111,52 @@ impl Entry {
     /// hold and never claimed it loses its place: a waiter that is not polled (a stalled task)
     /// must not keep everyone behind it waiting.
     fn expire(&mut self, now: Instant) {
-        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
-            if let Some(holder) = self.holder.take() {
-                if let Some(state) = holder.state.upgrade() {
-                    state.mark_lost(LostReason::Expired);
-                }
-                self.waiters
-                    .retain(|w| w.offer.is_none_or(|(id, _)| id != holder.id));
+        while let Some(place) = self.holders.iter().position(|h| h.expires_at <= now) {
+            let holder = self.holders.swap_remove(place);
+            if let Some(state) = holder.state.upgrade() {
+                state.mark_lost(LostReason::Expired);
             }
+            self.waiters
+                .retain(|w| w.offer.is_none_or(|(id, _)| id != holder.id));
         }
+    }
+
+    /// The hold `id`, if it is still one.
+    fn holder_mut(&mut self, id: u64) -> Option<&mut Holder> {
+        self.holders.iter_mut().find(|h| h.id == id)
+    }
+
+    fn holds(&self, id: u64) -> bool {
+        self.holders.iter().any(|h| h.id == id)
+    }
+
+    fn has_room(&self) -> bool {
+        u32::try_from(self.holders.len()).is_ok_and(|held| held < self.limit)
     }
 
     /// A free lock is held at once in the name of the first waiter, for its TTL, and the waiter
     /// is woken to claim it: the hand-off does not wait for the waiter's task to run, and if it
     /// never runs, the offer runs out like any unrenewed lease.
     fn offer_front(&mut self, counters: &mut Counters, now: Instant) {
-        if self.holder.is_some() {
-            return;
+        let mut place = 0;
+        while self.has_room() {
+            let Some(waiter) = self.waiters.get_mut(place) else {
+                return;
+            };
+            place = place.saturating_add(1);
+            if waiter.offer.is_some() {
+                continue;
+            }
+            let id = counters.next_id();
+            self.holders.push(Holder {
+                id,
+                token: next_token(),
+                expires_at: after(now, waiter.ttl),
+                state: Weak::new(),
+            });
+            waiter.offer = Some((id, now));
+            waiter.wake.notify_one();
         }
-        let Some(front) = self.waiters.front_mut() else {
-            return;
-        };
-        let id = counters.next_id();
-        self.holder = Some(Holder {
-            id,
-            token: next_token(),
-            expires_at: after(now, front.ttl),
-            state: Weak::new(),
-        });
-        front.offer = Some((id, now));
-        front.wake.notify_one();
     }
 
     /// Expires what ran out, then offers a free lock to the next waiter.
@@ -131,7 +166,29 @@ impl Entry {
     }
 
     fn unused(&self) -> bool {
-        self.holder.is_none() && self.waiters.is_empty()
+        self.holders.is_empty() && self.waiters.is_empty()
+    }
+
+    /// The entry of `name`, made with `limit` if the name is not in use; refused if it is in
+    /// use with another limit.
+    fn of<'a>(
+        locks: &'a mut HashMap<LockName, Entry>,
+        name: &LockName,
+        limit: u32,
+        counters: &mut Counters,
+        now: Instant,
+    ) -> std::result::Result<&'a mut Entry, u32> {
+        let entry = locks
+            .entry(name.clone())
+            .or_insert_with(|| Entry::new(limit));
+        entry.settle(counters, now);
+        if entry.limit != limit {
+            if !entry.unused() {
+                return Err(entry.limit);
+            }
+            entry.limit = limit;
+        }
+        Ok(entry)
     }
 }
 
@@ -142,20 +199,28 @@ impl Store {
 
     /// Takes `name` for `ttl` if it is free and no earlier waiter is queued (`waiter`: the caller's
     /// own place in the queue, which it leaves on success, claiming the hold offered to it).
-    pub(super) fn try_take(&self, name: &LockName, ttl: Duration, waiter: Option<u64>) -> Attempt {
+    ///
+    /// `limit` is how many may hold it at once: 1 for a lock, the permits of a semaphore.
+    pub(super) fn try_take(
+        &self,
+        name: &LockName,
+        limit: u32,
+        ttl: Duration,
+        waiter: Option<u64>,
+    ) -> Attempt {
         let now = Instant::now();
         let mut inner = self.lock();
         let Inner { locks, counters } = &mut *inner;
-        let entry = locks.entry(name.clone()).or_default();
-        entry.settle(counters, now);
+        let entry = match Entry::of(locks, name, limit, counters, now) {
+            Ok(entry) => entry,
+            Err(in_use) => return Attempt::OtherLimit { in_use },
+        };
         if let Some(waiter) = waiter {
             let Some(place) = entry.waiters.iter().position(|w| w.id == waiter) else {
                 return Attempt::Lapsed;
             };
-            let offered = entry.waiters[place].offer;
-            if let (Some((offer, at)), Some(holder)) = (offered, &entry.holder) {
-                if holder.id == offer {
-                    let token = holder.token;
+            if let Some((offer, at)) = entry.waiters[place].offer {
+                if let Some(token) = entry.holder_mut(offer).map(|h| h.token) {
                     entry.waiters.remove(place);
                     return Attempt::Granted {
                         id: offer,
@@ -165,18 +230,18 @@ impl Store {
                 }
             }
         }
-        if let Some(holder) = &entry.holder {
+        if !entry.has_room() {
             return Attempt::Busy {
-                until: Some(holder.expires_at),
+                until: entry.holders.iter().map(|h| h.expires_at).min(),
             };
         }
-        if !entry.waiters.is_empty() {
-            // Queued waiters go first (an offer is made whenever the lock is free).
+        if entry.waiters.iter().any(|w| w.offer.is_none()) {
+            // Queued waiters go first (an offer is made whenever a place is free).
             return Attempt::Busy { until: None };
         }
         let id = counters.next_id();
         let token = next_token();
-        entry.holder = Some(Holder {
+        entry.holders.push(Holder {
             id,
             token,
             expires_at: after(now, ttl),
@@ -188,22 +253,20 @@ impl Store {
     /// Links a granted holder to its guard's state, so expiry and eviction can fire `lost`.
     pub(super) fn attach(&self, name: &LockName, id: u64, state: &Arc<LeaseState>) {
         let mut inner = self.lock();
-        if let Some(holder) = inner.locks.get_mut(name).and_then(|e| e.holder.as_mut()) {
-            if holder.id == id {
-                holder.state = Arc::downgrade(state);
-            }
+        if let Some(holder) = inner.locks.get_mut(name).and_then(|e| e.holder_mut(id)) {
+            holder.state = Arc::downgrade(state);
         }
     }
 
     /// Queues a waiter for a lease of `ttl` at the back; returns its id and wake-up.
-    pub(super) fn enqueue(&self, name: &LockName, ttl: Duration) -> (u64, Arc<Notify>) {
+    pub(super) fn enqueue(&self, name: &LockName, limit: u32, ttl: Duration) -> (u64, Arc<Notify>) {
         let mut inner = self.lock();
         let Inner { locks, counters } = &mut *inner;
         let id = counters.next_id();
         let wake = Arc::new(Notify::new());
         locks
             .entry(name.clone())
-            .or_default()
+            .or_insert_with(|| Entry::new(limit))
             .waiters
             .push_back(Waiter {
                 id,
@@ -223,9 +286,8 @@ impl Store {
             let e = entry.get_mut();
             if let Some(place) = e.waiters.iter().position(|w| w.id == waiter) {
                 let left = e.waiters.remove(place);
-                let offered = left.and_then(|w| w.offer).map(|(id, _)| id);
-                if offered.is_some() && e.holder.as_ref().map(|h| h.id) == offered {
-                    e.holder = None;
+                if let Some((offered, _)) = left.and_then(|w| w.offer) {
+                    e.holders.retain(|h| h.id != offered);
                 }
             }
             e.settle(counters, Instant::now());
@@ -245,9 +307,9 @@ impl Store {
         let now = Instant::now();
         let e = entry.get_mut();
         e.expire(now);
-        let held = e.holder.as_ref().is_some_and(|h| h.id == id);
+        let held = e.holds(id);
         if held {
-            e.holder = None;
+            e.holders.retain(|h| h.id != id);
         }
         e.offer_front(counters, now);
         if e.unused() {
@@ -265,32 +327,34 @@ impl Store {
             return false;
         };
         entry.settle(counters, now);
-        match entry.holder.as_mut() {
-            Some(holder) if holder.id == id => {
+        match entry.holder_mut(id) {
+            Some(holder) => {
                 holder.expires_at = after(now, ttl);
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
-    /// Ends the current holder's lease now, as a crashed server or expired session would.
+    /// Ends every current holder's lease now, as a crashed server or expired session would.
     pub(super) fn evict(&self, name: &LockName) -> bool {
         let mut inner = self.lock();
         let Inner { locks, counters } = &mut *inner;
         let Some(entry) = locks.get_mut(name) else {
             return false;
         };
-        let Some(holder) = entry.holder.take() else {
+        if entry.holders.is_empty() {
             return false;
-        };
-        if let Some(state) = holder.state.upgrade() {
-            state.mark_lost(LostReason::SessionClosed);
         }
-        // An evicted offer takes its waiter's place with it, as its expiry would.
-        entry
-            .waiters
-            .retain(|w| w.offer.is_none_or(|(id, _)| id != holder.id));
+        for holder in std::mem::take(&mut entry.holders) {
+            if let Some(state) = holder.state.upgrade() {
+                state.mark_lost(LostReason::SessionClosed);
+            }
+            // An evicted offer takes its waiter's place with it, as its expiry would.
+            entry
+                .waiters
+                .retain(|w| w.offer.is_none_or(|(id, _)| id != holder.id));
+        }
         entry.offer_front(counters, Instant::now());
         true
     }
@@ -302,13 +366,17 @@ impl Store {
         let Inner { locks, counters } = &mut *inner;
         let now = Instant::now();
         for entry in locks.values_mut() {
-            let on_session = entry
-                .holder
-                .as_ref()
-                .and_then(|h| h.state.upgrade())
-                .is_some_and(|state| state.session().is_some_and(|s| Arc::ptr_eq(s, session)));
-            if on_session {
-                if let Some(state) = entry.holder.take().and_then(|h| h.state.upgrade()) {
+            let on_session = |h: &Holder| {
+                h.state
+                    .upgrade()
+                    .is_some_and(|state| state.session().is_some_and(|s| Arc::ptr_eq(s, session)))
+            };
+            let (ended, kept): (Vec<Holder>, Vec<Holder>) = std::mem::take(&mut entry.holders)
+                .into_iter()
+                .partition(on_session);
+            entry.holders = kept;
+            if !ended.is_empty() {
+                for state in ended.iter().filter_map(|h| h.state.upgrade()) {
                     state.mark_lost(reason);
                 }
                 entry.offer_front(counters, now);
@@ -337,13 +405,25 @@ impl Store {
             return (None, 0);
         };
         entry.settle(counters, now);
-        let holder = entry.holder.as_ref().map(|h| (h.id, h.token, h.expires_at));
-        let offered = |w: &Waiter| {
-            w.offer
-                .is_some_and(|(id, _)| holder.is_some_and(|(held, _, _)| held == id))
-        };
-        let waiting = entry.waiters.iter().filter(|w| !offered(w)).count();
+        // The latest grant: a lock's only holder, a semaphore's newest permit.
+        let holder = entry
+            .holders
+            .iter()
+            .max_by_key(|h| h.token)
+            .map(|h| (h.id, h.token, h.expires_at));
+        let waiting = entry.waiters.iter().filter(|w| w.offer.is_none()).count();
         (holder, waiting)
+    }
+
+    /// How many hold `name` now (offers to waiters included: each is that waiter's place).
+    pub(super) fn count(&self, name: &LockName) -> u32 {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let Inner { locks, counters } = &mut *inner;
+        locks.get_mut(name).map_or(0, |entry| {
+            entry.settle(counters, now);
+            u32::try_from(entry.holders.len()).unwrap_or(u32::MAX)
+        })
     }
 
     /// Whether `name` is held or waited for.

@@ -136,6 +136,49 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
         let _ = name;
         Err(crate::inspect::unsupported(self.backend()))
     }
+
+    /// [`try_grant`](Self::try_grant) for one of `permits` permits of a semaphore; called only
+    /// when [`capabilities`](Self::capabilities) has `max_permits` (and with `permits` checked
+    /// against it). A name in use with another number of permits (a lock has one) is refused
+    /// with [`permits_mismatch`](super::permits_mismatch). The default answers
+    /// [`LockError::Unsupported`](crate::LockError::Unsupported).
+    ///
+    /// # Cancel safety
+    /// As [`try_grant`](Self::try_grant).
+    async fn try_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        let _ = (name, permits, options);
+        Err(crate::semaphore::unsupported(self.backend()))
+    }
+
+    /// [`wait_grant`](Self::wait_grant) for one of `permits` permits of a semaphore: woken when
+    /// a permit is released or its lease ends.
+    ///
+    /// # Cancel safety
+    /// As [`wait_grant`](Self::wait_grant).
+    async fn wait_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let _ = (name, permits, options, deadline);
+        Err(crate::semaphore::unsupported(self.backend()))
+    }
+
+    /// How many permits of `name` are held now, as the server says.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: it only reads.
+    async fn count_permits(&self, name: &LockName) -> Result<u32> {
+        let _ = name;
+        Err(crate::semaphore::unsupported(self.backend()))
+    }
 }
 
 /// [`DistributedLock::try_acquire`](crate::DistributedLock::try_acquire) for a [`RawLock`].
@@ -180,6 +223,71 @@ pub async fn acquire<B: RawLock + ?Sized>(
         |deadline| backend.wait_grant(name, options, deadline),
     )
     .await
+}
+
+/// [`DistributedLock::try_acquire_permit`](crate::DistributedLock::try_acquire_permit) for a
+/// [`RawLock`]: `permits` checked against the capabilities before any network call, then as
+/// [`try_acquire`].
+///
+/// # Errors
+/// As the trait method.
+///
+/// # Cancel safety
+/// As the backend's [`RawLock::try_grant_permit`].
+pub async fn try_acquire_permit<B: RawLock + ?Sized>(
+    backend: &B,
+    name: &LockName,
+    permits: u32,
+    options: &LockOptions,
+) -> Result<Option<LockGuard>> {
+    let capabilities = backend.capabilities();
+    capabilities.check_permits(backend.backend(), permits)?;
+    try_acquire_engine(
+        capabilities,
+        backend.backend(),
+        Some(name),
+        options,
+        backend.try_grant_permit(name, permits, options),
+    )
+    .await
+}
+
+/// [`DistributedLock::acquire_permit`](crate::DistributedLock::acquire_permit) for a
+/// [`RawLock`]: `permits` checked against the capabilities before any network call, then as
+/// [`acquire`].
+///
+/// # Errors
+/// As the trait method.
+///
+/// # Cancel safety
+/// As the backend's [`RawLock::wait_grant_permit`].
+pub async fn acquire_permit<B: RawLock + ?Sized>(
+    backend: &B,
+    name: &LockName,
+    permits: u32,
+    options: &LockOptions,
+) -> Result<LockGuard> {
+    let capabilities = backend.capabilities();
+    capabilities.check_permits(backend.backend(), permits)?;
+    acquire_by(capabilities, backend.backend(), name, options, |deadline| {
+        backend.wait_grant_permit(name, permits, options, deadline)
+    })
+    .await
+}
+
+/// [`DistributedLock::count_permits`](crate::DistributedLock::count_permits) for a
+/// [`RawLock`]: refused before any network call on a backend without semaphores.
+///
+/// # Errors
+/// As the trait method.
+///
+/// # Cancel safety
+/// Cancel safe: it only reads.
+pub async fn count_permits<B: RawLock + ?Sized>(backend: &B, name: &LockName) -> Result<u32> {
+    if backend.capabilities().max_permits == 0 {
+        return Err(crate::semaphore::unsupported(backend.backend()));
+    }
+    backend.count_permits(name).await
 }
 
 /// The engine's non-blocking acquire for a backend's own entry points (an acquire by integer
@@ -364,6 +472,28 @@ macro_rules! impl_distributed_lock {
 
             async fn inspect(&self, name: &$crate::LockName) -> $crate::Result<$crate::Inspection> {
                 $crate::raw::inspect(self, name).await
+            }
+
+            async fn try_acquire_permit(
+                &self,
+                name: &$crate::LockName,
+                permits: u32,
+                options: &$crate::LockOptions,
+            ) -> $crate::Result<::core::option::Option<$crate::Permit>> {
+                $crate::raw::try_acquire_permit(self, name, permits, options).await
+            }
+
+            async fn acquire_permit(
+                &self,
+                name: &$crate::LockName,
+                permits: u32,
+                options: &$crate::LockOptions,
+            ) -> $crate::Result<$crate::Permit> {
+                $crate::raw::acquire_permit(self, name, permits, options).await
+            }
+
+            async fn count_permits(&self, name: &$crate::LockName) -> $crate::Result<u32> {
+                $crate::raw::count_permits(self, name).await
             }
         }
     };

@@ -127,9 +127,13 @@ pub(crate) mod timer;
 pub(crate) mod watchdog;
 
 pub use crate::inspect::inspect;
+pub use crate::semaphore::permits_mismatch;
 pub use background::{settle, spawn_cleanup};
 pub use detach::Detach;
-pub use engine::{Grant, RawLock, acquire, acquire_by, try_acquire, try_acquire_by};
+pub use engine::{
+    Grant, RawLock, acquire, acquire_by, acquire_permit, count_permits, try_acquire,
+    try_acquire_by, try_acquire_permit,
+};
 pub use held_watch::{HeldCheck, HeldWatchTiming, start_watch_after, watch_held};
 pub use lease::{RawLease, RenewedBy, spawn_release};
 pub use local_queue::{LocalQueue, Turn};
