@@ -183,85 +183,54 @@ pub type Permit = LockGuard;
 /// A lock service behind a pointer: `Arc<DynDistributedLock>`.
 pub type DynDistributedLock = dyn DistributedLock;
 
-#[deny(clippy::missing_trait_methods)]
-#[async_trait]
-impl<T: DistributedLock + ?Sized> DistributedLock for Arc<T> {
-    fn capabilities(&self) -> Capabilities {
-        (**self).capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>> {
-        (**self).try_acquire(name, options).await
-    }
-    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
-        (**self).acquire(name, options).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
-        (**self).inspect(name).await
-    }
-    async fn try_acquire_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-    ) -> Result<Option<Permit>> {
-        (**self).try_acquire_permit(name, permits, options).await
-    }
-    async fn acquire_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-    ) -> Result<Permit> {
-        (**self).acquire_permit(name, permits, options).await
-    }
-    async fn count_permits(&self, name: &LockName) -> Result<u32> {
-        (**self).count_permits(name).await
-    }
+/// `DistributedLock` for a pointer to one: every method forwarded (the lint makes a method
+/// added to the trait fail to compile here until it is forwarded too).
+macro_rules! forward_distributed_lock {
+    ($wrapper:ident) => {
+        #[deny(clippy::missing_trait_methods)]
+        #[async_trait]
+        impl<T: DistributedLock + ?Sized> DistributedLock for $wrapper<T> {
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+            async fn try_acquire(
+                &self,
+                name: &LockName,
+                options: &LockOptions,
+            ) -> Result<Option<LockGuard>> {
+                (**self).try_acquire(name, options).await
+            }
+            async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
+                (**self).acquire(name, options).await
+            }
+            async fn inspect(&self, name: &LockName) -> Result<Inspection> {
+                (**self).inspect(name).await
+            }
+            async fn try_acquire_permit(
+                &self,
+                name: &LockName,
+                permits: u32,
+                options: &LockOptions,
+            ) -> Result<Option<Permit>> {
+                (**self).try_acquire_permit(name, permits, options).await
+            }
+            async fn acquire_permit(
+                &self,
+                name: &LockName,
+                permits: u32,
+                options: &LockOptions,
+            ) -> Result<Permit> {
+                (**self).acquire_permit(name, permits, options).await
+            }
+            async fn count_permits(&self, name: &LockName) -> Result<u32> {
+                (**self).count_permits(name).await
+            }
+        }
+    };
 }
 
-#[deny(clippy::missing_trait_methods)]
-#[async_trait]
-impl<T: DistributedLock + ?Sized> DistributedLock for Box<T> {
-    fn capabilities(&self) -> Capabilities {
-        (**self).capabilities()
-    }
-    async fn try_acquire(
-        &self,
-        name: &LockName,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>> {
-        (**self).try_acquire(name, options).await
-    }
-    async fn acquire(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
-        (**self).acquire(name, options).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Inspection> {
-        (**self).inspect(name).await
-    }
-    async fn try_acquire_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-    ) -> Result<Option<Permit>> {
-        (**self).try_acquire_permit(name, permits, options).await
-    }
-    async fn acquire_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-    ) -> Result<Permit> {
-        (**self).acquire_permit(name, permits, options).await
-    }
-    async fn count_permits(&self, name: &LockName) -> Result<u32> {
-        (**self).count_permits(name).await
-    }
-}
+forward_distributed_lock!(Arc);
+forward_distributed_lock!(Box);
 
 /// What work run by [`DistributedLockExt::with_lock`] knows about its lock.
 #[derive(Clone, Debug)]

@@ -87,56 +87,14 @@ pub async fn storm_leaves_every_name_free(ctx: Ctx) -> CaseResult {
     let names: Vec<LockName> = (0..NAMES).map(|i| ctx.name(&format!("n{i}"))).collect();
     let bound = ctx.timing().bound;
     for _ in 0..ROUNDS {
-        let mut tasks = tokio::task::JoinSet::new();
-        let mut cuts = Vec::with_capacity(TASKS);
-        for t in 0..TASKS {
+        let (clients, names) = (&clients, &names);
+        cut_short_round(&ctx, TASKS, &outlasting(&ctx), |t, opts, hold| {
             let (client, name) = (clients[t % CLIENTS].clone(), names[t % NAMES].clone());
-            let (hold, cut, wait) = {
-                let mut rng = rand::rng();
-                (
-                    Duration::from_micros(rng.random_range(0..3_000)),
-                    Duration::from_micros(rng.random_range(0..25_000)),
-                    Duration::from_micros(rng.random_range(1_000..40_000)),
-                )
-            };
-            // Every third task holds for real (wait for the lock, hold, release); the others
-            // are cut short by a wait timeout, a `timeout` around the call, or an abort.
-            let opts = match t % 3 {
-                0 => outlasting(&ctx).with_wait_timeout(bound),
-                _ => outlasting(&ctx).with_wait_timeout(wait),
-            };
-            let work = async move {
+            async move {
                 let guard = client.acquire(&name, &opts).await?;
                 tokio::time::sleep(hold).await;
                 guard.release().await
-            };
-            match t % 3 {
-                0 => {
-                    tasks.spawn(async move {
-                        let _ = work.await;
-                    });
-                }
-                1 => {
-                    tasks.spawn(async move {
-                        let _ = tokio::time::timeout(cut, work).await;
-                    });
-                }
-                _ => {
-                    let handle = tasks.spawn(async move {
-                        let _ = work.await;
-                    });
-                    cuts.push((cut, handle));
-                }
             }
-        }
-        cuts.sort_by_key(|(cut, _)| *cut);
-        let started = tokio::time::Instant::now();
-        for (cut, handle) in cuts {
-            tokio::time::sleep_until(dlock_api::raw::time::after(started, cut)).await;
-            handle.abort();
-        }
-        ctx.within("the storm's tasks to end", async {
-            while tasks.join_next().await.is_some() {}
         })
         .await?;
     }
@@ -163,6 +121,69 @@ pub async fn storm_leaves_every_name_free(ctx: Ctx) -> CaseResult {
         }
     }
     Ok(())
+}
+
+/// One round of a storm: `tasks` tasks, task `t` running `work(t, options, hold)` (take, hold
+/// for `hold`, give back) with `options` = `long` and a wait timeout. Every third task holds for
+/// real (a wait as long as the bound); the others are cut short at a random point by a short
+/// wait timeout, a `timeout` around the call, or an abort of their task. Returns once every
+/// task has ended.
+pub(crate) async fn cut_short_round<W, Fut>(
+    ctx: &Ctx,
+    tasks: usize,
+    long: &LockOptions,
+    work: W,
+) -> Result<(), Failure>
+where
+    W: Fn(usize, LockOptions, Duration) -> Fut,
+    Fut: std::future::Future<Output = dlock_api::Result<()>> + Send + 'static,
+{
+    let bound = ctx.timing().bound;
+    let mut running = tokio::task::JoinSet::new();
+    let mut cuts = Vec::with_capacity(tasks);
+    for t in 0..tasks {
+        let (hold, cut, wait) = {
+            let mut rng = rand::rng();
+            (
+                Duration::from_micros(rng.random_range(0..3_000)),
+                Duration::from_micros(rng.random_range(0..25_000)),
+                Duration::from_micros(rng.random_range(1_000..40_000)),
+            )
+        };
+        let opts = match t % 3 {
+            0 => long.clone().with_wait_timeout(bound),
+            _ => long.clone().with_wait_timeout(wait),
+        };
+        let work = work(t, opts, hold);
+        match t % 3 {
+            0 => {
+                running.spawn(async move {
+                    let _ = work.await;
+                });
+            }
+            1 => {
+                running.spawn(async move {
+                    let _ = tokio::time::timeout(cut, work).await;
+                });
+            }
+            _ => {
+                let handle = running.spawn(async move {
+                    let _ = work.await;
+                });
+                cuts.push((cut, handle));
+            }
+        }
+    }
+    cuts.sort_by_key(|(cut, _)| *cut);
+    let started = tokio::time::Instant::now();
+    for (cut, handle) in cuts {
+        tokio::time::sleep_until(dlock_api::raw::time::after(started, cut)).await;
+        handle.abort();
+    }
+    ctx.within("the storm's tasks to end", async {
+        while running.join_next().await.is_some() {}
+    })
+    .await
 }
 
 /// A task aborted inside `guard.release().await`, at every point from before the request to

@@ -309,64 +309,22 @@ pub async fn bad_limits_refused(ctx: Ctx) -> CaseResult {
 /// tasks) leave no permit held: the count is 0 and all N are free after (Curator
 /// CURATOR-315/462: orphan lease nodes after an interrupt).
 pub async fn cancel_storm_leaves_count_zero(ctx: Ctx) -> CaseResult {
-    use rand::Rng;
     const TASKS: usize = 30;
     let mut clients = Vec::new();
     for _ in 0..3 {
         clients.push(ctx.client().await?);
     }
     let name = ctx.name("sem");
-    let bound = ctx.timing().bound;
-    let long = LockOptions::new().with_ttl(bound.saturating_mul(4));
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut cuts = Vec::new();
-    for t in 0..TASKS {
-        let client = clients[t.checked_rem(clients.len()).unwrap_or(0)].clone();
+    let long = LockOptions::new().with_ttl(ctx.timing().bound.saturating_mul(4));
+    let clients_ref = &clients;
+    super::cancel::cut_short_round(&ctx, TASKS, &long, |t, opts, hold| {
+        let client = clients_ref[t.checked_rem(clients_ref.len()).unwrap_or(0)].clone();
         let name = name.clone();
-        let (hold, cut, wait) = {
-            let mut rng = rand::rng();
-            (
-                Duration::from_micros(rng.random_range(0..3_000)),
-                Duration::from_micros(rng.random_range(0..25_000)),
-                Duration::from_micros(rng.random_range(1_000..40_000)),
-            )
-        };
-        let opts = match t.checked_rem(3).unwrap_or(0) {
-            0 => long.clone().with_wait_timeout(bound),
-            _ => long.clone().with_wait_timeout(wait),
-        };
-        let work = async move {
+        async move {
             let permit = client.acquire_permit(&name, PERMITS, &opts).await?;
             tokio::time::sleep(hold).await;
             permit.release().await
-        };
-        match t.checked_rem(3).unwrap_or(0) {
-            0 => {
-                tasks.spawn(async move {
-                    let _ = work.await;
-                });
-            }
-            1 => {
-                tasks.spawn(async move {
-                    let _ = tokio::time::timeout(cut, work).await;
-                });
-            }
-            _ => {
-                let handle = tasks.spawn(async move {
-                    let _ = work.await;
-                });
-                cuts.push((cut, handle));
-            }
         }
-    }
-    cuts.sort_by_key(|(cut, _)| *cut);
-    let started = tokio::time::Instant::now();
-    for (cut, handle) in cuts {
-        tokio::time::sleep_until(dlock_api::raw::time::after(started, cut)).await;
-        handle.abort();
-    }
-    ctx.within("the storm's tasks to end", async {
-        while tasks.join_next().await.is_some() {}
     })
     .await?;
     ctx.within("background cleanups", dlock_api::settle())

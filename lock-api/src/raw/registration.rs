@@ -44,7 +44,7 @@ pub type ConnectFn = for<'a> fn(&'a str, &'a [(String, String)]) -> Connecting<'
 /// }
 ///
 /// pub const REGISTRATION: Registration = Registration::new("mine", &["mine"], connect);
-/// # assert!(REGISTRATION.serves("mine://a"));
+/// # assert_eq!(REGISTRATION.schemes(), ["mine"]);
 /// ```
 #[derive(Clone, Copy)]
 pub struct Registration {
@@ -76,15 +76,6 @@ impl Registration {
     /// The URL schemes it serves.
     pub const fn schemes(&self) -> &'static [&'static str] {
         self.schemes
-    }
-
-    /// Whether `url`'s scheme (compared without regard to case) is one of its own.
-    pub fn serves(&self, url: &str) -> bool {
-        url.split_once("://").is_some_and(|(scheme, _)| {
-            self.schemes
-                .iter()
-                .any(|own| own.eq_ignore_ascii_case(scheme))
-        })
     }
 
     /// Parses `url`, applies `options` and connects.
