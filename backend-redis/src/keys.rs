@@ -65,6 +65,16 @@ impl LockKeys {
         }
     }
 
+    /// `PREFIX:{NAME}:permits`: a semaphore's permits, each owner scored by the end of its
+    /// lease on the server's clock. Made on demand, not with the other keys: a lock's acquire
+    /// never needs it.
+    pub fn permits(&self) -> String {
+        let mut key = String::with_capacity(self.lock.len().saturating_add(8));
+        key.push_str(&self.lock);
+        key.push_str(":permits");
+        key
+    }
+
     /// Checks a key prefix: not empty, and without braces, which would move the Cluster hash tag
     /// off the name.
     ///

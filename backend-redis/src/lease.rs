@@ -1,4 +1,4 @@
-//! `RedisLease`: owner-checked release and extend of one held lock.
+//! `RedisLease`: owner-checked release and extend of one held lock or semaphore permit.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,14 +13,23 @@ use tokio::time::Instant;
 use crate::client::Inner;
 use crate::keys::LockKeys;
 
+/// What an owner value holds, or may hold, of a name: which scripts release and renew it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// The lock. `uncontended`: taken with nobody queued, so the release first tries the
+    /// script without the hand-off. A lock granted after a wait goes straight to the hand-off,
+    /// as others likely wait too.
+    Lock { uncontended: bool },
+    /// One permit of a semaphore (`scripts/permits.rs`).
+    Permit,
+}
+
 pub(crate) struct RedisLease {
     inner: Arc<Inner>,
     name: LockName,
     keys: Arc<LockKeys>,
     owner: Arc<str>,
-    /// Taken with nobody queued: the release first tries the script without the hand-off. A
-    /// lock granted after a wait goes straight to the hand-off, as others likely wait too.
-    taken_uncontended: bool,
+    hold: Hold,
     /// The start of the watch on the held lock (`held.rs`), until it comes due.
     _watch: Option<Scheduled>,
 }
@@ -31,7 +40,7 @@ impl RedisLease {
         name: LockName,
         keys: Arc<LockKeys>,
         owner: Arc<str>,
-        taken_uncontended: bool,
+        hold: Hold,
         watch: Option<Scheduled>,
     ) -> Self {
         Self {
@@ -39,7 +48,7 @@ impl RedisLease {
             name,
             keys,
             owner,
-            taken_uncontended,
+            hold,
             _watch: watch,
         }
     }
@@ -80,13 +89,25 @@ impl RedisLease {
         }
     }
 
-    /// Releases `owner`'s hold, handing the lock to the next live waiter. True if it was held
-    /// (also when this is the second arrival of a release whose first one released it, where
-    /// releases are marked).
+    /// Gives `owner`'s permit back, waking the name's waiters. True if it was live.
+    async fn release_permit(inner: &Inner, keys: &LockKeys, owner: &str) -> Result<bool> {
+        let permits = keys.permits();
+        let names = [keys.lock.as_str(), permits.as_str()];
+        let args = [owner, keys.channel.as_str()];
+        Ok(Self::run_with(inner, &inner.scripts.release_permit, &names, &args).await? == 1)
+    }
+
+    /// Releases `owner`'s hold, handing a lock to the next live waiter. True if it was held
+    /// (also when this is the second arrival of a lock's release whose first one released it,
+    /// where releases are marked).
     async fn release_script(&self) -> Result<bool> {
         let (inner, keys, owner) = (&self.inner, &self.keys, &*self.owner);
+        let uncontended = match self.hold {
+            Hold::Permit => return Self::release_permit(inner, keys, owner).await,
+            Hold::Lock { uncontended } => uncontended,
+        };
         let marks = inner.scripts.marks_releases;
-        if self.taken_uncontended {
+        if uncontended {
             let names = [keys.lock.as_str(), keys.released_by.as_str()];
             let names = if marks { &names[..] } else { &names[..1] };
             match Self::run_with(inner, &inner.scripts.release_uncontended, names, &[owner]).await?
@@ -109,18 +130,31 @@ impl RedisLease {
     }
 
     /// Ends `owner`'s wait: leaves the queue, or, if a release granted it the lock meanwhile,
-    /// releases it onward.
-    pub(crate) async fn cancel(inner: &Inner, keys: &LockKeys, owner: &str) -> Result<()> {
-        Self::run(inner, &inner.scripts.cancel, keys, owner)
-            .await
-            .map(drop)
+    /// releases it onward; gives back a permit it may have been granted.
+    pub(crate) async fn cancel(
+        inner: &Inner,
+        keys: &LockKeys,
+        owner: &str,
+        hold: Hold,
+    ) -> Result<()> {
+        match hold {
+            Hold::Lock { .. } => Self::run(inner, &inner.scripts.cancel, keys, owner)
+                .await
+                .map(drop),
+            Hold::Permit => Self::release_permit(inner, keys, owner).await.map(drop),
+        }
     }
 
     /// The cleanup of a cancelled acquire: whatever the server did with `owner` (took the lock,
-    /// queued it, granted it the lock), undo it.
-    pub(crate) fn spawn_cleanup(inner: Arc<Inner>, keys: Arc<LockKeys>, owner: Arc<str>) {
+    /// queued it, granted it the lock or a permit), undo it.
+    pub(crate) fn spawn_cleanup(
+        inner: Arc<Inner>,
+        keys: Arc<LockKeys>,
+        owner: Arc<str>,
+        hold: Hold,
+    ) {
         dlock_api::raw::spawn_cleanup(async move {
-            if let Err(error) = Self::cancel(&inner, &keys, &owner).await {
+            if let Err(error) = Self::cancel(&inner, &keys, &owner, hold).await {
                 tracing::warn!(key = %keys.lock, %error, "redis: cleanup of a cancelled acquire failed; the lease will end on its own");
             }
         });
@@ -139,10 +173,11 @@ impl RedisLease {
         inner: Arc<Inner>,
         keys: Arc<LockKeys>,
         owner: Arc<str>,
+        hold: Hold,
         ttl: Duration,
     ) {
         dlock_api::raw::spawn_cleanup(async move {
-            let mut answered = Self::cancel(&inner, &keys, &owner).await.is_ok();
+            let mut answered = Self::cancel(&inner, &keys, &owner, hold).await.is_ok();
             let (inner, every) = (Arc::downgrade(&inner), inner.config.command_timeout);
             let give_up = after(Instant::now(), ttl);
             tokio::spawn(async move {
@@ -153,7 +188,7 @@ impl RedisLease {
                     }
                     tokio::time::sleep(every).await;
                     let Some(inner) = inner.upgrade() else { return };
-                    let ok = Self::cancel(&inner, &keys, &owner).await.is_ok();
+                    let ok = Self::cancel(&inner, &keys, &owner, hold).await.is_ok();
                     if answered {
                         return;
                     }
@@ -180,15 +215,27 @@ impl RawLease for RedisLease {
         let inner = &self.inner;
         let sent = Instant::now();
         let ttl_ms = ttl.as_millis().max(1).to_string();
-        let extended: i64 = inner
-            .conn
-            .run_script(
-                inner.config.command_timeout,
-                &inner.scripts.extend,
-                &[&self.keys.lock],
-                &[&self.owner, &ttl_ms],
-            )
-            .await?;
+        let timeout = inner.config.command_timeout;
+        let args = [&*self.owner, &ttl_ms];
+        let extended: i64 = match self.hold {
+            Hold::Lock { .. } => {
+                let names = [self.keys.lock.as_str()];
+                let script = &inner.scripts.extend;
+                inner
+                    .conn
+                    .run_script(timeout, script, &names, &args)
+                    .await?
+            }
+            Hold::Permit => {
+                let permits = self.keys.permits();
+                let names = [self.keys.lock.as_str(), permits.as_str()];
+                let script = &inner.scripts.extend_permit;
+                inner
+                    .conn
+                    .run_script(timeout, script, &names, &args)
+                    .await?
+            }
+        };
         if extended == 1 {
             Ok(after(sent, ttl))
         } else {

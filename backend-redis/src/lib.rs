@@ -55,6 +55,18 @@
 //!   locks, on a connection of its own); whoever takes the lock over a key that went without a
 //!   release publishes `taken` there, and the old holder's `lost` fires as it arrives rather than
 //!   at its next renewal.
+//! - **Semaphores** ([`acquire_permit`](dlock_api::DistributedLock::acquire_permit)): a name's
+//!   permits are a sorted set, `PREFIX:{NAME}:permits`, one member per permit (its owner value)
+//!   scored with the end of its lease **on the server's clock** (`TIME` inside the script, never
+//!   the client's). One script removes the members past their score, counts the rest against the
+//!   limit, and adds the caller's with a token from the name's fence, as a lock's grant does. So
+//!   a holder that crashed gives its permit back when its lease ends, a release (`ZREM` of the
+//!   caller's own member) can add only the permit it took, and renewal is `ZADD XX` of a member
+//!   whose lease has not ended. The lock key holds `#permits:N` while any permit lives: the limit
+//!   stored with the name (another number is refused, naming both), and a lock's `SET NX` finds
+//!   the name taken and answers the same refusal. A waiter beyond the limit listens on the
+//!   name's channel, where every release publishes `free`, and tries again then, or when the
+//!   earliest lease ends; permits have no queue, so waiters are not served in order.
 //! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) is one
 //!   read-only script: the holder's owner value and remaining lease (`PTTL`), its fencing token
 //!   (the fence counter, raised in the script that granted the lock) and the live waiters in the
@@ -67,7 +79,8 @@
 //! options as query parameters (see [`RedisConfig`]).
 //!
 //! ## Keys
-//! `PREFIX:{NAME}` (the lock; value = owner, TTL = lease), `PREFIX:{NAME}:fence` (last token; kept
+//! `PREFIX:{NAME}` (the lock; value = owner, TTL = lease; `#permits:N` while it is a semaphore),
+//! `PREFIX:{NAME}:permits` (a semaphore's permits, above), `PREFIX:{NAME}:fence` (last token; kept
 //! ten minutes past its last grant, and as long as waiters may be queued), `PREFIX:{NAME}:queue`
 //! and `PREFIX:{NAME}:waiters` (the waiters, expiring with them), channel `PREFIX:{NAME}:released`;
 //! on a Sentinel or a Cluster also `PREFIX:{NAME}:released-by`, the owner that released the lock

@@ -19,7 +19,7 @@ use crate::client::{HeldBy, Inner};
 use crate::config::RedisConfig;
 use crate::held::HeldLock;
 use crate::keys::LockKeys;
-use crate::lease::RedisLease;
+use crate::lease::{Hold, RedisLease};
 use crate::scripts::Scripts;
 use crate::wake::Wakeups;
 
@@ -34,12 +34,14 @@ pub struct RedisLock {
     inner: Arc<Inner>,
 }
 
-/// What the server granted: the fencing token, until when the lease surely lasts, and whether the
-/// lock was taken with nobody queued (see [`RedisLease`]).
+mod permits;
+
+/// What the server granted: the fencing token, until when the lease surely lasts, and what the
+/// owner holds (see [`RedisLease`]).
 struct Held {
     token: i64,
     valid_until: Instant,
-    uncontended: bool,
+    hold: Hold,
 }
 
 enum Attempt {
@@ -105,21 +107,25 @@ impl RedisLock {
 
     fn guard(&self, name: &LockName, keys: &Arc<LockKeys>, owner: &Arc<str>, held: Held) -> Grant {
         let state = Arc::new(LeaseState::new(Some(held.valid_until)));
-        let watch = crate::held::schedule_watch(
-            &self.inner,
-            HeldLock {
-                keys: keys.clone(),
-                owner: owner.clone(),
-                token: held.token as u64,
-                state: state.clone(),
-            },
-        );
+        // A permit is not watched: its place in the set goes only by its release or its lease.
+        let watch = match held.hold {
+            Hold::Lock { .. } => crate::held::schedule_watch(
+                &self.inner,
+                HeldLock {
+                    keys: keys.clone(),
+                    owner: owner.clone(),
+                    token: held.token as u64,
+                    state: state.clone(),
+                },
+            ),
+            Hold::Permit => None,
+        };
         let lease = Arc::new(RedisLease::new(
             self.inner.clone(),
             name.clone(),
             keys.clone(),
             owner.clone(),
-            held.uncontended,
+            held.hold,
             watch,
         ));
         Grant::new(
@@ -145,7 +151,7 @@ impl RedisLock {
         let ttl_ms = ttl_ms(options);
         let (reply, started, pending) = self
             .send_acquire(
-                &self.inner.scripts.acquire_first,
+                (&self.inner.scripts.acquire_first, LOCK),
                 keys,
                 owner,
                 &[&keys.lock, &keys.fence],
@@ -158,6 +164,10 @@ impl RedisLock {
                 pending.disarm();
                 Ok(None)
             }
+            redis::Value::Int(negative) if negative < 0 => {
+                pending.disarm();
+                Err(in_use_as(name, 1, negative.unsigned_abs()))
+            }
             // Taken just now: the lease is the TTL the script set.
             redis::Value::Int(token) => self
                 .granted(
@@ -168,7 +178,7 @@ impl RedisLock {
                     Held {
                         token,
                         valid_until: after(started, options.ttl()),
-                        uncontended: true,
+                        hold: Hold::Lock { uncontended: true },
                     },
                 )
                 .await
@@ -202,7 +212,7 @@ impl RedisLock {
         let presence_ms = self.presence().as_millis().to_string();
         let (reply, started, pending) = self
             .send_acquire(
-                &self.inner.scripts.acquire,
+                (&self.inner.scripts.acquire, LOCK),
                 keys,
                 owner,
                 &[&keys.lock, &keys.fence, &keys.queue, &keys.waiters],
@@ -235,11 +245,15 @@ impl RedisLock {
                 let held = Held {
                     token,
                     valid_until,
-                    uncontended: false,
+                    hold: LOCK,
                 };
                 self.granted(pending, name, keys, owner, held)
                     .await
                     .map(Attempt::Granted)
+            }
+            Some([-1, in_use, _]) => {
+                pending.disarm();
+                Err(in_use_as(name, 1, in_use.unsigned_abs()))
             }
             Some([0, pttl, fence]) => {
                 // Queued or not, the caller's own cleanup covers the queue from here.
@@ -257,18 +271,19 @@ impl RedisLock {
     }
 
     /// The cleanup of whatever the server may have done for `owner` (taken the lock, queued it,
-    /// granted it the lock), run unless disarmed.
-    fn arm_cleanup(&self, keys: &Arc<LockKeys>, owner: &Arc<str>) -> PendingAcquire {
+    /// granted it the lock or a permit), run unless disarmed.
+    fn arm_cleanup(&self, keys: &Arc<LockKeys>, owner: &Arc<str>, hold: Hold) -> PendingAcquire {
         let (inner, keys, owner) = (self.inner.clone(), keys.clone(), owner.clone());
-        PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner))
+        PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner, hold))
     }
 
     /// Runs an acquire script for `owner` with its cleanup armed (the script may take effect even
-    /// if this future is dropped or the reply is lost): the reply, when the script was sent, and
-    /// the cleanup, to disarm once the reply is handled.
+    /// if this future is dropped or the reply is lost), the cleanup undoing what `hold` says the
+    /// script takes: the reply, when the script was sent, and the cleanup, to disarm once the
+    /// reply is handled.
     async fn send_acquire(
         &self,
-        script: &redis::Script,
+        (script, hold): (&redis::Script, Hold),
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
         key_names: &[&str],
@@ -276,7 +291,7 @@ impl RedisLock {
         ttl: Duration,
     ) -> Result<(redis::Value, Instant, PendingAcquire)> {
         let started = Instant::now();
-        let pending = self.arm_cleanup(keys, owner);
+        let pending = self.arm_cleanup(keys, owner, hold);
         let reply = self
             .inner
             .conn
@@ -291,6 +306,7 @@ impl RedisLock {
                     self.inner.clone(),
                     keys.clone(),
                     owner.clone(),
+                    hold,
                     ttl,
                 );
                 Err(error)
@@ -361,7 +377,7 @@ impl RedisLock {
             .register(&self.inner.conn, &keys.channel, &owner, timeout)
             .await?;
         // From here the server may queue us or grant us the lock: a dropped wait must undo both.
-        let mut pending = self.arm_cleanup(&keys, &owner);
+        let mut pending = self.arm_cleanup(&keys, &owner, LOCK);
         let refresh = self.presence().checked_div(3).unwrap_or_default();
         let mut backoff = 0;
         // The latest attempt that found the lock busy: when it was sent, and the last token the
@@ -387,7 +403,7 @@ impl RedisLock {
                     .register(&self.inner.conn, &keys.channel, &owner, timeout)
                     .await?;
                 pending.disarm();
-                pending = self.arm_cleanup(&keys, &owner);
+                pending = self.arm_cleanup(&keys, &owner, LOCK);
                 last_busy = None;
             }
             let notified = waiting.notified();
@@ -410,7 +426,7 @@ impl RedisLock {
                         Held {
                             token: token as i64,
                             valid_until,
-                            uncontended: false,
+                            hold: LOCK,
                         },
                     )));
                 }
@@ -457,7 +473,7 @@ impl RedisLock {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 // Leave the queue (or pass on a grant that raced in) before reporting the timeout.
-                RedisLease::cancel(&self.inner, &keys, &owner).await?;
+                RedisLease::cancel(&self.inner, &keys, &owner, LOCK).await?;
                 pending.disarm();
                 return Ok(None);
             }
@@ -481,6 +497,15 @@ impl RedisLock {
             }
         }
     }
+}
+
+/// A lock taken after the first attempt (others may be queued for it).
+const LOCK: Hold = Hold::Lock { uncontended: false };
+
+/// The error for asking `asked` permits of `name` (a lock asks one), which the server says is
+/// in use with `in_use`.
+fn in_use_as(name: &LockName, asked: u32, in_use: u64) -> LockError {
+    dlock_api::raw::permits_mismatch(name, asked, u32::try_from(in_use).unwrap_or(u32::MAX))
 }
 
 /// The lease the acquire scripts set, in whole milliseconds (at least 1: `PX 0` is an error).
@@ -516,6 +541,7 @@ impl RawLock for RedisLock {
             fifo: true,
             inspect: true,
             takeover_signal: true,
+            max_permits: permits::MAX_PERMITS,
             ..Capabilities::TTL_LEASE
         }
     }
@@ -565,6 +591,29 @@ impl RawLock for RedisLock {
         // Boxed: the wait is a large future, and most acquires never get here. In place it would
         // make every acquire's future (which the trait boxes) as large, to be moved and freed.
         Box::pin(self.wait_queued(name, options, deadline, keys, owner)).await
+    }
+
+    async fn try_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        self.try_permit(name, permits, options).await
+    }
+
+    async fn wait_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        self.wait_permit(name, permits, options, deadline).await
+    }
+
+    async fn count_permits(&self, name: &LockName) -> Result<u32> {
+        self.count(name).await
     }
 }
 

@@ -84,6 +84,16 @@ redis.call('SET', fence, string.format('%.0f', token) .. (queued and '+' or ''),
     };
 }
 
+/// The first byte of the lock key's value while the name is a semaphore (`#permits:N`), as
+/// Lua's `string.byte` returns it: `#`.
+macro_rules! permits_mark_byte {
+    () => {
+        "35"
+    };
+}
+
+pub(crate) mod permits;
+
 /// `grant_next`, for the scripts that free a lock: defined only once the script knows somebody
 /// is queued, so that a release with nobody waiting makes no closure.
 macro_rules! lua_grant_helper {
@@ -139,14 +149,21 @@ macro_rules! lua_holds {
 /// cannot hold the lock already, and does not queue yet. KEYS: lock, fence. ARGV: owner, ttl_ms.
 ///
 /// Returns the token when the lock was free with nobody queued and is now the caller's (its lease
-/// is the TTL just set), `0` when someone holds it, and nil when it is free but waiters may be
+/// is the TTL just set), `0` when someone holds it, `-N` when it is a semaphore of N permits
+/// ([`permits`]), and nil when it is free but waiters may be
 /// queued (a marked fence): [`ACQUIRE`] then decides (a live waiter goes first; lapsed ones are
 /// dropped). `GETSET` stores the clock and returns the last token in one call; only when the
 /// last token is not below the clock (two grants in one microsecond, a clock stepped back) does
 /// a second call store the last token plus one.
 const ACQUIRE_FIRST: &str = concat!(
     r"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local holder = redis.call('GET', KEYS[1])
+  if holder and string.byte(holder, 1) == ",
+    permits_mark_byte!(),
+    r" then return -tonumber(string.match(holder, '%d+$')) end
+  return 0
+end
 local t = redis.call('TIME')
 local last = redis.call('SET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6), 'PX', ",
     fence_keep_ms!(),
@@ -173,7 +190,8 @@ return now
 /// presence_ms, channel, the watch channels' prefix (`PREFIX:held-by:`).
 ///
 /// Returns `{1, token, pttl}` when the caller holds the lock (taken now, held already, or granted
-/// to it by a release whose message may still be on its way), else `{0, holder's PTTL, fence}`
+/// to it by a release whose message may still be on its way), `{-1, N, 0}` when the name is a
+/// semaphore of N permits ([`permits`]), else `{0, holder's PTTL, fence}`
 /// (`-2`: free but a live waiter is first; `fence`: the last token handed out, so a waiter can
 /// tell a grant made after this answer, whose token is higher, from one made before). With
 /// enqueue, a busy answer also queues the caller (or refreshes its presence), marking the fence
@@ -184,6 +202,9 @@ const ACQUIRE: &str = concat!(
 local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner = ARGV[1]
 local holder = redis.call('GET', lock)
+if holder and string.byte(holder, 1) == ",
+    permits_mark_byte!(),
+    r" then return {-1, tonumber(string.match(holder, '%d+$')), 0} end
 if ",
     lua_holds!("holder", "owner"),
     r" then
@@ -562,6 +583,10 @@ pub(crate) struct Scripts {
     pub(crate) extend: Script,
     pub(crate) watch_held: Script,
     pub(crate) inspect: Script,
+    pub(crate) acquire_permit: Script,
+    pub(crate) release_permit: Script,
+    pub(crate) extend_permit: Script,
+    pub(crate) count_permits: Script,
 }
 
 impl Scripts {
@@ -581,6 +606,10 @@ impl Scripts {
             extend: Script::new(EXTEND),
             watch_held: Script::new(WATCH_HELD),
             inspect: Script::new(INSPECT),
+            acquire_permit: Script::new(permits::ACQUIRE_PERMIT),
+            release_permit: Script::new(permits::RELEASE_PERMIT),
+            extend_permit: Script::new(permits::EXTEND_PERMIT),
+            count_permits: Script::new(permits::COUNT_PERMITS),
         }
     }
 }

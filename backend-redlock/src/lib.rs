@@ -53,6 +53,11 @@
 //!   copy that missed a grant in its place; and a Sentinel or Cluster URL is never a node.
 //! - Not FIFO: waiters woken together race for the nodes; a split vote (no one wins a quorum)
 //!   makes them retry after a random delay.
+//! - **No semaphores** (`max_permits` is 0; the calls answer `Unsupported`): a grant of one of N
+//!   permits on a quorum of nodes each holding fewer than N does not bound the total. With five
+//!   nodes and two permits, grants on nodes {1,2,3}, {3,4,5} and {1,4,5} never find a node with
+//!   two already, yet three hold at once. A lock (N = 1) is safe because any two quorums share a
+//!   node; N + 1 quorums need not share one. Use the Redis backend's semaphore on one deployment.
 //!
 //! ## How it works
 //! - **Acquire** sends `SET PREFIX:{NAME} OWNER NX PX TTL` to every node at once, each bounded by

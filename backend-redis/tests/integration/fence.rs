@@ -12,11 +12,11 @@ use futures::StreamExt;
 
 const BOUND: Duration = Duration::from_secs(60);
 
-fn server() -> RedisServer {
+pub(crate) fn server() -> RedisServer {
     RedisServer::start().unwrap_or_else(|e| panic!("{e}"))
 }
 
-async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+pub(crate) async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
     redis::Client::open(server.url())
         .unwrap()
         .get_multiplexed_async_connection()

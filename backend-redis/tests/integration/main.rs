@@ -9,6 +9,7 @@ mod errors;
 mod faults;
 mod fence;
 mod node;
+mod permits;
 mod queue;
 mod runtime;
 mod tls;

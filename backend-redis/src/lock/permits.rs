@@ -1,0 +1,206 @@
+//! Semaphores on Redis: one script takes a permit (`scripts/permits.rs`); a waiter listens on the
+//! name's channel, where every release announces `free`, and tries again then, or when the
+//! earliest permit's lease ends on the server (a holder that vanished announces nothing).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_api::raw::time::after;
+use dlock_api::raw::{Grant, WaitRecovery};
+use dlock_api::{LockError, LockName, LockOptions, Result};
+use tokio::time::{Instant, sleep_until};
+
+use super::{Held, RedisLock, in_use_as, owner_token, ttl_ms};
+use crate::BACKEND;
+use crate::keys::LockKeys;
+use crate::lease::Hold;
+
+/// The most permits a Redis semaphore takes: each held permit is one member of a sorted set,
+/// and every acquire counts them in O(1) and trims the expired ones in O(log n), so the limit
+/// is the memory a user gives the name, not the algorithm's; this keeps a typo from asking for
+/// billions.
+pub(super) const MAX_PERMITS: u32 = 1_000_000;
+
+enum PermitAttempt {
+    Granted(Grant),
+    /// Every permit is taken; the earliest of their leases ends this long from now.
+    Busy {
+        next_end: Duration,
+    },
+}
+
+impl RedisLock {
+    /// One round trip: one of `permits` permits of `name` for `owner`, if one is free.
+    async fn attempt_permit(
+        &self,
+        name: &LockName,
+        keys: &Arc<LockKeys>,
+        owner: &Arc<str>,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<PermitAttempt> {
+        let (ttl_ms, limit, permits_key) = (ttl_ms(options), permits.to_string(), keys.permits());
+        let (reply, started, pending) = self
+            .send_acquire(
+                (&self.inner.scripts.acquire_permit, Hold::Permit),
+                keys,
+                owner,
+                &[&keys.lock, &permits_key, &keys.fence, &keys.queue],
+                &[owner, &ttl_ms, &limit],
+                options.ttl(),
+            )
+            .await?;
+        let answer = match &reply {
+            redis::Value::Array(items) => match items.as_slice() {
+                [redis::Value::Int(a), redis::Value::Int(b)] => Some((*a, *b)),
+                [
+                    redis::Value::Int(a),
+                    redis::Value::Int(b),
+                    redis::Value::Int(_),
+                ] => Some((*a, *b)),
+                _ => None,
+            },
+            _ => None,
+        };
+        match answer {
+            Some((1, token)) => {
+                let held = Held {
+                    token,
+                    valid_until: after(started, options.ttl()),
+                    hold: Hold::Permit,
+                };
+                self.granted(pending, name, keys, owner, held)
+                    .await
+                    .map(PermitAttempt::Granted)
+            }
+            Some((0, next_end_ms)) => {
+                pending.disarm();
+                Ok(PermitAttempt::Busy {
+                    next_end: Duration::from_millis(next_end_ms.unsigned_abs()),
+                })
+            }
+            Some((-1, in_use)) => {
+                pending.disarm();
+                Err(in_use_as(name, permits, in_use.unsigned_abs()))
+            }
+            _ => Err(LockError::backend(
+                BACKEND,
+                format!("unexpected permit reply {reply:?}"),
+            )),
+        }
+    }
+
+    /// [`RawLock::try_grant_permit`](dlock_api::raw::RawLock::try_grant_permit).
+    pub(super) async fn try_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        let keys = Arc::new(self.keys(name));
+        match self
+            .attempt_permit(name, &keys, &owner_token(), permits, options)
+            .await?
+        {
+            PermitAttempt::Granted(grant) => Ok(Some(grant)),
+            PermitAttempt::Busy { .. } => Ok(None),
+        }
+    }
+
+    /// [`RawLock::wait_grant_permit`](dlock_api::raw::RawLock::wait_grant_permit): tries, then
+    /// waits for a `free` on the name's channel or the end of the earliest lease, and tries again.
+    /// Between attempts the server keeps nothing of the waiter, so a dropped wait leaves nothing
+    /// behind but what an attempt in flight took, which its armed cleanup gives back.
+    pub(super) async fn wait_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let keys = Arc::new(self.keys(name));
+        let mut owner = owner_token();
+        if let PermitAttempt::Granted(grant) = self
+            .attempt_permit(name, &keys, &owner, permits, options)
+            .await?
+        {
+            return Ok(Some(grant));
+        }
+        let config = &self.inner.config;
+        let waiting = self
+            .inner
+            .hub
+            .register(
+                &self.inner.conn,
+                &keys.channel,
+                &owner,
+                config.command_timeout,
+            )
+            .await?;
+        let mut recovery = WaitRecovery::new(
+            config
+                .connect_timeout
+                .max(config.command_timeout.saturating_mul(3)),
+        );
+        loop {
+            let notified = waiting.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Subscribed before the attempt, so a release between the two is not missed.
+            if let Err(error) = waiting.ensure_subscribed().await {
+                recovery
+                    .pause_or_give_up(error, options.retry(), deadline)
+                    .await?;
+                continue;
+            }
+            let next_end = match self
+                .attempt_permit(name, &keys, &owner, permits, options)
+                .await
+            {
+                Ok(PermitAttempt::Granted(grant)) => return Ok(Some(grant)),
+                Ok(PermitAttempt::Busy { next_end }) => {
+                    recovery.reached_server();
+                    next_end
+                }
+                Err(error) => {
+                    recovery
+                        .pause_or_give_up(error, options.retry(), deadline)
+                        .await?;
+                    // The lost reply's cleanup gives back whatever that attempt took for this
+                    // owner, late or not: the wait goes on as a new one.
+                    owner = owner_token();
+                    continue;
+                }
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let mut wake_at = after(now, next_end);
+            if let Some(deadline) = deadline {
+                wake_at = wake_at.min(deadline);
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = sleep_until(wake_at) => {}
+            }
+        }
+    }
+
+    /// [`RawLock::count_permits`](dlock_api::raw::RawLock::count_permits): one read-only script.
+    pub(super) async fn count(&self, name: &LockName) -> Result<u32> {
+        let keys = self.keys(name);
+        let permits = keys.permits();
+        let inner = &self.inner;
+        let count: i64 = inner
+            .conn
+            .run_script(
+                inner.config.command_timeout,
+                &inner.scripts.count_permits,
+                &[&keys.lock, &permits],
+                &[],
+            )
+            .await?;
+        Ok(u32::try_from(count).unwrap_or(u32::MAX))
+    }
+}
