@@ -21,7 +21,6 @@ use crate::session::{Queued, ZkSession};
 #[derive(Clone, Debug)]
 pub(crate) struct Node {
     pub(crate) path: String,
-    pub(crate) seq: i64,
     pub(crate) czxid: i64,
     pub(crate) version: i32,
 }
@@ -40,9 +39,10 @@ enum Outcome {
     Unknown,
 }
 
-/// Puts a node of ours in the queue under `parent`, with its cleanup armed: the node, what its
-/// create told of the nodes ahead, and the cleanup, which deletes the node unless disarmed once
-/// it is a guard's or deleted (also when the create's answer was lost).
+/// Puts a node of ours, queued for one of `limit` places, in the queue under `parent`, with its
+/// cleanup armed: the node, what its create told of the nodes ahead, and the cleanup, which
+/// deletes the node unless disarmed once it is a guard's or deleted (also when the create's
+/// answer was lost).
 ///
 /// # Cancel safety
 /// Cancel safe: dropped before it returns, the armed cleanup deletes whatever the create left.
@@ -50,8 +50,9 @@ pub(crate) async fn join_queue(
     acl: NodeAcl,
     session: &Arc<ZkSession>,
     parent: &str,
+    limit: u32,
 ) -> Result<(Node, Ahead, PendingAcquire)> {
-    let marker = protected_marker();
+    let marker = protected_marker(limit);
     let queued = session.queue(&marker);
     let (pending, report) = arm(session, parent, &marker, queued);
     let (node, ahead) = enqueue_detached(acl, session, parent, &marker, report).await?;
@@ -110,15 +111,14 @@ async fn enqueue(
                 .await
                 .map(|(stat, sequence)| {
                     let created = format!("{path}{sequence}");
-                    (created, sequence.into_i64(), stat.czxid, None)
+                    (created, stat.czxid, None)
                 })
         };
         let fail = match created {
-            Ok((created, seq, czxid, children)) => {
+            Ok((created, czxid, children)) => {
                 session.acked(sent);
                 let node = Node {
                     path: created,
-                    seq,
                     czxid,
                     version: 0,
                 };
@@ -167,7 +167,7 @@ async fn enqueue(
 /// What the create of our node told about the nodes ahead of it.
 #[derive(Debug)]
 pub(crate) enum Ahead {
-    /// Our node is the name's only child: the lock is ours.
+    /// Our node is the name's only child: the lock (or a permit, whatever the limit) is ours.
     Nobody,
     /// The name's children, listed after our create.
     Listed(Vec<String>),
@@ -177,7 +177,7 @@ pub(crate) enum Ahead {
 
 /// Creates an ephemeral sequential node at `path` and, in the same transaction, writes empty
 /// data to `parent`, whose answered stat counts its children just after the create. Gives the
-/// node's path and sequence, its `czxid` (the transaction's zxid, which is also the parent's new
+/// node's path, its `czxid` (the transaction's zxid, which is also the parent's new
 /// `mzxid`: the create's own stat is not filled in by every server version), and the count.
 /// An operation's failure comes back as that operation's error.
 async fn create_counted(
@@ -185,7 +185,7 @@ async fn create_counted(
     path: &str,
     parent: &str,
     options: &zookeeper_client::CreateOptions<'_>,
-) -> std::result::Result<(String, i64, i64, Option<i32>), ZkError> {
+) -> std::result::Result<(String, i64, Option<i32>), ZkError> {
     let mut writer = client.new_multi_writer();
     writer.add_create(path, &[], options)?;
     writer.add_set_data(parent, &[], None)?;
@@ -195,10 +195,12 @@ async fn create_counted(
             MultiWriteResult::Create { path: created, .. },
             MultiWriteResult::SetData { stat },
         ] => {
-            let seq = crate::names::sequence(created).ok_or_else(|| {
-                ZkError::UnexpectedError("a sequential create answered without a sequence".into())
-            })?;
-            Ok((created.clone(), seq, stat.mzxid, Some(stat.num_children)))
+            if crate::names::sequence(created).is_none() {
+                return Err(ZkError::UnexpectedError(
+                    "a sequential create answered without a sequence".into(),
+                ));
+            }
+            Ok((created.clone(), stat.mzxid, Some(stat.num_children)))
         }
         _ => Err(ZkError::UnexpectedError(
             "a create-and-count transaction answered out of shape".into(),
@@ -217,15 +219,8 @@ async fn find_own(
     marker: &str,
 ) -> std::result::Result<Option<(Node, Vec<String>)>, Fail> {
     let timeout = session.command_timeout;
-    let sync = client.sync(parent);
-    let list = client.list_children(parent);
-    let (_, listed) = tokio::time::timeout(timeout, futures::future::join(sync, list))
-        .await
-        .map_err(|_| Fail::TimedOut(timeout))?;
-    let children = match listed {
-        Ok(children) => children,
-        Err(ZkError::NoNode) => return Ok(None),
-        Err(error) => return Err(Fail::Zk(error)),
+    let Some(children) = list_synced(client, parent, timeout).await? else {
+        return Ok(None);
     };
     let Some(child) = children.iter().find(|c| c.starts_with(marker)) else {
         return Ok(None);
@@ -237,16 +232,34 @@ async fn find_own(
     if stat.ephemeral_owner != session.id {
         return Ok(None);
     }
-    let Some(seq) = crate::names::sequence(child) else {
+    if crate::names::sequence(child).is_none() {
         return Ok(None);
-    };
+    }
     let node = Node {
         path,
-        seq,
         czxid: stat.czxid,
         version: stat.version,
     };
     Ok(Some((node, children)))
+}
+
+/// The children of `parent` after a `sync` sent with the listing (so the server answering has
+/// seen every write before it), both within `timeout`; `None` if `parent` does not exist.
+pub(crate) async fn list_synced(
+    client: &Client,
+    parent: &str,
+    timeout: Duration,
+) -> std::result::Result<Option<Vec<String>>, Fail> {
+    let sync = client.sync(parent);
+    let list = client.list_children(parent);
+    let (_, listed) = tokio::time::timeout(timeout, futures::future::join(sync, list))
+        .await
+        .map_err(|_| Fail::TimedOut(timeout))?;
+    match listed {
+        Ok(children) => Ok(Some(children)),
+        Err(ZkError::NoNode) => Ok(None),
+        Err(error) => Err(Fail::Zk(error)),
+    }
 }
 
 /// Arms the cleanup of one create attempt: if the acquire is dropped before its grant exists,

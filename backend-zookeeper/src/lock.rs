@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{Grant, RawLock, RenewedBy, SessionStatus, WaitRecovery};
+use dlock_api::raw::{
+    Grant, PendingAcquire, RawLock, RenewedBy, SessionStatus, WaitRecovery, permits_mismatch,
+};
 use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
 };
@@ -15,15 +17,23 @@ use zookeeper_client::Error as ZkError;
 
 use crate::BACKEND;
 use crate::config::ZkConfig;
-use crate::enqueue::{Ahead, Node, join_queue};
-use crate::error::{Fail, timed};
+use crate::enqueue::{Ahead, Node, join_queue, list_synced};
+use crate::error::timed;
 use crate::lease::{ZkLease, delete_node};
-use crate::names::queue;
+use crate::names::{Place, holders, place, queue};
 use crate::session::ZkSession;
 
+/// The most permits a semaphore takes. Every decision lists the name's whole queue (holders and
+/// waiters), a waiter watches the `permits` nodes just before its own, and a node's deletion
+/// wakes the up to `permits` waiters just behind it, each of which lists again: a release costs
+/// up to `permits` listings of at least `permits` names. 128 keeps that under a megabyte of
+/// answers per release, far above the pools a semaphore guards in practice.
+const MAX_PERMITS: u32 = 128;
+
 /// A distributed lock on ZooKeeper: one ephemeral sequential node per acquire under the name's
-/// node, queued by sequence, each waiter watching only the node just before its own. Cheap to
-/// clone; clones share the session.
+/// node, queued by sequence, each waiter watching only the node just before its own (a
+/// semaphore's waiter, the `permits` nodes just before it). Cheap to clone; clones share the
+/// session.
 ///
 /// Created by [`connect`](Self::connect) or [`connect_url`](Self::connect_url). Every guard of
 /// a client rides its one session; when the session expires a new one is opened for later
@@ -198,18 +208,19 @@ impl ZkLock {
         Grant::new(name.clone(), token, lease, state, RenewedBy::Session)
     }
 
-    /// Waits in the queue on one session; the queue is joined by `answer_by` or not at all.
+    /// Waits in the queue for one of `limit` places on one session; the queue is joined by
+    /// `answer_by` or not at all.
     async fn wait_on(
         &self,
         session: &Arc<ZkSession>,
-        name: &LockName,
+        (name, limit): (&LockName, u32),
         deadline: Option<Instant>,
         answer_by: Option<Instant>,
         recovery: &mut WaitRecovery,
         options: &LockOptions,
     ) -> Result<Waited> {
         let parent = self.inner.config.name_path(name);
-        let joined = join_queue(self.inner.config.acl, session, &parent);
+        let joined = join_queue(self.inner.config.acl, session, &parent, limit);
         let (node, ahead, pending) = answer_by_or_unavailable(answer_by, joined).await?;
         recovery.reached_server();
         let mut listed = match ahead {
@@ -251,38 +262,59 @@ impl ZkLock {
                 },
             };
             let queue = queue(&children);
-            if !queue.iter().any(|(_, child)| *child == node.child_name()) {
+            let ahead = match place(&queue, node.child_name(), limit) {
                 // Our node went (its session ended, or someone deleted it): queue again.
-                drop(pending);
-                return Ok(Waited::Requeue);
-            }
-            let Some((_, before)) = queue.iter().rev().find(|(seq, _)| *seq < node.seq) else {
-                let grant = self.grant(name, session.clone(), node);
-                pending.disarm();
-                return Ok(Waited::Granted(grant));
-            };
-            // Watch the node just before ours (an exists-watch, set even if it is gone).
-            let before = format!("{parent}/{before}");
-            let watcher = match timed(timeout, client.check_and_watch_stat(&before)).await {
-                Ok((Some(_), watcher)) => watcher,
-                // Gone already: re-list before deciding (it may have left an earlier node).
-                Ok((None, _)) => continue,
-                Err(fail) if fail.session_over() => {
+                Place::Gone => {
                     drop(pending);
                     return Ok(Waited::Requeue);
                 }
-                Err(fail) => {
+                Place::Holds => {
+                    let grant = self.grant(name, session.clone(), node);
+                    pending.disarm();
+                    return Ok(Waited::Granted(grant));
+                }
+                Place::Mismatch(in_use) => {
+                    leave(session, &node, pending).await;
+                    return Err(permits_mismatch(name, limit, in_use));
+                }
+                Place::Waits(ahead) => ahead,
+            };
+            // Watch the nodes just before ours (exists-watches, set even if they are gone):
+            // the first of them to go may let us in.
+            let looks = futures::future::join_all(ahead.iter().map(|(_, before)| {
+                let (client, before) = (&client, format!("{parent}/{before}"));
+                async move { timed(timeout, client.check_and_watch_stat(&before)).await }
+            }))
+            .await;
+            let mut watchers = Vec::with_capacity(looks.len());
+            let mut failed = None;
+            for looked in looks {
+                match looked {
+                    Ok((Some(_), watcher)) => watchers.push(Box::pin(watcher.changed())),
+                    // Gone already: re-list before deciding (it may have left an earlier node).
+                    Ok((None, _)) => failed = failed.or(Some(None)),
+                    Err(fail) => failed = Some(Some(fail)),
+                }
+            }
+            match failed {
+                None => {}
+                Some(None) => continue,
+                Some(Some(fail)) if fail.session_over() => {
+                    drop(pending);
+                    return Ok(Waited::Requeue);
+                }
+                Some(Some(fail)) => {
                     recovery
                         .pause_or_give_up(fail.into(), options.retry(), deadline)
                         .await?;
                     continue;
                 }
-            };
+            }
             let look_again = after(Instant::now(), fallback);
             let wake = deadline.map_or(look_again, |d| d.min(look_again));
             tokio::select! {
-                // The predecessor changed or went (or the session ended): re-list.
-                _ = watcher.changed() => {}
+                // A node before ours changed or went (or the session ended): re-list.
+                _ = futures::future::select_all(watchers) => {}
                 // A node watch never reports a lost connection: the session's own account does.
                 _ = session.session.ended() => {
                     drop(pending);
@@ -291,10 +323,7 @@ impl ZkLock {
                 () = tokio::time::sleep_until(wake) => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         // Out of time: take our node out of the queue before answering.
-                        match delete_node(session, &node.path, node.version).await {
-                            Ok(_) => pending.disarm(),
-                            Err(_) => drop(pending),
-                        }
+                        leave(session, &node, pending).await;
                         return Ok(Waited::TimedOut);
                     }
                 }
@@ -316,6 +345,7 @@ impl RawLock for ZkLock {
             survives_failover: true,
             inspect: true,
             takeover_signal: true,
+            max_permits: MAX_PERMITS,
             ..Capabilities::SESSION_LEASE
         }
     }
@@ -333,16 +363,9 @@ impl RawLock for ZkLock {
         let mut rounds: u32 = 0;
         loop {
             rounds = rounds.saturating_add(1);
-            let sync = client.sync(&parent);
-            let list = client.list_children(&parent);
-            let (_, listed) = tokio::time::timeout(timeout, futures::future::join(sync, list))
-                .await
-                .map_err(|_| LockError::from(Fail::TimedOut(timeout)))?;
-            let children = match listed {
-                Ok(children) => children,
-                // No node: nobody has queued (or the server removed the empty container).
-                Err(ZkError::NoNode) => return Ok(Inspection::free(Some(0))),
-                Err(error) => return Err(Fail::Zk(error).into()),
+            // No node: nobody has queued (or the server removed the empty container).
+            let Some(children) = list_synced(&client, &parent, timeout).await? else {
+                return Ok(Inspection::free(Some(0)));
             };
             let queue = queue(&children);
             let Some((_, first)) = queue.first() else {
@@ -353,7 +376,7 @@ impl RawLock for ZkLock {
                 Some(stat) => {
                     let token = u64::try_from(stat.czxid).ok().map(FencingToken::new);
                     return Ok(Inspection::held(token)
-                        .with_waiters(queue.len().saturating_sub(1))
+                        .with_waiters(queue.len().saturating_sub(holders(&queue)))
                         .with_holder(format!("session {:#x}", stat.ephemeral_owner)));
                 }
                 // Released since the listing: look again, a few times under churn.
@@ -369,9 +392,58 @@ impl RawLock for ZkLock {
     }
 
     async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {
+        self.try_place(name, 1).await
+    }
+
+    async fn wait_grant(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        self.wait_place(name, 1, options, deadline).await
+    }
+
+    async fn try_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        _options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        self.try_place(name, permits).await
+    }
+
+    async fn wait_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        self.wait_place(name, permits, options, deadline).await
+    }
+
+    /// The nodes at the head of the queue that hold, after a `sync` (see
+    /// [`holders`](crate::names::holders)): a node counts from the moment the server's queue
+    /// puts it under its limit, before its client has heard, until it is deleted.
+    async fn count_permits(&self, name: &LockName) -> Result<u32> {
+        let session = self.inner.session().await?;
+        let client = session.client().await?;
+        let parent = self.inner.config.name_path(name);
+        let listed = list_synced(&client, &parent, session.command_timeout).await?;
+        let held = listed.map_or(0, |children| holders(&queue(&children)));
+        Ok(u32::try_from(held).unwrap_or(u32::MAX))
+    }
+}
+
+impl ZkLock {
+    /// One attempt at one of `limit` places of `name` (a lock has one): join the queue, and
+    /// leave it again unless the node holds.
+    async fn try_place(&self, name: &LockName, limit: u32) -> Result<Option<Grant>> {
         let session = self.inner.session().await?;
         let parent = self.inner.config.name_path(name);
-        let (node, ahead, pending) = join_queue(self.inner.config.acl, &session, &parent).await?;
+        let (node, ahead, pending) =
+            join_queue(self.inner.config.acl, &session, &parent, limit).await?;
         let children = match ahead {
             Ahead::Nobody => {
                 let grant = self.grant(name, session, node);
@@ -387,24 +459,26 @@ impl RawLock for ZkLock {
                 }
             },
         };
-        let queue = queue(&children);
-        let first = queue.first().map(|(_, child)| *child);
-        if first == Some(node.child_name()) {
-            let grant = self.grant(name, session, node);
-            pending.disarm();
-            return Ok(Some(grant));
-        }
-        // Busy: take our node out again before answering.
-        match delete_node(&session, &node.path, node.version).await {
-            Ok(_) => pending.disarm(),
-            Err(_) => drop(pending),
-        }
-        Ok(None)
+        let refused = match place(&queue(&children), node.child_name(), limit) {
+            Place::Holds => {
+                let grant = self.grant(name, session, node);
+                pending.disarm();
+                return Ok(Some(grant));
+            }
+            Place::Gone | Place::Waits(_) => None,
+            Place::Mismatch(in_use) => Some(permits_mismatch(name, limit, in_use)),
+        };
+        // Busy or refused: take our node out again before answering.
+        leave(&session, &node, pending).await;
+        refused.map_or(Ok(None), Err)
     }
 
-    async fn wait_grant(
+    /// Waits for one of `limit` places of `name` until `deadline`, on a new session when one
+    /// ends.
+    async fn wait_place(
         &self,
         name: &LockName,
+        limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
@@ -424,7 +498,8 @@ impl RawLock for ZkLock {
             tried = true;
             let attempt = async {
                 let session = answer_by_or_unavailable(answer_by, self.inner.session()).await?;
-                self.wait_on(&session, name, deadline, answer_by, &mut recovery, options)
+                let at = (name, limit);
+                self.wait_on(&session, at, deadline, answer_by, &mut recovery, options)
                     .await
             };
             // A wait that reaches its deadline takes its node out in one more request; past
@@ -449,6 +524,15 @@ impl RawLock for ZkLock {
                 }
             }
         }
+    }
+}
+
+/// Takes our node out of the queue before answering (busy, refused, out of time); the armed
+/// cleanup tries again if the delete fails.
+async fn leave(session: &ZkSession, node: &Node, pending: PendingAcquire) {
+    match delete_node(session, &node.path, node.version).await {
+        Ok(_) => pending.disarm(),
+        Err(_) => drop(pending),
     }
 }
 

@@ -43,10 +43,14 @@ pub(crate) fn check_segment(segment: &str) -> Result<(), &'static str> {
 }
 
 /// The marker of one create attempt's node: `_c_<128 random bits as a UUID>-lock-` (the layout
-/// Curator's lock recipe uses), so that after a lost reply the node can be found again.
-pub(crate) fn protected_marker() -> String {
+/// Curator's lock recipe uses), so that after a lost reply the node can be found again. A
+/// semaphore's node carries its number of permits before the suffix,
+/// `_c_<uuid>-permits<N>-lock-`, so that every node tells which limit it was queued with (a
+/// lock's name stays as it always was, and a client that does not know the part still sees a
+/// queue node ahead of its own).
+pub(crate) fn protected_marker(limit: u32) -> String {
     let hex = dlock_api::raw::random_owner();
-    let mut marker = String::with_capacity(45);
+    let mut marker = String::with_capacity(if limit == 1 { 45 } else { 63 });
     marker.push_str("_c_");
     for (i, part) in [
         &hex[..8],
@@ -63,8 +67,83 @@ pub(crate) fn protected_marker() -> String {
         }
         marker.push_str(part);
     }
+    if limit != 1 {
+        marker.push_str(PERMITS);
+        marker.push_str(&limit.to_string());
+    }
     marker.push_str("-lock-");
     marker
+}
+
+/// What a semaphore's node carries between its uuid and `-lock-`: `-permits<N>`.
+const PERMITS: &str = "-permits";
+
+/// The number of permits a queue node was queued with: a semaphore's `-permits<N>` part, and 1
+/// for a lock's node, which has none.
+pub(crate) fn limit(child: &str) -> u32 {
+    let Some((head, _)) = child.rsplit_once("-lock-") else {
+        return 1;
+    };
+    let Some((_, last)) = head.rsplit_once('-') else {
+        return 1;
+    };
+    last.strip_prefix(&PERMITS[1..])
+        .and_then(|digits| digits.parse::<u32>().ok())
+        .filter(|n| *n > 1)
+        .unwrap_or(1)
+}
+
+/// Where a node stands in its name's queue.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Place<'a> {
+    /// Not in the queue: its session ended, or someone deleted it.
+    Gone,
+    /// Fewer than its limit are ahead of it, all queued with the same limit: it holds.
+    Holds,
+    /// A node ahead of it was queued with another limit (the one given).
+    Mismatch(u32),
+    /// As many as its limit or more are ahead: it waits for one of these, the `limit` nodes
+    /// just before it, to go (a node further ahead going leaves it as many ahead as its limit,
+    /// and these nodes still just before it).
+    Waits(&'a [(i64, &'a str)]),
+}
+
+/// Where `child`, queued with `limit`, stands in `queue` (see [`queue`]). A node holds iff
+/// fewer than `limit` nodes are ahead of it: places only move up, so at most `limit` hold at
+/// once. Any node ahead with another limit refuses it, so nodes of two limits never hold
+/// together (the first of them to list sees the other ahead, or is ahead of it).
+pub(crate) fn place<'a>(queue: &'a [(i64, &'a str)], child: &str, limit: u32) -> Place<'a> {
+    let Some(at) = queue.iter().position(|(_, c)| *c == child) else {
+        return Place::Gone;
+    };
+    let ahead = &queue[..at];
+    if let Some(other) = ahead
+        .iter()
+        .map(|(_, c)| self::limit(c))
+        .find(|other| *other != limit)
+    {
+        return Place::Mismatch(other);
+    }
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    match at.checked_sub(limit) {
+        None => Place::Holds,
+        Some(from) => Place::Waits(&ahead[from..]),
+    }
+}
+
+/// How many nodes hold now: those at the head of the queue queued with the first one's limit,
+/// up to that limit. A node of another limit behind them is being refused, and every node
+/// behind such a one too.
+pub(crate) fn holders(queue: &[(i64, &str)]) -> usize {
+    let Some((_, first)) = queue.first() else {
+        return 0;
+    };
+    let limit = self::limit(first);
+    let same = queue
+        .iter()
+        .take_while(|(_, c)| self::limit(c) == limit)
+        .count();
+    same.min(usize::try_from(limit).unwrap_or(usize::MAX))
 }
 
 /// The sequence number ZooKeeper appended to a queue node's name (its trailing digits), if the
@@ -127,18 +206,65 @@ mod tests {
 
     #[test]
     fn markers_and_sequences() {
-        let marker = protected_marker();
+        let marker = protected_marker(1);
         assert!(marker.starts_with("_c_") && marker.ends_with("-lock-"));
-        assert_ne!(marker, protected_marker());
+        assert_eq!(marker.len(), 45);
+        assert_ne!(marker, protected_marker(1));
         assert_eq!(sequence(&format!("{marker}0000000042")), Some(42));
         assert_eq!(sequence("_c_x-lock-"), None);
         assert_eq!(sequence("other-0000000001"), None);
         let children = vec![
             format!("{marker}0000000007"),
             "stray".to_owned(),
-            format!("{}0000000003", protected_marker()),
+            format!("{}0000000003", protected_marker(1)),
         ];
         let q = queue(&children);
         assert_eq!(q.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [3, 7]);
+    }
+
+    #[test]
+    fn limits_ride_in_node_names() {
+        let lock = format!("{}0000000001", protected_marker(1));
+        assert_eq!(limit(&lock), 1);
+        let sem = protected_marker(3);
+        assert!(sem.ends_with("-permits3-lock-"), "{sem}");
+        let sem = format!("{sem}0000000002");
+        assert_eq!(limit(&sem), 3);
+        assert_eq!(sequence(&sem), Some(2));
+        let most = protected_marker(u32::MAX);
+        assert_eq!(most.len(), 63, "{most}");
+        assert_eq!(limit(&format!("{most}0000000002")), u32::MAX);
+        assert_eq!(limit("stray"), 1);
+    }
+
+    #[test]
+    fn places_in_the_queue() {
+        let names: Vec<String> = [1, 3, 3, 3, 3, 3]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{}{i:010}", protected_marker(*n)))
+            .collect();
+        let q = queue(&names);
+        // Behind a lock's node: refused, whatever the place.
+        assert_eq!(place(&q, &names[1], 3), Place::Mismatch(1));
+        assert_eq!(place(&q, &names[0], 1), Place::Holds);
+        let q = queue(&names[1..]);
+        assert_eq!(place(&q, &names[1], 3), Place::Holds);
+        assert_eq!(place(&q, &names[3], 3), Place::Holds);
+        // The fourth waits for any of the three just before it; the fifth for the three
+        // before it, the fourth among them.
+        let Place::Waits(watch) = place(&q, &names[4], 3) else {
+            panic!("the fourth of three does not wait");
+        };
+        assert_eq!(watch.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 2, 3]);
+        let Place::Waits(watch) = place(&q, &names[5], 3) else {
+            panic!("the fifth of three does not wait");
+        };
+        assert_eq!(watch.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [2, 3, 4]);
+        assert_eq!(place(&q, &names[0], 1), Place::Gone);
+        assert_eq!(holders(&q), 3);
+        assert_eq!(holders(&queue(&names)), 1);
+        assert_eq!(holders(&queue(&names[1..3])), 2);
+        assert_eq!(holders(&[]), 0);
     }
 }

@@ -8,4 +8,5 @@ mod common;
 mod faults;
 mod queue;
 mod runtime;
+mod semaphore;
 mod tls;
