@@ -21,7 +21,8 @@
 //!   of its create, which only grows (across restarts and leader changes; a sequence suffix
 //!   would not: it restarts when the name's node is removed and made again).
 //! - [x] **FIFO, woken on release**: waiters queue by sequence; each watches only the node
-//!   just before its own, so a release wakes exactly one waiter, about one round trip later.
+//!   just before its own, so a release wakes exactly one waiter, about one round trip later
+//!   (a semaphore's waiter watches the N nodes before its own).
 //! - [x] **Lost signal and suspension**: a guard reports `Suspended` while its session's
 //!   connection is lost (stop writing: the session may still come back), `Held` again once it
 //!   is back and its node checked, and `Lost` when the session expires; `Lost` with
@@ -30,6 +31,10 @@
 //! - [ ] **Extend**: the session is the lease; per-acquire TTLs are ignored and `extend` is
 //!   refused with `Unsupported` before any network call. A holder that dies frees its lock when
 //!   the server expires its session (the session timeout, 10 s by default).
+//! - [x] **Semaphores** of up to 128 permits
+//!   ([`acquire_permit`](dlock_api::DistributedLock::acquire_permit)): the lock's queue with
+//!   more than one place at its head, so a permit is a lease, a fence and a waiter as a lock is
+//!   (see [Semaphores](#semaphores)).
 //!
 //! ## How it works
 //! - **One session per client**, shared by all its guards. The client library hides its
@@ -76,9 +81,48 @@
 //! - **Release** deletes our node guarded by its version; a dropped guard's node is deleted in
 //!   the background.
 //! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) lists
-//!   the name's node after a `sync` (the lowest sequence holds, the others wait) and reads the
-//!   holder's node: its `czxid` is the token, its ephemeral owner (`session 0x…`) the holder.
-//!   No remaining lease: the lease is the session.
+//!   the name's node after a `sync` (the lowest sequence holds, the others wait; of a
+//!   semaphore, the holders are the lowest up to its limit) and reads the first holder's node:
+//!   its `czxid` is the token, its ephemeral owner (`session 0x…`) the holder. No remaining
+//!   lease: the lease is the session.
+//!
+//! ## Semaphores
+//! A semaphore of N permits is the lock's queue with N places at its head: a permit is one
+//! ephemeral sequential node, `_c_<uuid>-permits<N>-lock-<sequence>`, and a node holds iff
+//! fewer than N nodes are ahead of it. A lock is the semaphore of one: its nodes keep their
+//! name (`_c_<uuid>-lock-<sequence>`) and its path its requests. Everything the lock does for
+//! its node (the counted create, the marker after a lost answer, the armed cleanup, the watch
+//! on a held node, the reattach) a permit gets unchanged.
+//! - **Held by the session, counted by the server.** A permit is a node of its client's
+//!   session: a holder that dies gives it back when the server expires the session, and a
+//!   release or an expiry is a deletion that wakes the waiter it lets in. There is no counter
+//!   on the side that a crash could leave wrong: the queue is the count.
+//! - **Waiting.** A waiter watches each of the N nodes just before its own, and lists the
+//!   queue again when one goes. Only those matter: a deletion further ahead leaves as many
+//!   ahead of it as it has places, and these N still just before it. Watching only the node N
+//!   places ahead (Curator's `InterProcessSemaphore`) would miss a release among the others:
+//!   with holders h0, h1, h2 and a waiter, h2's release must let the waiter in, a watch on h0
+//!   would not fire. The price is that a deletion wakes up to N waiters, each listing the
+//!   queue, which is why a semaphore keeps at most 128 permits.
+//! - **One limit per name.** The limit rides in each node's name, so the listing that decides
+//!   a grant shows it too: a node of another limit ahead refuses the acquire with
+//!   [`permits_mismatch`](dlock_api::raw::permits_mismatch), our node deleted first. Two limits
+//!   never hold together (of two nodes, the later sees the earlier ahead). A lock that finds
+//!   itself alone holds without a listing, as before; one that is not lists, and sees the
+//!   semaphore's nodes. An acquire that races another refused one of a third limit can be
+//!   refused by it too.
+//! - **Token**: the node's `czxid`, as a lock's, so each permit's is above every node's queued
+//!   before it. Permits are let in in queue order; two waiters let in by one release may learn
+//!   it in either order, each still holding the token of its place.
+//! - **Counting** ([`count_permits`](dlock_api::DistributedLock::count_permits)) lists the
+//!   queue after a `sync` and counts the nodes at its head with the first one's limit, up to
+//!   that limit: a permit counts from the moment the server's queue lets it in (before its
+//!   client has heard) until its node is deleted; a node being refused never counts.
+//! - **No orphans** (Curator's CURATOR-315 after a reconnect, CURATOR-462 after an interrupt,
+//!   both leaving a lease node that held a permit forever): a create whose answer is lost is
+//!   found by its marker, an acquire dropped at any point deletes its node through its armed
+//!   cleanup, and an attach from another runtime deletes the session's nodes no guard holds and
+//!   no acquire has queued. A node left by all that still dies with its session.
 //!
 //! ## Connecting
 //! `zk://[user:password@]host[:port][,host[:port]…][/prefix][?option=value…]`, or `zks://`

@@ -1,5 +1,6 @@
-//! `ZkLock`: the client, its session, and the queue recipe: join the queue (see
-//! [`crate::enqueue`]), watch the predecessor, re-list before deciding.
+//! `ZkLock`: the client, its session, and the queue recipe for `limit` places (a lock has one):
+//! join the queue (see [`crate::enqueue`]), watch the `limit` nodes just before ours, re-list
+//! before deciding.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -423,9 +424,9 @@ impl RawLock for ZkLock {
         self.wait_place(name, permits, options, deadline).await
     }
 
-    /// The nodes at the head of the queue that hold, after a `sync` (see
-    /// [`holders`](crate::names::holders)): a node counts from the moment the server's queue
-    /// puts it under its limit, before its client has heard, until it is deleted.
+    /// The nodes at the head of the queue that hold, after a `sync`: those queued with the first
+    /// one's limit, up to it. A node counts from the moment the server's queue puts it under its
+    /// limit, before its client has heard, until it is deleted.
     async fn count_permits(&self, name: &LockName) -> Result<u32> {
         let session = self.inner.session().await?;
         let client = session.client().await?;

@@ -1,4 +1,5 @@
-//! Node names: a lock name as one path segment, and the protected names of the queue's nodes.
+//! Node names: a lock name as one path segment, the protected names of the queue's nodes (with
+//! the limit each was queued with), and where a node stands in its queue.
 
 use std::borrow::Cow;
 

@@ -193,6 +193,45 @@ pub async fn queue_of(
     Ok(queue)
 }
 
+/// The queue under `name` on the servers at `hosts`, read by a client of its own.
+pub async fn queue_at(hosts: &str, name: &LockName) -> Vec<(String, i64)> {
+    let client = raw_client(hosts).await.unwrap();
+    let config = ZkConfig::from_url(&format!("zk://{hosts}")).unwrap();
+    queue_of(&client, &config, name).await.unwrap()
+}
+
+/// Waits (within `bound`) until the queue under `name` is as `done` wants it, and returns it.
+pub async fn until_queue(
+    bound: Duration,
+    what: &str,
+    hosts: &str,
+    name: &LockName,
+    done: impl Fn(&[(String, i64)]) -> bool + Send + Sync,
+) -> Vec<(String, i64)> {
+    dlock_conformance::wait_for::within(bound, what, async {
+        loop {
+            let queue = queue_at(hosts, name).await;
+            if done(&queue) {
+                break queue;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// Waits (within `bound`) until nothing is queued under `name`.
+pub async fn until_empty(bound: Duration, hosts: &str, name: &LockName) {
+    until_queue(
+        bound,
+        "the name's queue to empty",
+        hosts,
+        name,
+        <[_]>::is_empty,
+    )
+    .await;
+}
+
 #[async_trait]
 impl Harness for ZkHarness {
     fn label(&self) -> &str {

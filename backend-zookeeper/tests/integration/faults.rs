@@ -58,9 +58,7 @@ async fn restart(server: &ZooKeeper) {
 
 /// The queue under `name` on the server: `(child, ephemeral owner)`.
 async fn queue(hosts: &str, name: &LockName) -> Vec<(String, i64)> {
-    let client = common::raw_client(hosts).await.unwrap();
-    let config = ZkConfig::from_url(&format!("zk://{hosts}")).unwrap();
-    common::queue_of(&client, &config, name).await.unwrap()
+    common::queue_at(hosts, name).await
 }
 
 /// Waits until the queue under `name` is as `done` wants it, and returns it.
@@ -70,16 +68,7 @@ async fn until_queue(
     name: &LockName,
     done: impl Fn(&[(String, i64)]) -> bool + Send + Sync,
 ) -> Vec<(String, i64)> {
-    within(what, async {
-        loop {
-            let queue = queue(hosts, name).await;
-            if done(&queue) {
-                break queue;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
+    common::until_queue(BOUND, what, hosts, name, done).await
 }
 
 /// `client` acquires `name` (waiting within this file's bound) and releases it.
@@ -289,7 +278,7 @@ async fn a_create_whose_reply_is_lost_is_found_again_and_leaves_no_orphan() {
 }
 
 async fn until_empty(hosts: &str, name: &LockName) {
-    until_queue("the name's queue to empty", hosts, name, <[_]>::is_empty).await;
+    common::until_empty(BOUND, hosts, name).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

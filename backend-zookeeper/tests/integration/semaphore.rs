@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LostReason};
 use dlock_conformance::wait_for;
-use dlock_zookeeper::{ZkConfig, ZkLock};
+use dlock_zookeeper::ZkLock;
 
 const BOUND: Duration = Duration::from_secs(45);
 
@@ -23,36 +23,35 @@ fn wait() -> LockOptions {
     LockOptions::new().with_wait_timeout(BOUND)
 }
 
-/// The queue under `name` on the server: `(child, ephemeral owner)`, in queue order.
-async fn queue(hosts: &str, name: &LockName) -> Vec<(String, i64)> {
-    let client = common::raw_client(hosts).await.unwrap();
-    let config = ZkConfig::from_url(&format!("zk://{hosts}")).unwrap();
-    common::queue_of(&client, &config, name).await.unwrap()
-}
-
-/// Waits until the queue under `name` is as `done` wants it, and returns it.
-async fn until_queue(
-    what: &str,
-    hosts: &str,
-    name: &LockName,
-    done: impl Fn(&[(String, i64)]) -> bool,
-) -> Vec<(String, i64)> {
-    wait_for::within(BOUND, what, async {
-        loop {
-            let queue = queue(hosts, name).await;
-            if done(&queue) {
-                break queue;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-}
-
 /// Whether `got` is the refusal of `asked` permits of `name`, in use with `in_use`.
 fn refused<T>(got: &dlock_api::Result<T>, name: &LockName, asked: u32, in_use: u32) -> bool {
     let expected = dlock_api::raw::permits_mismatch(name, asked, in_use).to_string();
     matches!(got, Err(error) if error.to_string() == expected)
+}
+
+/// `asked` permits of `name`, in use with `in_use` and held once, are refused to a try and to a
+/// wait (a lock's own calls when `asked` is 1), and the queue on the server is as it was.
+async fn refused_leaving_nothing(client: &ZkLock, name: &LockName, asked: u32, in_use: u32) {
+    let hosts = client.config().hosts.join(",");
+    let before = common::queue_at(&hosts, name).await;
+    let (tried, waited) = if asked == 1 {
+        let tried = client.try_acquire(name, &LockOptions::new()).await;
+        (
+            tried.map(|_| ()),
+            client.acquire(name, &wait()).await.map(|_| ()),
+        )
+    } else {
+        let tried = client
+            .try_acquire_permit(name, asked, &LockOptions::new())
+            .await;
+        let waited = client.acquire_permit(name, asked, &wait()).await;
+        (tried.map(|_| ()), waited.map(|_| ()))
+    };
+    assert!(refused(&tried, name, asked, in_use), "{tried:?}");
+    assert!(refused(&waited, name, asked, in_use), "{waited:?}");
+    let after = common::queue_at(&hosts, name).await;
+    assert_eq!(after, before, "a refused acquire left a node");
+    assert_eq!(client.count_permits(name).await.unwrap(), 1);
 }
 
 fn spawned_permit(
@@ -91,7 +90,7 @@ async fn an_expired_session_gives_its_permits_back_and_wakes_a_waiter() {
         .unwrap()
         .unwrap();
     let waiter = spawned_permit(&b, &name, 3);
-    until_queue("b to queue", &hosts, &name, |q| q.len() >= 4).await;
+    common::until_queue(BOUND, "b to queue", &hosts, &name, |q| q.len() >= 4).await;
     let a_session = a.session_id().unwrap();
 
     a.expire_session(None).await.unwrap();
@@ -103,7 +102,7 @@ async fn an_expired_session_gives_its_permits_back_and_wakes_a_waiter() {
         let reason = wait_for::within(BOUND, "a's permits to be lost", lost.lost()).await;
         assert_eq!(reason, LostReason::SessionExpired);
     }
-    let left = queue(&hosts, &name).await;
+    let left = common::queue_at(&hosts, &name).await;
     assert!(
         left.iter().all(|(_, owner)| *owner != a_session),
         "the expired session left nodes: {left:?}"
@@ -131,7 +130,7 @@ async fn an_expired_session_gives_its_permits_back_and_wakes_a_waiter() {
         permit.release().await.unwrap();
     }
     drop(second);
-    until_queue("the queue to empty", &hosts, &name, <[_]>::is_empty).await;
+    common::until_empty(BOUND, &hosts, &name).await;
 }
 
 /// A waiter watches every one of the `permits` nodes just before its own, so the release of any
@@ -161,9 +160,9 @@ async fn any_holder_released_lets_the_next_waiter_in() {
         );
     }
     let b_waits = spawned_permit(&b, &name, 3);
-    until_queue("b to queue", &hosts, &name, |q| q.len() >= 4).await;
+    common::until_queue(BOUND, "b to queue", &hosts, &name, |q| q.len() >= 4).await;
     let c_waits = spawned_permit(&c, &name, 3);
-    until_queue("c to queue", &hosts, &name, |q| q.len() >= 5).await;
+    common::until_queue(BOUND, "c to queue", &hosts, &name, |q| q.len() >= 5).await;
 
     let soon = Duration::from_secs(30);
     // The middle holder goes: b (watching all three) comes in, c still waits.
@@ -183,7 +182,7 @@ async fn any_holder_released_lets_the_next_waiter_in() {
     for permit in held.into_iter().chain([b_permit, c_permit]) {
         permit.release().await.unwrap();
     }
-    until_queue("the queue to empty", &hosts, &name, <[_]>::is_empty).await;
+    common::until_empty(BOUND, &hosts, &name).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,52 +198,20 @@ async fn another_number_of_permits_leaves_nothing_on_the_server() {
     // A name held as a semaphore of 3.
     let sem = name("as-semaphore");
     let permit = a.try_acquire_permit(&sem, 3, &opts).await.unwrap().unwrap();
-    let held = queue(&hosts, &sem).await;
-    let got = b.try_acquire_permit(&sem, 2, &opts).await;
-    assert!(refused(&got, &sem, 2, 3), "{got:?}");
-    let got = b.acquire_permit(&sem, 4, &wait()).await;
-    assert!(refused(&got, &sem, 4, 3), "{got:?}");
-    let got = b.try_acquire(&sem, &opts).await;
-    assert!(
-        matches!(got, Err(LockError::InvalidArgument { .. })),
-        "{got:?}"
-    );
-    let got = b.acquire(&sem, &wait()).await;
-    assert!(
-        matches!(got, Err(LockError::InvalidArgument { .. })),
-        "{got:?}"
-    );
-    assert_eq!(
-        queue(&hosts, &sem).await,
-        held,
-        "a refused acquire left a node"
-    );
-    assert_eq!(b.count_permits(&sem).await.unwrap(), 1);
+    for asked in [2, 4, 1] {
+        refused_leaving_nothing(&b, &sem, asked, 3).await;
+    }
     permit.release().await.unwrap();
 
     // A name held as a lock.
     let lock = name("as-lock");
     let guard = a.try_acquire(&lock, &opts).await.unwrap().unwrap();
-    let held = queue(&hosts, &lock).await;
-    let got = b.try_acquire_permit(&lock, 3, &opts).await;
-    assert!(refused(&got, &lock, 3, 1), "{got:?}");
-    let got = b.acquire_permit(&lock, 3, &wait()).await;
-    assert!(refused(&got, &lock, 3, 1), "{got:?}");
-    assert_eq!(
-        queue(&hosts, &lock).await,
-        held,
-        "a refused acquire left a node"
-    );
-    assert_eq!(b.count_permits(&lock).await.unwrap(), 1);
+    for asked in [3, 2] {
+        refused_leaving_nothing(&b, &lock, asked, 1).await;
+    }
     guard.release().await.unwrap();
-    until_queue("the lock's queue to empty", &hosts, &lock, <[_]>::is_empty).await;
-    until_queue(
-        "the semaphore's queue to empty",
-        &hosts,
-        &sem,
-        <[_]>::is_empty,
-    )
-    .await;
+    common::until_empty(BOUND, &hosts, &lock).await;
+    common::until_empty(BOUND, &hosts, &sem).await;
 
     // Free again, the name takes any number.
     let permit = b
@@ -255,6 +222,29 @@ async fn another_number_of_permits_leaves_nothing_on_the_server() {
     permit.release().await.unwrap();
 }
 
+/// Checks that the node `child` under `name`, owned by `owner`, is `guard`'s: named
+/// `_c_<uuid><part><sequence>`, of `client`'s session, its `czxid` the guard's token.
+async fn is_the_node_of(
+    client: &ZkLock,
+    guard: &dlock_api::LockGuard,
+    (name, part): (&LockName, &str),
+    (child, owner): &(String, i64),
+) {
+    assert_eq!(Some(*owner), client.session_id());
+    let (head, seq) = child.rsplit_once(part).unwrap();
+    assert!(head.starts_with("_c_") && head.len() == 39, "{child}");
+    let digits = seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit());
+    assert!(digits, "{child}");
+    let hosts = client.config().hosts.join(",");
+    let raw = common::raw_client(&hosts).await.unwrap();
+    let path = format!("{}/{child}", client.config().name_path(name));
+    let stat = raw.check_stat(&path).await.unwrap().unwrap();
+    assert_eq!(
+        guard.fencing_token().get(),
+        u64::try_from(stat.czxid).unwrap()
+    );
+}
+
 /// `PREFIX/NAME/_c_<uuid>-permits<N>-lock-<sequence>` for a permit, `…-lock-<sequence>` for a
 /// lock; each guard's token is its node's `czxid`, rising with every grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,45 +252,27 @@ async fn permits_are_named_and_fenced_as_documented() {
     let zk = dlock_test_servers::shared_zookeeper();
     let (url, hosts) = (zk.url(), zk.connect_string());
     let a = ZkLock::connect_url(&url).await.unwrap();
-    let config = ZkConfig::from_url(&url).unwrap();
-    let raw = common::raw_client(&hosts).await.unwrap();
     let opts = LockOptions::new();
-    let czxid = |child: String, name: &LockName| {
-        let path = format!("{}/{child}", config.name_path(name));
-        let raw = raw.clone();
-        async move { raw.check_stat(&path).await.unwrap().unwrap().czxid }
-    };
 
     let sem = name("layout-semaphore");
     let mut held = Vec::new();
     for _ in 0..2 {
         held.push(a.try_acquire_permit(&sem, 2, &opts).await.unwrap().unwrap());
     }
-    let nodes = queue(&hosts, &sem).await;
+    let nodes = common::queue_at(&hosts, &sem).await;
     assert_eq!(nodes.len(), 2);
-    for ((child, owner), permit) in nodes.into_iter().zip(&held) {
-        assert_eq!(Some(owner), a.session_id());
-        let (head, seq) = child.rsplit_once("-permits2-lock-").unwrap();
-        assert!(head.starts_with("_c_") && head.len() == 39, "{child}");
-        assert!(
-            seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit()),
-            "{child}"
-        );
-        let token = u64::try_from(czxid(child, &sem).await).unwrap();
-        assert_eq!(permit.fencing_token().get(), token);
+    for (node, permit) in nodes.iter().zip(&held) {
+        is_the_node_of(&a, permit, (&sem, "-permits2-lock-"), node).await;
     }
     assert!(held[1].fencing_token() > held[0].fencing_token());
 
     let lock = name("layout-lock");
     let guard = a.try_acquire(&lock, &opts).await.unwrap().unwrap();
-    let nodes = queue(&hosts, &lock).await;
-    let [(child, _)] = nodes.as_slice() else {
+    let nodes = common::queue_at(&hosts, &lock).await;
+    let [node] = nodes.as_slice() else {
         panic!("{nodes:?}");
     };
-    let (head, _) = child.rsplit_once("-lock-").unwrap();
-    assert!(head.starts_with("_c_") && head.len() == 39, "{child}");
-    let token = u64::try_from(czxid(child.clone(), &lock).await).unwrap();
-    assert_eq!(guard.fencing_token().get(), token);
+    is_the_node_of(&a, &guard, (&lock, "-lock-"), node).await;
     guard.release().await.unwrap();
     for permit in held {
         permit.release().await.unwrap();
