@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::SessionStatus;
-use dlock_api::{DistributedLock, LockName, Result};
+use dlock_api::{DistributedLock, LockName, LockOptions, Result};
 use dlock_conformance::{
     Deployment, Fault, Faults, Harness, OwnServer, ProxyTarget, SessionControl, Timing,
 };
@@ -230,6 +230,42 @@ pub async fn until_empty(bound: Duration, hosts: &str, name: &LockName) {
         <[_]>::is_empty,
     )
     .await;
+}
+
+/// `client` takes one of `permits` places of `name` (a lock's own acquire for one), waiting up to
+/// `bound` on a task of its own, without looking first.
+pub fn spawned_place(
+    bound: Duration,
+    client: &ZkLock,
+    name: &LockName,
+    permits: u32,
+) -> tokio::task::JoinHandle<dlock_api::Result<dlock_api::LockGuard>> {
+    let (client, name) = (client.clone(), name.clone());
+    let wait = LockOptions::new().with_wait_timeout(bound);
+    tokio::spawn(async move {
+        match permits {
+            1 => client.acquire(&name, &wait).await,
+            n => client.acquire_permit(&name, n, &wait).await,
+        }
+    })
+}
+
+/// Every one of `permits` places of `name`, free, taken at once by `client` (a lock's own
+/// `try_acquire` for one).
+pub async fn take_all(client: &ZkLock, name: &LockName, permits: u32) -> Vec<dlock_api::LockGuard> {
+    let mut held = Vec::new();
+    for _ in 0..permits {
+        let guard = match permits {
+            1 => client.try_acquire(name, &LockOptions::new()).await,
+            n => {
+                client
+                    .try_acquire_permit(name, n, &LockOptions::new())
+                    .await
+            }
+        };
+        held.push(guard.unwrap().expect("a free place is granted"));
+    }
+    held
 }
 
 #[async_trait]

@@ -1,7 +1,7 @@
 //! ZooKeeper-specific faults: the server down for less and for more than the session timeout, an
 //! ensemble member killed while a lock is held, a partition past the
 //! session, a create whose reply is lost, a queued waiter killed, a pending acquire cancelled
-//! mid-create, a held node deleted by someone else, a connect whose first pass over the hosts
+//! mid-create (both for a lock and for a permit), a held node deleted by someone else, a connect whose first pass over the hosts
 //! is refused. Each test that harms a server starts its own, and they run one at a time (the
 //! servers are JVMs on a small machine). Tests wait on events with generous bounds and never
 //! assert speed. A forced session expiry, with a waiter queued, is the conformance suite's
@@ -235,6 +235,16 @@ async fn a_connect_refused_at_first_passes_again_until_the_server_answers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_reply_is_lost_is_found_again_and_leaves_no_orphan() {
+    a_create_whose_reply_is_lost(1).await;
+}
+
+/// A permit's node after a reconnect (Curator's CURATOR-315 left it, holding a permit for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_create_whose_reply_is_lost_is_found_again_and_leaves_no_orphan() {
+    a_create_whose_reply_is_lost(2).await;
+}
+
+async fn a_create_whose_reply_is_lost(permits: u32) {
     let _one = SERIAL.lock().await;
     let (zk, proxy) = behind_a_proxy().await;
     let hosts = zk.connect_string();
@@ -245,24 +255,27 @@ async fn a_create_whose_reply_is_lost_is_found_again_and_leaves_no_orphan() {
     .await
     .unwrap();
     let name = name("lost-reply");
-    // Another client holds the name, so the one request that matters below is our create.
+    // Another client holds every place, so the one request that matters below is our create.
     let direct = ZkLock::connect_url(&zk.url()).await.unwrap();
-    let holder = direct.acquire(&name, &LockOptions::new()).await.unwrap();
+    let held = common::take_all(&direct, &name, permits).await;
+    let places = held.len();
     proxy.set_mode(ProxyMode::DropReplies);
-    let acquire = wait_for::spawned_acquire(BOUND, &client, &name);
+    let acquire = common::spawned_place(BOUND, &client, &name, permits);
     let session = client.session_id().unwrap();
     let created = until_queue("the create to reach the server", &hosts, &name, |q| {
-        q.len() >= 2
+        q.len() > places
     })
     .await;
-    assert_eq!(created[1].1, session);
+    assert_eq!(created[places].1, session);
     // The reply is gone for good: the connection breaks and the client reconnects.
     proxy.reset();
     proxy.heal();
     // The client finds its node again and keeps its place: nothing else appears.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(queue(&hosts, &name).await, created, "the queue changed");
-    holder.release().await.unwrap();
+    for guard in held {
+        guard.release().await.unwrap();
+    }
     let guard = within("the acquire after the lost reply", acquire)
         .await
         .unwrap()
@@ -270,7 +283,7 @@ async fn a_create_whose_reply_is_lost_is_found_again_and_leaves_no_orphan() {
     let nodes = queue(&hosts, &name).await;
     assert_eq!(
         nodes,
-        created[1..],
+        created[places..],
         "an orphan was left, or another node is held"
     );
     guard.release().await.unwrap();
@@ -283,6 +296,17 @@ async fn until_empty(hosts: &str, name: &LockName) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_acquire_cancelled_mid_create_leaves_no_orphan() {
+    cancelled_mid_create(1).await;
+}
+
+/// A permit's wait cancelled mid-create (Curator's CURATOR-462 left its node after an
+/// interrupt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_permit_cancelled_mid_create_leaves_no_orphan() {
+    cancelled_mid_create(2).await;
+}
+
+async fn cancelled_mid_create(permits: u32) {
     let _one = SERIAL.lock().await;
     let (zk, proxy) = behind_a_proxy().await;
     let hosts = zk.connect_string();
@@ -291,11 +315,12 @@ async fn a_pending_acquire_cancelled_mid_create_leaves_no_orphan() {
         .unwrap();
     let name = name("cancelled-create");
     let direct = ZkLock::connect_url(&zk.url()).await.unwrap();
-    let holder = direct.acquire(&name, &LockOptions::new()).await.unwrap();
+    let held = common::take_all(&direct, &name, permits).await;
+    let places = held.len();
     proxy.set_mode(ProxyMode::HoldReplies);
-    let acquire = wait_for::spawned_acquire(BOUND, &client, &name);
+    let acquire = common::spawned_place(BOUND, &client, &name, permits);
     until_queue("the create to reach the server", &hosts, &name, |q| {
-        q.len() >= 2
+        q.len() > places
     })
     .await;
     // Cancelled while the create's reply is on its way.
@@ -303,13 +328,17 @@ async fn a_pending_acquire_cancelled_mid_create_leaves_no_orphan() {
     assert!(acquire.await.unwrap_err().is_cancelled());
     proxy.heal();
     until_queue("the cancelled acquire's node to go", &hosts, &name, |q| {
-        q.len() <= 1
+        q.len() <= places
     })
     .await;
-    holder.release().await.unwrap();
+    for guard in held {
+        guard.release().await.unwrap();
+    }
     until_empty(&hosts, &name).await;
-    // The session lives on, and the client takes the name at once.
-    assert!(is_free(&client, &name).await);
+    // The session lives on, and the client takes every place at once.
+    for guard in common::take_all(&client, &name, permits).await {
+        guard.release().await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

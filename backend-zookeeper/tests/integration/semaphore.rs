@@ -54,15 +54,6 @@ async fn refused_leaving_nothing(client: &ZkLock, name: &LockName, asked: u32, i
     assert_eq!(client.count_permits(name).await.unwrap(), 1);
 }
 
-fn spawned_permit(
-    client: &ZkLock,
-    name: &LockName,
-    permits: u32,
-) -> tokio::task::JoinHandle<dlock_api::Result<dlock_api::Permit>> {
-    let (client, name) = (client.clone(), name.clone());
-    tokio::spawn(async move { client.acquire_permit(&name, permits, &wait()).await })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_session_gives_its_permits_back_and_wakes_a_waiter() {
     let zk = dlock_test_servers::shared_zookeeper();
@@ -89,7 +80,7 @@ async fn an_expired_session_gives_its_permits_back_and_wakes_a_waiter() {
         .await
         .unwrap()
         .unwrap();
-    let waiter = spawned_permit(&b, &name, 3);
+    let waiter = common::spawned_place(BOUND, &b, &name, 3);
     common::until_queue(BOUND, "b to queue", &hosts, &name, |q| q.len() >= 4).await;
     let a_session = a.session_id().unwrap();
 
@@ -159,9 +150,9 @@ async fn any_holder_released_lets_the_next_waiter_in() {
                 .unwrap(),
         );
     }
-    let b_waits = spawned_permit(&b, &name, 3);
+    let b_waits = common::spawned_place(BOUND, &b, &name, 3);
     common::until_queue(BOUND, "b to queue", &hosts, &name, |q| q.len() >= 4).await;
-    let c_waits = spawned_permit(&c, &name, 3);
+    let c_waits = common::spawned_place(BOUND, &c, &name, 3);
     common::until_queue(BOUND, "c to queue", &hosts, &name, |q| q.len() >= 5).await;
 
     let soon = Duration::from_secs(30);
