@@ -1,4 +1,5 @@
-//! `dlock run`: run a command while holding a lock, like flock(1) across machines.
+//! `dlock run`: run a command while holding a lock, like flock(1) across machines, or one of N
+//! permits of a semaphore (`--permits N`: at most N such commands run at once).
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitCode, ExitStatus};
@@ -26,6 +27,11 @@ pub struct RunArgs {
     /// Do not wait: exit with code 75 at once if the lock is busy (flock -n).
     #[arg(short = 'n', long, conflicts_with = "wait")]
     no_wait: bool,
+    /// Hold one of this many permits instead of the lock: at most this many commands run at once
+    /// under the name, on every machine together (every `dlock run` of the name must say the
+    /// same number).
+    #[arg(long)]
+    permits: Option<u32>,
     /// After a lost lock, how long the command has between SIGTERM and SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     kill_after: Duration,
@@ -63,7 +69,10 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
         }
     };
     let Some((_locks, guard)) = waited else {
-        eprintln!("dlock: lock `{name}` is busy");
+        match args.permits {
+            Some(permits) => eprintln!("dlock: all {permits} permits of `{name}` are taken"),
+            None => eprintln!("dlock: lock `{name}` is busy"),
+        }
         return Ok(Exit::settled(ExitCode::from(75)));
     };
 
@@ -74,6 +83,9 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
         .env("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
         .env("DLOCK_LOCK_NAME", name.as_str())
         .kill_on_drop(true);
+    if let Some(permits) = args.permits {
+        command.env("DLOCK_PERMITS", permits.to_string());
+    }
     if placement == Placement::OwnGroup {
         command.process_group(0);
     }
@@ -119,18 +131,19 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
 /// on the server and the background work of its client, before it exits.
 const AFTER_A_LOSS: Duration = Duration::from_millis(500);
 
-/// Connects and takes the lock: `None` if `-n` found it busy. The client is returned with the
-/// guard so that it outlives it.
+/// Connects and takes the lock, or a permit: `None` if `-n` found it busy. The client is
+/// returned with the guard so that it outlives it.
 async fn connect_and_lock(
     args: &RunArgs,
     name: &LockName,
     opts: &LockOptions,
 ) -> Result<Option<(Arc<dyn DistributedLock>, LockGuard)>, LockError> {
     let locks = args.backend.connect().await?;
-    let guard = if args.no_wait {
-        locks.try_acquire(name, opts).await?
-    } else {
-        Some(locks.acquire(name, opts).await?)
+    let guard = match (args.permits, args.no_wait) {
+        (None, true) => locks.try_acquire(name, opts).await?,
+        (None, false) => Some(locks.acquire(name, opts).await?),
+        (Some(permits), true) => locks.try_acquire_permit(name, permits, opts).await?,
+        (Some(permits), false) => Some(locks.acquire_permit(name, permits, opts).await?),
     };
     Ok(guard.map(|guard| (locks, guard)))
 }

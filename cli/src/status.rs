@@ -28,6 +28,9 @@ pub struct StatusArgs {
     /// Stop after this many refreshes with --watch.
     #[arg(long, requires = "watch")]
     count: Option<u64>,
+    /// The names are semaphores of this many permits: show how many are held (`2/3`).
+    #[arg(long)]
+    permits: Option<u32>,
     /// The lock names.
     #[arg(required = true)]
     names: Vec<String>,
@@ -43,6 +46,7 @@ pub(super) async fn status(args: StatusArgs) -> Result<ExitCode, LockError> {
         return Err(LockError::invalid("interval", "must be above 0"));
     }
     args.backend.require_given("status")?;
+    let permits = args.permits;
     let shown = dlock::redact(&args.backend.url()?);
     let locks = loop {
         match args.backend.connect().await {
@@ -62,8 +66,15 @@ pub(super) async fn status(args: StatusArgs) -> Result<ExitCode, LockError> {
     let mut out = std::io::stdout();
     let mut round: u64 = 0;
     loop {
-        match report(&*locks, &shown, &names, args.json, &mut out).await {
+        match report(&*locks, &shown, (&names, permits), args.json, &mut out).await {
             Ok(()) => {}
+            Err(LockError::Unsupported {
+                backend,
+                operation: "semaphores",
+            }) => {
+                eprintln!("dlock: {backend} has no semaphores; --permits needs a backend that has");
+                return Ok(ExitCode::from(64));
+            }
             Err(LockError::Unsupported { backend, .. }) => {
                 eprintln!(
                     "dlock: {backend} cannot tell who holds a lock (no holder inspection on this \
@@ -89,17 +100,39 @@ pub(super) async fn status(args: StatusArgs) -> Result<ExitCode, LockError> {
     }
 }
 
-/// Inspects every name, then prints them together (a table, or one JSON line).
+/// One name as the server showed it: its inspection and, for a semaphore, how many of how many
+/// permits are held.
+type Seen<'a> = (&'a LockName, Inspection, Option<(u32, u32)>);
+
+/// Inspects every name (and counts the permits of each, when they are semaphores of `permits`),
+/// then prints them together (a table, or one JSON line).
 async fn report(
     locks: &dyn DistributedLock,
     shown: &str,
-    names: &[LockName],
+    (names, permits): (&[LockName], Option<u32>),
     json: bool,
     out: &mut impl Write,
 ) -> Result<(), LockError> {
+    if permits == Some(0) {
+        return Err(LockError::invalid(
+            "permits",
+            "a semaphore has at least one permit",
+        ));
+    }
     let mut seen = Vec::with_capacity(names.len());
     for name in names {
-        seen.push((name, locks.inspect(name).await?));
+        let Some(of) = permits else {
+            seen.push((name, locks.inspect(name).await?, None));
+            continue;
+        };
+        let held = locks.count_permits(name).await?;
+        // A semaphore's permits are counted even where no holder can be inspected.
+        let state = match locks.inspect(name).await {
+            Err(LockError::Unsupported { .. }) if held > 0 => Inspection::held(None),
+            Err(LockError::Unsupported { .. }) => Inspection::free(None),
+            inspected => inspected?,
+        };
+        seen.push((name, state, Some((held, of))));
     }
     let session = locks.capabilities().lease == LeaseKind::Session;
     let at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
@@ -113,18 +146,22 @@ async fn report(
         .map_err(|e| LockError::backend("dlock", e))
 }
 
-fn to_json(shown: &str, at: &str, session: bool, seen: &[(&LockName, Inspection)]) -> String {
+fn to_json(shown: &str, at: &str, session: bool, seen: &[Seen<'_>]) -> String {
     let locks: Vec<serde_json::Value> = seen
         .iter()
-        .map(|(name, state)| {
-            serde_json::json!({
+        .map(|(name, state, permits)| {
+            let mut lock = serde_json::json!({
                 "name": name.as_str(),
                 "held": state.held,
                 "token": state.token.map(|t| t.get()),
                 "remaining_ms": state.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 "waiters": state.waiters,
                 "holder": state.holder,
-            })
+            });
+            if let Some((held, of)) = permits {
+                lock["permits"] = serde_json::json!({ "held": held, "of": of });
+            }
+            lock
         })
         .collect();
     serde_json::json!({
@@ -137,11 +174,13 @@ fn to_json(shown: &str, at: &str, session: bool, seen: &[(&LockName, Inspection)
 }
 
 /// A header line, then one aligned line per name: `-` where a free lock has nothing to show,
-/// `unknown` where the backend cannot know, `session` for a lease without a TTL.
-fn to_table(shown: &str, at: &str, session: bool, seen: &[(&LockName, Inspection)]) -> String {
-    let rows: Vec<[String; 6]> = seen
+/// `unknown` where the backend cannot know, `session` for a lease without a TTL. Semaphores get
+/// a `PERMITS` column, `held/of`; a token, lease and holder are then those of one of the holders.
+fn to_table(shown: &str, at: &str, session: bool, seen: &[Seen<'_>]) -> String {
+    let semaphores = seen.iter().any(|(_, _, permits)| permits.is_some());
+    let rows: Vec<Vec<String>> = seen
         .iter()
-        .map(|(name, state)| {
+        .map(|(name, state, permits)| {
             let unknown = || "unknown".to_owned();
             let absent = |known: Option<String>| match (state.held, known) {
                 (_, Some(text)) => text,
@@ -153,18 +192,29 @@ fn to_table(shown: &str, at: &str, session: bool, seen: &[(&LockName, Inspection
             } else {
                 absent(state.remaining.map(|d| format!("{:.3}s", d.as_secs_f64())))
             };
-            [
+            let mut row = vec![
                 name.to_string(),
                 if state.held { "held" } else { "free" }.to_owned(),
+            ];
+            if semaphores {
+                row.push(permits.map_or_else(unknown, |(held, of)| format!("{held}/{of}")));
+            }
+            row.extend([
                 absent(state.token.map(|t| t.to_string())),
                 lease,
                 state.waiters.map_or_else(unknown, |n| n.to_string()),
                 absent(state.holder.clone()),
-            ]
+            ]);
+            row
         })
         .collect();
-    let header = ["NAME", "STATE", "TOKEN", "LEASE LEFT", "WAITERS", "HOLDER"].map(String::from);
-    let mut widths = header.each_ref().map(|h| h.chars().count());
+    let mut header = vec!["NAME", "STATE"];
+    if semaphores {
+        header.push("PERMITS");
+    }
+    header.extend(["TOKEN", "LEASE LEFT", "WAITERS", "HOLDER"]);
+    let header: Vec<String> = header.into_iter().map(String::from).collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
@@ -174,8 +224,8 @@ fn to_table(shown: &str, at: &str, session: bool, seen: &[(&LockName, Inspection
     for row in std::iter::once(&header).chain(&rows) {
         let cells: Vec<String> = row
             .iter()
-            .zip(widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
+            .zip(&widths)
+            .map(|(cell, &width)| format!("{cell:<width$}"))
             .collect();
         text.push_str(cells.join("  ").trim_end());
         text.push('\n');
@@ -196,15 +246,16 @@ mod tests {
     fn the_table_says_unknown_only_for_what_the_backend_cannot_know() {
         let (a, b, c) = (name("a"), name("coupon:42"), name("c"));
         let seen = [
-            (&a, Inspection::free(Some(0))),
+            (&a, Inspection::free(Some(0)), None),
             (
                 &b,
                 Inspection::held(Some(FencingToken::new(17)))
                     .with_remaining(Duration::from_millis(8_250))
                     .with_waiters(2)
                     .with_holder("abc"),
+                None,
             ),
-            (&c, Inspection::held(None)),
+            (&c, Inspection::held(None), None),
         ];
         let table = to_table("redis://:***@h:1", "now", false, &seen);
         let lines: Vec<&str> = table.lines().collect();
@@ -263,7 +314,7 @@ mod tests {
     #[tokio::test]
     async fn a_backend_that_cannot_inspect_says_so_before_printing() {
         let mut out = Vec::new();
-        let error = report(&Blind, "blind://", &[name("x")], false, &mut out)
+        let error = report(&Blind, "blind://", (&[name("x")], None), false, &mut out)
             .await
             .unwrap_err();
         assert!(matches!(error, LockError::Unsupported { .. }), "{error}");
@@ -280,9 +331,15 @@ mod tests {
             .unwrap()
             .unwrap();
         let mut out = Vec::new();
-        report(&locks, "memory://", &[x.clone(), name("y")], true, &mut out)
-            .await
-            .unwrap();
+        report(
+            &locks,
+            "memory://",
+            (&[x.clone(), name("y")], None),
+            true,
+            &mut out,
+        )
+        .await
+        .unwrap();
         let doc: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(doc["backend"], "memory://");
         assert_eq!(doc["lease"], "ttl");
@@ -292,5 +349,52 @@ mod tests {
         assert_eq!(doc["locks"][1]["held"], false);
         assert_eq!(doc["locks"][1]["token"], serde_json::Value::Null);
         guard.release().await.unwrap();
+    }
+
+    /// With `--permits 3`, each name shows how many of its three permits are held, in the
+    /// table and in JSON; a number the backend cannot keep is refused before any call.
+    #[tokio::test]
+    async fn semaphores_show_their_permits() {
+        let locks = MemoryLock::new();
+        let backups = name("backups");
+        let opts = LockOptions::new();
+        let first = locks.acquire_permit(&backups, 3, &opts).await.unwrap();
+        let second = locks.acquire_permit(&backups, 3, &opts).await.unwrap();
+        let mut out = Vec::new();
+        let names = [backups.clone(), name("idle")];
+        report(&locks, "memory://", (&names, Some(3)), false, &mut out)
+            .await
+            .unwrap();
+        let table = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[1].starts_with("NAME") && lines[1].contains("PERMITS"),
+            "{table}"
+        );
+        let cells: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(cells[..3], ["backups", "held", "2/3"], "{table}");
+        let cells: Vec<&str> = lines[3].split_whitespace().collect();
+        assert_eq!(cells[..3], ["idle", "free", "0/3"], "{table}");
+        let mut out = Vec::new();
+        report(&locks, "memory://", (&names[..1], Some(3)), true, &mut out)
+            .await
+            .unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(doc["locks"][0]["permits"]["held"], 2);
+        assert_eq!(doc["locks"][0]["permits"]["of"], 3);
+        let zero = report(
+            &locks,
+            "memory://",
+            (&names, Some(0)),
+            false,
+            &mut Vec::new(),
+        )
+        .await;
+        assert!(
+            matches!(zero, Err(LockError::InvalidArgument { .. })),
+            "{zero:?}"
+        );
+        first.release().await.unwrap();
+        second.release().await.unwrap();
     }
 }

@@ -463,3 +463,83 @@ fn run_exits_soon_after_stopping_the_command_when_its_server_froze() {
     let _ = std::fs::remove_file(&marker);
     let _ = std::fs::remove_file(&stopped);
 }
+
+/// `dlock run --permits 3 backups -- CMD` started five times at once, as on five machines: never
+/// more than three commands run together, all five run in the end, each with its own fencing
+/// token and `DLOCK_PERMITS=3`; with every permit taken, `-n` exits 75 at once.
+#[test]
+fn run_with_permits_never_lets_four_of_five_run_together() {
+    let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile_path("dlock-permits");
+    std::fs::create_dir_all(format!("{dir}/running")).unwrap();
+    // Each command marks itself running, records how many are running (itself included: of
+    // four running together, the last to mark itself sees four), holds a moment, and unmarks.
+    let script = format!(
+        "touch {dir}/running/$$; ls {dir}/running | wc -l >> {dir}/seen; \
+         echo \"$DLOCK_PERMITS $DLOCK_FENCING_TOKEN\" >> {dir}/tokens; sleep 0.3; \
+         rm {dir}/running/$$"
+    );
+    let run = |extra: &[&str], command: &str| {
+        Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .args(["run", "--backend", &redis.url(), "--permits", "3"])
+            .args(extra)
+            .args(["backups", "--", "sh", "-c", command])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run dlock")
+    };
+    let children: Vec<_> = (0..5).map(|_| run(&["--wait", "120s"], &script)).collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+    }
+    let seen = std::fs::read_to_string(format!("{dir}/seen")).unwrap();
+    let most = seen
+        .lines()
+        .map(|n| n.trim().parse::<u32>().unwrap())
+        .max()
+        .unwrap();
+    assert!(most <= 3, "{most} ran at once: {seen}");
+    let tokens = std::fs::read_to_string(format!("{dir}/tokens")).unwrap();
+    let mut distinct: Vec<&str> = tokens.lines().collect();
+    assert_eq!(distinct.len(), 5, "{tokens}");
+    assert!(
+        distinct.iter().all(|line| line.starts_with("3 ")),
+        "{tokens}"
+    );
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 5, "two commands shared a token: {tokens}");
+
+    // Three holders that wait for a file; a fourth with -n finds every permit taken.
+    let release = format!("{dir}/release");
+    let hold = format!(
+        "touch {dir}/running/$$; while [ ! -e {release} ]; do sleep 0.05; done; rm {dir}/running/$$"
+    );
+    let holders: Vec<_> = (0..3).map(|_| run(&["--wait", "120s"], &hold)).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_dir(format!("{dir}/running")).unwrap().count() < 3 {
+        assert!(Instant::now() < deadline, "three holders never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let busy = run(&["-n"], "true").wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&busy.stderr);
+    assert_eq!(busy.status.code(), Some(75), "{stderr}");
+    assert!(
+        stderr.contains("all 3 permits of `backups` are taken"),
+        "{stderr}"
+    );
+    std::fs::write(&release, "").unwrap();
+    for holder in holders {
+        let out = holder.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
