@@ -20,7 +20,7 @@ use crate::client::{FALLBACK_REREAD, Inner, lease_gone};
 use crate::config::EtcdConfig;
 use crate::keys::{KeyClaim, NameKeys};
 use crate::lease::{EtcdLease, LeaseKind as Kind};
-use crate::queue::{Next, Queue, QueueWatch};
+use crate::queue::{Next, Queue, QueueWatch, limit_of};
 use crate::session::{SessionLease, ttl_class};
 
 /// A distributed lock on etcd: one key per acquire under the name's range, queued by create
@@ -206,6 +206,13 @@ impl EtcdLock {
     }
 }
 
+/// The most permits a semaphore of this backend has. A read that grants a permit returns every
+/// key ahead of ours (fewer than the limit), each with its name: a name of
+/// [`LockName::MAX_BYTES`] percent-encodes to up to 3 KiB, so at 512 the longest answer stays
+/// near 1.7 MB, under half of the client's 4 MiB message limit, and a waiter's list of the keys
+/// ahead stays short. A wider semaphore is better kept as several names.
+const MAX_PERMITS: u32 = 512;
+
 #[dlock_api::raw::async_trait]
 impl RawLock for EtcdLock {
     fn backend(&self) -> &'static str {
@@ -224,6 +231,7 @@ impl RawLock for EtcdLock {
             expiry_lag: Duration::from_millis(1500),
             inspect: true,
             takeover_signal: true,
+            max_permits: MAX_PERMITS,
             ..Capabilities::TTL_LEASE
         }
     }
@@ -269,30 +277,129 @@ impl RawLock for EtcdLock {
     }
 
     async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
+        self.try_grant_of(name, 1, options).await
+    }
+
+    async fn wait_grant(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        self.wait_grant_of(name, 1, options, deadline).await
+    }
+
+    async fn try_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        self.try_grant_of(name, permits, options).await
+    }
+
+    async fn wait_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        self.wait_grant_of(name, permits, options, deadline).await
+    }
+
+    /// `min(live keys of the name, the oldest key's limit)`: the keys past the limit wait. One
+    /// linearizable read (the range's count and its oldest key), so a count right after an
+    /// acknowledged release or grant never shows the line before it, as a serializable read of
+    /// a lagging member could.
+    async fn count_permits(&self, name: &LockName) -> Result<u32> {
+        let inner = &self.inner;
+        let range = NameKeys::new(&inner.config.prefix, name).range;
+        let oldest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let response = inner
+            .idempotent(|mut client| {
+                let (range, oldest) = (range.clone(), oldest.clone());
+                async move { client.get(range, Some(oldest)).await }
+            })
+            .await?;
+        let limit = response.kvs().first().map_or(0, limit_of);
+        let keys = u32::try_from(response.count()).unwrap_or(u32::MAX);
+        Ok(keys.min(limit))
+    }
+}
+
+/// What a try's transaction did.
+enum Tried {
+    /// Our key holds, created at this revision.
+    Held(i64),
+    /// Busy (`None`) or in use with another limit: nothing of ours was written.
+    Refused(Option<u32>),
+    /// Our key, created at this revision, joined the line but holds nothing (busy, or in use
+    /// with another limit): it must leave.
+    Joined(i64, Option<u32>),
+}
+
+impl EtcdLock {
+    /// One attempt at one of `limit` permits of `name` (a lock: one), without waiting.
+    async fn try_grant_of(
+        &self,
+        name: &LockName,
+        limit: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
         self.with_lease(name, options, |kind, keys, claim| async move {
             let session = kind.session().cloned();
             let (pending, created) = self.arm(&kind, &claim);
             let create = {
                 let (inner, claim, id) = (self.inner.clone(), claim.clone(), kind.id());
                 Detach::new(async move {
-                    let result = inner.create_if_free(&keys, claim.key(), id).await;
+                    let result = if limit == 1 {
+                        inner
+                            .create_if_free(&keys, claim.key(), id)
+                            .await
+                            .map(|tried| match tried {
+                                Ok(revision) => Tried::Held(revision),
+                                Err(in_use) => Tried::Refused(in_use),
+                            })
+                    } else {
+                        // "Fewer than N keys" is no compare etcd has: join the line, and leave
+                        // it again when the answer is not a permit.
+                        inner
+                            .create(&keys, claim.key(), id, limit)
+                            .await
+                            .map(|(revision, queue)| match queue {
+                                Queue::First => Tried::Held(revision),
+                                Queue::Mismatch(in_use) => Tried::Joined(revision, Some(in_use)),
+                                Queue::Behind(_) | Queue::Gone => Tried::Joined(revision, None),
+                            })
+                    };
                     let _ = created.send(result.is_ok());
                     result
                 })
             };
-            let created = create.await;
-            let result = match created {
-                Ok(Some(revision)) => {
+            let answer = |in_use: Option<u32>| match in_use {
+                Some(in_use) => Err(dlock_api::raw::permits_mismatch(name, limit, in_use)),
+                None => Ok(None),
+            };
+            let result = match create.await {
+                Ok(Tried::Held(revision)) => {
                     let grant = self.grant(name, kind, claim, revision);
                     pending.disarm();
                     Ok(Some(grant))
                 }
-                Ok(None) => {
+                Ok(Tried::Refused(in_use)) => {
                     pending.disarm();
                     if let Some(id) = kind.own_id() {
                         self.inner.revoke_in_background(id);
                     }
-                    Ok(None)
+                    answer(in_use)
+                }
+                Ok(Tried::Joined(revision, in_use)) => {
+                    self.leave(&kind, claim.key(), revision, pending).await;
+                    answer(in_use)
                 }
                 Err(e) => {
                     // Maybe applied: the armed cleanup deletes the key if it exists.
@@ -305,9 +412,33 @@ impl RawLock for EtcdLock {
         .await
     }
 
-    async fn wait_grant(
+    /// Takes our key out of the line before answering, so nothing is left behind: deleted
+    /// if it is still ours (by its create revision), or with its lease when it rides one of
+    /// its own. When the server cannot be reached, the armed cleanup deletes it in the
+    /// background.
+    async fn leave(&self, kind: &Kind, key: &str, revision: i64, pending: PendingAcquire) {
+        let inner = &self.inner;
+        match kind.own_id() {
+            Some(id) => {
+                let _ = inner
+                    .idempotent(|client| async move { client.lease_client().revoke(id).await })
+                    .await;
+            }
+            None => {
+                if inner.delete_key(key, Some(revision)).await.is_err() {
+                    drop(pending);
+                    return;
+                }
+            }
+        }
+        pending.disarm();
+    }
+
+    /// Waits for one of `limit` permits of `name` (a lock: one) until `deadline`.
+    async fn wait_grant_of(
         &self,
         name: &LockName,
+        limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
@@ -318,7 +449,7 @@ impl RawLock for EtcdLock {
             let waited = self
                 .with_lease(name, options, |kind, keys, claim| async move {
                     let session = kind.session().cloned();
-                    let result = self.wait(name, kind, keys, claim, options, deadline).await;
+                    let result = self.wait((name, limit), kind, keys, claim, options, deadline).await;
                     (result, session)
                 })
                 .await;
@@ -369,7 +500,7 @@ impl EtcdLock {
 
     async fn wait(
         &self,
-        name: &LockName,
+        (name, limit): (&LockName, u32),
         kind: Kind,
         keys: NameKeys,
         claim: Arc<KeyClaim>,
@@ -382,7 +513,7 @@ impl EtcdLock {
         let create = {
             let (inner, keys, claim, id) = (inner.clone(), keys.clone(), claim.clone(), kind.id());
             Detach::new(async move {
-                let result = inner.create(&keys, claim.key(), id).await;
+                let result = inner.create(&keys, claim.key(), id, limit).await;
                 let _ = created.send(result.is_ok());
                 result
             })
@@ -406,8 +537,12 @@ impl EtcdLock {
                     drop(pending);
                     return Ok(Waited::KeyGone);
                 }
+                Some(Queue::Mismatch(in_use)) => {
+                    self.leave(&kind, &key, revision, pending).await;
+                    return Err(dlock_api::raw::permits_mismatch(name, limit, in_use));
+                }
                 Some(Queue::Behind(behind)) => {
-                    watching = Some(QueueWatch::start(&inner.watcher, &keys, behind));
+                    watching = Some(QueueWatch::start(&inner.watcher, &keys, behind, limit));
                     reread_at = after(Instant::now(), FALLBACK_REREAD);
                 }
                 // Still waiting on the same watch.
@@ -457,26 +592,13 @@ impl EtcdLock {
                 () = tokio::time::sleep_until(wake) => {
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         // Out of time: take our key out of the queue before answering.
-                        match kind.own_id() {
-                            Some(id) => {
-                                let _ = inner.idempotent(|client| async move {
-                                    client.lease_client().revoke(id).await
-                                }).await;
-                            }
-                            None => {
-                                if inner.delete_key(&key, Some(revision)).await.is_err() {
-                                    drop(pending);
-                                    return Ok(Waited::TimedOut);
-                                }
-                            }
-                        }
-                        pending.disarm();
+                        self.leave(&kind, &key, revision, pending).await;
                         return Ok(Waited::TimedOut);
                     }
                 }
             }
             loop {
-                match inner.read_queue(&keys, &key, revision).await {
+                match inner.read_queue(&keys, &key, revision, limit).await {
                     Ok(read) => {
                         recovery.reached_server();
                         queue = Some(read);

@@ -1,5 +1,7 @@
 //! The line of keys under one name: the acquire transaction that joins it, the read that says
-//! where a key stands in it, and a waiter's watch on the keys ahead of its own.
+//! where a key stands in it, and a waiter's watch on the keys ahead of its own. A key holds one
+//! of the name's `limit` permits (a lock has one) while fewer than `limit` keys of the name have
+//! a lower create revision; each key's value carries the limit it was put with.
 
 use dlock_api::{LockError, Result};
 use etcd_client::{
@@ -12,49 +14,81 @@ use crate::client::Inner;
 use crate::keys::NameKeys;
 use crate::watch::{WatchEvent, WatchHandle, Watcher};
 
-/// Up to how many keys ahead of its own a waiter tracks: when its read saw all of them, the
-/// waiter watches every deletion under the name and holds the lock once it has seen each of
-/// them go, without reading the queue again, which saves a linearizable read on each hand-off.
-/// A longer queue costs a read after the predecessor's deletion, as in etcd's own recipe.
+/// Up to how many keys ahead of its own a waiter tracks at least: when its read saw all of
+/// them, the waiter watches every deletion under the name and holds once fewer than its limit
+/// are left, without reading the queue again, which saves a linearizable read on each hand-off.
+/// A longer queue costs a read once fewer than the limit of the keys it saw are left.
 const PREDECESSORS_WATCHED: usize = 8;
+
+/// The value a key is put with: the name's limit, empty for a lock (one permit), as every key
+/// was before semaphores, so a lock's key costs no byte more and no allocation.
+pub(crate) fn limit_value(limit: u32) -> Vec<u8> {
+    if limit == 1 {
+        Vec::new()
+    } else {
+        limit.to_string().into_bytes()
+    }
+}
+
+/// The limit a key was put with (see [`limit_value`]); a value no dlock client writes reads as
+/// 0, which no acquire asks, so such a key is a mismatch to every acquire.
+pub(crate) fn limit_of(kv: &KeyValue) -> u32 {
+    match kv.value() {
+        [] => 1,
+        value => std::str::from_utf8(value)
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(0),
+    }
+}
+
+/// How many keys a queue read asks for: ours, and the ones ahead of it a waiter tracks, at
+/// least `limit` of them (a read that grants must show every key ahead, to check their limit).
+fn queue_read(limit: u32) -> i64 {
+    let ahead = usize::try_from(limit)
+        .unwrap_or(usize::MAX)
+        .max(PREDECESSORS_WATCHED);
+    i64::try_from(ahead).unwrap_or(i64::MAX).saturating_add(1)
+}
 
 /// The outcome of the acquire transaction, or of a re-read of the queue.
 pub(crate) enum Queue {
-    /// No key with a lower create revision: held.
+    /// Fewer keys with a lower create revision than the limit: held.
     First,
-    /// Keys below ours: wait.
+    /// As many keys below ours as the limit, or more: wait.
     Behind(Behind),
     /// Our key is gone (its lease ended, or someone deleted it).
     Gone,
+    /// A key ahead of ours was put with this other limit.
+    Mismatch(u32),
 }
 
 /// Where our key stands in a queue read.
 pub(crate) struct Behind {
-    /// The key just below ours.
-    key: String,
-    /// The keys below that one, when the read saw all of them (at most
-    /// [`PREDECESSORS_WATCHED`]); `None` when there may be more.
-    older: Option<Vec<String>>,
+    /// The keys below ours that the read showed, nearest first.
+    ahead: Vec<String>,
+    /// The read showed every key below ours.
+    complete: bool,
     /// The revision the read saw.
     seen: i64,
 }
 
 impl Inner {
     /// Reads the queue as seen from our key: the highest key created at or below our revision
-    /// should be ours; the one below it, if any, is the one we wait for (and the ones below
-    /// that, if few). Linearizable, so a member that lags cannot hide a live predecessor.
+    /// should be ours; the ones below it are ahead of us. Linearizable, so a member that lags
+    /// cannot hide a live predecessor.
     pub(crate) async fn read_queue(
         &self,
         keys: &NameKeys,
         key: &str,
         revision: i64,
+        limit: u32,
     ) -> Result<Queue> {
         let options = GetOptions::new()
             .with_prefix()
             .with_max_create_revision(revision)
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(QUEUE_READ)
-            .with_keys_only();
+            .with_limit(queue_read(limit));
         let range = keys.range.clone();
         let response = self
             .idempotent(|mut client| {
@@ -63,27 +97,31 @@ impl Inner {
             })
             .await?;
         let seen = response.header().map_or(revision, |h| h.revision());
-        Ok(queue_from(response.kvs(), key, revision, seen))
+        Ok(queue_from(response.kvs(), key, (revision, seen), limit))
     }
 
-    /// The acquire transaction: creates our key on `lease` unless it exists (a retried create
-    /// finds its own key), and in the same transaction reads the newest keys of the name up to
-    /// and including ours.
+    /// The acquire transaction: creates our key on `lease`, with `limit` as its value, unless
+    /// it exists (a retried create finds its own key), and in the same transaction reads the
+    /// newest keys of the name up to and including ours.
     pub(crate) async fn create(
         &self,
         keys: &NameKeys,
         key: &str,
         lease: i64,
+        limit: u32,
     ) -> Result<(i64, Queue)> {
         let newest = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(QUEUE_READ)
-            .with_keys_only();
+            .with_limit(queue_read(limit));
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))),
+                TxnOp::put(
+                    key,
+                    limit_value(limit),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
                 TxnOp::get(keys.range.clone(), Some(newest)),
             ])
             .or_else([TxnOp::get(key, None)]);
@@ -101,7 +139,7 @@ impl Inner {
             // Our put is the transaction's revision, and a read inside a write transaction sees
             // it: the answer is [ours, the ones before].
             let newest = ranges.first().map(Vec::as_slice).unwrap_or_default();
-            return Ok((header, queue_from(newest, key, header, header)));
+            return Ok((header, queue_from(newest, key, (header, header), limit)));
         }
         // A retry of a create that was applied: our key exists; read the queue from it.
         let Some(mine) = ranges.first().and_then(|kvs| kvs.first()) else {
@@ -111,57 +149,82 @@ impl Inner {
             ));
         };
         let revision = mine.create_revision();
-        Ok((revision, self.read_queue(keys, key, revision).await?))
+        Ok((revision, self.read_queue(keys, key, revision, limit).await?))
     }
 
-    /// A try: creates our key only if the name has no key at all (one transaction, no write
-    /// when busy). `Some(revision)` when held.
+    /// A try for a lock (one permit): creates our key only if the name has no key at all (one
+    /// transaction, no write when busy; with one permit "held" is "no key ahead", which a
+    /// compare can say, while "fewer than N" cannot). `Ok(Ok(revision))` when held,
+    /// `Ok(Err(None))` when busy, `Ok(Err(Some(limit)))` when the name's oldest key was put
+    /// with another limit.
     pub(crate) async fn create_if_free(
         &self,
         keys: &NameKeys,
         key: &str,
         lease: i64,
-    ) -> Result<Option<i64>> {
+    ) -> Result<std::result::Result<i64, Option<u32>>> {
+        let oldest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
         let txn = Txn::new()
             .when([Compare::create_revision(keys.range.clone(), CompareOp::Equal, 0).with_prefix()])
             .and_then([TxnOp::put(
                 key,
-                "",
+                limit_value(1),
                 Some(PutOptions::new().with_lease(lease)),
             )])
-            .or_else([TxnOp::get(key, None)]);
+            .or_else([
+                TxnOp::get(key, None),
+                TxnOp::get(keys.range.clone(), Some(oldest)),
+            ]);
         let response = self.txn(txn).await?;
         if response.succeeded() {
-            return Ok(Some(response.header().map_or(0, |h| h.revision())));
+            return Ok(Ok(response.header().map_or(0, |h| h.revision())));
         }
-        // Busy; unless a retried attempt had already created our key while the name was free.
-        let mine = response.op_responses().into_iter().find_map(|op| match op {
-            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+        let mut ranges = response.op_responses().into_iter().filter_map(|op| match op {
+            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
             _ => None,
         });
-        Ok(mine.map(|kv| kv.create_revision()))
+        // Busy; unless a retried attempt had already created our key while the name was free.
+        if let Some(mine) = ranges.next().and_then(|kvs| kvs.into_iter().next()) {
+            return Ok(Ok(mine.create_revision()));
+        }
+        let in_use = ranges
+            .next()
+            .and_then(|kvs| kvs.first().map(limit_of))
+            .filter(|&in_use| in_use != 1);
+        Ok(Err(in_use))
     }
 }
 
-/// How many keys a queue read asks for: ours, and the ones ahead of it a waiter watches.
-const QUEUE_READ: i64 = PREDECESSORS_WATCHED as i64 + 1;
-
-/// The queue from a read of the newest keys up to ours (newest first, at most [`QUEUE_READ`]).
-fn queue_from(kvs: &[KeyValue], key: &str, revision: i64, seen: i64) -> Queue {
+/// The queue from a read of the newest keys up to ours (newest first, at most
+/// [`queue_read`]`(limit)`), at `(revision, seen)`: our key's create revision and the read's.
+/// A key ahead put with another limit is a mismatch, whatever else the read says: two keys that
+/// were ever in the line together must never hold by two limits (a lock's holder beside a
+/// semaphore's), and every key that holds has seen, in the read that granted it, every key
+/// ahead of it.
+fn queue_from(kvs: &[KeyValue], key: &str, (revision, seen): (i64, i64), limit: u32) -> Queue {
     let text = |kv: &KeyValue| String::from_utf8_lossy(kv.key()).into_owned();
-    match kvs {
-        [mine, ..] if mine.key() != key.as_bytes() || mine.create_revision() != revision => {
-            Queue::Gone
-        }
-        [_] => Queue::First,
-        [_, before, older @ ..] => Queue::Behind(Behind {
-            key: text(before),
-            // A full read may have left keys out; a shorter one saw every key ahead of ours.
-            older: (kvs.len() < QUEUE_READ as usize).then(|| older.iter().map(text).collect()),
-            seen,
-        }),
-        [] => Queue::Gone,
+    let Some((mine, ahead)) = kvs.split_first() else {
+        return Queue::Gone;
+    };
+    if mine.key() != key.as_bytes() || mine.create_revision() != revision {
+        return Queue::Gone;
     }
+    if let Some(other) = ahead.iter().map(limit_of).find(|&l| l != limit) {
+        return Queue::Mismatch(other);
+    }
+    // A full read may have left keys out; a shorter one saw every key ahead of ours.
+    let complete = i64::try_from(kvs.len()).is_ok_and(|read| read < queue_read(limit));
+    if complete && ahead.len() < usize::try_from(limit).unwrap_or(usize::MAX) {
+        return Queue::First;
+    }
+    Queue::Behind(Behind {
+        ahead: ahead.iter().map(text).collect(),
+        complete,
+        seen,
+    })
 }
 
 /// A waiter's watch on its name: the deletions of every key of the name from just after the
@@ -171,39 +234,43 @@ pub(crate) struct QueueWatch {
     pub(crate) watch: WatchHandle,
     /// The keys ahead of ours that the read showed and no deletion has removed since.
     ahead: Vec<String>,
-    /// The read showed every key ahead of ours (at most [`PREDECESSORS_WATCHED`]).
+    /// The read showed every key ahead of ours.
     complete: bool,
-    /// The key just ahead of ours.
-    predecessor: String,
+    /// How many keys may be ahead of a holder.
+    limit: usize,
 }
 
 /// What a waiter does after an event of its [`QueueWatch`].
 pub(crate) enum Next {
     /// Nothing that concerns us: wait on.
     Wait,
-    /// Every key ahead of ours is gone, and ours is not: the lock is ours.
+    /// Fewer keys than the limit are ahead of ours, and ours is not gone: a permit is ours.
     Held,
     /// Read the queue to know.
     Read,
 }
 
 impl QueueWatch {
-    pub(crate) fn start(watcher: &Watcher, keys: &NameKeys, queue: Behind) -> Self {
-        let mut ahead = queue.older.clone().unwrap_or_default();
-        ahead.push(queue.key.clone());
+    pub(crate) fn start(watcher: &Watcher, keys: &NameKeys, queue: Behind, limit: u32) -> Self {
         Self {
             // From just after the read: no deletion can fall between.
             watch: watcher.watch_deletions_under(&keys.range, queue.seen.saturating_add(1)),
-            ahead,
-            complete: queue.older.is_some(),
-            predecessor: queue.key,
+            ahead: queue.ahead,
+            complete: queue.complete,
+            limit: usize::try_from(limit).unwrap_or(usize::MAX),
         }
     }
 
     /// What the deletions of one watch response mean for us. etcd sends every event of a
     /// revision in one response, and revoking (or expiring) a lease deletes all its keys in one
-    /// revision: the holder's ahead of ours and ours too, when both rode it. So the whole batch
-    /// is read before deciding: the lock is ours only at a revision where our key still exists.
+    /// revision: the holders' ahead of ours and ours too, when they rode it. So the whole batch
+    /// is read before deciding: a permit is ours only at a revision where our key still exists.
+    ///
+    /// A deleted key counts only if the read showed it ahead of ours (a key it did not show may
+    /// be behind ours, and a delete event does not say). No key created before ours can appear
+    /// any more, so when the read showed every key ahead, the count of those left is exact; when
+    /// it did not, the ones it showed are the nearest, and only once fewer than the limit of
+    /// them are left can we hold: then a read decides.
     pub(crate) fn on(&mut self, event: WatchEvent, ours: &str) -> Next {
         let WatchEvent::Deleted { keys } = event else {
             return Next::Read;
@@ -212,20 +279,17 @@ impl QueueWatch {
             // The read finds our key gone and says so.
             return Next::Read;
         }
-        let mut predecessor_gone = false;
         for key in &keys {
-            // A key not ahead of ours is behind it.
             if let Some(at) = self.ahead.iter().position(|k| *k.as_bytes() == **key) {
-                predecessor_gone |= self.ahead.swap_remove(at) == self.predecessor;
+                self.ahead.swap_remove(at);
             }
         }
-        if self.complete && self.ahead.is_empty() {
-            // No key created before ours can appear any more, and ours was not deleted first.
-            Next::Held
-        } else if !self.complete && predecessor_gone {
-            Next::Read
-        } else {
+        if self.ahead.len() >= self.limit {
             Next::Wait
+        } else if self.complete {
+            Next::Held
+        } else {
+            Next::Read
         }
     }
 }
