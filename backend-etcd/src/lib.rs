@@ -20,11 +20,14 @@
 //!   that only grows, across restarts and leader changes.
 //! - [x] **FIFO, woken on release**: waiters queue by create revision; each watches the name's
 //!   deletions (one watch stream per client) and takes the lock once every key ahead of it is
-//!   gone, about one round trip after the release.
+//!   gone (a permit once fewer than the limit are left), about one round trip after the
+//!   release.
 //! - [x] **Extend** and automatic renewal, through leases this client keeps alive.
 //! - [x] **Lost signal and suspension**: a guard reports `Suspended` while its lease's keep-alives
 //!   fail, and `Lost` when the lease ends or its key goes.
 //! - [x] **Survives failover**: a lock lives in the raft log; a leader change keeps it.
+//! - [x] **Semaphores** of up to 512 permits (see *Semaphores* below), on the same queue: a lock
+//!   is a semaphore of one permit.
 //! - **Minimum TTL: the cluster's shortest lease**, and never under 2 s
 //!   ([`Capabilities::min_ttl`](dlock_api::Capabilities::min_ttl)). etcd silently lengthens a
 //!   shorter lease to its own minimum (`ceil(1.5 × election timeout)`: 2 s on default timing,
@@ -51,7 +54,8 @@
 //!   the stream with back-off; the deadline passing, or an answer with TTL 0, loses them with
 //!   `SessionExpired`. An acquire with `Renewal::Off` gets a lease of its own that nobody keeps
 //!   alive: it ends at its TTL unless extended.
-//! - **Keys.** `PREFIX/NAME/LEASE-SLOT`: the name percent-encoded (so `/` in a name can never
+//! - **Keys.** `PREFIX/NAME/LEASE-SLOT`, its value the name's limit of permits (empty for a
+//!   lock, as every key was before semaphores): the name percent-encoded (so `/` in a name can never
 //!   make one name's range cover another's), the lease in hex, and the first slot the client
 //!   does not use for that name and lease (two tasks of one client never share a key). A key is
 //!   named again only once it is known gone, so acquire after acquire reuses the same few keys:
@@ -59,10 +63,11 @@
 //!   name's range there, so a fresh key per acquire would make a busy name slower with every
 //!   acquire until the next compaction.
 //! - **Acquire** is one transaction: *if our key does not exist, put it on the lease, and read
-//!   the newest keys of the name* (ours and up to eight before it). A read inside a write
-//!   transaction sees its own put, so the answer is `[ours, the ones before]`; alone, we hold,
-//!   and our create revision is the transaction's revision. `try_acquire` instead puts only if the name has no key at all (no
-//!   write when busy).
+//!   the newest keys of the name* (ours and up to eight before it, or as many as the limit). A
+//!   read inside a write transaction sees its own put, so the answer is `[ours, the ones
+//!   before]`; with fewer keys before ours than the limit (for a lock: none), we hold, and our
+//!   create revision is the transaction's revision. `try_acquire` of a lock instead puts only
+//!   if the name has no key at all (no write when busy).
 //! - **Waiting** watches every deletion under the name from the read's revision + 1 (a start
 //!   above the current revision is served at once by the server's synced watchers; an older
 //!   one waits for its 100 ms catch-up loop, and none at all can miss the release). One watch
@@ -74,12 +79,38 @@
 //!   or fewer), the lock is ours once each of them has been seen deleted, with no further round
 //!   trip: no key created before ours can appear any more. (Unless our lease's validity has passed by
 //!   then, as for a waiter paused long after the last deletion happened: then a re-read decides,
-//!   and finds our key gone if the lease ended.) In a longer queue, the predecessor's deletion
-//!   leads to a linearizable re-read (never a serializable one: a lagging member can hide a
-//!   live predecessor) that confirms our key still exists and that no key created before it
-//!   remains. A compacted watch re-reads; a slow fallback re-read every few seconds catches any
+//!   and finds our key gone if the lease ended.) In a longer queue, the deletion of the last of the
+//!   keys the read showed (the nearest ones ahead) leads to a linearizable re-read (never a
+//!   serializable one: a lagging member can hide a live predecessor) that confirms our key
+//!   still exists and that no key created before it remains; until then, a live key ahead is
+//!   known, so the lock cannot be ours. A compacted watch re-reads; a slow fallback re-read every few seconds catches any
 //!   event the server lost. One watch stream per client carries every waiter's and holder's
 //!   watch.
+//! - **Semaphores** ([`acquire_permit`](dlock_api::DistributedLock::acquire_permit)) are the
+//!   same line: a key holds one of the name's N permits while fewer than N keys of the name
+//!   have a lower create revision, so the permits go in FIFO order and a permit is a lease like
+//!   a lock (it ends with its key's lease: released, revoked, or expired when its client stops
+//!   keeping it alive), and its token is its key's create revision, above every earlier grant's
+//!   of the name. A waiter counts the deletions of the keys its read showed ahead of its own:
+//!   when the read showed all of them, it holds once fewer than N are left, with no further
+//!   read (no key created before ours can appear any more); when the line was longer than the
+//!   read, a read decides once fewer than N of the ones it saw are left. A deleted key the read
+//!   did not show counts for nothing, since a delete event does not say whether it was ahead.
+//!   A waiter is granted only at a revision where its own key still exists, and never past its
+//!   lease's validity without a read (etcd's own election and RWMutex recipes could answer a
+//!   waiter whose key had gone with its lease: etcd-io/etcd #19597, #16221). `try_acquire_permit`
+//!   joins the line and leaves it again when it is not granted (two writes when busy: "fewer
+//!   than N keys" is no compare a transaction has).
+//! - **One limit per name.** Each key's value is the limit it was put with. A read that shows a
+//!   key ahead of ours with another limit (a lock counts as one) refuses the acquire with
+//!   `InvalidArgument` naming both numbers, after deleting our key (owner-checked by its create
+//!   revision) so nothing is left. Every read that grants shows every key ahead of ours, so two
+//!   keys that were ever in the line together never hold by two limits; an acquire behind a
+//!   line longer than its read is refused once its read reaches the other limit. `count_permits`
+//!   is one linearizable read of the range's count and its oldest key:
+//!   `min(keys, the oldest key's limit)` (the keys past the limit wait); linearizable, so a count
+//!   right after an acknowledged release or grant never shows the line before it, as a lagging
+//!   member's serializable read could.
 //! - **Holding**: each holder watches its own key, from 250 ms after its grant (a lock released
 //!   sooner costs no watch; the watch starts from the grant's revision, so nothing in between
 //!   is missed); its deletion (the lease revoked or expired, or someone deleting it) marks the

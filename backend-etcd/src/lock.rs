@@ -11,7 +11,6 @@ use dlock_api::raw::{Detach, Grant, PendingAcquire, RawLock, WaitRecovery};
 use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockName, LockOptions, Renewal, Result,
 };
-use etcd_client::{GetOptions, SortOrder, SortTarget};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -241,20 +240,11 @@ impl RawLock for EtcdLock {
     /// time to live.
     async fn inspect(&self, name: &LockName) -> Result<Inspection> {
         let inner = &self.inner;
-        let range = NameKeys::new(&inner.config.prefix, name).range;
-        let oldest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1)
-            .with_keys_only();
-        let response = inner
-            .idempotent(|mut client| {
-                let (range, oldest) = (range.clone(), oldest.clone());
-                async move { client.get(range, Some(oldest)).await }
-            })
+        let (oldest, count) = inner
+            .read_oldest(&NameKeys::new(&inner.config.prefix, name))
             .await?;
-        let keys = usize::try_from(response.count()).unwrap_or(0);
-        let Some(holder) = response.kvs().first() else {
+        let keys = usize::try_from(count).unwrap_or(0);
+        let Some(holder) = oldest else {
             return Ok(Inspection::free(Some(keys)));
         };
         let token = u64::try_from(holder.create_revision()).ok();
@@ -314,19 +304,11 @@ impl RawLock for EtcdLock {
     /// a lagging member could.
     async fn count_permits(&self, name: &LockName) -> Result<u32> {
         let inner = &self.inner;
-        let range = NameKeys::new(&inner.config.prefix, name).range;
-        let oldest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        let response = inner
-            .idempotent(|mut client| {
-                let (range, oldest) = (range.clone(), oldest.clone());
-                async move { client.get(range, Some(oldest)).await }
-            })
+        let (oldest, count) = inner
+            .read_oldest(&NameKeys::new(&inner.config.prefix, name))
             .await?;
-        let limit = response.kvs().first().map_or(0, limit_of);
-        let keys = u32::try_from(response.count()).unwrap_or(u32::MAX);
+        let limit = oldest.as_ref().map_or(0, limit_of);
+        let keys = u32::try_from(count).unwrap_or(u32::MAX);
         Ok(keys.min(limit))
     }
 }
@@ -357,24 +339,22 @@ impl EtcdLock {
                 let (inner, claim, id) = (self.inner.clone(), claim.clone(), kind.id());
                 Detach::new(async move {
                     let result = if limit == 1 {
-                        inner
-                            .create_if_free(&keys, claim.key(), id)
-                            .await
-                            .map(|tried| match tried {
+                        inner.create_if_free(&keys, claim.key(), id).await.map(
+                            |tried| match tried {
                                 Ok(revision) => Tried::Held(revision),
                                 Err(in_use) => Tried::Refused(in_use),
-                            })
+                            },
+                        )
                     } else {
                         // "Fewer than N keys" is no compare etcd has: join the line, and leave
                         // it again when the answer is not a permit.
-                        inner
-                            .create(&keys, claim.key(), id, limit)
-                            .await
-                            .map(|(revision, queue)| match queue {
+                        inner.create(&keys, claim.key(), id, limit).await.map(
+                            |(revision, queue)| match queue {
                                 Queue::First => Tried::Held(revision),
                                 Queue::Mismatch(in_use) => Tried::Joined(revision, Some(in_use)),
                                 Queue::Behind(_) | Queue::Gone => Tried::Joined(revision, None),
-                            })
+                            },
+                        )
                     };
                     let _ = created.send(result.is_ok());
                     result
@@ -449,7 +429,9 @@ impl EtcdLock {
             let waited = self
                 .with_lease(name, options, |kind, keys, claim| async move {
                     let session = kind.session().cloned();
-                    let result = self.wait((name, limit), kind, keys, claim, options, deadline).await;
+                    let result = self
+                        .wait((name, limit), kind, keys, claim, options, deadline)
+                        .await;
                     (result, session)
                 })
                 .await;

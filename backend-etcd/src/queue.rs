@@ -73,7 +73,29 @@ pub(crate) struct Behind {
     seen: i64,
 }
 
+/// A read of a name's oldest key (the first holder: the line is ordered by create revision),
+/// whose answer's count is every key of the name.
+pub(crate) fn oldest_key() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
 impl Inner {
+    /// A linearizable read of the oldest key of `name` and of how many keys it has.
+    pub(crate) async fn read_oldest(&self, keys: &NameKeys) -> Result<(Option<KeyValue>, i64)> {
+        let range = keys.range.clone();
+        let mut response = self
+            .idempotent(|mut client| {
+                let range = range.clone();
+                async move { client.get(range, Some(oldest_key())).await }
+            })
+            .await?;
+        let count = response.count();
+        Ok((response.take_kvs().into_iter().next(), count))
+    }
+
     /// Reads the queue as seen from our key: the highest key created at or below our revision
     /// should be ours; the ones below it are ahead of us. Linearizable, so a member that lags
     /// cannot hide a live predecessor.
@@ -163,10 +185,6 @@ impl Inner {
         key: &str,
         lease: i64,
     ) -> Result<std::result::Result<i64, Option<u32>>> {
-        let oldest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
         let txn = Txn::new()
             .when([Compare::create_revision(keys.range.clone(), CompareOp::Equal, 0).with_prefix()])
             .and_then([TxnOp::put(
@@ -176,16 +194,19 @@ impl Inner {
             )])
             .or_else([
                 TxnOp::get(key, None),
-                TxnOp::get(keys.range.clone(), Some(oldest)),
+                TxnOp::get(keys.range.clone(), Some(oldest_key())),
             ]);
         let response = self.txn(txn).await?;
         if response.succeeded() {
             return Ok(Ok(response.header().map_or(0, |h| h.revision())));
         }
-        let mut ranges = response.op_responses().into_iter().filter_map(|op| match op {
-            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
-            _ => None,
-        });
+        let mut ranges = response
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+                _ => None,
+            });
         // Busy; unless a retried attempt had already created our key while the name was free.
         if let Some(mine) = ranges.next().and_then(|kvs| kvs.into_iter().next()) {
             return Ok(Ok(mine.create_revision()));

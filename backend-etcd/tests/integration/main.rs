@@ -9,4 +9,5 @@ mod errors;
 mod faults;
 mod keys;
 mod runtimes;
+mod semaphores;
 mod tls;
