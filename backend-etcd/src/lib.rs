@@ -129,7 +129,9 @@
 //! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) is a
 //!   linearizable read of the name's oldest key (the holder: its create revision is the token,
 //!   its lease the holder's identity) and of how many keys the name has (the others wait), then
-//!   the lease's time to live (`LeaseTimeToLive`, whole seconds) as the remaining lease.
+//!   the lease's time to live (`LeaseTimeToLive`, whole seconds) as the remaining lease. On a
+//!   semaphore's name it shows the oldest permit, and counts the other keys, holders past the
+//!   first included, as waiting: `count_permits` is the count of holders.
 //!
 //! ## Connecting
 //! `etcd://[user:password@]host[:port][,host[:port]…][/prefix][?option=value…]`, or `etcds://`

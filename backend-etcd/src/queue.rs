@@ -253,8 +253,13 @@ fn queue_from(kvs: &[KeyValue], key: &str, (revision, seen): (i64, i64), limit: 
 /// own key is always seen before any later deletion of a key ahead of ours.
 pub(crate) struct QueueWatch {
     pub(crate) watch: WatchHandle,
+    ahead: Ahead,
+}
+
+/// What a waiter knows of the keys ahead of its own.
+struct Ahead {
     /// The keys ahead of ours that the read showed and no deletion has removed since.
-    ahead: Vec<String>,
+    keys: Vec<String>,
     /// The read showed every key ahead of ours.
     complete: bool,
     /// How many keys may be ahead of a holder.
@@ -276,12 +281,21 @@ impl QueueWatch {
         Self {
             // From just after the read: no deletion can fall between.
             watch: watcher.watch_deletions_under(&keys.range, queue.seen.saturating_add(1)),
-            ahead: queue.ahead,
-            complete: queue.complete,
-            limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            ahead: Ahead {
+                keys: queue.ahead,
+                complete: queue.complete,
+                limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            },
         }
     }
 
+    /// What one event of the watch means for us (see [`Ahead::on`]).
+    pub(crate) fn on(&mut self, event: WatchEvent, ours: &str) -> Next {
+        self.ahead.on(event, ours)
+    }
+}
+
+impl Ahead {
     /// What the deletions of one watch response mean for us. etcd sends every event of a
     /// revision in one response, and revoking (or expiring) a lease deletes all its keys in one
     /// revision: the holders' ahead of ours and ours too, when they rode it. So the whole batch
@@ -292,7 +306,7 @@ impl QueueWatch {
     /// any more, so when the read showed every key ahead, the count of those left is exact; when
     /// it did not, the ones it showed are the nearest, and only once fewer than the limit of
     /// them are left can we hold: then a read decides.
-    pub(crate) fn on(&mut self, event: WatchEvent, ours: &str) -> Next {
+    fn on(&mut self, event: WatchEvent, ours: &str) -> Next {
         let WatchEvent::Deleted { keys } = event else {
             return Next::Read;
         };
@@ -301,16 +315,69 @@ impl QueueWatch {
             return Next::Read;
         }
         for key in &keys {
-            if let Some(at) = self.ahead.iter().position(|k| *k.as_bytes() == **key) {
-                self.ahead.swap_remove(at);
+            if let Some(at) = self.keys.iter().position(|k| *k.as_bytes() == **key) {
+                self.keys.swap_remove(at);
             }
         }
-        if self.ahead.len() >= self.limit {
+        if self.keys.len() >= self.limit {
             Next::Wait
         } else if self.complete {
             Next::Held
         } else {
             Next::Read
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ahead(keys: &[&str], complete: bool, limit: usize) -> Ahead {
+        Ahead {
+            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+            complete,
+            limit,
+        }
+    }
+
+    fn deleted(keys: &[&str]) -> WatchEvent {
+        WatchEvent::Deleted {
+            keys: keys.iter().map(|k| k.as_bytes().into()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_permit_is_ours_once_fewer_than_the_limit_are_left_ahead() {
+        let mut line = ahead(&["h1", "h2", "h3", "w1"], true, 3);
+        assert!(matches!(line.on(deleted(&["behind"]), "me"), Next::Wait));
+        assert!(matches!(line.on(deleted(&["h2"]), "me"), Next::Wait));
+        // Deleted twice (a resent event): counted once.
+        assert!(matches!(line.on(deleted(&["h2"]), "me"), Next::Wait));
+        assert!(matches!(line.on(deleted(&["w1"]), "me"), Next::Held));
+    }
+
+    #[test]
+    fn our_own_key_in_the_batch_is_never_a_grant() {
+        let mut line = ahead(&["h1", "h2"], true, 2);
+        assert!(matches!(
+            line.on(deleted(&["h1", "h2", "me"]), "me"),
+            Next::Read
+        ));
+        let mut lock = ahead(&["h"], true, 1);
+        assert!(matches!(lock.on(deleted(&["me", "h"]), "me"), Next::Read));
+        assert!(matches!(lock.on(WatchEvent::Reread, "me"), Next::Read));
+    }
+
+    #[test]
+    fn a_longer_line_reads_once_fewer_than_the_limit_of_the_seen_keys_are_left() {
+        // The nearest keys ahead; older ones the read did not show may still hold.
+        let mut line = ahead(&["n1", "n2", "n3"], false, 2);
+        assert!(matches!(line.on(deleted(&["older"]), "me"), Next::Wait));
+        assert!(matches!(line.on(deleted(&["n3"]), "me"), Next::Wait));
+        assert!(matches!(line.on(deleted(&["n1"]), "me"), Next::Read));
+        let mut lock = ahead(&["n1", "n2"], false, 1);
+        assert!(matches!(lock.on(deleted(&["n2"]), "me"), Next::Wait));
+        assert!(matches!(lock.on(deleted(&["n1"]), "me"), Next::Read));
     }
 }
