@@ -105,6 +105,13 @@ async fn a_permits_key_carries_its_limit_and_its_token_is_the_create_revision() 
         );
     }
     assert_eq!(keys[0].lease(), keys[1].lease(), "one session lease");
+    // Extended to another TTL class, the key moves to that class's lease and keeps its value.
+    permits[0].extend(Duration::from_secs(61)).await.unwrap();
+    let moved = common::queue_keys(&mut raw, &url, &sem).await.unwrap();
+    assert_eq!(moved[0].key(), keys[0].key());
+    assert_eq!(moved[0].create_revision(), keys[0].create_revision());
+    assert_ne!(moved[0].lease(), keys[0].lease());
+    assert_eq!(moved[0].value(), b"3");
     let guard = a.acquire(&lock, &LockOptions::new()).await.unwrap();
     let keys = common::queue_keys(&mut raw, &url, &lock).await.unwrap();
     assert_eq!(keys.len(), 1);
