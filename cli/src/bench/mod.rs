@@ -8,6 +8,7 @@
 //! `--rounds N` repeats the whole measurement N times and reports each figure and each ratio
 //! as the median over the rounds, with their spread (min–max).
 
+mod permits;
 mod report;
 
 use std::process::ExitCode;
@@ -58,6 +59,12 @@ pub struct BenchArgs {
     /// Each flood acquire's wait timeout.
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     flood_wait: Duration,
+    /// Instead of the phases above: a semaphore of each of these numbers of permits, its
+    /// uncontended pair (one permit taken and given back) and the hand-off of its last free
+    /// permit (the others held throughout), each against the backend's raw floor of the same
+    /// algorithm, e.g. `--permits 1,8`.
+    #[arg(long, value_delimiter = ',')]
+    permits: Option<Vec<u32>>,
 }
 
 /// How many alternating slices the uncontended phase and its floors are measured in.
@@ -210,6 +217,9 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    if let Some(permits) = &args.permits {
+        return permits::bench(&args, permits, &client, &label, &run).await;
+    }
     // dlock and the raw floors run interleaved (the uncontended and many-names phases in
     // alternating slices, each side first in turn), so drift in the machine's speed over the run
     // (common on shared VMs) affects both alike and the ratios stay fair.
@@ -312,7 +322,7 @@ async fn measure(
     }
     let handoff = handoff(
         clients.to_vec(),
-        LockName::new(format!("{run}/handoff"))?,
+        (LockName::new(format!("{run}/handoff"))?, None),
         args.duration,
         args.hold,
     )
@@ -513,11 +523,17 @@ struct DlockContender {
     name: LockName,
     options: LockOptions,
     guard: Option<LockGuard>,
+    /// A semaphore's number of permits, or `None` for the lock.
+    permits: Option<u32>,
 }
 
 impl Contender for DlockContender {
     async fn lock(&mut self) -> Result<(), LockError> {
-        self.guard = Some(self.client.acquire(&self.name, &self.options).await?);
+        let (client, name, options) = (&self.client, &self.name, &self.options);
+        self.guard = Some(match self.permits {
+            None => client.acquire(name, options).await?,
+            Some(permits) => client.acquire_permit(name, permits, options).await?,
+        });
         Ok(())
     }
 
@@ -531,7 +547,7 @@ impl Contender for DlockContender {
 
 async fn handoff(
     clients: Vec<Arc<dyn DistributedLock>>,
-    name: LockName,
+    (name, permits): (LockName, Option<u32>),
     duration: Duration,
     hold: Duration,
 ) -> Result<Samples, LockError> {
@@ -544,6 +560,7 @@ async fn handoff(
             name: name.clone(),
             options: options.clone(),
             guard: None,
+            permits,
         })
         .collect();
     let (samples, elapsed) = contend(contenders, duration, hold).await?;

@@ -122,6 +122,28 @@ pub(crate) trait Protocol {
     /// pairs back to back for `duration` (through [`many`]): pairs per second, and their cost.
     async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput>;
 
+    /// Pairs of a semaphore of `permits`: one permit taken and given back on one key, back to
+    /// back, with the fewest commands of the algorithm dlock runs on this backend, its fencing
+    /// token included (measured like [`pairs`](Self::pairs)); `None` (the default) where the
+    /// backend measures none.
+    async fn permit_pairs(&self, permits: u32, duration: Duration) -> Result<Option<Measured>> {
+        let _ = (permits, duration);
+        Ok(None)
+    }
+
+    /// Hand-offs of a semaphore's last free permit: `permits - 1` held throughout, `waiters`
+    /// connections contending for the last one through [`contend`](crate::contend::contend),
+    /// each holding `hold`; `None` (the default) where the backend measures none.
+    async fn permit_handoffs(
+        &self,
+        permits: u32,
+        duration: Duration,
+        (waiters, hold): (usize, Duration),
+    ) -> Result<Option<Vec<Duration>>> {
+        let _ = (permits, duration, waiters, hold);
+        Ok(None)
+    }
+
     /// [`parallel`](Self::parallel) with the fenced pairs of
     /// [`fenced_pairs`](Self::fenced_pairs); `None` (the default) where the backend has none.
     async fn fenced_parallel(
@@ -227,6 +249,25 @@ impl Floors {
     /// See [`Protocol::parallel`].
     pub(crate) async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
         each_protocol!(self, floor, _P => floor.parallel(tasks, duration).await)
+    }
+
+    /// See [`Protocol::permit_pairs`].
+    pub(crate) async fn permit_pairs(
+        &self,
+        permits: u32,
+        duration: Duration,
+    ) -> Result<Option<Measured>> {
+        each_protocol!(self, floor, _P => floor.permit_pairs(permits, duration).await)
+    }
+
+    /// See [`Protocol::permit_handoffs`].
+    pub(crate) async fn permit_handoffs(
+        &self,
+        permits: u32,
+        duration: Duration,
+        contention: (usize, Duration),
+    ) -> Result<Option<Vec<Duration>>> {
+        each_protocol!(self, floor, _P => floor.permit_handoffs(permits, duration, contention).await)
     }
 
     /// See [`Protocol::fenced_parallel`].

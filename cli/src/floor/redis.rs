@@ -172,6 +172,31 @@ redis.call('SET', KEYS[2], string.format('%.0f', token))
 return token
 ";
 
+    /// One of `ARGV[3]` permits of the semaphore whose sorted set is `KEYS[1]` for owner
+    /// `ARGV[1]` for `ARGV[2]` ms, scored on the server's clock, with a fencing token from fence
+    /// key `KEYS[2]` taken as [`FENCED_SET_NX`] takes it; 0 when every permit is taken. What
+    /// every permit's acquire must do on this algorithm: trim the ended leases, count, add.
+    const PERMIT_ACQUIRE: &str = r"
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[2]), ARGV[1])
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = redis.call('GETSET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6))
+local token = tonumber(last or '0') + 1
+if token <= now then return now end
+redis.call('SET', KEYS[2], string.format('%.0f', token))
+return token
+";
+
+    /// Gives owner `ARGV[1]`'s permit of `KEYS[1]` back and, if it was there, announces it on
+    /// channel `ARGV[2]`.
+    const PERMIT_RELEASE: &str = r"
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+return redis.call('PUBLISH', ARGV[2], 'released') + 1
+";
+
     /// Redis (single node, the primary behind Sentinels, or a Cluster), as a URL names it.
     #[derive(Debug)]
     pub(crate) struct Redis {
@@ -415,6 +440,116 @@ return token
         }
     }
 
+    /// One connection's permits of one semaphore: [`PERMIT_ACQUIRE`], and [`PERMIT_RELEASE`].
+    struct RawPermits {
+        conn: Conn,
+        /// The sorted set and the fence key.
+        keys: [String; 2],
+        channel: String,
+        /// The lease and the number of permits, as the scripts take them.
+        lease_ms: String,
+        limit: String,
+        acquire: Script,
+        release: Script,
+        timeout: Duration,
+    }
+
+    impl RawPermits {
+        /// A permit for `owner`, if one is free.
+        async fn take(&self, owner: &str) -> Result<bool> {
+            let keys = [self.keys[0].as_str(), self.keys[1].as_str()];
+            let args = [owner, self.lease_ms.as_str(), self.limit.as_str()];
+            let token: i64 = self
+                .conn
+                .run_script_on(self.timeout, &self.acquire, &keys, &args)
+                .await?;
+            Ok(token != 0)
+        }
+
+        async fn give_back(&self, owner: &str) -> Result<()> {
+            let _: i64 = self
+                .conn
+                .run_script(
+                    self.timeout,
+                    &self.release,
+                    &self.keys[0],
+                    &[owner, &self.channel],
+                )
+                .await?;
+            Ok(())
+        }
+
+        /// Deletes the run's keys.
+        async fn forget(&self) -> Result<()> {
+            let mut del = redis::cmd("DEL");
+            del.arg(&self.keys[0]).arg(&self.keys[1]);
+            let _: i64 = self.conn.query(self.timeout, &del).await?;
+            Ok(())
+        }
+    }
+
+    impl Pairs for RawPermits {
+        async fn pair(&self, _task: usize) -> Result<()> {
+            let owner = token();
+            if !self.take(&owner).await? {
+                return Err(LockError::backend(
+                    BACKEND,
+                    format!("every permit of the floor's {} was taken", self.keys[0]),
+                ));
+            }
+            self.give_back(&owner).await
+        }
+    }
+
+    /// One connection contending for a permit: [`PERMIT_ACQUIRE`], and on failure, waiting for
+    /// the channel's next message.
+    struct PermitContender {
+        permits: RawPermits,
+        released: UnboundedReceiver<PushInfo>,
+        owner: String,
+    }
+
+    impl Contender for PermitContender {
+        async fn lock(&mut self) -> Result<()> {
+            loop {
+                while self.released.try_recv().is_ok() {}
+                self.owner = token();
+                if self.permits.take(&self.owner).await? {
+                    return Ok(());
+                }
+                let timeout = self.permits.timeout;
+                let _ = tokio::time::timeout(timeout, self.released.recv()).await;
+            }
+        }
+
+        async fn unlock(&mut self) -> Result<()> {
+            self.permits.give_back(&self.owner).await
+        }
+    }
+
+    impl Redis {
+        /// A connection's [`RawPermits`] of the run's semaphore `what` of `limit` permits, its
+        /// push messages sent to `push`.
+        async fn raw_permits(
+            &self,
+            what: &str,
+            limit: u32,
+            push: Option<UnboundedSender<PushInfo>>,
+        ) -> Result<RawPermits> {
+            let key = self.keys.key(what);
+            Ok(RawPermits {
+                conn: self.connect(push).await?,
+                channel: format!("{key}:released"),
+                keys: [format!("{key}:permits"), format!("{key}:fence")],
+                lease_ms: LEASE_MS.to_string(),
+                limit: limit.to_string(),
+                acquire: Script::new(PERMIT_ACQUIRE),
+                release: Script::new(PERMIT_RELEASE),
+                timeout: self.config.command_timeout,
+            })
+        }
+    }
+
     impl Protocol for Redis {
         fn ops(&self) -> Ops {
             Ops {
@@ -467,6 +602,48 @@ return token
             }
             let (samples, _) = contend(contenders, duration, hold).await?;
             Ok(samples)
+        }
+
+        async fn permit_pairs(&self, permits: u32, duration: Duration) -> Result<Option<Measured>> {
+            let raw = self
+                .raw_permits(&format!("permits-{permits}"), permits, None)
+                .await?;
+            let measured = crate::floor::pairs_of(&raw, duration).await;
+            raw.forget().await?;
+            measured.map(Some)
+        }
+
+        /// `permits - 1` permits held by one more connection throughout; `waiters`
+        /// connections, each subscribed to the semaphore's channel, contend for the last one
+        /// as the lock's floor does: a release announces, the woken waiters race.
+        async fn permit_handoffs(
+            &self,
+            permits: u32,
+            duration: Duration,
+            (waiters, hold): (usize, Duration),
+        ) -> Result<Option<Vec<Duration>>> {
+            let what = format!("permit-handoff-{permits}");
+            let parked = self.raw_permits(&what, permits, None).await?;
+            for _ in 1..permits {
+                parked.take(&token()).await?;
+            }
+            let mut contenders = Vec::with_capacity(waiters.max(2));
+            for _ in 0..waiters.max(2) {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
+                let permits = self.raw_permits(&what, permits, Some(tx)).await?;
+                permits
+                    .conn
+                    .subscribe(self.config.command_timeout, &permits.channel)
+                    .await?;
+                contenders.push(PermitContender {
+                    permits,
+                    released: rx,
+                    owner: String::new(),
+                });
+            }
+            let contended = contend(contenders, duration, hold).await;
+            parked.forget().await?;
+            contended.map(|(samples, _)| Some(samples))
         }
 
         async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
