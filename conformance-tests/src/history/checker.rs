@@ -5,13 +5,40 @@
 //! resource ever took a stale holder's write ([register findings](super::fence)), whether tokens
 //! rose, how long acquires took, and what the harness found left on the server. The report
 //! states; an [`Expect`](super::expect::Expect) profile judges.
+//!
+//! ## Semaphores
+//! A name that the run's holds took as one of N > 1 permits (the workers' acquire events record
+//! N) is checked as a semaphore; every other name exactly as a lock, so a run of locks only is
+//! checked as it always was. What changes for a semaphore's name, and why:
+//! - **Holders**: not "no two at once" but "no more than N at once" ([`over_limit`]): the same
+//!   conservative intervals, swept in start order; each grant that made N + 1 determinate holds
+//!   valid at one moment is reported with the holds involved. Indeterminate holds are never
+//!   counted. A profile's `overlaps` counts these too.
+//! - **Tokens**: still unique per grant, and still above an earlier run's. "Rising in grant
+//!   order" is judged by real time, not by start order: N grants in flight at once may return
+//!   in any order, so a token is only required to be above every token whose acquire had
+//!   *returned before this acquire was invoked* (that grant was certainly made first). For a
+//!   lock the start order is kept.
+//! - **The register**: its fencing rule (accept a token only if it is the highest seen) is a
+//!   lock's: with N holders valid at once it refuses the writes of valid holders with lower
+//!   tokens, and their read–think–write cycles drop each other's elements, without anything
+//!   being wrong. So the register logs of semaphore names are replayed apart
+//!   ([`Report::semaphore_register`], [`Report::semaphore_shadow`]): their refusals, lost adds
+//!   and interleavings are reported, not judged; what still holds with N concurrent token
+//!   holders is judged as for a lock: the register keeps its own rule (no write its rule
+//!   refuses accepted, none it admits refused) and one token is one permit (no token written by
+//!   two holds, no hold writing with two tokens). "Nothing lost" for a semaphore is about its
+//!   permits: a holder that was paused, cut off or killed gives its permit back, which the
+//!   cases check by taking all N afterwards, and by the residue.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use super::event::{Edge, Event, HoldId, NemesisRecord, Op, Phase};
 use super::fence::{RegisterFindings, analyse};
-use super::holds::{Hold, Overlap, derive_holds, overlaps};
+use super::holds::{
+    Hold, OverLimit, Overlap, derive_holds, over_limit, overlaps, peak_holders, semaphore_names,
+};
 use super::register::RegisterSnapshot;
 
 /// Everything a run recorded, for [`check`] and for the dump on failure.
@@ -135,20 +162,44 @@ pub struct Report {
     pub residue: Option<Vec<String>>,
     /// History files whose torn last line was skipped.
     pub torn: usize,
+    /// The names checked as semaphores, with their number of permits (empty for a run of
+    /// locks).
+    pub semaphores: BTreeMap<String, u32>,
+    /// Grants of a semaphore's name that made more determinate holds valid at once than its
+    /// limit.
+    pub over_limit: Vec<OverLimit>,
+    /// Per semaphore name, the most determinate holds valid at one moment.
+    pub peak_holders: BTreeMap<String, usize>,
+    /// The fenced register's log of semaphore names, replayed apart (see the
+    /// [module docs](self)); `None` for a run of locks.
+    pub semaphore_register: Option<RegisterFindings>,
+    /// The same of the shadow register.
+    pub semaphore_shadow: Option<RegisterFindings>,
 }
 
 /// Checks everything `input` recorded.
 pub fn check(input: &Input) -> Report {
     let holds = derive_holds(&input.events, &input.deaths);
+    let semaphores = semaphore_names(&holds);
     let findings = |snapshot: &RegisterSnapshot| {
         let mut findings = analyse(snapshot);
         findings.set_apart_late_writes(&input.deaths);
         findings
     };
+    // Locks' names are judged on the register as ever; semaphores' apart.
+    let (register, semaphore_register) = split(&input.register, &semaphores);
+    let shadow = input.shadow.as_ref().map(|s| split(s, &semaphores));
     Report {
         overlaps: overlaps(&holds),
-        register: findings(&input.register),
-        shadow: input.shadow.as_ref().map(findings),
+        over_limit: over_limit(&holds),
+        peak_holders: peak_holders(&holds),
+        register: findings(&register),
+        shadow: shadow.as_ref().map(|(locks, _)| findings(locks)),
+        semaphore_register: semaphore_register.as_ref().map(findings),
+        semaphore_shadow: shadow
+            .as_ref()
+            .and_then(|(_, semaphores)| semaphores.as_ref().map(findings)),
+        semaphores,
         tokens: token_issues(&holds, input.earlier_max_token),
         max_token: holds
             .iter()
@@ -162,10 +213,39 @@ pub fn check(input: &Input) -> Report {
     }
 }
 
-/// Per name, over determinate holds in start order: every token unique, each above all before
-/// it (holds that were already over when granted are left out of the order), and all above the
-/// earlier run's maximum.
+/// `snapshot` as two: the log and sets of names that are not `semaphores`, and, if the run had
+/// semaphores, those of their names (`None` otherwise, so a run of locks keeps its snapshot
+/// whole).
+fn split(
+    snapshot: &RegisterSnapshot,
+    semaphores: &BTreeMap<String, u32>,
+) -> (RegisterSnapshot, Option<RegisterSnapshot>) {
+    if semaphores.is_empty() {
+        return (snapshot.clone(), None);
+    }
+    let part = |of_semaphores: bool| RegisterSnapshot {
+        log: snapshot
+            .log
+            .iter()
+            .filter(|w| semaphores.contains_key(&w.name) == of_semaphores)
+            .cloned()
+            .collect(),
+        sets: snapshot
+            .sets
+            .iter()
+            .filter(|(name, _)| semaphores.contains_key(*name) == of_semaphores)
+            .map(|(name, set)| (name.clone(), set.clone()))
+            .collect(),
+    };
+    (part(false), Some(part(true)))
+}
+
+/// Per name, over determinate holds: every token unique, all above the earlier run's maximum,
+/// and each above all granted before it. For a lock, "before" is start order (holds that were
+/// already over when granted are left out of the order); for a semaphore, whose grants may
+/// return in any order, it is the holds whose acquire returned before this one's was invoked.
 fn token_issues(holds: &[Hold], earlier_max: Option<u64>) -> Vec<TokenIssue> {
+    let semaphores = semaphore_names(holds);
     let mut issues = Vec::new();
     let mut by_name: BTreeMap<&str, Vec<(&Hold, u64)>> = BTreeMap::new();
     for hold in holds.iter().filter(|h| h.determinate) {
@@ -175,6 +255,10 @@ fn token_issues(holds: &[Hold], earlier_max: Option<u64>) -> Vec<TokenIssue> {
     }
     for (name, mut granted) in by_name {
         granted.sort_by_key(|&(h, token)| (h.start, token));
+        if semaphores.contains_key(name) {
+            issues.extend(semaphore_token_issues(name, &granted, earlier_max));
+            continue;
+        }
         let mut seen: BTreeMap<u64, HoldId> = BTreeMap::new();
         let mut top: Option<(HoldId, u64)> = None;
         for (hold, token) in granted {
@@ -202,6 +286,57 @@ fn token_issues(holds: &[Hold], earlier_max: Option<u64>) -> Vec<TokenIssue> {
                     earlier_max,
                 });
             }
+        }
+    }
+    issues
+}
+
+/// [`token_issues`] of a semaphore's name, over its grants sorted by start.
+fn semaphore_token_issues(
+    name: &str,
+    granted: &[(&Hold, u64)],
+    earlier_max: Option<u64>,
+) -> Vec<TokenIssue> {
+    let mut issues = Vec::new();
+    let mut seen: BTreeMap<u64, HoldId> = BTreeMap::new();
+    for &(hold, token) in granted {
+        if let Some(&first) = seen.get(&token) {
+            issues.push(TokenIssue::Duplicate {
+                name: name.to_owned(),
+                token,
+                holds: (first, hold.id),
+            });
+        }
+        seen.entry(token).or_insert(hold.id);
+        if let Some(earlier_max) = earlier_max.filter(|&m| token <= m) {
+            issues.push(TokenIssue::NotAboveEarlierRun {
+                name: name.to_owned(),
+                hold: (hold.id, token),
+                earlier_max,
+            });
+        }
+    }
+    // In order of invocation, the highest token among the grants returned before it.
+    let mut by_invoke: Vec<(u64, &Hold, u64)> = granted
+        .iter()
+        .filter_map(|&(h, token)| h.invoked.map(|i| (i, h, token)))
+        .collect();
+    by_invoke.sort_by_key(|&(i, h, _)| (i, h.id));
+    let mut returned = granted.iter().peekable();
+    let mut top: Option<(HoldId, u64)> = None;
+    for (invoked, hold, token) in by_invoke {
+        while let Some(&&(earlier, t)) = returned.peek().filter(|(h, _)| h.start < invoked) {
+            if top.is_none_or(|(_, top)| t > top) {
+                top = Some((earlier.id, t));
+            }
+            returned.next();
+        }
+        if let Some(earlier) = top.filter(|&(_, t)| token < t) {
+            issues.push(TokenIssue::Decreasing {
+                name: name.to_owned(),
+                earlier,
+                later: (hold.id, token),
+            });
         }
     }
     issues
@@ -260,8 +395,10 @@ fn liveness(holds: &[Hold], input: &Input) -> Liveness {
 }
 
 /// For each hold whose lost signal fired, the first grant of its name to another hold after it
-/// started, if that came before the signal: the signal's lateness.
+/// started, if that came before the signal: the signal's lateness. Not for a semaphore's
+/// permits: another grant of the name does not take a permit's place.
 fn lost_signals(holds: &[Hold], input: &Input) -> Vec<LostSignal> {
+    let semaphores = semaphore_names(holds);
     let mut signals: Vec<LostSignal> = input
         .events
         .iter()
@@ -271,7 +408,9 @@ fn lost_signals(holds: &[Hold], input: &Input) -> Vec<LostSignal> {
                 worker: lost.worker,
                 handle: lost.handle,
             };
-            let own = holds.iter().find(|h| h.id == id && h.determinate)?;
+            let own = holds
+                .iter()
+                .find(|h| h.id == id && h.determinate && !semaphores.contains_key(&h.name))?;
             let first_other = holds
                 .iter()
                 .filter(|h| h.determinate && h.id != id && h.name == own.name)

@@ -43,6 +43,14 @@ impl Run {
         ok.valid_until = valid_until;
     }
 
+    /// [`acquire`](Self::acquire) of one of `permits` permits of a semaphore named "n".
+    fn permit(&mut self, t: u64, hold: HoldId, token: u64, valid_until: Option<u64>, permits: u32) {
+        self.acquire(t, hold, token, valid_until);
+        for event in self.events.iter_mut().rev().take(2) {
+            event.permits = Some(permits);
+        }
+    }
+
     fn release(&mut self, t: u64, hold: HoldId) {
         self.event(t, hold, Op::Release, Phase::Invoke);
         self.event(t + MS, hold, Op::Release, Phase::Ok);
@@ -538,4 +546,246 @@ fn a_lost_signal_after_another_grant_is_measured_from_that_grant() {
             .contains("lost signal: 1 holds learnt of a later grant"),
         "{report}"
     );
+}
+
+/// Four permits of a semaphore of `permits` held in a staircase: hold k is granted at
+/// (100 + 10k) ms and released at (200 + 10k) ms, so all four are valid from 130 to 200 ms.
+fn staircase(permits: u32) -> Run {
+    let mut run = Run::new();
+    for k in 0..4u64 {
+        let hold = id(u32::try_from(k).unwrap() + 1, 0);
+        run.permit((100 + 10 * k) * MS, hold, k + 1, None, permits);
+        run.rmw(hold, k + 1, k + 1);
+        run.release((200 + 10 * k) * MS, hold);
+    }
+    run
+}
+
+#[test]
+fn n_permits_held_at_once_are_accepted() {
+    let report = check(&staircase(4).input());
+    assert!(report.over_limit.is_empty(), "{report}");
+    assert!(report.overlaps.is_empty(), "{report}");
+    assert_eq!(report.semaphores.get("n"), Some(&4));
+    assert_eq!(report.peak_holders.get("n"), Some(&4));
+    // The register's refusals and lost adds between concurrent holders are not the lock's.
+    assert_eq!(Expect::CLEAN.check(&report), Ok(()), "{report}");
+    let apart = report.semaphore_register.as_ref().unwrap();
+    assert_eq!(apart.writes, 4);
+    assert!(report.register.writes == 0 && report.tokens.is_empty());
+    assert!(
+        report
+            .to_string()
+            .contains("semaphores: n (4 permits, at most 4 held at once); over the limit: 0"),
+        "{report}"
+    );
+}
+
+#[test]
+fn n_plus_one_permits_held_at_once_are_reported_with_the_holds() {
+    let report = check(&staircase(3).input());
+    assert_eq!(report.over_limit.len(), 1, "{report}");
+    let excess = &report.over_limit[0];
+    assert_eq!(excess.limit, 3);
+    assert_eq!(excess.name(), "n");
+    let ids: Vec<HoldId> = excess.holds.iter().map(|h| h.id).collect();
+    assert_eq!(ids, [id(1, 0), id(2, 0), id(3, 0), id(4, 0)]);
+    assert_eq!(excess.during(), (130 * MS, 200 * MS));
+    assert!(
+        report.overlaps.is_empty(),
+        "pairs are a lock's finding: {report}"
+    );
+    let unmet = Expect::CLEAN.check(&report).unwrap_err();
+    assert_eq!(unmet, "overlaps: expected 0, found 1");
+    assert_eq!(Expect::NEGATIVE_CONTROL.check(&report), Ok(()));
+    assert!(
+        report
+            .to_string()
+            .contains("n: 4 holds of a limit of 3 for 70.00ms"),
+        "{report}"
+    );
+
+    // Each grant beyond the limit is one finding: with two permits, holds 3 and 4 each
+    // found two others valid.
+    let report = check(&staircase(2).input());
+    let sizes: Vec<usize> = report.over_limit.iter().map(|o| o.holds.len()).collect();
+    assert_eq!(sizes, [3, 4], "{report}");
+}
+
+#[test]
+fn permits_that_only_touch_are_not_counted_together() {
+    // Three permits of two: the third is granted the very moment the first is released.
+    let mut run = Run::new();
+    run.permit(100 * MS, id(1, 0), 1, None, 2);
+    run.permit(110 * MS, id(2, 0), 2, None, 2);
+    run.permit(150 * MS, id(3, 0), 3, None, 2);
+    run.event(150 * MS, id(1, 0), Op::Release, Phase::Invoke);
+    // A fourth granted when the second's deadline passes.
+    run.permit(200 * MS, id(4, 0), 4, Some(300 * MS), 2);
+    run.events
+        .iter_mut()
+        .filter(|e| e.hold() == id(2, 0) && e.phase == Phase::Ok)
+        .for_each(|e| e.valid_until = Some(200 * MS));
+    let report = check(&run.input());
+    assert!(report.over_limit.is_empty(), "{report}");
+    assert_eq!(report.peak_holders.get("n"), Some(&2));
+}
+
+#[test]
+fn indeterminate_permits_are_never_counted() {
+    // Two permits of two held; a third acquire timed out, a fourth died mid-acquire, a fifth
+    // failed: none of them is a holder.
+    let mut run = Run::new();
+    run.permit(100 * MS, id(1, 0), 1, None, 2);
+    run.permit(110 * MS, id(2, 0), 2, None, 2);
+    for (worker, phase) in [(3, Some(Phase::Info)), (4, None), (5, Some(Phase::Fail))] {
+        run.event(120 * MS, id(worker, 0), Op::Acquire, Phase::Invoke)
+            .permits = Some(2);
+        if let Some(phase) = phase {
+            run.event(150 * MS, id(worker, 0), Op::Acquire, phase)
+                .permits = Some(2);
+        }
+    }
+    run.release(300 * MS, id(1, 0));
+    run.release(300 * MS, id(2, 0));
+    let report = check(&run.input());
+    assert!(report.over_limit.is_empty(), "{report}");
+    assert_eq!(report.holds.iter().filter(|h| !h.determinate).count(), 2);
+    assert_eq!(report.peak_holders.get("n"), Some(&2));
+}
+
+#[test]
+fn a_lock_granted_while_permits_are_held_is_over_the_limit() {
+    // The contract refuses a lock on a name held as a semaphore: a lock among permits is one
+    // holder too many, whatever the semaphore's limit.
+    let mut run = Run::new();
+    run.permit(100 * MS, id(1, 0), 1, None, 3);
+    run.acquire(110 * MS, id(2, 0), 2, None);
+    run.release(200 * MS, id(1, 0));
+    run.release(210 * MS, id(2, 0));
+    // Later, the name free, a lock alone and then permits are fine.
+    run.acquire(300 * MS, id(3, 0), 3, None);
+    run.release(350 * MS, id(3, 0));
+    run.permit(400 * MS, id(4, 0), 4, None, 3);
+    run.permit(410 * MS, id(5, 0), 5, None, 3);
+    let report = check(&run.input());
+    assert_eq!(report.over_limit.len(), 1, "{report}");
+    assert_eq!(report.over_limit[0].limit, 1);
+    let ids: Vec<HoldId> = report.over_limit[0].holds.iter().map(|h| h.id).collect();
+    assert_eq!(ids, [id(1, 0), id(2, 0)]);
+}
+
+#[test]
+fn a_semaphore_of_one_permit_is_checked_as_a_lock() {
+    let mut run = Run::new();
+    run.permit(100 * MS, id(1, 0), 1, None, 1);
+    run.permit(150 * MS, id(2, 0), 2, None, 1);
+    let report = check(&run.input());
+    assert!(report.semaphores.is_empty(), "{report}");
+    assert_eq!(report.overlaps.len(), 1, "{report}");
+    assert!(report.over_limit.is_empty());
+}
+
+#[test]
+fn a_lock_run_is_checked_as_before_beside_a_semaphore() {
+    // The clean three-worker run of locks on "n", plus permits of another name: the lock's
+    // report is what it is alone, register and all.
+    let alone = check(&clean_run().input());
+    let mut run = clean_run();
+    let mut input = run.input();
+    for k in 0..4u64 {
+        let hold = id(10 + u32::try_from(k).unwrap(), 0);
+        let t = (100 + 10 * k) * MS;
+        input
+            .events
+            .push(Event::at(t - MS, RUN, hold, "s", Op::Acquire, Phase::Invoke).permits(Some(3)));
+        input.events.push(
+            Event::at(t, RUN, hold, "s", Op::Acquire, Phase::Ok)
+                .token(100 + k)
+                .permits(Some(3)),
+        );
+        let base = run.fenced.read("s").set;
+        run.fenced.write("s", 100 + k, hold, base, 100 + k);
+    }
+    input.register = run.fenced.snapshot();
+    let mixed = check(&input);
+    assert_eq!(mixed.overlaps, alone.overlaps);
+    assert_eq!(mixed.register, alone.register);
+    assert_eq!(mixed.shadow, alone.shadow);
+    assert_eq!(mixed.tokens, alone.tokens);
+    assert_eq!(mixed.over_limit.len(), 1, "four permits of three: {mixed}");
+    assert_eq!(mixed.semaphore_register.as_ref().unwrap().writes, 4);
+    assert!(alone.semaphores.is_empty() && alone.semaphore_register.is_none());
+}
+
+#[test]
+fn semaphore_tokens_rise_in_real_time_not_in_return_order() {
+    // Two grants in flight at once may return in either order: 2 returns before 1.
+    let mut run = Run::new();
+    run.event(100 * MS, id(1, 0), Op::Acquire, Phase::Invoke)
+        .permits = Some(3);
+    run.event(101 * MS, id(2, 0), Op::Acquire, Phase::Invoke)
+        .permits = Some(3);
+    let ok = run.event(110 * MS, id(2, 0), Op::Acquire, Phase::Ok);
+    ok.token = Some(2);
+    ok.permits = Some(3);
+    let ok = run.event(120 * MS, id(1, 0), Op::Acquire, Phase::Ok);
+    ok.token = Some(1);
+    ok.permits = Some(3);
+    let report = check(&run.input());
+    assert!(report.tokens.is_empty(), "{report}");
+
+    // But an acquire invoked after a grant returned must get a higher token, and no two share
+    // one.
+    run.permit(200 * MS, id(3, 0), 1, None, 3);
+    let report = check(&run.input());
+    assert!(
+        report.tokens.contains(&TokenIssue::Decreasing {
+            name: "n".into(),
+            earlier: (id(2, 0), 2),
+            later: (id(3, 0), 1),
+        }),
+        "{report}"
+    );
+    assert!(
+        report.tokens.contains(&TokenIssue::Duplicate {
+            name: "n".into(),
+            token: 1,
+            holds: (id(1, 0), id(3, 0)),
+        }),
+        "{report}"
+    );
+    assert_eq!(report.tokens.len(), 2, "{report}");
+}
+
+#[test]
+fn semaphore_registers_keep_their_integrity_checks() {
+    // A permit writes with two tokens: one token is one permit, still.
+    let mut run = Run::new();
+    run.permit(100 * MS, id(1, 0), 1, None, 3);
+    run.permit(110 * MS, id(2, 0), 2, None, 3);
+    run.rmw(id(1, 0), 1, 1);
+    run.rmw(id(1, 0), 7, 2);
+    let report = check(&run.input());
+    assert_eq!(
+        report
+            .semaphore_register
+            .as_ref()
+            .unwrap()
+            .integrity_faults(),
+        1,
+        "{report}"
+    );
+    let unmet = Expect::CLEAN.check(&report).unwrap_err();
+    assert_eq!(unmet, "register integrity faults: expected 0, found 1");
+}
+
+#[test]
+fn a_spec_and_a_history_without_permits_read_as_a_lock() {
+    let line = r#"{"run":"r","worker":1,"pid":7,"handle":0,"name":"n","op":"acquire","phase":"ok","t":5,"token":3}"#;
+    let event: Event = serde_json::from_str(line).unwrap();
+    assert_eq!(event.permits, None);
+    assert!(!serde_json::to_string(&event).unwrap().contains("permits"));
+    let with = serde_json::to_string(&event.clone().permits(Some(3))).unwrap();
+    assert!(with.contains(r#""permits":3"#), "{with}");
 }

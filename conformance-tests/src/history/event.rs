@@ -94,6 +94,11 @@ pub struct Event {
     /// The error, for `fail` and `info`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub err: Option<String>,
+    /// On `acquire` events of a semaphore, its number of permits: the hold is one of that many
+    /// that may be valid at once. None for a lock (one holder at a time), so a history written
+    /// before semaphores reads as it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
 }
 
 impl Event {
@@ -111,6 +116,7 @@ impl Event {
             token: None,
             valid_until: None,
             err: None,
+            permits: None,
         }
     }
 
@@ -136,6 +142,12 @@ impl Event {
     /// With a deadline (host-clock nanoseconds).
     pub fn valid_until(mut self, ns: u64) -> Self {
         self.valid_until = Some(ns);
+        self
+    }
+
+    /// With a semaphore's number of permits (`None`: a lock).
+    pub fn permits(mut self, permits: Option<u32>) -> Self {
+        self.permits = permits;
         self
     }
 

@@ -10,6 +10,16 @@
 //!
 //! An acquire whose outcome is unknown (phase `info`, or no outcome because the worker died) is
 //! an *indeterminate* hold: listed, but never accused of an overlap.
+//!
+//! ## Locks and semaphores
+//! A lock's holds must not meet at all: [`overlaps`] reports every pair that does. A name that a
+//! hold took as one of N > 1 permits of a semaphore (its acquire events record N) may have up to
+//! N holds valid at once: [`over_limit`] sweeps its holds in start order and reports each grant
+//! that made more valid at one moment than the limit, with the holds valid then. The limit at a
+//! moment is the smallest any of the holds valid then recorded (a lock counts as one), so a lock
+//! granted while permits of its name were held is caught too, while a name used as a semaphore
+//! now and as a lock later is judged by what each moment held. The same conservative intervals
+//! serve both, so an excess reported really happened.
 
 use std::collections::BTreeMap;
 
@@ -49,12 +59,44 @@ pub struct Hold {
     pub token: Option<u64>,
     /// False if the acquire's outcome is unknown.
     pub determinate: bool,
+    /// The semaphore's number of permits its acquire asked for; `None` for a lock.
+    pub permits: Option<u32>,
 }
 
 impl Hold {
     /// Whether the hold lasted any time at all (a guard returned already expired did not).
     pub fn is_empty(&self) -> bool {
         self.end <= self.start
+    }
+
+    /// How many holds of its name, itself included, may be valid while it is: its permits, 1
+    /// for a lock.
+    pub fn limit(&self) -> u32 {
+        self.permits.unwrap_or(1)
+    }
+}
+
+/// A grant that made more determinate holds of a semaphore's name valid at one moment than its
+/// limit: the holds valid as the last of them started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverLimit {
+    /// The limit then: the fewest permits any of `holds` asked for.
+    pub limit: u32,
+    /// The holds valid at `holds.last().start`, in start order; more than `limit` of them.
+    pub holds: Vec<Hold>,
+}
+
+impl OverLimit {
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        self.holds.first().map_or("", |h| h.name.as_str())
+    }
+
+    /// The interval `[from, to)` in which all of them were valid.
+    pub fn during(&self) -> (u64, u64) {
+        let from = self.holds.iter().map(|h| h.start).max().unwrap_or(0);
+        let to = self.holds.iter().map(|h| h.end).min().unwrap_or(0);
+        (from, to)
     }
 }
 
@@ -151,19 +193,82 @@ fn hold_of(id: HoldId, events: &[&Event], death: Option<u64>) -> Option<Hold> {
         ended_by,
         token: outcome.token,
         determinate,
+        permits: outcome.permits.or(invoke.and_then(|e| e.permits)),
     })
 }
 
-/// Every pair of determinate, non-empty holds of one name whose `[start, end)` intersect:
-/// per name, a sweep over the holds sorted by start, keeping those not yet ended.
-pub fn overlaps(holds: &[Hold]) -> Vec<Overlap> {
+/// The names some hold took as one of more than one permit, with the most permits asked: the
+/// names judged as semaphores ([`over_limit`]) rather than as locks ([`overlaps`]).
+pub fn semaphore_names(holds: &[Hold]) -> BTreeMap<String, u32> {
+    let mut names: BTreeMap<String, u32> = BTreeMap::new();
+    for hold in holds.iter().filter(|h| h.limit() > 1) {
+        let most = names.entry(hold.name.clone()).or_default();
+        *most = (*most).max(hold.limit());
+    }
+    names
+}
+
+/// Determinate, non-empty holds of each name, sorted by start (then id).
+fn by_name<'h>(holds: impl Iterator<Item = &'h Hold>) -> BTreeMap<&'h str, Vec<&'h Hold>> {
     let mut by_name: BTreeMap<&str, Vec<&Hold>> = BTreeMap::new();
-    for hold in holds.iter().filter(|h| h.determinate && !h.is_empty()) {
+    for hold in holds.filter(|h| h.determinate && !h.is_empty()) {
         by_name.entry(&hold.name).or_default().push(hold);
     }
-    let mut found = Vec::new();
-    for (_, mut holds) in by_name {
+    for holds in by_name.values_mut() {
         holds.sort_by_key(|h| (h.start, h.id));
+    }
+    by_name
+}
+
+/// Per semaphore name (see [`semaphore_names`]), each grant after which more determinate,
+/// non-empty holds were valid than the limit then: a sweep over the holds in start order,
+/// keeping those not yet ended (`[start, end)`: a hold ending as another starts does not meet
+/// it). Indeterminate holds are never counted. Names of locks only are left to [`overlaps`].
+pub fn over_limit(holds: &[Hold]) -> Vec<OverLimit> {
+    let semaphores = semaphore_names(holds);
+    let mut found = Vec::new();
+    for (_, holds) in by_name(holds.iter().filter(|h| semaphores.contains_key(&h.name))) {
+        let mut active: Vec<&Hold> = Vec::new();
+        for hold in holds {
+            active.retain(|a| a.end > hold.start);
+            active.push(hold);
+            let limit = active.iter().map(|h| h.limit()).min().unwrap_or(1);
+            if active.len() > usize::try_from(limit).unwrap_or(usize::MAX) {
+                found.push(OverLimit {
+                    limit,
+                    holds: active.iter().map(|h| (*h).clone()).collect(),
+                });
+            }
+        }
+    }
+    found
+}
+
+/// Per semaphore name, the most determinate holds valid at one moment: how far the run used
+/// its permits (a measurement; [`over_limit`] judges).
+pub fn peak_holders(holds: &[Hold]) -> BTreeMap<String, usize> {
+    let semaphores = semaphore_names(holds);
+    let mut peaks = BTreeMap::new();
+    for (name, holds) in by_name(holds.iter().filter(|h| semaphores.contains_key(&h.name))) {
+        let mut active: Vec<&Hold> = Vec::new();
+        let mut peak = 0;
+        for hold in holds {
+            active.retain(|a| a.end > hold.start);
+            active.push(hold);
+            peak = peak.max(active.len());
+        }
+        peaks.insert(name.to_owned(), peak);
+    }
+    peaks
+}
+
+/// Every pair of determinate, non-empty holds of one lock's name whose `[start, end)`
+/// intersect: per name, a sweep over the holds sorted by start, keeping those not yet ended.
+/// Semaphore names (see [`semaphore_names`]) are left to [`over_limit`].
+pub fn overlaps(holds: &[Hold]) -> Vec<Overlap> {
+    let semaphores = semaphore_names(holds);
+    let mut found = Vec::new();
+    for (_, holds) in by_name(holds.iter().filter(|h| !semaphores.contains_key(&h.name))) {
         let mut active: Vec<&Hold> = Vec::new();
         for hold in holds {
             active.retain(|a| a.end > hold.start);

@@ -23,7 +23,8 @@
 //!   ([`RegisterClient::rmw`]).
 //! - [`holds`]: the intervals in which a worker believed it held a lock, counted
 //!   conservatively (from the grant's return to the first of release, loss, deadline, death),
-//!   and the overlaps between them.
+//!   and the overlaps between them; for a semaphore of N permits, the moments more than N were
+//!   valid at once.
 //! - [`fence`]: the register logs replayed: stale writes refused and accepted, lost updates,
 //!   interleaved writers, tokens shared between holds.
 //! - [`checker`]: all of it from an [`Input`] to a typed [`Report`], plus token order and
@@ -86,7 +87,7 @@ pub use event::{
 };
 pub use expect::{Count, Expect};
 pub use fence::{Interleaving, LostAdd, RegisterFindings, StaleWrite, TokenConflict};
-pub use holds::{End, Hold, Overlap};
+pub use holds::{End, Hold, OverLimit, Overlap};
 pub use register::{Register, RegisterKind, RegisterSnapshot, RegisterValue, WriteRecord};
 pub use register_service::{RegisterClient, RegisterServer, Rmw};
 pub use verdict::fmt_ns;

@@ -7,7 +7,7 @@ use std::fmt;
 
 use super::checker::{Report, TokenIssue};
 use super::fence::RegisterFindings;
-use super::holds::{Hold, Overlap};
+use super::holds::{Hold, OverLimit, Overlap};
 
 /// Nanoseconds as a short human duration: `850ns`, `12.3µs`, `4.56ms`, `2.001s`.
 pub fn fmt_ns(ns: u64) -> String {
@@ -86,6 +86,28 @@ impl fmt::Display for Overlap {
     }
 }
 
+impl fmt::Display for OverLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (from, to) = self.during();
+        let length = if to == u64::MAX {
+            "open".to_owned()
+        } else {
+            fmt_ns(to.saturating_sub(from))
+        };
+        write!(
+            f,
+            "{}: {} holds of a limit of {} for {length}:",
+            self.name(),
+            self.holds.len(),
+            self.limit
+        )?;
+        for hold in &self.holds {
+            write!(f, " {hold};")?;
+        }
+        Ok(())
+    }
+}
+
 /// How many findings a report line lists before "… and N more".
 const SHOWN: usize = 5;
 
@@ -145,10 +167,37 @@ impl fmt::Display for Report {
         )?;
         writeln!(f, "overlaps: {}", self.overlaps.len())?;
         list(f, &self.overlaps)?;
+        if !self.semaphores.is_empty() {
+            let names: Vec<String> = self
+                .semaphores
+                .iter()
+                .map(|(name, permits)| {
+                    let peak = self.peak_holders.get(name).copied().unwrap_or(0);
+                    format!("{name} ({permits} permits, at most {peak} held at once)")
+                })
+                .collect();
+            writeln!(
+                f,
+                "semaphores: {}; over the limit: {}",
+                names.join(", "),
+                self.over_limit.len()
+            )?;
+            list(f, &self.over_limit)?;
+        }
         register_line(f, "fenced register", &self.register)?;
         match &self.shadow {
             Some(shadow) => register_line(f, "shadow register", shadow)?,
             None => writeln!(f, "shadow register: none")?,
+        }
+        if let Some(register) = &self.semaphore_register {
+            register_line(
+                f,
+                "fenced register, semaphores (integrity judged)",
+                register,
+            )?;
+        }
+        if let Some(shadow) = &self.semaphore_shadow {
+            register_line(f, "shadow register, semaphores (reported)", shadow)?;
         }
         let max = self.max_token.map_or("none".to_owned(), |t| t.to_string());
         writeln!(f, "tokens: {} issues; max token {max}", self.tokens.len())?;

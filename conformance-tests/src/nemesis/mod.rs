@@ -93,7 +93,8 @@ impl Run {
         })
     }
 
-    /// A worker's spec for this run: `rounds` rounds over `names`, thinking up to `think`.
+    /// A worker's spec for this run: `rounds` rounds over `names`, thinking up to `think`, each
+    /// round taking the lock (set [`WorkerSpec::permits`] for a semaphore's permit).
     pub fn spec(
         &self,
         worker: u32,
@@ -118,6 +119,7 @@ impl Run {
             ready_pause: None,
             seed: self.seed,
             run_for: None,
+            permits: None,
         }
     }
 

@@ -1,7 +1,8 @@
 //! The worker's side: the test binary re-executed as a lock user that logs everything it does.
 //!
 //! A worker takes locks of the run's names one round at a time: acquire, read the fenced
-//! register and its shadow, think, write both back with the guard's token, release. Every step
+//! register and its shadow, think, write both back with the guard's token, release. Given a
+//! number of permits ([`WorkerSpec::permits`]), it takes one permit of a semaphore instead. Every step
 //! goes to its history file before and after the call, stamped with the host's monotonic clock,
 //! so the checker can decide afterwards from the records alone what happened, whatever the
 //! harness did to the process meanwhile (pause it, kill it).
@@ -60,6 +61,12 @@ pub struct WorkerSpec {
     /// the long run's workers run for a time, not a count.
     #[serde(default)]
     pub run_for: Option<Duration>,
+    /// A semaphore's number of permits: each round takes one of them
+    /// ([`acquire_permit`](DistributedLock::acquire_permit)) instead of the lock, and its
+    /// acquire events record the number for the checker. `None` (the default, and what a spec
+    /// written without it reads as): a lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
 }
 
 /// The element a hold adds to the register: unique per worker and round.
@@ -112,7 +119,7 @@ pub(crate) async fn run_rounds(
         // the lock's requests themselves, not a first use's set-up (a script to load, a statement
         // to prepare). Nobody else runs yet, so this hold needs no record.
         if let Some(name) = spec.names.first() {
-            let guard = acquire(&*client, name, &options)
+            let guard = acquire(&*client, name, spec.permits, &options)
                 .await
                 .map_err(|e| format!("warm-up: {e}"))?;
             guard.release().await.map_err(|e| format!("warm-up: {e}"))?;
@@ -134,11 +141,13 @@ pub(crate) async fn run_rounds(
         };
         let name = &spec.names[rng.random_range(..spec.names.len())];
         let at = |op, phase| Event::now(&spec.run, hold, name, op, phase);
-        log(at(Op::Acquire, Phase::Invoke))?;
+        // Acquire events carry the semaphore's limit: the checker judges the hold by it.
+        let acquire_at = |phase| at(Op::Acquire, phase).permits(spec.permits);
+        log(acquire_at(Phase::Invoke))?;
         if spec.announce {
             say(&format!("acquiring {}", hold.handle))?;
         }
-        let guard = match acquire(&*client, name, &options).await {
+        let guard = match acquire(&*client, name, spec.permits, &options).await {
             Ok(guard) => guard,
             Err(error) => {
                 // An unreachable server may have granted it anyway: outcome unknown.
@@ -147,7 +156,7 @@ pub(crate) async fn run_rounds(
                 } else {
                     Phase::Fail
                 };
-                log(at(Op::Acquire, phase).err(error.to_string()))?;
+                log(acquire_at(phase).err(error.to_string()))?;
                 if stop_at.is_some() {
                     // A run for a time goes on through faults: an outage that fails every
                     // attempt at once must not fill the history with them.
@@ -157,7 +166,7 @@ pub(crate) async fn run_rounds(
             }
         };
         let token = guard.fencing_token().get();
-        let mut granted = at(Op::Acquire, Phase::Ok).token(token);
+        let mut granted = acquire_at(Phase::Ok).token(token);
         if let Some(deadline) = guard.valid_until() {
             granted = granted.valid_until(tokio_deadline_ns(deadline));
         }
@@ -246,12 +255,18 @@ pub(crate) async fn run_rounds(
     Ok(())
 }
 
+/// The lock, or one of `permits` permits of the semaphore.
 async fn acquire(
     client: &dyn DistributedLock,
     name: &str,
+    permits: Option<u32>,
     options: &LockOptions,
 ) -> dlock_api::Result<LockGuard> {
-    client.acquire(&LockName::new(name)?, options).await
+    let name = LockName::new(name)?;
+    match permits {
+        None => client.acquire(&name, options).await,
+        Some(permits) => client.acquire_permit(&name, permits, options).await,
+    }
 }
 
 /// Tells the harness where this worker process is: `ready` (connected), `acquiring <handle>`
