@@ -85,6 +85,11 @@ pub(crate) const FENCED_WORKERS: Needs = Needs {
     fencing: true,
     ..NONE
 };
+/// The worker cases on semaphores: workers, fencing and at least 3 permits.
+const SEMAPHORE_WORKERS: Needs = Needs {
+    semaphore: true,
+    ..FENCED_WORKERS
+};
 const OWN_SERVER: Needs = Needs {
     fencing: true,
     fault: Some(Fault::OwnServer),
@@ -103,6 +108,10 @@ const PROXY_CHILDREN: Needs = Needs {
     fencing: true,
     fault: Some(Fault::ProxyLink),
     ..NONE
+};
+const SEMAPHORE_PROXY_CHILDREN: Needs = Needs {
+    semaphore: true,
+    ..PROXY_CHILDREN
 };
 const AMNESIA_CHILDREN: Needs = Needs {
     child_process: true,
@@ -220,6 +229,14 @@ static CASES: &[Case] = &[
         faults::killed_at_random_points_leaves_nothing,
         FENCED_WORKERS
     ),
+    case!(
+        faults::semaphore_workers_keep_to_the_limit,
+        SEMAPHORE_WORKERS
+    ),
+    case!(
+        faults::semaphore_workers_paused_and_killed,
+        SEMAPHORE_WORKERS
+    ),
     case!(faults::tokens_rise_across_server_restarts, OWN_SERVER),
     case!(
         faults::server_restart_while_held_is_lost_or_kept,
@@ -235,6 +252,10 @@ static CASES: &[Case] = &[
     case!(
         faults::lost_release_reply_spares_the_next_holder,
         PROXY_CHILDREN
+    ),
+    case!(
+        faults::semaphore_partitioned_holder_keeps_to_the_limit,
+        SEMAPHORE_PROXY_CHILDREN
     ),
     case!(
         faults::frozen_server_holds_no_one_twice,

@@ -7,12 +7,14 @@
 //! killed), to the server process (`restarts`: restarted, crashed, frozen, killed), to the link
 //! between them (`links`: cut, slowed, replies lost or held back), and to what the deployment
 //! remembers (`amnesia`); `long` runs a mixed load through every client-side fault in turn, for
-//! a time. What they share is in `steps`.
+//! a time; `semaphores` runs worker, pause, kill and partition cases on semaphores' permits,
+//! judged against their limit. What they share is in `steps`.
 
 mod amnesia;
 mod links;
 mod long;
 mod restarts;
+mod semaphores;
 mod steps;
 mod workers;
 
@@ -26,6 +28,10 @@ pub use long::{LongRun, long_run_under_every_nemesis};
 pub use restarts::{
     dead_or_frozen_server_answers_unavailable, frozen_server_holds_no_one_twice,
     server_restart_while_held_is_lost_or_kept, tokens_rise_across_server_restarts,
+};
+pub use semaphores::{
+    semaphore_partitioned_holder_keeps_to_the_limit, semaphore_workers_keep_to_the_limit,
+    semaphore_workers_paused_and_killed,
 };
 pub(super) use steps::{announced, verify};
 pub use workers::{
