@@ -381,18 +381,7 @@ fn a_register_breaking_its_own_rule_fails_every_profile() {
         register: findings,
         ..Report::default()
     };
-    let any = Expect {
-        overlaps: Count::Any,
-        stale_attempts: Count::Any,
-        stale_accepted: Count::Any,
-        lost_updates: Count::Any,
-        interleavings: Count::Any,
-        token_issues: Count::Any,
-        residue: Count::Any,
-        shadow_lost: Count::Any,
-        recovery_within: None,
-    };
-    let unmet = any.check(&report).unwrap_err();
+    let unmet = Expect::ANY.check(&report).unwrap_err();
     assert_eq!(unmet, "register integrity faults: expected 0, found 2");
 }
 

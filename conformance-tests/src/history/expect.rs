@@ -130,6 +130,20 @@ impl Expect {
         recovery_within: None,
     };
 
+    /// Judges nothing but what no profile may allow (see the [module docs](self)): a base for
+    /// a profile that asks for one finding alone.
+    pub const ANY: Self = Self {
+        overlaps: Count::Any,
+        stale_attempts: Count::Any,
+        stale_accepted: Count::Any,
+        lost_updates: Count::Any,
+        interleavings: Count::Any,
+        token_issues: Count::Any,
+        residue: Count::Any,
+        shadow_lost: Count::Any,
+        recovery_within: None,
+    };
+
     /// `Ok` if `report` meets every count, else one line per unmet check.
     pub fn check(&self, report: &Report) -> Result<(), String> {
         let register = &report.register;

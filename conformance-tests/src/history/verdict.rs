@@ -68,14 +68,18 @@ impl fmt::Display for Hold {
     }
 }
 
+/// How long `[from, to)` lasted; `open` if it never ended.
+fn length((from, to): (u64, u64)) -> String {
+    if to == u64::MAX {
+        "open".to_owned()
+    } else {
+        fmt_ns(to.saturating_sub(from))
+    }
+}
+
 impl fmt::Display for Overlap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (from, to) = self.during();
-        let length = if to == u64::MAX {
-            "open".to_owned()
-        } else {
-            fmt_ns(to.saturating_sub(from))
-        };
+        let length = length(self.during());
         write!(
             f,
             "{}: {} and {} for {length}",
@@ -88,12 +92,7 @@ impl fmt::Display for Overlap {
 
 impl fmt::Display for OverLimit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (from, to) = self.during();
-        let length = if to == u64::MAX {
-            "open".to_owned()
-        } else {
-            fmt_ns(to.saturating_sub(from))
-        };
+        let length = length(self.during());
         write!(
             f,
             "{}: {} holds of a limit of {} for {length}:",
