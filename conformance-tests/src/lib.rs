@@ -66,6 +66,16 @@
 //! ([`nemesis::clock::SteppedClock`]) and steps their wall clock an hour each way mid-hold;
 //! it needs only what `exclusion_is_history_checked` needs, plus the `faketime` package.
 //!
+//! **Semaphores** go through the same suite where a backend keeps at least three permits
+//! ([`Capabilities::max_permits`](dlock_api::Capabilities::max_permits)): the
+//! `faults::semaphore_*` cases give their workers a number of permits
+//! ([`nemesis::worker::WorkerSpec::permits`]), so each round takes one of three permits instead
+//! of the lock, under no fault, a paused and a killed holder, and a partitioned one. The checker
+//! counts each name's holds against its limit instead of any two, and judges of the register
+//! only what still holds with several token holders at once ([`history::checker`],
+//! "Semaphores"); "nothing lost" is checked on the permits themselves: all of them can be held
+//! at once after the faults.
+//!
 //! **The long run** ([`cases::faults::long_run_under_every_nemesis`], [`run_long`]) is the
 //! fault suite's soak: six or more workers (half behind a fault proxy where the harness can put
 //! one in front of the deployment) take locks of a few names at random, holding each for a
