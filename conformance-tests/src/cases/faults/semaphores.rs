@@ -67,8 +67,8 @@ pub async fn semaphore_workers_keep_to_the_limit(ctx: Ctx) -> CaseResult {
 
 /// **A paused and a killed permit holder.** Of a name's three permits, one is held by a worker
 /// stopped with `SIGSTOP` between reading the register and writing it, for three lease TTLs,
-/// and one by a worker killed (`SIGKILL`) while it holds; four more workers run rounds on the
-/// name meanwhile, then the paused one resumes and writes and releases late, as a process that
+/// and one by a worker killed (`SIGKILL`) while it holds; four more workers run rounds on that
+/// name and a second one meanwhile, then the paused one resumes and writes and releases late, as a process that
 /// does not check would.
 ///
 /// - TTL leases: the paused holder's permit ends at its deadline and the dead one's at its TTL,
@@ -83,18 +83,20 @@ pub async fn semaphore_workers_keep_to_the_limit(ctx: Ctx) -> CaseResult {
 /// CONTRACT: "At most N" and "Permits come back" (Semaphores) under a paused and a dead holder.
 pub async fn semaphore_workers_paused_and_killed(ctx: Ctx) -> CaseResult {
     let run = Run::start(&ctx).await?;
-    let names = [ctx.name("sem")];
+    // The paused and the dead holder hold permits of the first name; the others work on both.
+    let names = [ctx.name("sem"), ctx.name("other")];
+    let held = std::slice::from_ref(&names[0]);
     let timing = ctx.timing();
     let ttl = timing.short_ttl;
     let pause = ttl.saturating_mul(3);
-    let mut frozen_spec = run.spec(1, &names, 1, ttl, timing.bound, Duration::from_millis(300));
+    let mut frozen_spec = run.spec(1, held, 1, ttl, timing.bound, Duration::from_millis(300));
     frozen_spec.announce = true;
     frozen_spec.permits = Some(PERMITS);
     let mut frozen = run.spawn(&frozen_spec)?;
     holding(&ctx, &mut frozen).await?;
     run.pause(&frozen)?;
     // It would think a whole lease: the kill lands while it holds.
-    let mut doomed_spec = run.spec(2, &names, 1, ttl, timing.bound, ttl);
+    let mut doomed_spec = run.spec(2, held, 1, ttl, timing.bound, ttl);
     doomed_spec.announce = true;
     doomed_spec.permits = Some(PERMITS);
     let mut doomed = run.spawn(&doomed_spec)?;
@@ -105,7 +107,7 @@ pub async fn semaphore_workers_paused_and_killed(ctx: Ctx) -> CaseResult {
         let wait = pause
             .saturating_add(timing.crash_bound)
             .saturating_add(timing.bound);
-        let mut spec = run.spec(id, &names, 16, ttl, wait, THINK.saturating_mul(2));
+        let mut spec = run.spec(id, &names, 24, ttl, wait, THINK.saturating_mul(2));
         spec.permits = Some(PERMITS);
         others.push(run.spawn(&spec)?);
     }
