@@ -71,8 +71,19 @@ macro_rules! lua_take_token {
     () => {
         concat!(
             r"
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local prior = redis.call('GET', fence) or '0'
+",
+            lua_take_token_after_prior!()
+        )
+    };
+}
+
+/// [`lua_take_token!`] for a script that has read the fence's value into `prior` already.
+macro_rules! lua_take_token_after_prior {
+    () => {
+        concat!(
+            r"
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local token = math.max(tonumber(string.match(prior, '^%d+')) + 1, now)
 local keep = ",
             fence_keep_ms!(),

@@ -15,60 +15,64 @@
 /// an acquire that reached the server twice gets a new token, above the one whose reply was
 /// lost); `{0, ms until the earliest permit's lease ends}` when all are taken; `{-1, in_use}`
 /// when the name is in use with another number of permits (a lock, held or with waiters
-/// queued, counts as one). A grant sets the lock key's mark and both keys' TTL to the latest
-/// lease of the name, so a semaphore used once leaves nothing behind.
+/// queued, counts as one: a queue mark on the fence, checked against the queue itself). A grant
+/// keeps the lock key's mark and the set at least as long as its lease, and no longer than the
+/// latest live lease, so a semaphore used once leaves nothing behind.
 pub(crate) const ACQUIRE_PERMIT: &str = concat!(
     r"
 local lock, permits, fence, queue = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, limit = ARGV[1], tonumber(ARGV[3])
+local owner, ttl, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local mark = redis.call('GET', lock)
 if mark then
   local in_use = tonumber(string.match(mark, '^#permits:(%d+)$') or '1')
   if in_use ~= limit then return {-1, in_use} end
-elseif redis.call('EXISTS', queue) == 1 then
-  return {-1, 1}
 end
+local prior = redis.call('GET', fence) or '0'
+if string.sub(prior, -1) == '+' and redis.call('EXISTS', queue) == 1 then return {-1, 1} end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', permits, '-inf', now_ms)
-if not redis.call('ZSCORE', permits, owner) and redis.call('ZCARD', permits) >= limit then
-  local first = redis.call('ZRANGE', permits, 0, 0, 'WITHSCORES')
-  return {0, math.max(tonumber(first[2]) - now_ms, 1)}
+local held = 0
+if redis.call('ZADD', permits, 'NX', now_ms + ttl, owner) == 0 then
+  redis.call('ZADD', permits, 'XX', now_ms + ttl, owner)
+else
+  held = redis.call('ZCARD', permits)
+  if held > limit then
+    redis.call('ZREM', permits, owner)
+    local first = redis.call('ZRANGE', permits, 0, 0, 'WITHSCORES')
+    return {0, math.max(tonumber(first[2]) - now_ms, 1)}
+  end
 end
-redis.call('ZADD', permits, now_ms + tonumber(ARGV[2]), owner)
-local last = redis.call('ZRANGE', permits, -1, -1, 'WITHSCORES')
-local keep = math.max(tonumber(last[2]) - now_ms, 1)
-redis.call('SET', lock, '#permits:' .. ARGV[3], 'PX', keep)
-redis.call('PEXPIRE', permits, keep)
+-- The only live permit (a set made just now, without a TTL yet) sets both keys' TTL to its
+-- lease; any other raises them to its lease if they would end sooner.
+if not mark or held == 1 or redis.call('PTTL', lock) < ttl then
+  redis.call('SET', lock, '#permits:' .. ARGV[3], 'PX', ttl)
+  redis.call('PEXPIRE', permits, ttl)
+end
 local queued = false
 ",
-    lua_take_token!(),
+    lua_take_token_after_prior!(),
     r"
-return {1, token, tonumber(ARGV[2])}
+return {1, token, ttl}
 "
 );
 
 /// Gives a permit back. KEYS: lock, permits. ARGV: owner, channel.
 ///
-/// Returns 1 when the caller's permit was live and is now free (announced `free` on the
-/// channel, so waiters try again), else 0: a permit released twice, or whose lease ended, adds
-/// nothing. The last permit out deletes the lock key's mark.
+/// Returns 1 when the caller's permit was in the set and is now out of it (announced `free` on
+/// the channel, so waiters try again), else 0: a permit released twice, or whose place was
+/// taken after its lease ended, adds nothing (one whose lease ended but was not yet trimmed
+/// counted for nobody, and its guard knows it is lost before it asks). The last permit out
+/// deletes the lock key's mark.
 pub(crate) const RELEASE_PERMIT: &str = concat!(
     r"
-local lock, permits = KEYS[1], KEYS[2]
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local score = redis.call('ZSCORE', permits, ARGV[1])
-if not score then return 0 end
-redis.call('ZREM', permits, ARGV[1])
-redis.call('ZREMRANGEBYSCORE', permits, '-inf', now_ms)
-if redis.call('ZCARD', permits) == 0 then
-  local mark = redis.call('GET', lock)
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
+if redis.call('ZCARD', KEYS[2]) == 0 then
+  local mark = redis.call('GET', KEYS[1])
   if mark and string.byte(mark, 1) == ",
     permits_mark_byte!(),
-    r" then redis.call('DEL', lock) end
+    r" then redis.call('DEL', KEYS[1]) end
 end
-if tonumber(score) <= now_ms then return 0 end
 redis.call('PUBLISH', ARGV[2], 'free')
 return 1
 "
