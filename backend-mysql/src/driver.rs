@@ -5,8 +5,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_api::LockError;
 use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, Waited};
+use dlock_api::{LockError, LockName};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
 
@@ -205,6 +205,7 @@ impl SessionDriver for MySqlDriver {
     async fn try_lock(
         &self,
         conn: &mut MySqlConnection,
+        _name: &LockName,
         key: &Arc<str>,
     ) -> Result<Option<u64>, DriverError> {
         match self.run(conn, &self.acquire(key, Duration::ZERO)).await? {

@@ -4,8 +4,9 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_api::raw::permits_mismatch;
 use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, Waited};
-use dlock_api::{LockError, Result};
+use dlock_api::{LockError, LockName, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::time::timeout;
@@ -15,9 +16,23 @@ use crate::error::{
     LOCK_NOT_AVAILABLE, QUERY_CANCELED, is_connection_error, map_err, sqlstate, timed_out,
 };
 use crate::fence::Fence;
-use crate::key::RawKey;
+use crate::key::{RawKey, limit_key, slot_key};
 use crate::sql::{self, Sql};
 use crate::tls;
+
+/// The most permits a semaphore has here. Each permit attempt carries every slot's key and
+/// probes them in one statement, a refusal and `count_permits` look up as many keys in
+/// `pg_locks`, and each permit holds three advisory locks on its session (the slot, and the
+/// name's key and limit key shared) in the server's shared lock table, which is sized for
+/// `max_locks_per_transaction` (64 by default) per connection: a few dozen permits keep all of
+/// that small, and a name needing more concurrent holders than that is better served by a
+/// counter the application shards.
+pub(crate) const MAX_PERMITS: u32 = 64;
+
+/// How long a waiting permit attempt blocks on one slot before it looks at all of them again:
+/// the server wakes it at once when that slot is released (or its holder's session ends); a
+/// release of another slot is noticed within this.
+const PERMIT_RESCAN: Duration = Duration::from_millis(500);
 
 /// Session advisory locks for a [`SessionPool`](dlock_api::raw::SessionPool); tokens are drawn
 /// in the same statement, and renewed by the [`Fence`] when outside its window.
@@ -195,6 +210,7 @@ impl SessionDriver for PgDriver {
     async fn try_lock(
         &self,
         conn: &mut PgConnection,
+        name: &LockName,
         key: &RawKey,
     ) -> std::result::Result<Option<u64>, DriverError> {
         let row = self
@@ -204,10 +220,87 @@ impl SessionDriver for PgDriver {
             .await
             .map_err(failure)?;
         let drawn: Option<i64> = row.try_get(0).map_err(failure)?;
-        match drawn {
-            Some(drawn) => self.settle(conn, drawn).await.map(Some),
-            None => Ok(None),
+        match (drawn, key) {
+            (Some(drawn), _) => self.settle(conn, drawn).await.map(Some),
+            (None, RawKey::Int(k))
+                if row.try_get::<Option<bool>, _>(1).map_err(failure)? == Some(true) =>
+            {
+                // Held by a semaphore's permits.
+                match self.in_use(conn, *k).await? {
+                    Some(in_use) if in_use != 1 => {
+                        Err(DriverError::statement(permits_mismatch(name, 1, in_use)))
+                    }
+                    _ => Ok(None),
+                }
+            }
+            (None, _) => Ok(None),
         }
+    }
+
+    async fn try_permit(
+        &self,
+        conn: &mut PgConnection,
+        name: &LockName,
+        key: &RawKey,
+        permits: u32,
+    ) -> std::result::Result<Option<(u64, u32)>, DriverError> {
+        self.try_permit_from(conn, name, key, permits, random_below(permits))
+            .await
+    }
+
+    async fn wait_permit(
+        &self,
+        conn: &mut PgConnection,
+        name: &LockName,
+        key: &RawKey,
+        permits: u32,
+        wait: Duration,
+    ) -> std::result::Result<Waited, DriverError> {
+        let k = int_key(key)?;
+        // Wait on one slot (the server wakes the wait when it is released or its holder's
+        // session ends), then try them all from that one.
+        let slot = random_below(permits);
+        let ms = u64::try_from(wait.min(PERMIT_RESCAN).as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        match sql::wait_slot(slot_key(k, slot), ms)
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                // The timeout may have raced the grant, leaving the slot held (a session lock
+                // outlives the failed statement): let it go before the slots are tried, where
+                // it would stack.
+                sql::unlock(RawKey::Int(slot_key(k, slot)))
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(failure)?;
+            }
+            Err(e) => return Err(failure(e)),
+        }
+        Ok(
+            match self.try_permit_from(conn, name, key, permits, slot).await? {
+                Some((token, slot)) => Waited::GrantedSlot(token, slot),
+                None => Waited::NotGranted,
+            },
+        )
+    }
+
+    async fn unlock_permit(
+        &self,
+        conn: &mut PgConnection,
+        key: &RawKey,
+        permits: u32,
+        slot: Option<u32>,
+    ) -> std::result::Result<bool, DriverError> {
+        let k = int_key(key)?;
+        let limit = limit_key(k, permits);
+        let query = || match slot {
+            Some(slot) => sql::unlock_permit(slot_key(k, slot), k, limit),
+            None => sql::undo_permit(slot_keys(k, permits, 0), k, limit),
+        };
+        unlock_retrying(conn, query).await
     }
 
     async fn wait_lock(
@@ -237,17 +330,7 @@ impl SessionDriver for PgDriver {
         conn: &mut PgConnection,
         key: &RawKey,
     ) -> std::result::Result<bool, DriverError> {
-        // A cancel request is a signal the server may act on late: one that lands on this
-        // statement (ours, for a wait that just ended) is retried.
-        let mut attempts: u32 = 0;
-        loop {
-            attempts = attempts.saturating_add(1);
-            match sql::unlock(*key).fetch_one(&mut *conn).await {
-                Ok(row) => return row.try_get::<bool, _>(0).map_err(failure),
-                Err(e) if attempts < 3 && sqlstate(&e).as_deref() == Some(QUERY_CANCELED) => {}
-                Err(e) => return Err(failure(e)),
-            }
-        }
+        unlock_retrying(conn, || sql::unlock(*key)).await
     }
 
     async fn ping(&self, conn: &mut PgConnection) -> std::result::Result<(), DriverError> {
@@ -272,6 +355,122 @@ impl SessionDriver for PgDriver {
             .map(|_| ())
             .map_err(failure)
     }
+}
+
+/// Runs an unlock statement whose first column says whether the lock was held. A cancel
+/// request is a signal the server may act on late: one that lands on this statement (ours, for
+/// a wait that just ended) is retried.
+async fn unlock_retrying<'q>(
+    conn: &mut PgConnection,
+    query: impl Fn() -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+) -> std::result::Result<bool, DriverError> {
+    let mut attempts: u32 = 0;
+    loop {
+        attempts = attempts.saturating_add(1);
+        match query().fetch_one(&mut *conn).await {
+            Ok(row) => return row.try_get::<bool, _>(0).map_err(failure),
+            Err(e) if attempts < 3 && sqlstate(&e).as_deref() == Some(QUERY_CANCELED) => {}
+            Err(e) => return Err(failure(e)),
+        }
+    }
+}
+
+impl PgDriver {
+    /// One permit attempt, trying the slots from `first` on; see [`sql::try_permit_query`].
+    async fn try_permit_from(
+        &self,
+        conn: &mut PgConnection,
+        name: &LockName,
+        key: &RawKey,
+        permits: u32,
+        first: u32,
+    ) -> std::result::Result<Option<(u64, u32)>, DriverError> {
+        let k = int_key(key)?;
+        let slots = slot_keys(k, permits, first);
+        let row = sql::try_permit_query(&self.sql, k, permits, slots.clone())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(failure)?;
+        let status: i32 = row.try_get(0).map_err(failure)?;
+        let slot: Option<i64> = row.try_get(1).map_err(failure)?;
+        let drawn: Option<i64> = row.try_get(2).map_err(failure)?;
+        if let (Some(slot), Some(drawn)) = (slot, drawn) {
+            let index = slots
+                .iter()
+                .position(|s| *s == slot)
+                .and_then(|at| u32::try_from(at).ok())
+                .map(|at| at.saturating_add(first).checked_rem(permits).unwrap_or(0))
+                .ok_or_else(|| {
+                    DriverError::statement(LockError::unexpected(
+                        crate::BACKEND,
+                        "the server granted a slot it was not asked for",
+                    ))
+                })?;
+            // An error here leaves the permit held: the pool undoes it.
+            let token = self.settle(conn, drawn).await?;
+            return Ok(Some((token, index)));
+        }
+        if status == sql::PERMIT_MISMATCH {
+            return match self.in_use(conn, k).await? {
+                Some(in_use) if in_use != permits => Err(DriverError::statement(permits_mismatch(
+                    name, permits, in_use,
+                ))),
+                // Gone meanwhile: busy when asked.
+                _ => Ok(None),
+            };
+        }
+        Ok(None)
+    }
+
+    /// What the 64-bit key `k` is in use as, as `pg_locks` says now: 1 (a lock), the limit of
+    /// its permits, or `None` if nothing holds it.
+    async fn in_use(
+        &self,
+        conn: &mut PgConnection,
+        k: i64,
+    ) -> std::result::Result<Option<u32>, DriverError> {
+        let limits = (1..=MAX_PERMITS).map(|n| limit_key(k, n)).collect();
+        let row = sql::in_use(k, limits)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(failure)?;
+        let exclusive: bool = row.try_get(0).map_err(failure)?;
+        let limit: Option<i64> = row.try_get(1).map_err(failure)?;
+        Ok(if exclusive {
+            Some(1)
+        } else {
+            limit.and_then(|n| u32::try_from(n).ok())
+        })
+    }
+}
+
+/// The 64-bit key of a semaphore (names map there; integer pairs have no semaphores).
+fn int_key(key: &RawKey) -> std::result::Result<i64, DriverError> {
+    match key {
+        RawKey::Int(k) => Ok(*k),
+        RawKey::Pair(..) => Err(DriverError::statement(LockError::Unsupported {
+            backend: crate::BACKEND,
+            operation: "semaphores on a pair of 32-bit keys",
+        })),
+    }
+}
+
+/// The keys of slots `0..permits` of `k`, from slot `first` round.
+pub(crate) fn slot_keys(k: i64, permits: u32, first: u32) -> Vec<i64> {
+    (0..permits)
+        .map(|i| slot_key(k, i.saturating_add(first).checked_rem(permits).unwrap_or(0)))
+        .collect()
+}
+
+/// A number in `0..n` that differs from call to call, so that attempts spread over the slots.
+fn random_below(n: u32) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
+    let bits = u32::try_from(hasher.finish() >> 32).unwrap_or(0);
+    bits.checked_rem(n).unwrap_or(0)
 }
 
 impl fmt::Debug for PgDriver {

@@ -2,7 +2,7 @@
 
 use dlock_api::{Inspection, Result};
 use sqlx::Row;
-use sqlx::postgres::PgConnection;
+use sqlx::postgres::{PgConnection, PgRow};
 use tokio::sync::Mutex;
 
 use crate::config::PostgresConfig;
@@ -37,27 +37,18 @@ impl Inspector {
         config: &PostgresConfig,
         key: &AdvisoryKey,
     ) -> Result<Inspection> {
-        let mut slot = self.conn.lock().await;
-        let mut conn = match slot.take() {
-            Some(conn) => conn,
-            None => open_connection(config).await?,
-        };
         let (classid, objid, objsubid) = key.pg_locks_ids();
-        let within = config.command_timeout;
-        let row = tokio::time::timeout(
-            within,
-            sqlx::query(HOLDER_AND_WAITERS)
-                .bind(i64::from(classid))
-                .bind(i64::from(objid))
-                .bind(objsubid)
-                .fetch_one(&mut conn),
-        )
-        .await
-        .map_err(|_| timed_out(within))?
-        .map_err(map_err)?;
+        let row = self
+            .fetch(
+                config,
+                sqlx::query(HOLDER_AND_WAITERS)
+                    .bind(i64::from(classid))
+                    .bind(i64::from(objid))
+                    .bind(objsubid),
+            )
+            .await?;
         let holder: Option<i32> = row.try_get(0).map_err(map_err)?;
         let waiting: i64 = row.try_get(1).map_err(map_err)?;
-        *slot = Some(conn);
         let waiters = usize::try_from(waiting).unwrap_or(0);
         // The fence sequence is shared by every name: the holder's token is not on the server.
         Ok(match holder {
@@ -66,5 +57,35 @@ impl Inspector {
                 .with_holder(format!("pid {pid}")),
             None => Inspection::free(Some(waiters)),
         })
+    }
+
+    /// How many of the semaphore slots `slots` are held now, as `pg_locks` says.
+    ///
+    /// # Cancel safety
+    /// As [`inspect`](Self::inspect).
+    pub(crate) async fn count_held(&self, config: &PostgresConfig, slots: Vec<i64>) -> Result<u32> {
+        let row = self.fetch(config, crate::sql::count_held(slots)).await?;
+        let held: i64 = row.try_get(0).map_err(map_err)?;
+        Ok(u32::try_from(held).unwrap_or(u32::MAX))
+    }
+
+    /// Runs `query` on the kept connection (opened if need be), within the command timeout.
+    async fn fetch<'q>(
+        &self,
+        config: &PostgresConfig,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<PgRow> {
+        let mut slot = self.conn.lock().await;
+        let mut conn = match slot.take() {
+            Some(conn) => conn,
+            None => open_connection(config).await?,
+        };
+        let within = config.command_timeout;
+        let row = tokio::time::timeout(within, query.fetch_one(&mut conn))
+            .await
+            .map_err(|_| timed_out(within))?
+            .map_err(map_err)?;
+        *slot = Some(conn);
+        Ok(row)
     }
 }

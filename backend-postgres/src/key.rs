@@ -115,6 +115,34 @@ impl fmt::Display for AdvisoryKey {
     }
 }
 
+/// The advisory keys of a semaphore on the 64-bit key `key`, all in the 64-bit key space: each
+/// is [`KeyMapper::hash_i64`] of a name made from the key's own lock name (`pg-advisory:K`),
+/// so they are as unlikely to meet another name's keys as any two names are.
+///
+/// - slot `i` (`pg-advisory:K#i`, `i < permits`): a permit is the exclusive lock on one slot;
+/// - the limit `N` (`pg-advisory:K#permits=N`): every holder of a semaphore of `N` holds it
+///   shared, so the name's limit can be read (and checked) on the server;
+/// - the gate (`pg-advisory:K#gate`): taken for one statement (transaction scope) by each
+///   semaphore attempt, so the checks of two attempts on the name never interleave.
+pub(crate) fn slot_key(key: i64, slot: u32) -> i64 {
+    derived(key, &slot.to_string())
+}
+
+/// See [`slot_key`].
+pub(crate) fn limit_key(key: i64, permits: u32) -> i64 {
+    derived(key, &format!("permits={permits}"))
+}
+
+/// See [`slot_key`].
+pub(crate) fn gate_key(key: i64) -> i64 {
+    derived(key, "gate")
+}
+
+fn derived(key: i64, suffix: &str) -> i64 {
+    let name = LockName::new(format!("pg-advisory:{key}#{suffix}")).expect("a short valid name");
+    KeyMapper::hash_i64(&name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,13 +5,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use dlock_api::raw::{Grant, RawLock, SessionPool, acquire_by, try_acquire_by};
-use dlock_api::{Capabilities, Fencing, Inspection, LockGuard, LockName, LockOptions, Result};
+use dlock_api::{
+    Capabilities, Fencing, Inspection, KeyMapper, LockGuard, LockName, LockOptions, Result,
+};
 use sqlx::Connection;
 use tokio::time::Instant;
 
 use crate::BACKEND;
 use crate::config::PostgresConfig;
-use crate::driver::{PgDriver, open_connection};
+use crate::driver::{MAX_PERMITS, PgDriver, open_connection, slot_keys};
 use crate::fence::Fence;
 use crate::inspect::Inspector;
 use crate::key::AdvisoryKey;
@@ -191,6 +193,8 @@ impl RawLock for PostgresLock {
             },
             inspect: true,
             takeover_signal: true,
+            // See `MAX_PERMITS` for why so few.
+            max_permits: MAX_PERMITS,
             ..Capabilities::SESSION_LEASE
         }
     }
@@ -217,6 +221,40 @@ impl RawLock for PostgresLock {
         let key = AdvisoryKey::Name(name.clone());
         self.pool
             .wait_grant(name, &key.raw(), options, deadline)
+            .await
+    }
+
+    /// One of `permits` slot locks of the name on a pooled session (a lock for one permit);
+    /// see the crate docs, *Semaphores*.
+    async fn try_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        _options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        let key = AdvisoryKey::Name(name.clone());
+        self.pool.try_grant_permit(name, &key.raw(), permits).await
+    }
+
+    async fn wait_grant_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        let key = AdvisoryKey::Name(name.clone());
+        self.pool
+            .wait_grant_permit(name, &key.raw(), permits, options, deadline)
+            .await
+    }
+
+    /// The name's slot locks held now, in `pg_locks` (every slot a semaphore of the most
+    /// permits could use; a lock holds none).
+    async fn count_permits(&self, name: &LockName) -> Result<u32> {
+        let k = KeyMapper::hash_i64(name);
+        self.inspector
+            .count_held(self.config(), slot_keys(k, MAX_PERMITS, 0))
             .await
     }
 }

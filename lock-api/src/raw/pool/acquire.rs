@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::attempt::Attempt;
-use super::core::{Conn, PoolCore};
+use super::core::{Conn, Hold, PoolCore};
 use super::driver::{SessionDriver, Waited};
 use super::lease::PoolLease;
 use crate::error::Result;
@@ -25,19 +25,22 @@ use crate::token::FencingToken;
 /// Waits shorter than this are not worth a server round trip.
 const SHORTEST_WAIT: Duration = Duration::from_millis(1);
 
-/// The grant of `key` on `conn`: the connection is the lease, nothing to renew.
+/// The grant of `key` on `conn` (what `hold` says): the connection is the lease, nothing to
+/// renew.
 fn granted<D: SessionDriver>(
     core: &Arc<PoolCore<D>>,
     conn: Conn<D>,
     name: LockName,
     key: D::Key,
     token: u64,
+    hold: Hold,
 ) -> Grant {
     let state = Arc::new(LeaseState::on_session(None, conn.guards.clone()));
     let lease = Arc::new(PoolLease::new(
         core.clone(),
         conn,
         key,
+        hold,
         name.clone(),
         state.clone(),
     ));
@@ -50,11 +53,13 @@ fn granted<D: SessionDriver>(
     )
 }
 
-/// One non-blocking attempt on a shared connection; `Ok(None)` when busy.
+/// One non-blocking attempt on a shared connection for one of `permits` (a lock: 1);
+/// `Ok(None)` when busy.
 pub(super) async fn try_grant<D: SessionDriver>(
     core: &Arc<PoolCore<D>>,
     name: &LockName,
     key: &D::Key,
+    permits: u32,
     patient: bool,
 ) -> Result<Option<Grant>> {
     // A connection reused from the idle set may have died unnoticed (server restart): a
@@ -62,7 +67,7 @@ pub(super) async fn try_grant<D: SessionDriver>(
     // connection that then broke dies with that connection.
     let mut retried = false;
     loop {
-        let Some((conn, fresh)) = core.pick_shared(key, patient).await? else {
+        let Some((conn, fresh)) = core.pick_shared(name, key, permits, patient).await? else {
             return Ok(None);
         };
         let result = Detach::new(try_on(
@@ -70,6 +75,7 @@ pub(super) async fn try_grant<D: SessionDriver>(
             conn.clone(),
             name.clone(),
             key.clone(),
+            permits,
         ))
         .await;
         match result {
@@ -89,23 +95,25 @@ async fn try_on<D: SessionDriver>(
     conn: Conn<D>,
     name: LockName,
     key: D::Key,
+    permits: u32,
 ) -> Result<Option<Grant>> {
     let limit = core.config.command_timeout;
     let mut guard = conn.conn.lock().await;
     let reply = match core.conn_mut(&mut guard) {
         Ok(c) => {
-            let outcome = timeout(limit, core.driver.try_lock(c, &key)).await;
+            let outcome = timeout(limit, core.try_on_conn(c, &name, &key, permits)).await;
             core.settle(&conn, &mut guard, limit, outcome)
         }
         Err(closed) => Err(closed),
     };
     match reply {
-        Ok(Some(token)) => {
+        Ok(Some((token, slot))) => {
             drop(guard);
             if !core.attempt_done(&conn, &key, true) {
                 return Err(core.unavailable("the connection closed right after the grant"));
             }
-            Ok(Some(granted(&core, conn, name, key, token)))
+            let hold = Hold { permits, slot };
+            Ok(Some(granted(&core, conn, name, key, token, hold)))
         }
         Ok(None) => {
             drop(guard);
@@ -116,7 +124,7 @@ async fn try_on<D: SessionDriver>(
             if !failure.broken {
                 // The statement may have taken the lock before it failed (a fencing counter
                 // refused, say).
-                core.undo(&conn, &mut guard, &key).await;
+                core.undo(&conn, &mut guard, &key, permits).await;
             }
             drop(guard);
             core.attempt_done(&conn, &key, false);
@@ -125,19 +133,21 @@ async fn try_on<D: SessionDriver>(
     }
 }
 
-/// Waits for `key` until `deadline`: one attempt on a shared connection, then this client's
-/// waiters for the name queue in the client and one at a time waits at the server, on a
-/// connection of its own (polling with back-off only while every connection is busy).
+/// Waits for `key` (one of `permits`; a lock: 1) until `deadline`: one attempt on a shared
+/// connection, then this client's waiters for the name queue in the client and one at a time
+/// waits at the server, on a connection of its own (polling with back-off only while every
+/// connection is busy).
 pub(super) async fn wait_grant<D: SessionDriver>(
     core: &Arc<PoolCore<D>>,
     name: &LockName,
     key: &D::Key,
+    permits: u32,
     options: &LockOptions,
     deadline: Option<Instant>,
 ) -> Result<Option<Grant>> {
-    let holds = || core.registry().holds(key);
+    let holds = || core.registry().full(key, permits);
     if !holds() {
-        if let Some(grant) = try_grant(core, name, key, false).await? {
+        if let Some(grant) = try_grant(core, name, key, permits, false).await? {
             return Ok(Some(grant));
         }
     }
@@ -162,7 +172,7 @@ pub(super) async fn wait_grant<D: SessionDriver>(
                 // Every connection holds locks or waits: poll on a shared one until one frees up.
                 if Instant::now() >= next_poll {
                     if !holds() {
-                        if let Some(grant) = try_grant(core, name, key, false).await? {
+                        if let Some(grant) = try_grant(core, name, key, permits, false).await? {
                             return Ok(Some(grant));
                         }
                     }
@@ -194,6 +204,7 @@ pub(super) async fn wait_grant<D: SessionDriver>(
             conn,
             name.clone(),
             key.clone(),
+            permits,
             wait,
             attempt,
         ));
@@ -225,6 +236,7 @@ async fn wait_on<D: SessionDriver>(
     conn: Conn<D>,
     name: LockName,
     key: D::Key,
+    permits: u32,
     wait: Duration,
     attempt: Arc<Attempt>,
 ) -> Result<Option<Grant>> {
@@ -237,7 +249,7 @@ async fn wait_on<D: SessionDriver>(
         return Ok(None);
     }
     let outcome = match core.conn_mut(&mut guard) {
-        Ok(c) => Ok(timeout(limit, core.driver.wait_lock(c, &key, wait)).await),
+        Ok(c) => Ok(timeout(limit, core.wait_on_conn(c, &name, &key, permits, wait)).await),
         Err(closed) => Err(closed),
     };
     let (cancelled, interrupting) = attempt.finish();
@@ -255,22 +267,28 @@ async fn wait_on<D: SessionDriver>(
             "a cancelled wait could not be interrupted",
         );
     }
+    let reply = reply.map(|waited| match waited {
+        Waited::Granted(token) => Ok((token, None)),
+        Waited::GrantedSlot(token, slot) => Ok((token, Some(slot))),
+        not_granted => Err(not_granted),
+    });
     match reply {
-        Ok(Waited::Granted(token)) if !cancelled && !conn.is_dead() => {
+        Ok(Ok((token, slot))) if !cancelled && !conn.is_dead() => {
             drop(guard);
-            if !core.wait_done(&conn, Some(&key)) {
+            if !core.wait_done(&conn, Some((&key, permits))) {
                 return Err(core.unavailable("the connection closed right after the grant"));
             }
-            Ok(Some(granted(&core, conn, name, key, token)))
+            let hold = Hold { permits, slot };
+            Ok(Some(granted(&core, conn, name, key, token, hold)))
         }
-        Ok(Waited::NotGranted) => {
+        Ok(Err(Waited::NotGranted)) => {
             drop(guard);
             core.wait_done(&conn, None);
             Ok(None)
         }
         Ok(_) => {
             // Granted to nobody who wants it, or maybe granted as the wait failed.
-            core.undo(&conn, &mut guard, &key).await;
+            core.undo(&conn, &mut guard, &key, permits).await;
             drop(guard);
             core.wait_done(&conn, None);
             Ok(None)
@@ -278,7 +296,7 @@ async fn wait_on<D: SessionDriver>(
         Err(failure) => {
             if !failure.broken {
                 // The lock may have been granted before the statement failed.
-                core.undo(&conn, &mut guard, &key).await;
+                core.undo(&conn, &mut guard, &key, permits).await;
             }
             drop(guard);
             core.wait_done(&conn, None);

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::mpsc;
 
+use super::core::Hold;
 use super::driver::SessionDriver;
 use crate::raw::session::Session;
 
@@ -22,7 +23,7 @@ pub(super) struct Connection<D: SessionDriver> {
     pub(super) guards: Arc<Session>,
     /// Unlocks queued from places that cannot await (a dropped guard); the connection's task
     /// runs them in order.
-    unlocks: mpsc::UnboundedSender<D::Key>,
+    unlocks: mpsc::UnboundedSender<(D::Key, Hold)>,
 }
 
 impl<D: SessionDriver> Connection<D> {
@@ -30,7 +31,7 @@ impl<D: SessionDriver> Connection<D> {
         id: u64,
         server_id: u64,
         conn: D::Conn,
-    ) -> (Arc<Self>, mpsc::UnboundedReceiver<D::Key>) {
+    ) -> (Arc<Self>, mpsc::UnboundedReceiver<(D::Key, Hold)>) {
         let (unlocks, queued) = mpsc::unbounded_channel();
         let connection = Arc::new(Self {
             id,
@@ -52,9 +53,10 @@ impl<D: SessionDriver> Connection<D> {
         !self.dead.swap(true, Ordering::AcqRel)
     }
 
-    /// Hands `key` to the connection's task for an unlock (no runtime needed here).
-    pub(super) fn send_unlock(&self, key: D::Key) {
-        let _ = self.unlocks.send(key);
+    /// Hands `key` to the connection's task for an unlock of what `hold` says (no runtime
+    /// needed here).
+    pub(super) fn send_unlock(&self, key: D::Key, hold: Hold) {
+        let _ = self.unlocks.send((key, hold));
     }
 }
 

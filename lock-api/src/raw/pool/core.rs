@@ -12,11 +12,30 @@ use super::connection::Connection;
 use super::driver::{DriverError, PoolConfig, SessionDriver};
 use super::registry::{Registry, SharedPick, WaitPick};
 use crate::error::{LockError, Result};
+use crate::name::LockName;
 use crate::raw::local_queue::LocalQueue;
 use crate::raw::time::after;
 use crate::status::LostReason;
 
 pub(super) type Conn<D> = Arc<Connection<D>>;
+
+/// What a grant holds on its connection: a lock (`permits` 1), or one of `permits` permits of a
+/// semaphore, on `slot` (`None` before the server named one: an undo).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Hold {
+    pub(super) permits: u32,
+    pub(super) slot: Option<u32>,
+}
+
+impl Hold {
+    /// Whatever an attempt for `permits` may have taken.
+    pub(super) fn any(permits: u32) -> Self {
+        Self {
+            permits,
+            slot: None,
+        }
+    }
+}
 
 /// The shared state of one client's pool on one runtime.
 pub(super) struct PoolCore<D: SessionDriver> {
@@ -107,13 +126,20 @@ impl<D: SessionDriver> PoolCore<D> {
         Ok(self.adopt(conn, server_id))
     }
 
-    /// Picks the connection for a non-blocking attempt on `key`, reserving the key there.
-    /// `Ok(None)`: this client holds or acquires the key, so the answer is "busy"; also when
-    /// every connection waits and `patient` is false. A patient pick waits for a connection
-    /// until the command timeout. The bool says whether the connection is new.
+    /// Picks the connection for a non-blocking attempt on `key` (for `name`, held by at most
+    /// `permits`), reserving the key there. `Ok(None)`: this client holds or acquires as many
+    /// as `permits` allow, so the answer is "busy"; also when every connection waits and
+    /// `patient` is false. A patient pick waits for a connection until the command timeout.
+    /// The bool says whether the connection is new.
+    ///
+    /// # Errors
+    /// [`permits_mismatch`](crate::raw::permits_mismatch) when this client has `key` in use
+    /// with another number of permits.
     pub(super) async fn pick_shared(
         self: &Arc<Self>,
+        name: &LockName,
         key: &D::Key,
+        permits: u32,
         patient: bool,
     ) -> Result<Option<(Conn<D>, bool)>> {
         let give_up = after(Instant::now(), self.config.command_timeout);
@@ -129,12 +155,15 @@ impl<D: SessionDriver> PoolCore<D> {
             }
             let max = self.config.max_connections;
             let pick = if may_spread {
-                self.registry().pick_shared(key, max)
+                self.registry().pick_shared(key, permits, max)
             } else {
-                self.registry().pick_shared_gathered(key, max)
+                self.registry().pick_shared_gathered(key, permits, max)
             };
             match pick {
                 SharedPick::Busy => return Ok(None),
+                SharedPick::Mismatch(in_use) => {
+                    return Err(crate::raw::permits_mismatch(name, permits, in_use));
+                }
                 SharedPick::Use(conn) => return Ok(Some((conn, false))),
                 SharedPick::Full if !patient => return Ok(None),
                 SharedPick::Settling | SharedPick::Full if !armed => armed = true,
@@ -152,7 +181,7 @@ impl<D: SessionDriver> PoolCore<D> {
                     }
                 }
                 SharedPick::OpenToSpread => match self.open_counted(false).await {
-                    Ok(conn) => return Ok(self.reserve_opened(conn, key)),
+                    Ok(conn) => return Ok(self.reserve_opened(conn, key, permits)),
                     Err(error) => {
                         // Only wanted, not needed: a connection that holds locks will do.
                         tracing::debug!(%error, "could not open a connection to spread locks over");
@@ -161,7 +190,7 @@ impl<D: SessionDriver> PoolCore<D> {
                 },
                 SharedPick::Open => {
                     let conn = self.open_counted(false).await?;
-                    return Ok(self.reserve_opened(conn, key));
+                    return Ok(self.reserve_opened(conn, key, permits));
                 }
             }
         }
@@ -169,10 +198,10 @@ impl<D: SessionDriver> PoolCore<D> {
 
     /// Registers a connection opened for an attempt on `key`, reserving the key there; `None`
     /// if someone of ours started on the key while this one opened.
-    fn reserve_opened(&self, conn: Conn<D>, key: &D::Key) -> Option<(Conn<D>, bool)> {
+    fn reserve_opened(&self, conn: Conn<D>, key: &D::Key, permits: u32) -> Option<(Conn<D>, bool)> {
         let reserved = self
             .registry()
-            .opened(conn.id, conn.clone(), Some(key), false);
+            .opened(conn.id, conn.clone(), Some((key, permits)), false);
         self.notify();
         reserved.then_some((conn, true))
     }
@@ -212,7 +241,7 @@ impl<D: SessionDriver> PoolCore<D> {
     }
 
     /// The wait on `conn` ended; see [`Registry::wait_done`].
-    pub(super) fn wait_done(&self, conn: &Connection<D>, granted: Option<&D::Key>) -> bool {
+    pub(super) fn wait_done(&self, conn: &Connection<D>, granted: Option<(&D::Key, u32)>) -> bool {
         let alive = self.registry().wait_done(conn.id, granted);
         self.notify();
         alive && !conn.is_dead()
@@ -236,9 +265,59 @@ impl<D: SessionDriver> PoolCore<D> {
     /// Queues an owner-checked unlock of `key` on `conn` (no runtime needed here). Recorded
     /// first, so an attempt on the key waits for it instead of calling the name busy while the
     /// client's record lags the server.
-    pub(super) fn queue_unlock(&self, conn: &Connection<D>, key: D::Key) {
+    pub(super) fn queue_unlock(&self, conn: &Connection<D>, key: D::Key, hold: Hold) {
         self.registry().mark_releasing(conn.id, &key);
-        conn.send_unlock(key);
+        conn.send_unlock(key, hold);
+    }
+
+    /// The driver's non-blocking attempt for one of `permits` (a lock: 1): the token and, for
+    /// a permit, its slot.
+    pub(super) async fn try_on_conn(
+        &self,
+        c: &mut D::Conn,
+        name: &LockName,
+        key: &D::Key,
+        permits: u32,
+    ) -> std::result::Result<Option<(u64, Option<u32>)>, DriverError> {
+        if permits <= 1 {
+            let token = self.driver.try_lock(c, name, key).await?;
+            Ok(token.map(|token| (token, None)))
+        } else {
+            let granted = self.driver.try_permit(c, name, key, permits).await?;
+            Ok(granted.map(|(token, slot)| (token, Some(slot))))
+        }
+    }
+
+    /// The driver's server-side wait for one of `permits` (a lock: 1).
+    pub(super) async fn wait_on_conn(
+        &self,
+        c: &mut D::Conn,
+        name: &LockName,
+        key: &D::Key,
+        permits: u32,
+        wait: Duration,
+    ) -> std::result::Result<super::driver::Waited, DriverError> {
+        if permits <= 1 {
+            self.driver.wait_lock(c, key, wait).await
+        } else {
+            self.driver.wait_permit(c, name, key, permits, wait).await
+        }
+    }
+
+    /// The driver's unlock of what `hold` says (owner-checked): true if it was held.
+    pub(super) async fn unlock_on(
+        &self,
+        c: &mut D::Conn,
+        key: &D::Key,
+        hold: Hold,
+    ) -> std::result::Result<bool, DriverError> {
+        if hold.permits <= 1 {
+            self.driver.unlock(c, key).await
+        } else {
+            self.driver
+                .unlock_permit(c, key, hold.permits, hold.slot)
+                .await
+        }
     }
 
     /// Closes `conn` (its driver connection is in `guard`): every guard it held is lost.
@@ -306,10 +385,11 @@ impl<D: SessionDriver> PoolCore<D> {
         conn: &Connection<D>,
         guard: &mut Option<D::Conn>,
         key: &D::Key,
+        permits: u32,
     ) {
         let Some(c) = guard.as_mut() else { return };
         let limit = self.config.command_timeout;
-        let outcome = timeout(limit, self.driver.unlock(c, key)).await;
+        let outcome = timeout(limit, self.unlock_on(c, key, Hold::any(permits))).await;
         if self.settle(conn, guard, limit, outcome).is_err() {
             self.close(conn, guard, "could not undo an unwanted grant");
         }
@@ -340,12 +420,12 @@ impl<D: SessionDriver> PoolCore<D> {
     }
 
     /// A queued unlock: unlock (owner-checked), then clear the slot.
-    async fn run_queued_unlock(&self, conn: &Connection<D>, key: D::Key) {
+    async fn run_queued_unlock(&self, conn: &Connection<D>, key: D::Key, hold: Hold) {
         let _load = self.unlocking(conn);
         let mut guard = conn.conn.lock().await;
         if let Some(c) = guard.as_mut() {
             let limit = self.config.command_timeout;
-            let outcome = timeout(limit, self.driver.unlock(c, &key)).await;
+            let outcome = timeout(limit, self.unlock_on(c, &key, hold)).await;
             if let Err(failure) = self.settle(conn, &mut guard, limit, outcome) {
                 tracing::warn!(error = %failure.error, "dlock: a background unlock failed; closing its connection");
                 self.close(conn, &mut guard, "a background unlock failed");
@@ -388,7 +468,7 @@ impl<D: SessionDriver> Drop for UnlockInFlight<'_, D> {
 /// connection (`stranded`).
 async fn connection_task<D: SessionDriver>(
     stranded: CloseIfStranded<D>,
-    mut unlocks: mpsc::UnboundedReceiver<D::Key>,
+    mut unlocks: mpsc::UnboundedReceiver<(D::Key, Hold)>,
     keepalive: Duration,
 ) {
     // A config built in code may carry a zero keepalive, which `interval` refuses.
@@ -397,10 +477,10 @@ async fn connection_task<D: SessionDriver>(
     tick.tick().await;
     loop {
         tokio::select! {
-            key = unlocks.recv() => {
-                let Some(key) = key else { return };
+            queued = unlocks.recv() => {
+                let Some((key, hold)) = queued else { return };
                 let Some((core, conn)) = stranded.upgrade() else { return };
-                core.run_queued_unlock(&conn, key).await;
+                core.run_queued_unlock(&conn, key, hold).await;
             }
             _ = tick.tick() => {
                 let Some((core, conn)) = stranded.upgrade() else { return };

@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::LockError;
+use crate::name::LockName;
 
 /// How a driver call failed, and whether the connection survived it.
 #[derive(Debug)]
@@ -43,6 +44,9 @@ impl DriverError {
 pub enum Waited {
     /// Granted, with this fencing token.
     Granted(u64),
+    /// One permit of a semaphore granted, with this fencing token, on this slot (what
+    /// [`SessionDriver::unlock_permit`] releases).
+    GrantedSlot(u64, u32),
     /// The wait ran out without the lock.
     NotGranted,
     /// The wait ran out with an error that can race a grant (Postgres raises `lock_timeout` with
@@ -76,10 +80,13 @@ pub trait SessionDriver: Debug + Send + Sync + 'static {
     /// Whatever keeps the connection from opening; the pool bounds it by its connect timeout.
     async fn open(&self) -> Result<(Self::Conn, u64), LockError>;
 
-    /// Takes `key` without waiting: `Some(token)` if granted, `None` if someone holds it.
+    /// Takes `key` (of `name`) without waiting: `Some(token)` if granted, `None` if someone
+    /// holds it. A server that keeps semaphores on the same keys refuses a name held as a
+    /// semaphore with [`permits_mismatch`](crate::raw::permits_mismatch).
     async fn try_lock(
         &self,
         conn: &mut Self::Conn,
+        name: &LockName,
         key: &Self::Key,
     ) -> Result<Option<u64>, DriverError>;
 
@@ -93,6 +100,59 @@ pub trait SessionDriver: Debug + Send + Sync + 'static {
 
     /// Releases `key` if this connection holds it: true if it did.
     async fn unlock(&self, conn: &mut Self::Conn, key: &Self::Key) -> Result<bool, DriverError>;
+
+    /// Takes one of `permits` permits of `key` (`permits` >= 2) without waiting:
+    /// `Some((token, slot))` if granted, `None` if all are taken. A name in use with another
+    /// number of permits (a lock has one) is refused with
+    /// [`permits_mismatch`](crate::raw::permits_mismatch), as a statement error after which the
+    /// pool calls `unlock_permit(.., None)`. The pool never runs it on a connection that holds
+    /// a permit of `key` already, so a connection holds at most one permit of a name. The
+    /// default answers `Unsupported`.
+    async fn try_permit(
+        &self,
+        conn: &mut Self::Conn,
+        name: &LockName,
+        key: &Self::Key,
+        permits: u32,
+    ) -> Result<Option<(u64, u32)>, DriverError> {
+        let _ = (conn, name, key, permits);
+        Err(DriverError::statement(crate::semaphore::unsupported(
+            self.backend(),
+        )))
+    }
+
+    /// Waits on the server, for at most `wait`, for one of `permits` permits of `key`:
+    /// [`Waited::GrantedSlot`] when granted. A driver may wait less than `wait` (the pool asks
+    /// again). The default answers `Unsupported`.
+    async fn wait_permit(
+        &self,
+        conn: &mut Self::Conn,
+        name: &LockName,
+        key: &Self::Key,
+        permits: u32,
+        wait: Duration,
+    ) -> Result<Waited, DriverError> {
+        let _ = (conn, name, key, permits, wait);
+        Err(DriverError::statement(crate::semaphore::unsupported(
+            self.backend(),
+        )))
+    }
+
+    /// Releases the permit of `key` this connection holds on `slot`: true if it did. With
+    /// `slot` `None`, undoes whatever a failed or unwanted `try_permit`/`wait_permit` may have
+    /// left of `key` on this connection. The default answers `Unsupported`.
+    async fn unlock_permit(
+        &self,
+        conn: &mut Self::Conn,
+        key: &Self::Key,
+        permits: u32,
+        slot: Option<u32>,
+    ) -> Result<bool, DriverError> {
+        let _ = (conn, key, permits, slot);
+        Err(DriverError::statement(crate::semaphore::unsupported(
+            self.backend(),
+        )))
+    }
 
     /// A round trip that proves the connection (and so its locks) alive.
     async fn ping(&self, conn: &mut Self::Conn) -> Result<(), DriverError>;

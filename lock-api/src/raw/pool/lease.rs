@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::time::{Instant, timeout};
 
 use super::connection::Connection;
-use super::core::PoolCore;
+use super::core::{Hold, PoolCore};
 use super::driver::SessionDriver;
 use crate::error::{LockError, Result};
 use crate::name::LockName;
@@ -21,6 +21,7 @@ pub(super) struct PoolLease<D: SessionDriver> {
     core: Arc<PoolCore<D>>,
     conn: Arc<Connection<D>>,
     key: D::Key,
+    hold: Hold,
     name: LockName,
     state: Arc<LeaseState>,
     /// Set once the lock is released (or known gone); until then, dropping queues an unlock.
@@ -32,6 +33,7 @@ impl<D: SessionDriver> PoolLease<D> {
         core: Arc<PoolCore<D>>,
         conn: Arc<Connection<D>>,
         key: D::Key,
+        hold: Hold,
         name: LockName,
         state: Arc<LeaseState>,
     ) -> Self {
@@ -39,6 +41,7 @@ impl<D: SessionDriver> PoolLease<D> {
             core,
             conn,
             key,
+            hold,
             name,
             state,
             done: AtomicBool::new(false),
@@ -76,7 +79,7 @@ impl<D: SessionDriver> RawLease for PoolLease<D> {
             return Err(self.lost());
         };
         let limit = self.core.config.command_timeout;
-        let outcome = timeout(limit, self.core.driver.unlock(c, &self.key)).await;
+        let outcome = timeout(limit, self.core.unlock_on(c, &self.key, self.hold)).await;
         match self.core.settle(&self.conn, &mut guard, limit, outcome) {
             Ok(held) => {
                 drop(guard);
@@ -114,7 +117,8 @@ impl<D: SessionDriver> Drop for PoolLease<D> {
     /// connection's task unlocks it (owner-checked: it is this connection's own lock).
     fn drop(&mut self) {
         if !self.done.load(Ordering::Acquire) && !self.conn.is_dead() {
-            self.core.queue_unlock(&self.conn, self.key.clone());
+            self.core
+                .queue_unlock(&self.conn, self.key.clone(), self.hold);
         }
     }
 }

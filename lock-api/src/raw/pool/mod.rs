@@ -147,7 +147,27 @@ impl<D: SessionDriver> SessionPool<D> {
     /// Cancel safe: the statement runs to completion in the background, and a lock it took is
     /// released there.
     pub async fn try_grant(&self, name: &LockName, key: &D::Key) -> Result<Option<Grant>> {
-        acquire::try_grant(&self.core(), name, key, true).await
+        acquire::try_grant(&self.core(), name, key, 1, true).await
+    }
+
+    /// [`try_grant`](Self::try_grant) for one of `permits` permits of `key` (1: a lock, as
+    /// `try_grant`), through the driver's [`try_permit`](SessionDriver::try_permit). The
+    /// client puts at most one permit of a key on each connection, so it holds at most as many
+    /// permits of one name as it has connections not lent to a wait.
+    ///
+    /// # Errors
+    /// As [`try_grant`](Self::try_grant); [`permits_mismatch`](crate::raw::permits_mismatch)
+    /// when the name is in use with another number of permits, here or on the server.
+    ///
+    /// # Cancel safety
+    /// As [`try_grant`](Self::try_grant).
+    pub async fn try_grant_permit(
+        &self,
+        name: &LockName,
+        key: &D::Key,
+        permits: u32,
+    ) -> Result<Option<Grant>> {
+        acquire::try_grant(&self.core(), name, key, permits, true).await
     }
 
     /// Waits for `key` (for `name`) until `deadline` (`None`: no limit): `Ok(None)` if the
@@ -166,7 +186,27 @@ impl<D: SessionDriver> SessionPool<D> {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        acquire::wait_grant(&self.core(), name, key, options, deadline).await
+        acquire::wait_grant(&self.core(), name, key, 1, options, deadline).await
+    }
+
+    /// [`wait_grant`](Self::wait_grant) for one of `permits` permits of `key` (1: a lock),
+    /// through the driver's [`wait_permit`](SessionDriver::wait_permit); see
+    /// [`try_grant_permit`](Self::try_grant_permit).
+    ///
+    /// # Errors
+    /// As [`try_grant_permit`](Self::try_grant_permit).
+    ///
+    /// # Cancel safety
+    /// As [`wait_grant`](Self::wait_grant).
+    pub async fn wait_grant_permit(
+        &self,
+        name: &LockName,
+        key: &D::Key,
+        permits: u32,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Grant>> {
+        acquire::wait_grant(&self.core(), name, key, permits, options, deadline).await
     }
 
     /// Whether this client holds `key`, or has an attempt on it in flight.

@@ -1,9 +1,11 @@
 //! Which connection holds, acquires or is releasing which key: the bookkeeping behind the pool's
 //! rules, with no I/O.
 //!
-//! A key is never reserved on a second connection of the client (the server would answer
-//! "busy" anyway, and the client knows it sooner), never twice on one connection (the server
-//! would stack it), and a connection waits at the server only while it holds nothing.
+//! A key has a holder limit: 1 for a lock, N for a semaphore of N permits. A key is reserved on
+//! at most that many connections of the client (beyond, the server would answer "busy" anyway,
+//! and the client knows it sooner), never twice on one connection (the server would stack it),
+//! and only with the limit it is in use with here (another number is a mismatch the client sees
+//! without asking); a connection waits at the server only while it holds nothing.
 
 use foldhash::HashMap;
 use std::hash::Hash;
@@ -60,6 +62,8 @@ pub(super) enum SharedPick<C> {
     OpenToSpread,
     /// Every connection is lent to a wait and none may be opened.
     Full,
+    /// This client has the key in use with this other holder limit.
+    Mismatch(u32),
 }
 
 /// Which connection a server-side wait gets.
@@ -76,8 +80,16 @@ pub(super) struct Registry<K, C> {
     /// Of those, lent to a wait (or being opened for one).
     waiting: usize,
     entries: HashMap<u64, Entry<K, C>>,
-    /// Keys with a slot on some connection, with the number of slots.
-    local: HashMap<K, u32>,
+    /// Keys with a slot on some connection: how many slots, and the holder limit they are in
+    /// use with.
+    local: HashMap<K, Local>,
+}
+
+/// A key's slots on this client's connections.
+#[derive(Clone, Copy, Debug)]
+struct Local {
+    count: u32,
+    limit: u32,
 }
 
 impl<K, C> Default for Registry<K, C> {
@@ -115,47 +127,91 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         self.local.contains_key(key)
     }
 
-    fn add_local(&mut self, key: &K) {
-        let n = self.local.entry(key.clone()).or_default();
-        *n = n.saturating_add(1);
+    /// Whether this client has as many slots of `key` as `limit` allows (or it is in use here
+    /// with another limit): another attempt would be refused.
+    pub(super) fn full(&self, key: &K, limit: u32) -> bool {
+        self.local
+            .get(key)
+            .is_some_and(|l| l.count >= limit || l.limit != limit)
+    }
+
+    /// Whether `key` may get another slot with `limit`.
+    fn may_reserve(&self, key: &K, limit: u32) -> bool {
+        self.local
+            .get(key)
+            .is_none_or(|l| l.limit == limit && l.count < limit)
+    }
+
+    fn add_local(&mut self, key: &K, limit: u32) {
+        let local = self
+            .local
+            .entry(key.clone())
+            .or_insert(Local { count: 0, limit });
+        local.count = local.count.saturating_add(1);
     }
 
     fn drop_local(&mut self, key: &K) {
-        if let Some(n) = self.local.get_mut(key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
+        if let Some(local) = self.local.get_mut(key) {
+            local.count = local.count.saturating_sub(1);
+            if local.count == 0 {
                 self.local.remove(key);
             }
         }
     }
 
-    /// Picks the connection for a non-blocking attempt on `key` and reserves it there: the
+    /// Whether every slot of `key` on this client is being released.
+    fn all_releasing(&self, key: &K) -> bool {
+        self.entries.values().all(|e| {
+            e.slots
+                .get(key)
+                .is_none_or(|s| matches!(s, Slot::Releasing { .. }))
+        })
+    }
+
+    /// Picks the connection for a non-blocking attempt on `key` (held by at most `limit`) and
+    /// reserves it there, on a connection that does not hold it: the
     /// least busy (fewest statements waiting or running: attempts and unlocks alike); among
     /// equals, while fewer than half the limit hold locks, one holding none, opened if need be
     /// (see [`spreads`]); past that, one that already holds locks (locks gather, and the rest
     /// stay idle for waits). A new one also while even the least busy has a statement waiting
     /// or running and the limit allows.
-    pub(super) fn pick_shared(&mut self, key: &K, max: usize) -> SharedPick<C> {
-        self.pick(key, max, true)
+    pub(super) fn pick_shared(&mut self, key: &K, limit: u32, max: usize) -> SharedPick<C> {
+        self.pick(key, limit, max, true)
     }
 
     /// As [`pick_shared`](Self::pick_shared), but never opens a connection only to spread
     /// locks: after such an open failed (the server refusing more connections, say).
-    pub(super) fn pick_shared_gathered(&mut self, key: &K, max: usize) -> SharedPick<C> {
-        self.pick(key, max, false)
+    pub(super) fn pick_shared_gathered(
+        &mut self,
+        key: &K,
+        limit: u32,
+        max: usize,
+    ) -> SharedPick<C> {
+        self.pick(key, limit, max, false)
     }
 
-    fn pick(&mut self, key: &K, max: usize, may_spread: bool) -> SharedPick<C> {
-        if self.holds(key) {
-            let releasing = self
-                .entries
-                .values()
-                .any(|e| matches!(e.slots.get(key), Some(Slot::Releasing { .. })));
-            return if releasing {
-                SharedPick::Settling
-            } else {
-                SharedPick::Busy
-            };
+    fn pick(&mut self, key: &K, limit: u32, max: usize, may_spread: bool) -> SharedPick<C> {
+        if let Some(local) = self.local.get(key).copied() {
+            if local.limit != limit {
+                // Unless its holders here are all on their way out, the key is in use with
+                // another limit.
+                return if self.all_releasing(key) {
+                    SharedPick::Settling
+                } else {
+                    SharedPick::Mismatch(local.limit)
+                };
+            }
+            if local.count >= limit {
+                let releasing = self
+                    .entries
+                    .values()
+                    .any(|e| matches!(e.slots.get(key), Some(Slot::Releasing { .. })));
+                return if releasing {
+                    SharedPick::Settling
+                } else {
+                    SharedPick::Busy
+                };
+            }
         }
         let holding = self
             .entries
@@ -166,7 +222,8 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         let best = self
             .entries
             .iter()
-            .filter(|(_, e)| !e.waiting)
+            // A lock's key is on no connection here (else it was busy above).
+            .filter(|(_, e)| !e.waiting && (limit == 1 || !e.slots.contains_key(key)))
             .min_by_key(|(_, e)| {
                 let placement = if spread {
                     e.slots.len()
@@ -188,6 +245,10 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
                 return SharedPick::Open;
             }
             Some((id, _, _)) => id,
+            // Every connection not lent to a wait holds one of the key's permits already.
+            None if limit > 1 && self.entries.values().any(|e| !e.waiting) => {
+                return SharedPick::Busy;
+            }
             None => return SharedPick::Full,
         };
         let Some(entry) = self.entries.get_mut(&id) else {
@@ -196,7 +257,7 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         entry.slots.insert(key.clone(), Slot::Attempt);
         entry.inflight = entry.inflight.saturating_add(1);
         let conn = entry.conn.clone();
-        self.add_local(key);
+        self.add_local(key, limit);
         SharedPick::Use(conn)
     }
 
@@ -230,9 +291,16 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
     }
 
     /// A counted connection opened: registered idle, lent to a wait, or with `key` reserved for
-    /// an attempt. Returns false (and registers it idle) if `key` got a slot meanwhile.
-    pub(super) fn opened(&mut self, id: u64, conn: C, key: Option<&K>, waiting: bool) -> bool {
-        let reserve = key.filter(|k| !self.holds(k));
+    /// an attempt (with its holder limit). Returns false (and registers it idle) if `key` may
+    /// not get another slot any more.
+    pub(super) fn opened(
+        &mut self,
+        id: u64,
+        conn: C,
+        key: Option<(&K, u32)>,
+        waiting: bool,
+    ) -> bool {
+        let reserve = key.filter(|(k, limit)| self.may_reserve(k, *limit));
         let mut entry = Entry {
             conn,
             slots: HashMap::default(),
@@ -240,10 +308,10 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
             inflight: 0,
             unlocking: 0,
         };
-        if let Some(key) = reserve {
+        if let Some((key, limit)) = reserve {
             entry.slots.insert(key.clone(), Slot::Attempt);
             entry.inflight = 1;
-            self.add_local(key);
+            self.add_local(key, limit);
         }
         self.entries.insert(id, entry);
         key.is_none() || reserve.is_some()
@@ -270,9 +338,9 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         true
     }
 
-    /// The wait on `id` ended, granted `key` or not: the connection is shared again. False if it
-    /// closed meanwhile.
-    pub(super) fn wait_done(&mut self, id: u64, granted: Option<&K>) -> bool {
+    /// The wait on `id` ended, granted `key` (with its holder limit) or not: the connection is
+    /// shared again. False if it closed meanwhile.
+    pub(super) fn wait_done(&mut self, id: u64, granted: Option<(&K, u32)>) -> bool {
         let Some(entry) = self.entries.get_mut(&id) else {
             return false;
         };
@@ -280,9 +348,9 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
             entry.waiting = false;
             self.waiting = self.waiting.saturating_sub(1);
         }
-        if let Some(key) = granted {
+        if let Some((key, limit)) = granted {
             entry.slots.insert(key.clone(), Slot::Held);
-            self.add_local(key);
+            self.add_local(key, limit);
         }
         true
     }
@@ -379,25 +447,25 @@ mod tests {
     fn a_key_is_reserved_once_per_client() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 4), SharedPick::Use(1)));
-        assert!(matches!(reg.pick_shared(&"a", 4), SharedPick::Busy));
+        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Use(1)));
+        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Busy));
         assert!(reg.attempt_done(1, &"a", true));
-        assert!(matches!(reg.pick_shared(&"a", 4), SharedPick::Busy));
+        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Busy));
         reg.mark_releasing(1, &"a");
-        assert!(matches!(reg.pick_shared(&"a", 4), SharedPick::Settling));
+        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Settling));
         reg.forget(1, &"a");
-        assert!(matches!(reg.pick_shared(&"a", 4), SharedPick::Use(1)));
+        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Use(1)));
     }
 
     #[test]
     fn busy_connections_spread_attempts_up_to_the_limit() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 2), SharedPick::Use(1)));
-        assert!(matches!(reg.pick_shared(&"b", 2), SharedPick::Open));
-        assert!(reg.opened(2, 2, Some(&"b"), false));
+        assert!(matches!(reg.pick_shared(&"a", 1, 2), SharedPick::Use(1)));
+        assert!(matches!(reg.pick_shared(&"b", 1, 2), SharedPick::Open));
+        assert!(reg.opened(2, 2, Some((&"b", 1)), false));
         // At the limit: share the least busy one.
-        assert!(matches!(reg.pick_shared(&"c", 2), SharedPick::Use(_)));
+        assert!(matches!(reg.pick_shared(&"c", 1, 2), SharedPick::Use(_)));
         assert_eq!(reg.total(), 2);
     }
 
@@ -405,22 +473,22 @@ mod tests {
     fn attempts_avoid_a_connection_busy_with_an_unlock() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 3), SharedPick::Use(1)));
+        assert!(matches!(reg.pick_shared(&"a", 1, 3), SharedPick::Use(1)));
         reg.attempt_done(1, &"a", true);
         // With a limit of three, one connection holding locks is already half: the next lock
         // gathers there.
-        assert!(matches!(reg.pick_shared(&"b", 3), SharedPick::Use(1)));
+        assert!(matches!(reg.pick_shared(&"b", 1, 3), SharedPick::Use(1)));
         reg.attempt_done(1, &"b", false);
         // While "a"'s unlock runs there, the next attempt does not queue behind it.
         reg.unlock_started(1);
-        assert!(matches!(reg.pick_shared(&"b", 3), SharedPick::Open));
-        assert!(reg.opened(2, 2, Some(&"b"), false));
+        assert!(matches!(reg.pick_shared(&"b", 1, 3), SharedPick::Open));
+        assert!(reg.opened(2, 2, Some((&"b", 1)), false));
         reg.attempt_done(2, &"b", false);
-        assert!(matches!(reg.pick_shared(&"c", 3), SharedPick::Use(2)));
+        assert!(matches!(reg.pick_shared(&"c", 1, 3), SharedPick::Use(2)));
         reg.attempt_done(2, &"c", false);
         reg.unlock_ended(1);
         reg.forget(1, &"a");
-        assert!(matches!(reg.pick_shared(&"d", 3), SharedPick::Use(_)));
+        assert!(matches!(reg.pick_shared(&"d", 1, 3), SharedPick::Use(_)));
         assert_eq!(reg.total(), 2);
     }
 
@@ -429,24 +497,30 @@ mod tests {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
         let keys = ["a", "b", "c", "d", "e", "f"];
-        assert!(matches!(reg.pick_shared(&keys[0], 10), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&keys[0], 1, 10),
+            SharedPick::Use(1)
+        ));
         reg.attempt_done(1, &keys[0], true);
         // Each free connection holds a lock: the next attempt gets a connection of its own,
         // so that it never delays a holder's release.
         for (id, key) in (2..=5).zip(&keys[1..5]) {
-            assert!(matches!(reg.pick_shared(key, 10), SharedPick::OpenToSpread));
-            assert!(reg.opened(id, id, Some(key), false));
+            assert!(matches!(
+                reg.pick_shared(key, 1, 10),
+                SharedPick::OpenToSpread
+            ));
+            assert!(reg.opened(id, id, Some((key, 1)), false));
             reg.attempt_done(id, key, true);
         }
         // Five of ten hold locks: the rest stay free for waits, and locks gather.
-        let SharedPick::Use(gathered) = reg.pick_shared(&keys[5], 10) else {
+        let SharedPick::Use(gathered) = reg.pick_shared(&keys[5], 1, 10) else {
             panic!("a sixth lock opened a connection");
         };
         reg.attempt_done(gathered, &keys[5], false);
         assert_eq!(reg.total(), 5);
         // A connection whose locks are all released is the first choice again.
         reg.forget(3, &"c");
-        assert!(matches!(reg.pick_shared(&"g", 10), SharedPick::Use(3)));
+        assert!(matches!(reg.pick_shared(&"g", 1, 10), SharedPick::Use(3)));
         // The other half of the limit is for waits.
         assert!(matches!(reg.pick_waiting(10), WaitPick::Open));
     }
@@ -455,15 +529,15 @@ mod tests {
     fn a_failed_open_to_spread_falls_back_to_a_free_connection() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 10), SharedPick::Use(1)));
+        assert!(matches!(reg.pick_shared(&"a", 1, 10), SharedPick::Use(1)));
         reg.attempt_done(1, &"a", true);
         assert!(matches!(
-            reg.pick_shared(&"b", 10),
+            reg.pick_shared(&"b", 1, 10),
             SharedPick::OpenToSpread
         ));
         reg.open_failed(false);
         assert!(matches!(
-            reg.pick_shared_gathered(&"b", 10),
+            reg.pick_shared_gathered(&"b", 1, 10),
             SharedPick::Use(1)
         ));
         assert_eq!(reg.total(), 1);
@@ -473,7 +547,7 @@ mod tests {
     fn waits_take_only_idle_connections_and_leave_one_over() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 3), SharedPick::Use(1)));
+        assert!(matches!(reg.pick_shared(&"a", 1, 3), SharedPick::Use(1)));
         reg.attempt_done(1, &"a", true);
         // Connection 1 holds a lock: a wait opens its own.
         assert!(matches!(reg.pick_waiting(3), WaitPick::Open));
@@ -482,7 +556,7 @@ mod tests {
         reg.opened(3, 3, None, true);
         // Two of three wait: the third may not.
         assert!(matches!(reg.pick_waiting(3), WaitPick::Full));
-        assert!(reg.wait_done(2, Some(&"b")));
+        assert!(reg.wait_done(2, Some((&"b", 1))));
         assert!(reg.holds(&"b"));
         assert_eq!(reg.holder(&"b"), Some(&2));
     }
@@ -491,11 +565,61 @@ mod tests {
     fn a_closed_connection_takes_its_slots_along() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 2), SharedPick::Use(1)));
+        assert!(matches!(reg.pick_shared(&"a", 1, 2), SharedPick::Use(1)));
         reg.attempt_done(1, &"a", true);
         assert_eq!(reg.remove(1), Some(1));
         assert!(!reg.holds(&"a"));
         assert_eq!(reg.total(), 0);
         assert!(!reg.attempt_done(1, &"a", false));
+    }
+
+    #[test]
+    fn a_semaphore_key_takes_up_to_its_limit_of_connections_once_each() {
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Use(1)));
+        reg.attempt_done(1, &"s", true);
+        // Not on connection 1 again: the server would stack it there.
+        assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Open));
+        assert!(reg.opened(2, 2, Some((&"s", 3)), false));
+        reg.attempt_done(2, &"s", true);
+        // Another limit, or a lock, is refused here without asking the server.
+        assert!(matches!(
+            reg.pick_shared(&"s", 4, 4),
+            SharedPick::Mismatch(3)
+        ));
+        assert!(matches!(
+            reg.pick_shared(&"s", 1, 4),
+            SharedPick::Mismatch(3)
+        ));
+        assert!(!reg.full(&"s", 3));
+        assert!(reg.full(&"s", 1));
+        assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Open));
+        assert!(reg.opened(3, 3, Some((&"s", 3)), false));
+        reg.attempt_done(3, &"s", true);
+        assert!(reg.full(&"s", 3));
+        assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Busy));
+        // A connection holding none of them takes the next after a release.
+        reg.forget(2, &"s");
+        assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Use(2)));
+        reg.attempt_done(2, &"s", true);
+        // Every connection holds one, and no other may open: busy.
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(reg.pick_shared(&"s", 3, 1), SharedPick::Use(1)));
+        reg.attempt_done(1, &"s", true);
+        assert!(matches!(reg.pick_shared(&"s", 3, 1), SharedPick::Busy));
+    }
+
+    #[test]
+    fn a_key_whose_holders_are_all_releasing_settles_before_another_limit() {
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Use(1)));
+        reg.attempt_done(1, &"a", true);
+        reg.mark_releasing(1, &"a");
+        assert!(matches!(reg.pick_shared(&"a", 3, 4), SharedPick::Settling));
+        reg.forget(1, &"a");
+        assert!(matches!(reg.pick_shared(&"a", 3, 4), SharedPick::Use(1)));
     }
 }
