@@ -11,5 +11,6 @@ mod faults;
 mod fence;
 mod helpers;
 mod inspect;
+mod semaphore;
 mod tls;
 mod unix_socket;

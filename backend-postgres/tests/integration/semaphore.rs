@@ -1,0 +1,239 @@
+//! Semaphores on Postgres: what a permit holds on the server, a killed session giving its permit
+//! back to a waiter of another client, and refusals of another limit (or a lock) between
+//! clients that leave nothing held.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{advisory_locks, advisory_rows, eventually, sql, unique, with_options};
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LostReason};
+use dlock_postgres::{AdvisoryKey, PostgresLock};
+use sqlx::Row;
+use tokio::time::timeout;
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn name(s: &str) -> LockName {
+    LockName::new(unique(s)).unwrap()
+}
+
+/// A client whose sessions carry their own `application_name`, to find them in `pg_locks`.
+async fn client(app: &str) -> PostgresLock {
+    let url = with_options(&common::shared_url(), &format!("application_name={app}"));
+    PostgresLock::connect_url(&url).await.unwrap()
+}
+
+fn wait() -> LockOptions {
+    LockOptions::new().with_wait_timeout(BOUND)
+}
+
+/// The modes the name's own advisory key is held in, as `pg_locks` shows them.
+async fn name_key_modes(name: &LockName) -> Vec<String> {
+    let (classid, objid, objsubid) = AdvisoryKey::Name(name.clone()).pg_locks_ids();
+    let mut conn = sql(&common::shared_url()).await;
+    sqlx::query(
+        "SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3 ORDER BY pid",
+    )
+    .bind(i64::from(classid))
+    .bind(i64::from(objid))
+    .bind(objsubid)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get::<String, _>(0))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_holds_a_slot_and_the_name_shared_on_its_own_session() {
+    let app = unique("semlayout");
+    let a = client(&app).await;
+    let n = name("layout");
+    let first = a
+        .try_acquire_permit(&n, 3, &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    let second = a
+        .try_acquire_permit(&n, 3, &LockOptions::new())
+        .await
+        .unwrap()
+        .unwrap();
+    // Each permit: its slot, the name's key and the limit key (both shared), on a session of
+    // its own (a session never holds two permits of a name).
+    assert_eq!(advisory_locks(&common::shared_url(), &app).await, (6, 0));
+    assert_eq!(name_key_modes(&n).await, ["ShareLock", "ShareLock"]);
+    assert_eq!(a.count_permits(&n).await.unwrap(), 2);
+    assert!(first.fencing_token() < second.fencing_token());
+    first.release().await.unwrap();
+    assert_eq!(advisory_locks(&common::shared_url(), &app).await, (3, 0));
+    second.release().await.unwrap();
+    assert_eq!(advisory_locks(&common::shared_url(), &app).await, (0, 0));
+    assert_eq!(a.count_permits(&n).await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_session_gives_its_permit_back_and_wakes_a_waiter_of_another_client() {
+    let (a, b) = (
+        client(&unique("semkill")).await,
+        client(&unique("semwait")).await,
+    );
+    let n = name("killed");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(
+            a.try_acquire_permit(&n, 3, &LockOptions::new())
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let waiter = {
+        let (b, n) = (b.clone(), n.clone());
+        tokio::spawn(async move { b.acquire_permit(&n, 3, &wait()).await })
+    };
+    // One of the three sessions holding the name (shared) ends.
+    let mut conn = sql(&common::shared_url()).await;
+    let (classid, objid, objsubid) = AdvisoryKey::Name(n.clone()).pg_locks_ids();
+    let killed: bool = sqlx::query(
+        "SELECT pg_terminate_backend(min(pid)) FROM pg_locks WHERE locktype = 'advisory' \
+         AND granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3",
+    )
+    .bind(i64::from(classid))
+    .bind(i64::from(objid))
+    .bind(objsubid)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap()
+    .get(0);
+    assert!(killed);
+    let permit = timeout(BOUND, waiter)
+        .await
+        .expect("the waiter within the bound")
+        .unwrap()
+        .expect("the killed session's permit");
+    // Exactly one of the holder's permits was lost, with its session.
+    eventually("the killed permit's guard to learn it", || {
+        let lost_now = held.iter().filter(|g| !g.is_held()).count();
+        async move { lost_now == 1 }
+    })
+    .await;
+    let gone = held.iter().position(|g| !g.is_held()).unwrap();
+    assert_eq!(
+        timeout(BOUND, held[gone].lost()).await.unwrap(),
+        LostReason::SessionClosed
+    );
+    assert_eq!(a.count_permits(&n).await.unwrap(), 3);
+    let beyond = b
+        .try_acquire_permit(&n, 3, &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(beyond.is_none(), "a fourth permit of three");
+    permit.release().await.unwrap();
+    for guard in held {
+        let _ = guard.release().await;
+    }
+    assert_eq!(a.count_permits(&n).await.unwrap(), 0);
+}
+
+fn names_both(error: &LockError, asked: u32, in_use: u32) -> bool {
+    matches!(error, LockError::InvalidArgument { reason, .. }
+        if reason.contains(&asked.to_string()) && reason.contains(&in_use.to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_limit_or_a_lock_is_refused_across_clients_and_leaves_nothing() {
+    let app = unique("semrefused");
+    let (a, b) = (client(&unique("semholder")).await, client(&app).await);
+    let opts = LockOptions::new();
+    let sem = name("assem");
+    let held = a.try_acquire_permit(&sem, 3, &opts).await.unwrap().unwrap();
+
+    let other = b.try_acquire_permit(&sem, 4, &opts).await;
+    assert!(names_both(other.as_ref().unwrap_err(), 4, 3), "{other:?}");
+    let waited = b.acquire_permit(&sem, 2, &wait()).await;
+    assert!(names_both(waited.as_ref().unwrap_err(), 2, 3), "{waited:?}");
+    let as_lock = b.try_acquire(&sem, &opts).await;
+    assert!(
+        names_both(as_lock.as_ref().unwrap_err(), 1, 3),
+        "{as_lock:?}"
+    );
+    let lock_waited = b.acquire(&sem, &wait()).await;
+    assert!(
+        names_both(lock_waited.as_ref().unwrap_err(), 1, 3),
+        "{lock_waited:?}"
+    );
+
+    let lock = name("aslock");
+    let guard = a.try_acquire(&lock, &opts).await.unwrap().unwrap();
+    let on_lock = b.try_acquire_permit(&lock, 3, &opts).await;
+    assert!(
+        names_both(on_lock.as_ref().unwrap_err(), 3, 1),
+        "{on_lock:?}"
+    );
+    let on_lock_waited = b.acquire_permit(&lock, 3, &wait()).await;
+    assert!(
+        names_both(on_lock_waited.as_ref().unwrap_err(), 3, 1),
+        "{on_lock_waited:?}"
+    );
+
+    // Nothing of the refused client's is left on the server, and the holders' keys are as
+    // they were.
+    assert_eq!(advisory_locks(&common::shared_url(), &app).await, (0, 0));
+    assert_eq!(name_key_modes(&sem).await, ["ShareLock"]);
+    assert_eq!(name_key_modes(&lock).await, ["ExclusiveLock"]);
+    assert_eq!(a.count_permits(&sem).await.unwrap(), 1);
+
+    // Once the holders are gone, the names take any limit.
+    held.release().await.unwrap();
+    guard.release().await.unwrap();
+    let four = b.try_acquire_permit(&sem, 4, &opts).await.unwrap().unwrap();
+    let as_lock = a.try_acquire(&sem, &opts).await;
+    assert!(
+        names_both(as_lock.as_ref().unwrap_err(), 1, 4),
+        "{as_lock:?}"
+    );
+    four.release().await.unwrap();
+    let permit = b
+        .try_acquire_permit(&lock, 2, &opts)
+        .await
+        .unwrap()
+        .unwrap();
+    permit.release().await.unwrap();
+    let mut conn = sql(&common::shared_url()).await;
+    for n in [&sem, &lock] {
+        let rows = advisory_rows(&mut conn, &AdvisoryKey::Name(n.clone()))
+            .await
+            .unwrap();
+        assert!(rows.is_empty(), "{n}: {rows:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_limits_racing_for_a_free_name_never_hold_together() {
+    let (a, b) = (
+        client(&unique("semrace")).await,
+        client(&unique("semrace")).await,
+    );
+    let opts = LockOptions::new();
+    for round in 0..40 {
+        let n = name(&format!("race{round}"));
+        let (x, y) = tokio::join!(
+            a.try_acquire_permit(&n, 3, &opts),
+            b.try_acquire_permit(&n, 4, &opts)
+        );
+        match (&x, &y) {
+            (Ok(Some(_)), Err(e)) => assert!(names_both(e, 4, 3), "{e:?}"),
+            (Err(e), Ok(Some(_))) => assert!(names_both(e, 3, 4), "{e:?}"),
+            // Both refused or busy is allowed (each saw the other), both granted is not.
+            (Ok(Some(_)), Ok(Some(_))) => panic!("limits 3 and 4 held {n} together"),
+            _ => {}
+        }
+        for permit in [x, y].into_iter().flatten().flatten() {
+            permit.release().await.unwrap();
+        }
+    }
+}
