@@ -93,6 +93,55 @@
 //!   key), and there is no remaining lease (the connection is the lease). One connection is kept
 //!   for it, opened on first use.
 //!
+//! ## Semaphores
+//! [`acquire_permit`](dlock_api::DistributedLock::acquire_permit) of a name with `N` permits
+//! (2 ≤ `N` ≤ 64; one permit is a lock) holds, on one pooled session, three advisory locks of
+//! keys derived from the name's key `K` (each the 64-bit hash of a name made from
+//! `pg-advisory:K`, so as unlikely to meet another name's key as two names are):
+//! - **a slot**, `K#i` for one `i < N`, exclusively: the permit itself. An attempt tries every
+//!   slot in one statement, from a random one on, and takes the first free one; at most `N`
+//!   hold at once because there are `N` slots.
+//! - **the name's key `K`, shared**: a lock's `pg_try_advisory_lock(K)` is busy while any permit
+//!   is held, and a permit's shared attempt is busy while a lock holds the name (or waits for
+//!   it), so a lock and permits never hold a name together. When a lock attempt finds the key
+//!   held in share mode (read from `pg_locks` in the same statement, only when refused), it is
+//!   refused with [`permits_mismatch`](dlock_api::raw::permits_mismatch) rather than called busy.
+//! - **the limit key `K#permits=N`, shared**: the name's limit, kept on the server by the holders
+//!   themselves.
+//!
+//! **One limit per name.** Every permit attempt first takes the name's gate key (`K#gate`) for
+//! its own statement only (a transaction-scoped lock, released when the statement ends,
+//! whatever happens to it), so the checks of two attempts on a name never interleave; holders
+//! only ever leave meanwhile, which cannot make a check wrong in the unsafe direction. Under the
+//! gate, the attempt takes `K` exclusively for the statement: if it can, nobody holds the name,
+//! and this attempt sets its limit. If it cannot, it takes the limit key exclusively for the
+//! statement: if it can, nobody holds this limit, so the name is held by a lock or by permits of
+//! another limit, and the attempt is refused, nothing taken (`pg_locks` then says which
+//! number, for the error). If it cannot, permits of this same limit are held, and the attempt
+//! joins them. So every session holding `K` shared holds the same limit key, and two limits
+//! (or a lock and permits) never hold a name at once; two attempts racing for a free name with
+//! different limits both see the other at worst, and both are refused.
+//!
+//! **What ends a permit**: its release (an owner-checked `pg_advisory_unlock` of the slot, with
+//! the shared keys, on its own session), or its session ending, exactly as a lock (keepalive,
+//! `lost(SessionClosed)` on every guard of a dead session). The client puts at most one permit
+//! of a name on each of its sessions (advisory locks stack per session), so one client holds at
+//! most as many permits of a name as it has connections.
+//!
+//! **Waiting**: a waiter (one per client and name, the others queue in the client as for locks)
+//! blocks on the server on one slot, chosen at random, for at most 500 ms: the server wakes it
+//! the moment that slot is released or its holder's session ends; then it tries every slot.
+//! A release of another slot is found at that next try, so a waiter may wait up to 500 ms
+//! longer than needed (advisory locks cannot wait for *any* of several keys, and
+//! `LISTEN`/`NOTIFY` is not sent when a holder's session dies).
+//!
+//! **Fencing**: each permit's token is drawn in the statement that took its slot, from the
+//! same sequences as a lock's, so it is above every earlier grant's of the name.
+//! [`count_permits`](dlock_api::DistributedLock::count_permits) counts the name's slot keys
+//! granted in `pg_locks`. A lock that began waiting at the server before the name was taken as
+//! a semaphore keeps waiting (never holding with the permits), and holds off new permits until
+//! the held ones are gone.
+//!
 //! ## URL
 //! `postgres://[user[:password]@][host][:port][/database][?option=value…]` (or `postgresql://`);
 //! options are listed on [`PostgresConfig`]. As with libpq, a host that is a path is the

@@ -14,6 +14,13 @@
 //!   release that is about to come; past that, locks gather on the connections that hold some,
 //!   keeping the rest free for waits. A lock is released on the connection that took it; a
 //!   connection is never reset or handed elsewhere while it holds anything.
+//! - **Semaphores are locks with a holder limit.** A key asked with `permits` > 1 goes
+//!   through the driver's `try_permit`/`wait_permit`/`unlock_permit` (the server picks the
+//!   slot), along the same paths as a lock (which is the limit 1, with its own statements): the
+//!   client reserves the key on at most `permits` connections, never twice on one, and refuses
+//!   another number for a key it has in use
+//!   ([`permits_mismatch`](crate::raw::permits_mismatch)) without asking the server; the
+//!   server refuses it across clients.
 //! - **A server-side wait gets a connection of its own** that holds nothing, so it never stalls
 //!   other guards' releases; after the grant that connection is shared like any. At most all
 //!   but one connection wait at once. This client's waiters for one name queue in the client
