@@ -28,12 +28,13 @@ fn wait() -> LockOptions {
     LockOptions::new().with_wait_timeout(BOUND)
 }
 
-/// The modes the name's own advisory key is held in, as `pg_locks` shows them.
-async fn name_key_modes(name: &LockName) -> Vec<String> {
+/// The sessions holding the name's own advisory key and the mode of each, as `pg_locks` shows
+/// them (by pid).
+async fn name_key_holders(name: &LockName) -> Vec<(i32, String)> {
     let (classid, objid, objsubid) = AdvisoryKey::Name(name.clone()).pg_locks_ids();
     let mut conn = sql(&common::shared_url()).await;
     sqlx::query(
-        "SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND granted \
+        "SELECT pid, mode FROM pg_locks WHERE locktype = 'advisory' AND granted \
          AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3 ORDER BY pid",
     )
     .bind(i64::from(classid))
@@ -43,8 +44,16 @@ async fn name_key_modes(name: &LockName) -> Vec<String> {
     .await
     .unwrap()
     .iter()
-    .map(|r| r.get::<String, _>(0))
+    .map(|r| (r.get(0), r.get(1)))
     .collect()
+}
+
+async fn name_key_modes(name: &LockName) -> Vec<String> {
+    name_key_holders(name)
+        .await
+        .into_iter()
+        .map(|(_, mode)| mode)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,19 +105,14 @@ async fn a_killed_session_gives_its_permit_back_and_wakes_a_waiter_of_another_cl
         tokio::spawn(async move { b.acquire_permit(&n, 3, &wait()).await })
     };
     // One of the three sessions holding the name (shared) ends.
+    let (pid, _) = name_key_holders(&n).await[0].clone();
     let mut conn = sql(&common::shared_url()).await;
-    let (classid, objid, objsubid) = AdvisoryKey::Name(n.clone()).pg_locks_ids();
-    let killed: bool = sqlx::query(
-        "SELECT pg_terminate_backend(min(pid)) FROM pg_locks WHERE locktype = 'advisory' \
-         AND granted AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3",
-    )
-    .bind(i64::from(classid))
-    .bind(i64::from(objid))
-    .bind(objsubid)
-    .fetch_one(&mut conn)
-    .await
-    .unwrap()
-    .get(0);
+    let killed: bool = sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .get(0);
     assert!(killed);
     let permit = timeout(BOUND, waiter)
         .await
