@@ -84,12 +84,14 @@ pub(crate) fn try_permit_query(
     key: i64,
     permits: u32,
     slots: Vec<i64>,
+    gate_timeout_ms: u64,
 ) -> Query<'_, Postgres, PgArguments> {
     sqlx::query(&sql.try_permit)
         .bind(key::gate_key(key))
         .bind(key)
         .bind(key::limit_key(key, permits))
         .bind(slots)
+        .bind(format!("{gate_timeout_ms}ms"))
 }
 
 /// An attempt that found the name free: it now holds the name's limit.
@@ -100,7 +102,8 @@ pub(crate) const PERMIT_JOINED: i32 = 1;
 pub(crate) const PERMIT_MISMATCH: i32 = 2;
 
 /// The statement of one permit attempt; `$1` the name's gate key, `$2` its own key, `$3` its
-/// limit key, `$4` the slot keys in the order to try them.
+/// limit key, `$4` the slot keys in the order to try them, `$5` the longest wait for the gate
+/// (`lock_timeout` for this statement only: a session keeps the one its last wait set).
 ///
 /// Under the gate (a transaction-scoped lock, so it ends with the statement whatever happens),
 /// no other permit attempt on the name runs its checks, and permit holders only ever leave, so
@@ -131,7 +134,8 @@ fn try_permit(token: &str) -> String {
          FROM (SELECT st, CASE WHEN st <> {PERMIT_MISMATCH} THEN pg_try_advisory_lock_shared($2) END AS sk \
          FROM (SELECT CASE WHEN pg_try_advisory_xact_lock($2) THEN {PERMIT_FREE} \
          WHEN pg_try_advisory_xact_lock($3) THEN {PERMIT_MISMATCH} ELSE {PERMIT_JOINED} END AS st \
-         FROM (SELECT pg_advisory_xact_lock($1) OFFSET 0) g OFFSET 0) c OFFSET 0) d OFFSET 0) e OFFSET 0) f"
+         FROM (SELECT pg_advisory_xact_lock($1) FROM (SELECT set_config('lock_timeout', $5, true) \
+         OFFSET 0) s OFFSET 0) g OFFSET 0) c OFFSET 0) d OFFSET 0) e OFFSET 0) f"
     )
 }
 
