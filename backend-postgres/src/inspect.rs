@@ -59,12 +59,20 @@ impl Inspector {
         })
     }
 
-    /// How many of the semaphore slots `slots` are held now, as `pg_locks` says.
+    /// How many permits of the name of key `key` are held now, as `pg_locks` says: its slots
+    /// `slots` held, or 1 for a lock.
     ///
     /// # Cancel safety
     /// As [`inspect`](Self::inspect).
-    pub(crate) async fn count_held(&self, config: &PostgresConfig, slots: Vec<i64>) -> Result<u32> {
-        let row = self.fetch(config, crate::sql::count_held(slots)).await?;
+    pub(crate) async fn count_held(
+        &self,
+        config: &PostgresConfig,
+        slots: Vec<i64>,
+        key: i64,
+    ) -> Result<u32> {
+        let row = self
+            .fetch(config, crate::sql::count_held(slots, key))
+            .await?;
         let held: i64 = row.try_get(0).map_err(map_err)?;
         Ok(u32::try_from(held).unwrap_or(u32::MAX))
     }

@@ -138,9 +138,9 @@
 //! **Fencing**: each permit's token is drawn in the statement that took its slot, from the
 //! same sequences as a lock's, so it is above every earlier grant's of the name.
 //! [`count_permits`](dlock_api::DistributedLock::count_permits) counts the name's slot keys
-//! granted in `pg_locks`. A lock that began waiting at the server before the name was taken as
-//! a semaphore keeps waiting (never holding with the permits), and holds off new permits until
-//! the held ones are gone.
+//! granted in `pg_locks` (a lock held counts as one). A lock that began waiting at the server
+//! before the name was taken as a semaphore keeps waiting (never holding with the permits), and
+//! holds off new permits until the held ones are gone.
 //!
 //! ## URL
 //! `postgres://[user[:password]@][host][:port][/database][?option=value…]` (or `postgresql://`);

@@ -250,11 +250,11 @@ impl RawLock for PostgresLock {
     }
 
     /// The name's slot locks held now, in `pg_locks` (every slot a semaphore of the most
-    /// permits could use; a lock holds none).
+    /// permits could use), or 1 for a lock.
     async fn count_permits(&self, name: &LockName) -> Result<u32> {
         let k = KeyMapper::hash_i64(name);
         self.inspector
-            .count_held(self.config(), slot_keys(k, MAX_PERMITS, 0))
+            .count_held(self.config(), slot_keys(k, MAX_PERMITS, 0), k)
             .await
     }
 }

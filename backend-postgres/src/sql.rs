@@ -166,17 +166,20 @@ pub(crate) fn in_use(key: i64, limits: Vec<i64>) -> Query<'static, Postgres, PgA
     sqlx::query(sql).bind(key).bind(limits)
 }
 
-/// How many of the slot keys `$1` are held, as `pg_locks` says.
-pub(crate) fn count_held(slots: Vec<i64>) -> Query<'static, Postgres, PgArguments> {
+/// How many permits of the name whose key is `$2` are held, as `pg_locks` says: its slot keys
+/// `$1` held, or 1 if none is and the name's key is held exclusively (a lock).
+pub(crate) fn count_held(slots: Vec<i64>, key: i64) -> Query<'static, Postgres, PgArguments> {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let sql = SQL.get_or_init(|| {
         format!(
-            "SELECT count(*) FROM unnest($1::bigint[]) AS c(k) JOIN pg_locks l ON {} \
-             AND l.granted",
-            advisory_is("c.k")
+            "SELECT greatest((SELECT count(*) FROM unnest($1::bigint[]) AS c(k) JOIN pg_locks l \
+             ON {} AND l.granted), (SELECT count(*) FROM pg_locks l WHERE {} \
+             AND l.mode = 'ExclusiveLock' AND l.granted))",
+            advisory_is("c.k"),
+            advisory_is("$2")
         )
     });
-    sqlx::query(sql).bind(slots)
+    sqlx::query(sql).bind(slots).bind(key)
 }
 
 /// Waits (under `lock_timeout`) until the slot key `$1` is free, and leaves it free: a wake-up

@@ -143,9 +143,18 @@ async fn a_killed_session_gives_its_permit_back_and_wakes_a_waiter_of_another_cl
     assert_eq!(a.count_permits(&n).await.unwrap(), 0);
 }
 
+/// Whether `error` is the refusal of `asked` permits of a name in use with `in_use`.
 fn names_both(error: &LockError, asked: u32, in_use: u32) -> bool {
+    let as_what = |n: u32| {
+        if n == 1 {
+            "as a lock (one permit)".to_owned()
+        } else {
+            format!("as a semaphore of {n} permits")
+        }
+    };
     matches!(error, LockError::InvalidArgument { reason, .. }
-        if reason.contains(&asked.to_string()) && reason.contains(&in_use.to_string()))
+        if reason.contains(&format!("in use {}", as_what(in_use)))
+            && reason.contains(&format!("asked {}", as_what(asked))))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,6 +164,12 @@ async fn another_limit_or_a_lock_is_refused_across_clients_and_leaves_nothing() 
     let opts = LockOptions::new();
     let sem = name("assem");
     let held = a.try_acquire_permit(&sem, 3, &opts).await.unwrap().unwrap();
+
+    // The holder's own client refuses another number at once, waiting or not.
+    let own = a.acquire(&sem, &wait()).await;
+    assert!(names_both(own.as_ref().unwrap_err(), 1, 3), "{own:?}");
+    let own = a.acquire_permit(&sem, 4, &wait()).await;
+    assert!(names_both(own.as_ref().unwrap_err(), 4, 3), "{own:?}");
 
     let other = b.try_acquire_permit(&sem, 4, &opts).await;
     assert!(names_both(other.as_ref().unwrap_err(), 4, 3), "{other:?}");
@@ -190,6 +205,11 @@ async fn another_limit_or_a_lock_is_refused_across_clients_and_leaves_nothing() 
     assert_eq!(name_key_modes(&sem).await, ["ShareLock"]);
     assert_eq!(name_key_modes(&lock).await, ["ExclusiveLock"]);
     assert_eq!(a.count_permits(&sem).await.unwrap(), 1);
+    assert_eq!(
+        b.count_permits(&lock).await.unwrap(),
+        1,
+        "a lock is one permit"
+    );
 
     // Once the holders are gone, the names take any limit.
     held.release().await.unwrap();

@@ -127,12 +127,13 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         self.local.contains_key(key)
     }
 
-    /// Whether this client has as many slots of `key` as `limit` allows (or it is in use here
-    /// with another limit): another attempt would be refused.
+    /// Whether this client has as many slots of `key` as `limit` allows: another attempt
+    /// would be busy. (One in use here with another limit is not full: an attempt is refused
+    /// at once, without the server.)
     pub(super) fn full(&self, key: &K, limit: u32) -> bool {
         self.local
             .get(key)
-            .is_some_and(|l| l.count >= limit || l.limit != limit)
+            .is_some_and(|l| l.count >= limit && l.limit == limit)
     }
 
     /// Whether `key` may get another slot with `limit`.
@@ -593,7 +594,7 @@ mod tests {
             SharedPick::Mismatch(3)
         ));
         assert!(!reg.full(&"s", 3));
-        assert!(reg.full(&"s", 1));
+        assert!(!reg.full(&"s", 1));
         assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Open));
         assert!(reg.opened(3, 3, Some((&"s", 3)), false));
         reg.attempt_done(3, &"s", true);
