@@ -225,7 +225,8 @@ impl SessionDriver for PgDriver {
             (None, RawKey::Int(k))
                 if row.try_get::<Option<bool>, _>(1).map_err(failure)? == Some(true) =>
             {
-                // Held by a semaphore's permits.
+                // Held in share mode only: by a semaphore's permits, whose limit `pg_locks`
+                // tells (nothing there: gone meanwhile, busy when asked).
                 match self.in_use(conn, *k).await? {
                     Some(in_use) if in_use != 1 => {
                         Err(DriverError::statement(permits_mismatch(name, 1, in_use)))

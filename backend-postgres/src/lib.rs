@@ -104,8 +104,9 @@
 //! - **the name's key `K`, shared**: a lock's `pg_try_advisory_lock(K)` is busy while any permit
 //!   is held, and a permit's shared attempt is busy while a lock holds the name (or waits for
 //!   it), so a lock and permits never hold a name together. When a lock attempt finds the key
-//!   held in share mode (read from `pg_locks` in the same statement, only when refused), it is
-//!   refused with [`permits_mismatch`](dlock_api::raw::permits_mismatch) rather than called busy.
+//!   held in share mode only (a shared attempt in the same statement, made only when the lock
+//!   is refused and given back at once; `pg_locks` then gives the limit), it is refused with
+//!   [`permits_mismatch`](dlock_api::raw::permits_mismatch) rather than called busy.
 //! - **the limit key `K#permits=N`, shared**: the name's limit, kept on the server by the holders
 //!   themselves.
 //!

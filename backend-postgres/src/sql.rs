@@ -29,13 +29,13 @@ impl Sql {
             format!("SELECT CASE WHEN pg_try_advisory_lock({args}) THEN {token} END AS token")
         };
         // A busy name key held *shared* is held by a semaphore's permits: the second column
-        // says so (read from `pg_locks` only when the lock was refused), so that the lock is
-        // refused as a mismatch rather than called busy.
+        // says so, only when the lock was refused, by a shared attempt of its own (given back at
+        // once), so that the lock is refused as a mismatch rather than called busy. A shared
+        // attempt is free of catalog reads: the granted lock costs what it did before.
         let try_int = format!(
-            "SELECT token, CASE WHEN token IS NULL THEN EXISTS (SELECT 1 FROM pg_locks l \
-             WHERE {} AND l.mode = 'ShareLock' AND l.granted) END AS shared \
-             FROM ({} OFFSET 0) t",
-            advisory_is("$1"),
+            "SELECT token, CASE WHEN token IS NULL THEN \
+             CASE WHEN pg_try_advisory_lock_shared($1) THEN pg_advisory_unlock_shared($1) \
+             ELSE false END END AS shared FROM ({} OFFSET 0) t",
             try_lock("$1")
         );
         let wait = |args: &str, timeout: &str| {
