@@ -266,36 +266,23 @@ impl RawLock for EtcdLock {
         })
     }
 
-    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
-        self.try_grant_of(name, 1, options).await
+    async fn try_grant(
+        &self,
+        name: &LockName,
+        limit: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        self.try_grant_of(name, limit, options).await
     }
 
     async fn wait_grant(
         &self,
         name: &LockName,
+        limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        self.wait_grant_of(name, 1, options, deadline).await
-    }
-
-    async fn try_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-    ) -> Result<Option<Grant>> {
-        self.try_grant_of(name, permits, options).await
-    }
-
-    async fn wait_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        self.wait_grant_of(name, permits, options, deadline).await
+        self.wait_grant_of(name, limit, options, deadline).await
     }
 
     /// `min(live keys of the name, the oldest key's limit)`: the keys past the limit wait. One

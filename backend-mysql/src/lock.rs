@@ -153,18 +153,25 @@ impl RawLock for MySqlLock {
             .await
     }
 
-    async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {
-        self.pool.try_grant(name, &self.raw_key(name)).await
+    /// `limit` is always 1: this backend has no semaphores (see the crate docs).
+    async fn try_grant(
+        &self,
+        name: &LockName,
+        limit: u32,
+        _options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        self.pool.try_grant(name, &self.raw_key(name), limit).await
     }
 
     async fn wait_grant(
         &self,
         name: &LockName,
+        limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
         self.pool
-            .wait_grant(name, &self.raw_key(name), options, deadline)
+            .wait_grant(name, &self.raw_key(name), limit, options, deadline)
             .await
     }
 }

@@ -141,7 +141,7 @@ impl PostgresLock {
     ) -> Result<Option<LockGuard>> {
         let name = key.lock_name();
         let raw = key.raw();
-        let attempt = self.pool.try_grant(&name, &raw);
+        let attempt = self.pool.try_grant(&name, &raw, 1);
         try_acquire_by(RawLock::capabilities(self), BACKEND, options, attempt).await
     }
 
@@ -158,7 +158,7 @@ impl PostgresLock {
         let caps = RawLock::capabilities(self);
         let raw = key.raw();
         acquire_by(caps, BACKEND, &name, options, |deadline| {
-            self.pool.wait_grant(&name, &raw, options, deadline)
+            self.pool.wait_grant(&name, &raw, 1, options, deadline)
         })
         .await
     }
@@ -207,45 +207,28 @@ impl RawLock for PostgresLock {
             .await
     }
 
-    async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {
+    /// The name's advisory lock, or for `limit` above 1 one of `limit` slot locks of the name on
+    /// a pooled session; see the crate docs, *Semaphores*.
+    async fn try_grant(
+        &self,
+        name: &LockName,
+        limit: u32,
+        _options: &LockOptions,
+    ) -> Result<Option<Grant>> {
         let key = AdvisoryKey::Name(name.clone());
-        self.pool.try_grant(name, &key.raw()).await
+        self.pool.try_grant(name, &key.raw(), limit).await
     }
 
     async fn wait_grant(
         &self,
         name: &LockName,
+        limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
         let key = AdvisoryKey::Name(name.clone());
         self.pool
-            .wait_grant(name, &key.raw(), options, deadline)
-            .await
-    }
-
-    /// One of `permits` slot locks of the name on a pooled session (a lock for one permit);
-    /// see the crate docs, *Semaphores*.
-    async fn try_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        _options: &LockOptions,
-    ) -> Result<Option<Grant>> {
-        let key = AdvisoryKey::Name(name.clone());
-        self.pool.try_grant_permit(name, &key.raw(), permits).await
-    }
-
-    async fn wait_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        let key = AdvisoryKey::Name(name.clone());
-        self.pool
-            .wait_grant_permit(name, &key.raw(), permits, options, deadline)
+            .wait_grant(name, &key.raw(), limit, options, deadline)
             .await
     }
 

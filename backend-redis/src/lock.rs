@@ -571,7 +571,15 @@ impl RawLock for RedisLock {
         })
     }
 
-    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
+    async fn try_grant(
+        &self,
+        name: &LockName,
+        limit: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        if limit > 1 {
+            return self.try_permit(name, limit, options).await;
+        }
         let keys = Arc::new(self.keys(name));
         self.attempt_first(name, &keys, &owner_token(), options)
             .await
@@ -580,9 +588,14 @@ impl RawLock for RedisLock {
     async fn wait_grant(
         &self,
         name: &LockName,
+        limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
+        if limit > 1 {
+            // Boxed, as the lock's wait below: most acquires never wait.
+            return Box::pin(self.wait_permit(name, limit, options, deadline)).await;
+        }
         let keys = Arc::new(self.keys(name));
         let owner = owner_token();
         if let Some(grant) = self.attempt_first(name, &keys, &owner, options).await? {
@@ -591,25 +604,6 @@ impl RawLock for RedisLock {
         // Boxed: the wait is a large future, and most acquires never get here. In place it would
         // make every acquire's future (which the trait boxes) as large, to be moved and freed.
         Box::pin(self.wait_queued(name, options, deadline, keys, owner)).await
-    }
-
-    async fn try_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-    ) -> Result<Option<Grant>> {
-        self.try_permit(name, permits, options).await
-    }
-
-    async fn wait_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        self.wait_permit(name, permits, options, deadline).await
     }
 
     async fn count_permits(&self, name: &LockName) -> Result<u32> {

@@ -552,7 +552,13 @@ impl RawLock for Redlock {
         quorum_view(&views, failures, inner.config.quorum())
     }
 
-    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
+    /// `limit` is always 1: Redlock has no semaphores (see the crate docs).
+    async fn try_grant(
+        &self,
+        name: &LockName,
+        _limit: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
         let keys = Arc::new(self.keys(name));
         match self.round(name, &keys, options, RoundKind::First).await {
             Round::Granted(grant) => Ok(Some(grant)),
@@ -564,6 +570,7 @@ impl RawLock for Redlock {
     async fn wait_grant(
         &self,
         name: &LockName,
+        _limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {

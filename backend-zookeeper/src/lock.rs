@@ -392,36 +392,23 @@ impl RawLock for ZkLock {
         }
     }
 
-    async fn try_grant(&self, name: &LockName, _options: &LockOptions) -> Result<Option<Grant>> {
-        self.try_place(name, 1).await
+    async fn try_grant(
+        &self,
+        name: &LockName,
+        limit: u32,
+        _options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        self.try_place(name, limit).await
     }
 
     async fn wait_grant(
         &self,
         name: &LockName,
+        limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        self.wait_place(name, 1, options, deadline).await
-    }
-
-    async fn try_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        _options: &LockOptions,
-    ) -> Result<Option<Grant>> {
-        self.try_place(name, permits).await
-    }
-
-    async fn wait_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        self.wait_place(name, permits, options, deadline).await
+        self.wait_place(name, limit, options, deadline).await
     }
 
     /// The nodes at the head of the queue that hold, after a `sync`: those queued with the first

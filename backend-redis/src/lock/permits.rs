@@ -90,7 +90,7 @@ impl RedisLock {
         }
     }
 
-    /// [`RawLock::try_grant_permit`](dlock_api::raw::RawLock::try_grant_permit).
+    /// [`RawLock::try_grant`](dlock_api::raw::RawLock::try_grant) of more than one permit.
     pub(super) async fn try_permit(
         &self,
         name: &LockName,
@@ -107,7 +107,7 @@ impl RedisLock {
         }
     }
 
-    /// [`RawLock::wait_grant_permit`](dlock_api::raw::RawLock::wait_grant_permit): tries, then
+    /// [`RawLock::wait_grant`](dlock_api::raw::RawLock::wait_grant) of more than one permit: tries, then
     /// waits for a `free` on the name's channel or the end of the earliest lease, and tries again.
     /// Between attempts the server keeps nothing of the waiter, so a dropped wait leaves nothing
     /// behind but what an attempt in flight took, which its armed cleanup gives back.

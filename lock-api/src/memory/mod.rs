@@ -280,36 +280,23 @@ impl RawLock for MemoryLock {
         })
     }
 
-    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
-        self.take(name, 1, options)
+    async fn try_grant(
+        &self,
+        name: &LockName,
+        limit: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
+        self.take(name, limit, options)
     }
 
     async fn wait_grant(
         &self,
         name: &LockName,
+        limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        self.wait(name, 1, options, deadline).await
-    }
-
-    async fn try_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-    ) -> Result<Option<Grant>> {
-        self.take(name, permits, options)
-    }
-
-    async fn wait_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        self.wait(name, permits, options, deadline).await
+        self.wait(name, limit, options, deadline).await
     }
 
     async fn count_permits(&self, name: &LockName) -> Result<u32> {

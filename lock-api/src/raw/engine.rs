@@ -100,18 +100,27 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
     /// What the backend promises; the options of every call are checked against it first.
     fn capabilities(&self) -> Capabilities;
 
-    /// One attempt that does not wait: `Ok(None)` when someone holds the lock. Called with
-    /// options already checked.
+    /// One attempt that does not wait: `Ok(None)` when the name is taken. `limit` is how many
+    /// may hold the name at once: 1 for a lock, a semaphore's number of permits (above 1 only
+    /// when [`capabilities`](Self::capabilities) has `max_permits`, and checked against it). A
+    /// name in use with another limit is refused with
+    /// [`permits_mismatch`](super::permits_mismatch). Called with options already checked.
     ///
     /// # Cancel safety
     /// Must be cancel safe: a dropped call leaves no lock held (arm a
     /// [`PendingAcquire`](super::PendingAcquire), or build the [`Grant`] as soon as the reply is
     /// in).
-    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>>;
+    async fn try_grant(
+        &self,
+        name: &LockName,
+        limit: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>>;
 
-    /// Waits until the server grants `name` or `deadline` passes (`Ok(None)`); `None` waits
-    /// without limit. Called with options already checked. It should be woken by the server,
-    /// not by polling; a backend whose server cannot wake it polls with
+    /// Waits until the server grants one of `limit` places of `name` (as
+    /// [`try_grant`](Self::try_grant)) or `deadline` passes (`Ok(None)`); `None` waits without
+    /// limit. Called with options already checked. It should be woken by the server, not by
+    /// polling; a backend whose server cannot wake it polls with
     /// [`LockOptions::retry`](crate::LockOptions::retry) and says `wake_on_release: false` in
     /// its capabilities (the conformance suite checks the claim). It rides out a lost connection
     /// within the deadline ([`WaitRecovery`](super::WaitRecovery)).
@@ -121,6 +130,7 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
     async fn wait_grant(
         &self,
         name: &LockName,
+        limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>>;
@@ -135,40 +145,6 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
     async fn inspect(&self, name: &LockName) -> Result<crate::Inspection> {
         let _ = name;
         Err(crate::inspect::unsupported(self.backend()))
-    }
-
-    /// [`try_grant`](Self::try_grant) for one of `permits` permits of a semaphore; called only
-    /// when [`capabilities`](Self::capabilities) has `max_permits` (and with `permits` checked
-    /// against it). A name in use with another number of permits (a lock has one) is refused
-    /// with [`permits_mismatch`](super::permits_mismatch). The default answers
-    /// [`LockError::Unsupported`](crate::LockError::Unsupported).
-    ///
-    /// # Cancel safety
-    /// As [`try_grant`](Self::try_grant).
-    async fn try_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-    ) -> Result<Option<Grant>> {
-        let _ = (name, permits, options);
-        Err(crate::semaphore::unsupported(self.backend()))
-    }
-
-    /// [`wait_grant`](Self::wait_grant) for one of `permits` permits of a semaphore: woken when
-    /// a permit is released or its lease ends.
-    ///
-    /// # Cancel safety
-    /// As [`wait_grant`](Self::wait_grant).
-    async fn wait_grant_permit(
-        &self,
-        name: &LockName,
-        permits: u32,
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        let _ = (name, permits, options, deadline);
-        Err(crate::semaphore::unsupported(self.backend()))
     }
 
     /// How many permits of `name` are held now, as the server says.
@@ -198,7 +174,7 @@ pub async fn try_acquire<B: RawLock + ?Sized>(
         backend.backend(),
         Some(name),
         options,
-        backend.try_grant(name, options),
+        backend.try_grant(name, 1, options),
     )
     .await
 }
@@ -220,7 +196,7 @@ pub async fn acquire<B: RawLock + ?Sized>(
         backend.backend(),
         name,
         options,
-        |deadline| backend.wait_grant(name, options, deadline),
+        |deadline| backend.wait_grant(name, 1, options, deadline),
     )
     .await
 }
@@ -233,7 +209,7 @@ pub async fn acquire<B: RawLock + ?Sized>(
 /// As the trait method.
 ///
 /// # Cancel safety
-/// As the backend's [`RawLock::try_grant_permit`].
+/// As the backend's [`RawLock::try_grant`].
 pub async fn try_acquire_permit<B: RawLock + ?Sized>(
     backend: &B,
     name: &LockName,
@@ -247,7 +223,7 @@ pub async fn try_acquire_permit<B: RawLock + ?Sized>(
         backend.backend(),
         Some(name),
         options,
-        backend.try_grant_permit(name, permits, options),
+        backend.try_grant(name, permits, options),
     )
     .await
 }
@@ -260,7 +236,7 @@ pub async fn try_acquire_permit<B: RawLock + ?Sized>(
 /// As the trait method.
 ///
 /// # Cancel safety
-/// As the backend's [`RawLock::wait_grant_permit`].
+/// As the backend's [`RawLock::wait_grant`].
 pub async fn acquire_permit<B: RawLock + ?Sized>(
     backend: &B,
     name: &LockName,
@@ -270,7 +246,7 @@ pub async fn acquire_permit<B: RawLock + ?Sized>(
     let capabilities = backend.capabilities();
     capabilities.check_permits(backend.backend(), permits)?;
     acquire_by(capabilities, backend.backend(), name, options, |deadline| {
-        backend.wait_grant_permit(name, permits, options, deadline)
+        backend.wait_grant(name, permits, options, deadline)
     })
     .await
 }

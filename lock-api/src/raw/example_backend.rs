@@ -92,13 +92,21 @@ impl RawLock for MapLock {
         }
     }
 
-    async fn try_grant(&self, name: &LockName, options: &LockOptions) -> Result<Option<Grant>> {
+    /// `limit` is always 1: without `max_permits` in its capabilities, the engine asks no
+    /// backend for more.
+    async fn try_grant(
+        &self,
+        name: &LockName,
+        _limit: u32,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
         Ok(self.take(name, options))
     }
 
     async fn wait_grant(
         &self,
         name: &LockName,
+        _limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {

@@ -144,37 +144,28 @@ impl<D: SessionDriver> SessionPool<D> {
 
     /// One attempt to take `key` (for `name`) that does not wait at the server: `Ok(None)` if
     /// it is taken (by anyone, this client included). Waits up to the command timeout for a
-    /// connection when every one is lent to a wait.
+    /// connection when every one is lent to a wait. `limit` is how many may hold it: 1 for a
+    /// lock (the driver's [`try_lock`](SessionDriver::try_lock)), a semaphore's permits above
+    /// that (its [`try_permit`](SessionDriver::try_permit)); the client puts at most one permit
+    /// of a key on each connection, so it holds at most as many permits of one name as it has
+    /// connections not lent to a wait.
     ///
     /// # Errors
     /// [`LockError::Unavailable`](crate::LockError::Unavailable) when no connection can be had
-    /// or the server does not answer; the driver's errors otherwise.
+    /// or the server does not answer; [`permits_mismatch`](crate::raw::permits_mismatch) when
+    /// the name is in use with another limit, here or on the server; the driver's errors
+    /// otherwise.
     ///
     /// # Cancel safety
     /// Cancel safe: the statement runs to completion in the background, and a lock it took is
     /// released there.
-    pub async fn try_grant(&self, name: &LockName, key: &D::Key) -> Result<Option<Grant>> {
-        acquire::try_grant(&self.core(), name, key, 1, true).await
-    }
-
-    /// [`try_grant`](Self::try_grant) for one of `permits` permits of `key` (1: a lock, as
-    /// `try_grant`), through the driver's [`try_permit`](SessionDriver::try_permit). The
-    /// client puts at most one permit of a key on each connection, so it holds at most as many
-    /// permits of one name as it has connections not lent to a wait.
-    ///
-    /// # Errors
-    /// As [`try_grant`](Self::try_grant); [`permits_mismatch`](crate::raw::permits_mismatch)
-    /// when the name is in use with another number of permits, here or on the server.
-    ///
-    /// # Cancel safety
-    /// As [`try_grant`](Self::try_grant).
-    pub async fn try_grant_permit(
+    pub async fn try_grant(
         &self,
         name: &LockName,
         key: &D::Key,
-        permits: u32,
+        limit: u32,
     ) -> Result<Option<Grant>> {
-        acquire::try_grant(&self.core(), name, key, permits, true).await
+        acquire::try_grant(&self.core(), name, key, limit, true).await
     }
 
     /// Waits for `key` (for `name`) until `deadline` (`None`: no limit): `Ok(None)` if the
@@ -190,30 +181,11 @@ impl<D: SessionDriver> SessionPool<D> {
         &self,
         name: &LockName,
         key: &D::Key,
+        limit: u32,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        acquire::wait_grant(&self.core(), name, key, 1, options, deadline).await
-    }
-
-    /// [`wait_grant`](Self::wait_grant) for one of `permits` permits of `key` (1: a lock),
-    /// through the driver's [`wait_permit`](SessionDriver::wait_permit); see
-    /// [`try_grant_permit`](Self::try_grant_permit).
-    ///
-    /// # Errors
-    /// As [`try_grant_permit`](Self::try_grant_permit).
-    ///
-    /// # Cancel safety
-    /// As [`wait_grant`](Self::wait_grant).
-    pub async fn wait_grant_permit(
-        &self,
-        name: &LockName,
-        key: &D::Key,
-        permits: u32,
-        options: &LockOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Grant>> {
-        acquire::wait_grant(&self.core(), name, key, permits, options, deadline).await
+        acquire::wait_grant(&self.core(), name, key, limit, options, deadline).await
     }
 
     /// Whether this client holds `key`, or has an attempt on it in flight.
