@@ -156,39 +156,49 @@ mod single {
 
     const BACKEND: &str = "redis";
 
+    /// Returns the next fencing token of fence key `KEYS[2]`, given `t`, the reply of `TIME`:
+    /// above the last one and at least the server clock in microseconds. One `GETSET` in the
+    /// common case; the ending of every fenced floor's acquire.
+    macro_rules! return_token {
+        () => {
+            r"
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = redis.call('GETSET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6))
+local token = tonumber(last or '0') + 1
+if token <= now then return now end
+redis.call('SET', KEYS[2], string.format('%.0f', token))
+return token
+"
+        };
+    }
+
     /// Takes the lock key `KEYS[1]` for owner `ARGV[1]` for `ARGV[2]` ms if it is free, with a
     /// fencing token from fence key `KEYS[2]`; returns the token, or 0 when the key is taken: the
     /// acquire of a fenced pair. The token is above the last one and at least the server clock in
     /// microseconds (so it keeps rising if the fence key is lost), which is what dlock's Redis
     /// tokens promise: one `TIME` and one `GETSET` in the common case, the fewest that do.
-    const FENCED_SET_NX: &str = r"
+    const FENCED_SET_NX: &str = concat!(
+        r"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = redis.call('GETSET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6))
-local token = tonumber(last or '0') + 1
-if token <= now then return now end
-redis.call('SET', KEYS[2], string.format('%.0f', token))
-return token
-";
+",
+        return_token!()
+    );
 
     /// One of `ARGV[3]` permits of the semaphore whose sorted set is `KEYS[1]` for owner
     /// `ARGV[1]` for `ARGV[2]` ms, scored on the server's clock, with a fencing token from fence
     /// key `KEYS[2]` taken as [`FENCED_SET_NX`] takes it; 0 when every permit is taken. What
     /// every permit's acquire must do on this algorithm: trim the ended leases, count, add.
-    const PERMIT_ACQUIRE: &str = r"
+    const PERMIT_ACQUIRE: &str = concat!(
+        r"
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
 redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[2]), ARGV[1])
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = redis.call('GETSET', KEYS[2], t[1] .. string.sub('00000' .. t[2], -6))
-local token = tonumber(last or '0') + 1
-if token <= now then return now end
-redis.call('SET', KEYS[2], string.format('%.0f', token))
-return token
-";
+",
+        return_token!()
+    );
 
     /// Gives owner `ARGV[1]`'s permit of `KEYS[1]` back and, if it was there, announces it on
     /// channel `ARGV[2]`.
