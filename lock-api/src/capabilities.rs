@@ -66,6 +66,9 @@ pub struct Capabilities {
     /// ([`DistributedLock::acquire_permit`](crate::DistributedLock::acquire_permit)); `0` where
     /// it has no semaphores.
     pub max_permits: u32,
+    /// Leader election ([`DistributedLock::campaign`](crate::DistributedLock::campaign),
+    /// [`leader`](crate::DistributedLock::leader), [`observe`](crate::DistributedLock::observe)).
+    pub elections: bool,
 }
 
 /// How far fencing tokens can be trusted.
@@ -110,6 +113,7 @@ impl Capabilities {
         min_ttl: None,
         expiry_lag: Duration::ZERO,
         max_permits: 0,
+        elections: false,
     };
 
     /// A lease that lasts as long as the holder's session, so there is nothing to extend;

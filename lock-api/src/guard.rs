@@ -245,6 +245,21 @@ impl LockGuard {
         self.lease.take();
     }
 
+    /// Publishes `value` as the leader's for this guard's term (see
+    /// [`Leadership::proclaim`](crate::Leadership::proclaim)): refused once lost, and a server
+    /// that says the term is over makes the guard lost.
+    pub(crate) async fn publish(&self, value: &[u8]) -> Result<()> {
+        self.check_held()?;
+        let lease = self.lease.as_ref().expect("lease present until release");
+        match lease.proclaim(self.token, value).await {
+            Err(error @ LockError::NotHeld { .. }) => {
+                self.state.mark_lost(LostReason::TakenOver);
+                Err(error)
+            }
+            other => other,
+        }
+    }
+
     fn check_held(&self) -> Result<()> {
         if self.state.is_held() {
             return Ok(());

@@ -71,6 +71,7 @@
 #![warn(clippy::arithmetic_side_effects)]
 
 mod capabilities;
+mod election;
 mod error;
 mod fencing;
 mod guard;
@@ -86,6 +87,7 @@ mod status;
 mod token;
 
 pub use capabilities::{Capabilities, Fencing, LeaseKind};
+pub use election::{Leader, LeaderEvent, LeaderStream, Leadership, MAX_LEADER_VALUE};
 pub use error::{BoxError, CommandTimeout, Connecting, LockError, Result, error_chain};
 pub use fencing::FencingGate;
 pub use guard::{LockGuard, Lost};

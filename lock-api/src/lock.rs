@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::capabilities::Capabilities;
+use crate::election::{Leader, LeaderStream, Leadership};
 use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
 use crate::inspect::Inspection;
@@ -174,6 +175,70 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
         let _ = name;
         Err(crate::semaphore::unsupported("this backend"))
     }
+
+    /// Campaigns to lead the election `name`: waits (within the options' wait timeout) until
+    /// this candidate holds the name, publishes `value` as the leader's, and returns the
+    /// [`Leadership`], whose term is the grant's fencing token.
+    ///
+    /// An election is a lock whose holder publishes a value: candidates queue for the name as
+    /// lock waiters do, and leadership ends as a lock does (resign, a lease or session that
+    /// ends, a holder taken over), firing [`Leadership::lost`]. A candidate whose own lease or
+    /// session ends while it waits gets an error, never leadership.
+    ///
+    /// # Behavior
+    /// - One leader at a time, each term above the last (`election::one_leader_at_a_time`).
+    /// - A resignation hands over to the next candidate (`election::resign_hands_over`); a
+    ///   crashed leader's term ends with its lease or session (`election::crashed_leader_hands_over`).
+    /// - A dropped campaign leaves nothing behind (`election::dropped_campaign_leaves_nothing`).
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] on a backend without elections (see
+    /// [`Capabilities::elections`]); [`LockError::InvalidArgument`] for a value longer than
+    /// [`MAX_LEADER_VALUE`](crate::MAX_LEADER_VALUE) or bad options, before any network call;
+    /// [`LockError::Timeout`]; [`LockError::Unavailable`] / [`LockError::Backend`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a campaign dropped at any await point leaves no hold and no candidate
+    /// behind (a hold taken just before is resigned in the background).
+    async fn campaign(
+        &self,
+        name: &LockName,
+        value: &[u8],
+        options: &LockOptions,
+    ) -> Result<Leadership> {
+        let _ = (name, value, options);
+        Err(crate::election::unsupported("this backend"))
+    }
+
+    /// The leader of `name` now, as the server says: its term and value, or `None` when nobody
+    /// leads. A snapshot, stale as soon as it arrives.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] on a backend without elections;
+    /// [`LockError::Unavailable`] / [`LockError::Backend`] when the server fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let _ = name;
+        Err(crate::election::unsupported("this backend"))
+    }
+
+    /// Watches the leader of `name`: a stream of [`LeaderEvent`](crate::LeaderEvent)s starting
+    /// with the current leader (or `Vacant`), then each change in order
+    /// (`election::observe_sees_every_term`). After a connection loss it reconnects by itself
+    /// and reports `Missed` where changes may have passed unseen.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] on a backend without elections;
+    /// [`LockError::Unavailable`] / [`LockError::Backend`] when the first read fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe; dropping the stream stops watching.
+    async fn observe(&self, name: &LockName) -> Result<LeaderStream> {
+        let _ = name;
+        Err(crate::election::unsupported("this backend"))
+    }
 }
 
 /// A permit of a semaphore: a [`LockGuard`] held while up to the semaphore's number of others
@@ -224,6 +289,20 @@ macro_rules! forward_distributed_lock {
             }
             async fn count_permits(&self, name: &LockName) -> Result<u32> {
                 (**self).count_permits(name).await
+            }
+            async fn campaign(
+                &self,
+                name: &LockName,
+                value: &[u8],
+                options: &LockOptions,
+            ) -> Result<Leadership> {
+                (**self).campaign(name, value, options).await
+            }
+            async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+                (**self).leader(name).await
+            }
+            async fn observe(&self, name: &LockName) -> Result<LeaderStream> {
+                (**self).observe(name).await
             }
         }
     };
@@ -376,6 +455,51 @@ pub trait DistributedLockExt: DistributedLock {
             let name = name.try_into()?;
             let permit = self.acquire_permit(&name, permits, options).await?;
             hold_while(name, permit, work).await
+        }
+    }
+    /// [`with_lock`](Self::with_lock) for an election: campaigns for `name` with `value`, runs
+    /// `work` while leading (its context's fencing token is the term), resigns after the work
+    /// has finished, and drops the work at its next await point if leadership is lost, so a
+    /// deposed leader stops acting.
+    ///
+    /// # Errors
+    /// Whatever [`campaign`](DistributedLock::campaign) returns; [`LockError::Lost`] if
+    /// leadership was lost during the work; the resignation's error.
+    ///
+    /// # Cancel safety
+    /// Dropping it drops the work and resigns in the background.
+    ///
+    /// # Examples
+    /// ```
+    /// # async fn demo() -> dlock_api::Result<()> {
+    /// use dlock_api::{DistributedLockExt, LockOptions, MemoryLock};
+    /// let locks = MemoryLock::new();
+    /// // The nightly job runs on exactly one instance, fenced by its term.
+    /// locks
+    ///     .with_leadership("nightly-job", b"host-a", &LockOptions::new(), |ctx| async move {
+    ///         let _term = ctx.fencing_token();
+    ///         // run the job, sending the term with every write
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    fn with_leadership<N, F, Fut, T>(
+        &self,
+        name: N,
+        value: &[u8],
+        options: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        N: TryInto<LockName, Error = LockError> + Send,
+        F: FnOnce(LockContext) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        async move {
+            let name = name.try_into()?;
+            let leadership = self.campaign(&name, value, options).await?;
+            hold_while(name, leadership.into_guard(), work).await
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The in-process backend.
 
+mod election;
 mod store;
 
 use std::collections::HashMap;
@@ -262,6 +263,7 @@ impl RawLock for MemoryLock {
             inspect: true,
             takeover_signal: true,
             max_permits: MAX_PERMITS,
+            elections: true,
             ..Capabilities::TTL_LEASE
         }
     }
@@ -302,6 +304,16 @@ impl RawLock for MemoryLock {
     async fn count_permits(&self, name: &LockName) -> Result<u32> {
         self.reachable()?;
         Ok(self.store.count(name))
+    }
+
+    async fn leader(&self, name: &LockName) -> Result<Option<crate::Leader>> {
+        self.reachable()?;
+        Ok(election::leader(&self.store, name))
+    }
+
+    async fn observe_leader(&self, name: &LockName) -> Result<crate::LeaderStream> {
+        self.reachable()?;
+        Ok(election::observe(self.store.clone(), name.clone()))
     }
 }
 
@@ -424,6 +436,17 @@ impl RawLease for MemoryLease {
         let started = Instant::now();
         if self.store.extend(&self.name, self.id, ttl) {
             Ok(after(started, ttl))
+        } else {
+            Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            })
+        }
+    }
+
+    async fn proclaim(&self, _term: FencingToken, value: &[u8]) -> Result<()> {
+        unreachable_if(&self.cut_off)?;
+        if self.store.proclaim(&self.name, self.id, value) {
+            Ok(())
         } else {
             Err(LockError::NotHeld {
                 name: self.name.to_string(),

@@ -22,6 +22,9 @@ use crate::status::LostReason;
 #[derive(Debug, Default)]
 pub(super) struct Store {
     inner: Mutex<Inner>,
+    /// Bumped whenever a name's leader may have changed (a publication, a release, an
+    /// eviction), for the store's observers.
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -36,6 +39,9 @@ struct Entry {
     limit: u32,
     holders: Vec<Holder>,
     waiters: VecDeque<Waiter>,
+    /// The hold that published the name's leader value last, and the value: the leader while
+    /// that hold lasts.
+    leader: Option<(u64, Vec<u8>)>,
 }
 
 impl Entry {
@@ -44,6 +50,7 @@ impl Entry {
             limit,
             holders: Vec::new(),
             waiters: VecDeque::new(),
+            leader: None,
         }
     }
 }
@@ -315,6 +322,8 @@ impl Store {
         if e.unused() {
             entry.remove();
         }
+        drop(inner);
+        self.announce();
         held
     }
 
@@ -356,6 +365,8 @@ impl Store {
                 .retain(|w| w.offer.is_none_or(|(id, _)| id != holder.id));
         }
         entry.offer_front(counters, Instant::now());
+        drop(inner);
+        self.announce();
         true
     }
 
@@ -382,6 +393,8 @@ impl Store {
                 entry.offer_front(counters, now);
             }
         }
+        drop(inner);
+        self.announce();
     }
 
     /// Names currently held or waited for (for tests: an empty store means nothing leaked).
@@ -435,5 +448,46 @@ impl Store {
             e.settle(counters, now);
             !e.unused()
         })
+    }
+
+    /// Publishes `value` as the leader's of `name` if hold `id` still holds it.
+    pub(super) fn proclaim(&self, name: &LockName, id: u64, value: &[u8]) -> bool {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let Inner { locks, counters } = &mut *inner;
+        let Some(entry) = locks.get_mut(name) else {
+            return false;
+        };
+        entry.settle(counters, now);
+        if !entry.holds(id) {
+            return false;
+        }
+        entry.leader = Some((id, value.to_vec()));
+        drop(inner);
+        self.announce();
+        true
+    }
+
+    /// The leader of `name`: the term, value and lease end of the hold that published last,
+    /// while it lasts.
+    pub(super) fn leader(&self, name: &LockName) -> Option<(u64, Vec<u8>, Instant)> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let Inner { locks, counters } = &mut *inner;
+        let entry = locks.get_mut(name)?;
+        entry.settle(counters, now);
+        let (id, value) = entry.leader.as_ref()?;
+        let holder = entry.holders.iter().find(|h| h.id == *id)?;
+        Some((holder.token, value.clone(), holder.expires_at))
+    }
+
+    /// A receiver that wakes when any name's leader may have changed.
+    pub(super) fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn announce(&self) {
+        self.changed
+            .send_modify(|version| *version = version.wrapping_add(1));
     }
 }

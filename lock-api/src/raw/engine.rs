@@ -155,6 +155,32 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
         let _ = name;
         Err(crate::semaphore::unsupported(self.backend()))
     }
+
+    /// The leader of `name` as the server says: the published value of a campaign whose hold is
+    /// still on, and its term; `None` when nobody holds the name as a leader. Called only when
+    /// [`capabilities`](Self::capabilities) says `elections`.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: it only reads.
+    async fn leader(&self, name: &LockName) -> Result<Option<crate::Leader>> {
+        let _ = name;
+        Err(crate::election::unsupported(self.backend()))
+    }
+
+    /// A stream of `name`'s leader changes, starting with the current leader (or
+    /// [`LeaderEvent::Vacant`](crate::LeaderEvent::Vacant)), woken by the server. The engine
+    /// drops repeats, so a backend may report a state it is not sure changed. It must report
+    /// [`LeaderEvent::Missed`](crate::LeaderEvent::Missed) before what it reads after a gap in
+    /// which changes could have passed unseen (a reconnect, a compacted history), and keep
+    /// going after an error item. Called only when [`capabilities`](Self::capabilities) says
+    /// `elections`.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe, and so must dropping the stream: nothing is left registered.
+    async fn observe_leader(&self, name: &LockName) -> Result<crate::LeaderStream> {
+        let _ = name;
+        Err(crate::election::unsupported(self.backend()))
+    }
 }
 
 /// [`DistributedLock::try_acquire`](crate::DistributedLock::try_acquire) for a [`RawLock`].
@@ -470,6 +496,29 @@ macro_rules! impl_distributed_lock {
 
             async fn count_permits(&self, name: &$crate::LockName) -> $crate::Result<u32> {
                 $crate::raw::count_permits(self, name).await
+            }
+
+            async fn campaign(
+                &self,
+                name: &$crate::LockName,
+                value: &[u8],
+                options: &$crate::LockOptions,
+            ) -> $crate::Result<$crate::Leadership> {
+                $crate::raw::campaign(self, name, value, options).await
+            }
+
+            async fn leader(
+                &self,
+                name: &$crate::LockName,
+            ) -> $crate::Result<::core::option::Option<$crate::Leader>> {
+                $crate::raw::leader(self, name).await
+            }
+
+            async fn observe(
+                &self,
+                name: &$crate::LockName,
+            ) -> $crate::Result<$crate::LeaderStream> {
+                $crate::raw::observe(self, name).await
             }
         }
     };

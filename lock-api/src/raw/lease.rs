@@ -48,6 +48,22 @@ pub trait RawLease: Debug + Send + Sync + 'static {
     /// leases to extend.
     async fn extend(&self, ttl: Duration) -> Result<Instant>;
 
+    /// Publishes `value` as the leader's value of this lease's name for `term` (this lease's
+    /// fencing token), **if this lease still holds the name**, and tells the name's observers:
+    /// what [`Leadership::proclaim`](crate::Leadership::proclaim) and a campaign's first
+    /// publication run. Backends with elections (`Capabilities::elections`) implement it; the
+    /// default answers [`LockError::Unsupported`](crate::LockError::Unsupported).
+    ///
+    /// Returns [`LockError::NotHeld`](crate::LockError::NotHeld) if the lease no longer holds
+    /// the name: a deposed leader's value must never replace its successor's.
+    async fn proclaim(&self, term: crate::FencingToken, value: &[u8]) -> Result<()> {
+        let _ = (term, value);
+        Err(crate::LockError::Unsupported {
+            backend: "this backend",
+            operation: "elections",
+        })
+    }
+
     /// The client's [`GuardTimer`](super::GuardTimer), if it keeps one: a guard that renews
     /// its own lease then starts its watchdog only when the first renewal comes due, instead of
     /// spawning a task the moment it is granted. The default (`None`) spawns at once, which is

@@ -107,6 +107,7 @@
 )]
 
 pub(crate) mod background;
+mod campaign;
 pub mod config;
 pub(crate) mod detach;
 mod engine;
@@ -126,9 +127,11 @@ pub mod time;
 pub(crate) mod timer;
 pub(crate) mod watchdog;
 
+pub use crate::election::OBSERVE_RETRY;
 pub use crate::inspect::inspect;
 pub use crate::semaphore::permits_mismatch;
 pub use background::{settle, spawn_cleanup};
+pub use campaign::{campaign, leader, observe};
 pub use detach::Detach;
 pub use engine::{
     Grant, RawLock, acquire, acquire_by, acquire_permit, count_permits, try_acquire,

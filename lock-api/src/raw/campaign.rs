@@ -1,0 +1,89 @@
+//! Elections through the engine: a campaign is an acquire followed by the leader's first
+//! publication, and what a backend reports to observers is filtered of repeats here, once.
+
+use futures::StreamExt;
+
+use super::engine::{RawLock, acquire};
+use crate::election::{Leader, LeaderEvent, LeaderStream, Leadership, check_value, unsupported};
+use crate::error::Result;
+use crate::name::LockName;
+use crate::options::LockOptions;
+
+/// [`DistributedLock::campaign`](crate::DistributedLock::campaign) for a [`RawLock`]: the
+/// capability and the value are checked before any network call; the name is acquired as a
+/// lock, and the value published under the new term before the leadership is returned. A
+/// publication that fails resigns at once (owner-checked), so a failed campaign leaves no hold
+/// behind (etcd-io/etcd #21128).
+///
+/// # Errors
+/// As the trait method.
+///
+/// # Cancel safety
+/// Cancel safe: a campaign dropped while waiting leaves nothing queued (as `acquire`); dropped
+/// during the publication, its guard is dropped too and resigns in the background.
+pub async fn campaign<B: RawLock + ?Sized>(
+    backend: &B,
+    name: &LockName,
+    value: &[u8],
+    options: &LockOptions,
+) -> Result<Leadership> {
+    if !backend.capabilities().elections {
+        return Err(unsupported(backend.backend()));
+    }
+    check_value(value)?;
+    let guard = acquire(backend, name, options).await?;
+    if let Err(error) = guard.publish(value).await {
+        let _ = guard.release().await;
+        return Err(error);
+    }
+    Ok(Leadership::new(guard, value.to_vec()))
+}
+
+/// [`DistributedLock::leader`](crate::DistributedLock::leader) for a [`RawLock`].
+///
+/// # Errors
+/// As the trait method.
+///
+/// # Cancel safety
+/// Cancel safe: it only reads.
+pub async fn leader<B: RawLock + ?Sized>(backend: &B, name: &LockName) -> Result<Option<Leader>> {
+    if !backend.capabilities().elections {
+        return Err(unsupported(backend.backend()));
+    }
+    backend.leader(name).await
+}
+
+/// [`DistributedLock::observe`](crate::DistributedLock::observe) for a [`RawLock`]: the
+/// backend's stream without repeats (a state equal to the last one reported is dropped; an
+/// error or a `Missed` is always passed on, and a state after a `Missed` is reported even if
+/// it equals the one before).
+///
+/// # Errors
+/// As the trait method.
+///
+/// # Cancel safety
+/// Cancel safe: dropping the future or the stream leaves nothing registered.
+pub async fn observe<B: RawLock + ?Sized>(backend: &B, name: &LockName) -> Result<LeaderStream> {
+    if !backend.capabilities().elections {
+        return Err(unsupported(backend.backend()));
+    }
+    let changes = backend.observe_leader(name).await?;
+    let mut last: Option<LeaderEvent> = None;
+    Ok(changes
+        .filter(move |item| {
+            let report = match item {
+                Ok(LeaderEvent::Missed) => {
+                    last = None;
+                    true
+                }
+                Ok(event) if last.as_ref() == Some(event) => false,
+                Ok(event) => {
+                    last = Some(event.clone());
+                    true
+                }
+                Err(_) => true,
+            };
+            std::future::ready(report)
+        })
+        .boxed())
+}
