@@ -69,6 +69,8 @@ pub struct Needs {
     pub takeover_signal: bool,
     /// Semaphores ([`Capabilities::max_permits`]) of at least 3 permits.
     pub semaphore: bool,
+    /// Leader election ([`Capabilities::elections`]).
+    pub election: bool,
 }
 
 impl Needs {
@@ -102,6 +104,9 @@ impl Needs {
         }
         if self.takeover_signal && !caps.takeover_signal {
             return Some("backend's holder learns of a takeover only at its next renewal");
+        }
+        if self.election && !caps.elections {
+            return Some("backend has no elections");
         }
         if self.semaphore && caps.max_permits < 3 {
             return Some("backend has no semaphores (max_permits)");

@@ -3,6 +3,7 @@
 pub mod cancel;
 pub mod clock;
 pub mod crash;
+pub mod election;
 pub mod exclusion;
 pub mod expiry;
 pub mod faults;
@@ -34,6 +35,7 @@ const NONE: Needs = Needs {
     lost_signal: false,
     takeover_signal: false,
     semaphore: false,
+    election: false,
 };
 const INSPECT: Needs = Needs {
     inspect: true,
@@ -155,6 +157,18 @@ const SEMAPHORE_FENCED: Needs = Needs {
 const SEMAPHORE_TTL: Needs = Needs {
     ttl_lease: true,
     ..SEMAPHORE
+};
+const ELECTION: Needs = Needs {
+    election: true,
+    ..NONE
+};
+const ELECTION_KILL_HOLDER: Needs = Needs {
+    election: true,
+    ..KILL_HOLDER
+};
+const ELECTION_SESSION: Needs = Needs {
+    election: true,
+    ..SESSION
 };
 const KILL_WAITERS: Needs = Needs {
     fault: Some(Fault::KillWaiters),
@@ -297,6 +311,26 @@ static CASES: &[Case] = &[
     case!(semaphore::tokens_rise, SEMAPHORE_FENCED),
     case!(semaphore::bad_limits_refused, SEMAPHORE),
     case!(semaphore::cancel_storm_leaves_count_zero, SEMAPHORE),
+    case!(election::one_leader_at_a_time, ELECTION),
+    case!(election::leader_follows_proclaims, ELECTION),
+    case!(election::resign_hands_over, ELECTION),
+    case!(election::crashed_leader_hands_over, ELECTION_KILL_HOLDER),
+    case!(
+        election::with_leadership_stops_work_when_lost,
+        ELECTION_KILL_HOLDER
+    ),
+    case!(election::dropped_campaign_leaves_nothing, ELECTION),
+    case!(election::observe_sees_every_term, ELECTION),
+    case!(
+        election::observer_sees_a_crashed_leader_go,
+        ELECTION_KILL_HOLDER
+    ),
+    case!(election::expired_candidate_never_leads, ELECTION_SESSION),
+    case!(
+        election::reconnected_leader_stays_the_only_one,
+        ELECTION_SESSION
+    ),
+    case!(election::bad_values_refused, ELECTION),
     case!(names::unicode_names_work, NONE),
     case!(names::names_are_case_sensitive, NONE),
     case!(names::names_differ_after_byte_64, NONE),

@@ -348,6 +348,10 @@ impl MemoryLock {
         if let Some(grant) = self.take(name, limit, options)? {
             return Ok(Some(grant));
         }
+        // A waiter belongs to the session it started on: if that session ends while it waits,
+        // the wait fails rather than being granted on a later session it never queued with
+        // (what etcd-io/etcd #19597 got wrong for an election).
+        let session = self.current_session();
         let (first, mut wake) = self.store.enqueue(name, limit, ttl);
         // The place in the queue changes when an offer lapses and the wait queues again.
         let place = Arc::new(AtomicU64::new(first));
@@ -361,6 +365,12 @@ impl MemoryLock {
             tokio::pin!(notified);
             notified.as_mut().enable();
             self.reachable()?;
+            if let crate::raw::SessionStatus::Ended(reason) = session.status() {
+                return Err(LockError::Lost {
+                    name: name.to_string(),
+                    reason,
+                });
+            }
             let until =
                 match self
                     .store
@@ -385,12 +395,17 @@ impl MemoryLock {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
+            let session_ended = session.ended();
             match wake_at {
                 Some(at) => tokio::select! {
                     _ = notified => {}
+                    _ = session_ended => {}
                     _ = sleep_until(at) => {}
                 },
-                None => notified.await,
+                None => tokio::select! {
+                    _ = notified => {}
+                    _ = session_ended => {}
+                },
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 // One last try, so a place freed exactly at the deadline is not missed.
