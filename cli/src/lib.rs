@@ -14,6 +14,12 @@
 //! - `dlock bench --backend URL [--rounds N]`: acquire/release pairs, contended hand-off and many
 //!   names on one client, each against the backend's raw protocol floor (the same operations
 //!   with its driver alone) measured in the same run; medians and spreads over N rounds;
+//! - `dlock elect --backend URL [--value V] [--again] NAME -- CMD…`: run a command while this
+//!   process leads the election `NAME`, with `DLOCK_TERM` (also `DLOCK_FENCING_TOKEN`, the same
+//!   number) in its environment; the command is stopped when leadership is lost (exit 74), and
+//!   `--again` stands again after it ends (a service that stays a candidate);
+//! - `dlock leader --backend URL NAME` prints the leader's term and value; `dlock observe
+//!   --backend URL NAME` prints a line per change (`--json`: one object per line);
 //! - `dlock status --backend URL NAME…`: who holds each name, with its fencing token, the lease
 //!   it has left and how many wait, as the server says (`--json`; `--watch` refreshes). Every
 //!   built-in backend can tell; a backend that cannot (one without
@@ -35,11 +41,14 @@
 #![warn(clippy::arithmetic_side_effects)]
 
 mod bench;
+mod child;
 mod conformance;
 mod contend;
 mod demo;
+mod elect;
 mod flood;
 mod floor;
+mod leader;
 mod run;
 mod status;
 
@@ -53,6 +62,8 @@ use dlock_api::{DistributedLock, LockError};
 pub use bench::BenchArgs;
 pub use conformance::{ConformanceArgs, run_worker_if_asked};
 pub use demo::DemoArgs;
+pub use elect::ElectArgs;
+pub use leader::{LeaderArgs, ObserveArgs};
 pub use run::RunArgs;
 pub use status::StatusArgs;
 
@@ -79,6 +90,13 @@ pub enum Command {
     Bench(BenchArgs),
     /// Show who holds each lock: fencing token, lease left, waiters (--json, --watch).
     Status(StatusArgs),
+    /// Run a command while this process leads an election (DLOCK_TERM in its environment);
+    /// stop it when leadership is lost; with --again, stand again.
+    Elect(ElectArgs),
+    /// Show an election's leader: its term and value (--json).
+    Leader(LeaderArgs),
+    /// Print one line per change of an election's leader (--json: one object per line).
+    Observe(ObserveArgs),
 }
 
 /// Where the backend is: a URL, or a config file.
@@ -156,6 +174,13 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Conformance(args) => conformance::conformance(args).await.map(Exit::settled),
         Command::Bench(args) => bench::bench(args).await.map(Exit::settled),
         Command::Status(args) => status::status(args).await.map(Exit::settled),
+        Command::Elect(args) => elect::elect(args).await,
+        Command::Leader(args) => leader::leader(args)
+            .await
+            .map(|()| Exit::settled(ExitCode::SUCCESS)),
+        Command::Observe(args) => leader::observe(args)
+            .await
+            .map(|()| Exit::settled(ExitCode::SUCCESS)),
     };
     let (code, settle_within) = match result {
         Ok(exit) => (exit.code, exit.settle_within),

@@ -1,16 +1,16 @@
 //! `dlock run`: run a command while holding a lock, like flock(1) across machines, or one of N
 //! permits of a semaphore (`--permits N`: at most N such commands run at once).
 
-use std::os::unix::process::ExitStatusExt;
-use std::process::{ExitCode, ExitStatus};
+use std::process::ExitCode;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
-use tokio::process::{Child, Command};
-use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::process::Command;
 
+use crate::child::{
+    Placement, Running, Signals, Supervised, cannot_start_code, exit_code_of, supervise,
+};
 use crate::{BackendArgs, Exit, parse_duration};
 
 /// Arguments of `dlock run`.
@@ -156,170 +156,5 @@ async fn release_after_command(guard: LockGuard, name: &LockName) {
             "dlock: releasing `{name}` after the command: {}",
             crate::error_chain(&error)
         );
-    }
-}
-
-/// The exit code for a command that could not be started, as `env(1)`, `timeout(1)` and shells
-/// give it: 127 when it was not found, 126 when it was found but could not be run.
-fn cannot_start_code(error: &std::io::Error) -> u8 {
-    if error.kind() == std::io::ErrorKind::NotFound {
-        127
-    } else {
-        126
-    }
-}
-
-enum Supervised {
-    Exited(ExitStatus),
-    Lost(dlock_api::LostReason),
-}
-
-/// The signals dlock handles from the wait on. Left at their defaults they would kill dlock and
-/// leave the command running on without the lock: SIGINT, SIGQUIT and SIGHUP from the terminal
-/// reach its whole foreground group, whether the command is in it or not.
-fn handled() -> [(SignalKind, libc::c_int); 4] {
-    [
-        (SignalKind::interrupt(), libc::SIGINT),
-        (SignalKind::terminate(), libc::SIGTERM),
-        (SignalKind::hangup(), libc::SIGHUP),
-        (SignalKind::quit(), libc::SIGQUIT),
-    ]
-}
-
-/// The [`handled`] signals: an interrupted wait ends cleanly, and a running command gets the
-/// signal instead of dlock.
-struct Signals {
-    streams: Vec<(libc::c_int, Signal)>,
-}
-
-impl Signals {
-    fn install() -> Self {
-        Self {
-            streams: handled()
-                .into_iter()
-                .filter_map(|(kind, number)| signal(kind).ok().map(|stream| (number, stream)))
-                .collect(),
-        }
-    }
-
-    /// The number of the next handled signal to arrive.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a signal that arrives while nobody awaits it is kept for the next call.
-    async fn next(&mut self) -> libc::c_int {
-        std::future::poll_fn(|cx| {
-            for (number, stream) in &mut self.streams {
-                if let Poll::Ready(Some(())) = stream.poll_recv(cx) {
-                    return Poll::Ready(*number);
-                }
-            }
-            Poll::Pending
-        })
-        .await
-    }
-}
-
-/// Where the command runs, as to process groups.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Placement {
-    /// In a process group of its own, so that stopping it reaches everything it started, and a
-    /// signal for dlock reaches it only as dlock forwards it.
-    OwnGroup,
-    /// In dlock's process group, the foreground of the terminal dlock runs in (a job of an
-    /// interactive shell): as under flock(1), the command can read the terminal (a background
-    /// group reading it would be stopped), and the terminal's Ctrl-C, Ctrl-\ and hang-up reach it
-    /// directly, so dlock forwards only SIGTERM.
-    TerminalForeground,
-}
-
-impl Placement {
-    fn here() -> Self {
-        // SAFETY: isatty, tcgetpgrp and getpgrp only read the process's and terminal's state.
-        let in_foreground = [0, 1, 2]
-            .into_iter()
-            .any(|fd| unsafe { libc::isatty(fd) == 1 && libc::tcgetpgrp(fd) == libc::getpgrp() });
-        if in_foreground {
-            Self::TerminalForeground
-        } else {
-            Self::OwnGroup
-        }
-    }
-}
-
-/// The command as started.
-struct Running {
-    child: Child,
-    placement: Placement,
-}
-
-impl Running {
-    /// Sends `signal` to the command: to its whole process group (the command and everything it
-    /// started) when it has its own, else to the command alone.
-    fn signal(&self, signal: libc::c_int) {
-        // A pid the kernel gave always fits `pid_t`.
-        let Some(pid) = self
-            .child
-            .id()
-            .and_then(|pid| libc::pid_t::try_from(pid).ok())
-        else {
-            return;
-        };
-        let target = match self.placement {
-            Placement::OwnGroup => pid.saturating_neg(),
-            Placement::TerminalForeground => pid,
-        };
-        // SAFETY: kill(2) on a child we have not reaped yet (or the group we created for it) has
-        // no memory effects.
-        unsafe {
-            libc::kill(target, signal);
-        }
-    }
-
-    /// Passes on a signal dlock received, unless the terminal sent it to the command already.
-    fn forward(&self, signal: libc::c_int) {
-        if self.placement == Placement::OwnGroup || signal == libc::SIGTERM {
-            self.signal(signal);
-        }
-    }
-
-    /// SIGTERM, then SIGKILL after `grace`.
-    async fn stop(&mut self, grace: Duration) {
-        self.signal(libc::SIGTERM);
-        if tokio::time::timeout(grace, self.child.wait())
-            .await
-            .is_err()
-        {
-            self.signal(libc::SIGKILL);
-            let _ = self.child.kill().await;
-        }
-    }
-}
-
-/// Waits for the command, forwarding the handled signals to it; stops it if the lock is lost.
-async fn supervise(
-    command: &mut Running,
-    guard: &LockGuard,
-    signals: &mut Signals,
-    kill_after: Duration,
-) -> Supervised {
-    loop {
-        tokio::select! {
-            status = command.child.wait() => {
-                return Supervised::Exited(status.unwrap_or_else(|_| ExitStatus::from_raw(1 << 8)));
-            }
-            reason = guard.lost() => {
-                command.stop(kill_after).await;
-                return Supervised::Lost(reason);
-            }
-            signal = signals.next() => command.forward(signal),
-        }
-    }
-}
-
-fn exit_code_of(status: ExitStatus) -> ExitCode {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => ExitCode::from(code as u8),
-        (None, Some(signal)) => ExitCode::from(128u8.wrapping_add(signal as u8)),
-        (None, None) => ExitCode::FAILURE,
     }
 }

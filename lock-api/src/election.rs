@@ -204,7 +204,9 @@ impl Leadership {
         self.guard.release().await
     }
 
-    pub(crate) fn into_guard(self) -> LockGuard {
+    /// The lock under the leadership, to hold and release as a lock: the leader's record stays
+    /// until the lock ends.
+    pub fn into_guard(self) -> LockGuard {
         self.guard
     }
 }

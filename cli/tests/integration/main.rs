@@ -10,6 +10,8 @@ mod cli;
 mod cli_redis;
 #[cfg(feature = "redlock")]
 mod cli_redlock;
+#[cfg(feature = "redis")]
+mod elect;
 #[cfg(feature = "etcd")]
 mod floor_etcd;
 #[cfg(feature = "mysql")]

@@ -158,6 +158,14 @@ const SEMAPHORE_TTL: Needs = Needs {
     ttl_lease: true,
     ..SEMAPHORE
 };
+const ELECTION_WORKERS: Needs = Needs {
+    election: true,
+    ..FENCED_WORKERS
+};
+const ELECTION_PROXY_CHILDREN: Needs = Needs {
+    election: true,
+    ..PROXY_CHILDREN
+};
 const ELECTION: Needs = Needs {
     election: true,
     ..NONE
@@ -251,12 +259,17 @@ static CASES: &[Case] = &[
         faults::semaphore_workers_paused_and_killed,
         SEMAPHORE_WORKERS
     ),
+    case!(faults::election_leaders_paused_and_killed, ELECTION_WORKERS),
     case!(faults::tokens_rise_across_server_restarts, OWN_SERVER),
     case!(
         faults::server_restart_while_held_is_lost_or_kept,
         OWN_SERVER
     ),
     case!(faults::partitioned_holder_is_fenced_off, PROXY_CHILDREN),
+    case!(
+        faults::election_partitioned_leader_is_fenced_off,
+        ELECTION_PROXY_CHILDREN
+    ),
     case!(
         faults::late_release_after_a_partition_spares_the_next_holder,
         PROXY_CHILDREN

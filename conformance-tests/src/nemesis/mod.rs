@@ -120,6 +120,7 @@ impl Run {
             seed: self.seed,
             run_for: None,
             permits: None,
+            elect: false,
         }
     }
 

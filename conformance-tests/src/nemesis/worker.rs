@@ -67,6 +67,11 @@ pub struct WorkerSpec {
     /// written without it reads as): a lock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permits: Option<u32>,
+    /// Each round campaigns for the name as a leader ([`campaign`](DistributedLock::campaign),
+    /// publishing `worker-ID`) instead of taking the lock: the round's token is the term. `false`
+    /// (the default): a lock.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub elect: bool,
 }
 
 /// The element a hold adds to the register: unique per worker and round.
@@ -119,7 +124,7 @@ pub(crate) async fn run_rounds(
         // the lock's requests themselves, not a first use's set-up (a script to load, a statement
         // to prepare). Nobody else runs yet, so this hold needs no record.
         if let Some(name) = spec.names.first() {
-            let guard = acquire(&*client, name, spec.permits, &options)
+            let guard = acquire(&*client, name, &spec, &options)
                 .await
                 .map_err(|e| format!("warm-up: {e}"))?;
             guard.release().await.map_err(|e| format!("warm-up: {e}"))?;
@@ -147,7 +152,7 @@ pub(crate) async fn run_rounds(
         if spec.announce {
             say(&format!("acquiring {}", hold.handle))?;
         }
-        let guard = match acquire(&*client, name, spec.permits, &options).await {
+        let guard = match acquire(&*client, name, &spec, &options).await {
             Ok(guard) => guard,
             Err(error) => {
                 // An unreachable server may have granted it anyway: outcome unknown.
@@ -255,15 +260,20 @@ pub(crate) async fn run_rounds(
     Ok(())
 }
 
-/// The lock, or one of `permits` permits of the semaphore.
+/// The lock, one of the spec's permits of the semaphore, or the leadership of the election.
 async fn acquire(
     client: &dyn DistributedLock,
     name: &str,
-    permits: Option<u32>,
+    spec: &WorkerSpec,
     options: &LockOptions,
 ) -> dlock_api::Result<LockGuard> {
     let name = LockName::new(name)?;
-    match permits {
+    match spec.permits {
+        None if spec.elect => {
+            let value = format!("worker-{}", spec.worker);
+            let leadership = client.campaign(&name, value.as_bytes(), options).await?;
+            Ok(leadership.into_guard())
+        }
         None => client.acquire(&name, options).await,
         Some(permits) => client.acquire_permit(&name, permits, options).await,
     }

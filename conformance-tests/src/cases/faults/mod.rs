@@ -8,9 +8,11 @@
 //! between them (`links`: cut, slowed, replies lost or held back), and to what the deployment
 //! remembers (`amnesia`); `long` runs a mixed load through every client-side fault in turn, for
 //! a time; `semaphores` runs worker, pause, kill and partition cases on semaphores' permits,
-//! judged against their limit. What they share is in `steps`.
+//! judged against their limit; `elections` pauses, kills and cuts off leaders of an election
+//! whose candidates campaign each round. What they share is in `steps`.
 
 mod amnesia;
+mod elections;
 mod links;
 mod long;
 mod restarts;
@@ -19,6 +21,9 @@ mod steps;
 mod workers;
 
 pub use amnesia::{mitigated_server_keeps_the_lock, server_that_forgets_a_lock_is_caught};
+pub use elections::{
+    election_leaders_paused_and_killed, election_partitioned_leader_is_fenced_off,
+};
 pub use links::{
     delayed_grant_counts_from_the_request, late_release_after_a_partition_spares_the_next_holder,
     lost_acquire_reply_leaves_nothing, lost_release_reply_spares_the_next_holder,
