@@ -1,7 +1,8 @@
-//! A job that must run on one instance only (a nightly report, a cache rebuild): every instance
-//! tries the job's lock each round, the one that gets it runs the job under `with_lock` (the
-//! job is stopped if the lock is lost, and the lock released only once it is done), and the
-//! others skip the round.
+//! A job that must run on one instance only (a scheduler, a nightly report), handed over when
+//! its instance stops: every instance campaigns for the job's election, the leader runs the job
+//! under `with_leadership` with its **term** (a fencing token) on every write, and the next
+//! candidate takes over when the leader resigns, or its lease or session ends. An observer
+//! prints every change of leader.
 //!
 //! `DLOCK_URL=redis://127.0.0.1:6379 cargo run -p dlock-rs --features redis --example leader_job`
 //! runs three instances in this process against that backend (start it in several processes to
@@ -11,66 +12,76 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::{DistributedLock, DistributedLockExt, LockOptions};
+use dlock::{DistributedLock, DistributedLockExt, LeaderEvent, LockOptions};
+use futures::StreamExt;
 
-const ROUNDS: usize = 5;
 const INSTANCES: usize = 3;
 
-/// One instance's share of a round: run the job if this instance gets its lock, else skip it.
-async fn round(
+/// One instance: stand for election, run the job while leading, step down after a while (as an
+/// instance being redeployed would).
+async fn instance(
     locks: Arc<dyn DistributedLock>,
-    instance: usize,
-    round: usize,
-    ran: Arc<AtomicUsize>,
-) -> dlock::Result<()> {
-    // Not waiting: if another instance has the job this round, this one has nothing to do.
-    let options = LockOptions::new()
-        .with_ttl(Duration::from_secs(10))
-        .with_wait_timeout(Duration::ZERO);
-    let job = format!("jobs/nightly-report/{round}");
-    let outcome = locks
-        .with_lock(job.as_str(), &options, |lock| async move {
-            println!(
-                "round {round}: instance {instance} runs the job (fencing token {})",
-                lock.fencing_token()
-            );
-            // The job itself: long enough that the other instances try while it runs.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        })
-        .await;
-    match outcome {
-        Ok(()) => {
-            ran.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        }
-        Err(dlock::LockError::Timeout { .. }) => {
-            println!("round {round}: instance {instance} skips (another instance has it)");
-            Ok(())
-        }
-        Err(other) => Err(other),
-    }
+    id: usize,
+    leading: Arc<AtomicUsize>,
+) -> dlock::Result<u64> {
+    let options = LockOptions::new().with_ttl(Duration::from_secs(10));
+    let value = format!("instance-{id}");
+    locks
+        .with_leadership(
+            "jobs/scheduler",
+            value.as_bytes(),
+            &options,
+            |ctx| async move {
+                let at_once = leading.fetch_add(1, Ordering::SeqCst) + 1;
+                assert_eq!(at_once, 1, "two instances lead at once");
+                let term = ctx.fencing_token();
+                for tick in 0..3 {
+                    // Every write the job makes carries the term: storage that keeps the highest
+                    // term it has seen refuses a deposed leader (`dlock::FencingGate`).
+                    println!("instance {id} (term {term}): tick {tick}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                leading.fetch_sub(1, Ordering::SeqCst);
+                term.get()
+            },
+        )
+        .await
 }
 
 #[tokio::main]
 async fn main() -> dlock::Result<()> {
     let url = std::env::var("DLOCK_URL").unwrap_or_else(|_| "memory://leader-job".to_owned());
-    let mut instances = Vec::new();
-    for _ in 0..INSTANCES {
+    let observer = dlock::connect(&url).await?;
+    let mut changes = observer.observe(&"jobs/scheduler".try_into()?).await?;
+    let watching = tokio::spawn(async move {
+        while let Some(change) = changes.next().await {
+            match change {
+                Ok(LeaderEvent::Leads(leader)) => println!("observer: {leader} leads"),
+                Ok(LeaderEvent::Vacant) => println!("observer: nobody leads"),
+                Ok(other) => println!("observer: {other:?}"),
+                Err(error) => println!("observer: {error}"),
+            }
+        }
+    });
+    let leading = Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in 0..INSTANCES {
         // Each instance has its own client, as separate processes would.
-        instances.push(dlock::connect(&url).await?);
+        let locks = dlock::connect(&url).await?;
+        tasks.spawn(instance(locks, id, leading.clone()));
     }
-    for round_no in 0..ROUNDS {
-        let ran = Arc::new(AtomicUsize::new(0));
-        let mut tasks = tokio::task::JoinSet::new();
-        for (instance, locks) in instances.iter().enumerate() {
-            tasks.spawn(round(locks.clone(), instance, round_no, ran.clone()));
-        }
-        while let Some(outcome) = tasks.join_next().await {
-            outcome.expect("an instance panicked")?;
-        }
-        let ran = ran.load(Ordering::SeqCst);
-        println!("round {round_no}: the job ran {ran} time(s)");
-        assert_eq!(ran, 1, "exactly one instance runs each round");
+    let mut terms = Vec::new();
+    while let Some(outcome) = tasks.join_next().await {
+        terms.push(outcome.expect("an instance panicked")?);
     }
+    terms.sort_unstable();
+    terms.dedup();
+    assert_eq!(
+        terms.len(),
+        INSTANCES,
+        "every instance led once, each in a term of its own"
+    );
+    println!("terms, in order: {terms:?}");
+    watching.abort();
     Ok(())
 }

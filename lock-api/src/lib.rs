@@ -59,6 +59,9 @@
 //! - [`DistributedLock`]: the trait; [`DistributedLockExt`]: `acquire_str`, `with_lock`.
 //! - [`LockGuard`]: a held lock; [`LockOptions`]: TTL, wait, renewal, max hold, retry.
 //! - [`LockName`]: validated names; [`KeyMapper`]: names into narrower key spaces.
+//! - Semaphores: [`DistributedLock::acquire_permit`] and [`Permit`]; leader election:
+//!   [`DistributedLock::campaign`], [`Leadership`] (its term is a fencing token),
+//!   [`DistributedLock::leader`] and [`DistributedLock::observe`] ([`LeaderEvent`]s).
 //! - [`Capabilities`]: what a backend promises beyond the contract.
 //! - [`Inspection`]: who holds a name, with what token and lease left, and how many wait
 //!   ([`DistributedLock::inspect`], on backends with [`Capabilities::inspect`]).
