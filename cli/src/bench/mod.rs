@@ -268,6 +268,8 @@ struct Round {
     fenced_floor: Option<Samples>,
     handoff: Samples,
     handoff_floor: Option<Samples>,
+    /// Leadership passed on by resignation, where the backend has elections.
+    election_handoff: Option<Samples>,
     /// Per task count: dlock's pairs/s, the raw floor's, and the fenced floor's.
     parallel: Vec<Parallel>,
 }
@@ -322,11 +324,26 @@ async fn measure(
     }
     let handoff = handoff(
         clients.to_vec(),
-        (LockName::new(format!("{run}/handoff"))?, None),
+        (LockName::new(format!("{run}/handoff"))?, Holding::Lock),
         args.duration,
         args.hold,
     )
     .await?;
+    // The election's hand-over is the lock's with a campaign and a resignation around it: the
+    // same raw hand-off floor bounds it.
+    let election_handoff = if client.capabilities().elections {
+        Some(
+            self::handoff(
+                clients.to_vec(),
+                (LockName::new(format!("{run}/election"))?, Holding::Leader),
+                args.duration,
+                args.hold,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     let handoff_floor = match floors {
         Some(floors) => Some(Samples::from_durations(
             &floors
@@ -346,6 +363,7 @@ async fn measure(
         fenced_floor,
         handoff,
         handoff_floor,
+        election_handoff,
         parallel,
     })
 }
@@ -452,6 +470,13 @@ impl Round {
             },
         });
         uncontended.cost_fields(&mut json["uncontended"]);
+        if let Some(election) = &self.election_handoff {
+            json["election_handoff"] = json!({
+                "p50_us": election.percentile(50.0).round(),
+                "p99_us": election.percentile(99.0).round(),
+                "samples": election.micros.len(),
+            });
+        }
         json["parallel_names"] = self
             .parallel
             .iter()
@@ -509,6 +534,10 @@ impl Round {
             "handoff_p50_vs_floor_round_trip":
                 ratio(handoff.percentile(50.0), floor.percentile(50.0) / 2.0),
         });
+        if let Some(election) = &self.election_handoff {
+            json["ratios"]["election_handoff_p50_vs_raw_handoff_floor"] =
+                json!(ratio(election.percentile(50.0), hf.percentile(50.0)));
+        }
         if let Some(fenced) = &self.fenced_floor {
             json["ratios"]["uncontended_throughput_vs_fenced_floor"] =
                 json!(ratio(uncontended.per_sec(), fenced.per_sec()));
@@ -523,16 +552,29 @@ struct DlockContender {
     name: LockName,
     options: LockOptions,
     guard: Option<LockGuard>,
-    /// A semaphore's number of permits, or `None` for the lock.
-    permits: Option<u32>,
+    holding: Holding,
+}
+
+/// What the hand-off phase passes from client to client.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Holding {
+    Lock,
+    /// One of this many permits of a semaphore.
+    Permit(u32),
+    /// The leadership of an election: a release is a resignation, the next grant a campaign won.
+    Leader,
 }
 
 impl Contender for DlockContender {
     async fn lock(&mut self) -> Result<(), LockError> {
         let (client, name, options) = (&self.client, &self.name, &self.options);
-        self.guard = Some(match self.permits {
-            None => client.acquire(name, options).await?,
-            Some(permits) => client.acquire_permit(name, permits, options).await?,
+        self.guard = Some(match self.holding {
+            Holding::Lock => client.acquire(name, options).await?,
+            Holding::Permit(permits) => client.acquire_permit(name, permits, options).await?,
+            Holding::Leader => client
+                .campaign(name, b"dlock-bench", options)
+                .await?
+                .into_guard(),
         });
         Ok(())
     }
@@ -547,7 +589,7 @@ impl Contender for DlockContender {
 
 async fn handoff(
     clients: Vec<Arc<dyn DistributedLock>>,
-    (name, permits): (LockName, Option<u32>),
+    (name, holding): (LockName, Holding),
     duration: Duration,
     hold: Duration,
 ) -> Result<Samples, LockError> {
@@ -560,7 +602,7 @@ async fn handoff(
             name: name.clone(),
             options: options.clone(),
             guard: None,
-            permits,
+            holding,
         })
         .collect();
     let (samples, elapsed) = contend(contenders, duration, hold).await?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
 use serde_json::{Value, json};
 
-use super::{BenchArgs, SLICES, Samples, handoff, ratio};
+use super::{BenchArgs, Holding, SLICES, Samples, handoff, ratio};
 use crate::floor::{self, Floors, WarmUp};
 
 /// One number of permits, measured in one round.
@@ -126,7 +126,7 @@ async fn measure(
     let parked = park(client, &handoff_name, permits).await?;
     let handoff = handoff(
         clients.to_vec(),
-        (handoff_name, Some(permits)),
+        (handoff_name, Holding::Permit(permits)),
         args.duration,
         args.hold,
     )

@@ -207,6 +207,14 @@ impl Report<'_> {
             whole("/handoff/p50_us"),
             whole("/handoff/p99_us"),
         ]);
+        if self.has("/election_handoff") {
+            rows.push(vec![
+                "election hand-over (resign → next leads)".to_owned(),
+                String::new(),
+                whole("/election_handoff/p50_us"),
+                whole("/election_handoff/p99_us"),
+            ]);
+        }
         if self.has("/raw_handoff_floor") {
             rows.push(vec![
                 format!("raw hand-off floor: {}", text("/raw_handoff_floor/op")),
@@ -297,6 +305,13 @@ impl Report<'_> {
                 ratio("/ratios/handoff_p50_vs_raw_handoff_floor"),
                 ratio("/ratios/handoff_p50_vs_floor_round_trip"),
             );
+            if self.has("/ratios/election_handoff_p50_vs_raw_handoff_floor") {
+                let _ = writeln!(
+                    out,
+                    "election hand-over p50 = {} the raw hand-off floor",
+                    ratio("/ratios/election_handoff_p50_vs_raw_handoff_floor")
+                );
+            }
         }
         out
     }
