@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
+use dlock_api::{DistributedLock, LockError, LockName};
 use tokio::process::Command;
 
 use crate::child::{
@@ -50,17 +50,7 @@ const AFTER_A_LOSS: Duration = Duration::from_millis(500);
 pub(super) async fn elect(args: ElectArgs) -> Result<Exit, LockError> {
     let name = LockName::new(&args.name)?;
     args.backend.require_given("elect")?;
-    let mut opts = match &args.backend.config {
-        Some(path) => dlock::Config::from_file(path)?.lock_options(),
-        None => LockOptions::new(),
-    };
-    if let Some(ttl) = args.ttl {
-        opts = opts.with_ttl(ttl);
-    }
-    if let Some(wait) = args.wait {
-        opts = opts.with_wait_timeout(wait);
-    }
-    opts.validate()?;
+    let opts = args.backend.lock_options(args.ttl, args.wait)?;
     let value = args.value.clone().unwrap_or_else(default_value);
     if value.len() > dlock_api::MAX_LEADER_VALUE {
         return Err(LockError::invalid(

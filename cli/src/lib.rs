@@ -132,6 +132,27 @@ impl BackendArgs {
         }
     }
 
+    /// The lock options of a command that holds something while a child runs: the config
+    /// file's `[lock]` table (or the defaults), with `--ttl` and `--wait` over it, checked.
+    fn lock_options(
+        &self,
+        ttl: Option<Duration>,
+        wait: Option<Duration>,
+    ) -> Result<dlock_api::LockOptions, LockError> {
+        let mut opts = match &self.config {
+            Some(path) => dlock::Config::from_file(path)?.lock_options(),
+            None => dlock_api::LockOptions::new(),
+        };
+        if let Some(ttl) = ttl {
+            opts = opts.with_ttl(ttl);
+        }
+        if let Some(wait) = wait {
+            opts = opts.with_wait_timeout(wait);
+        }
+        opts.validate()?;
+        Ok(opts)
+    }
+
     /// Refuses to fall back to memory:// for `command`, whose lock must be seen by other
     /// processes: a memory:// lock lives in this process only, so two `dlock run` would both
     /// take it. An explicit `--backend memory://` is taken at its word.

@@ -45,17 +45,7 @@ pub struct RunArgs {
 pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
     let name = LockName::new(&args.name)?;
     args.backend.require_given("run")?;
-    let mut opts = match &args.backend.config {
-        Some(path) => dlock::Config::from_file(path)?.lock_options(),
-        None => LockOptions::new(),
-    };
-    if let Some(ttl) = args.ttl {
-        opts = opts.with_ttl(ttl);
-    }
-    if let Some(wait) = args.wait {
-        opts = opts.with_wait_timeout(wait);
-    }
-    opts.validate()?;
+    let opts = args.backend.lock_options(args.ttl, args.wait)?;
     // Installed before the wait, so that a signal at any point from here on is ours to handle:
     // once a handler exists, the signal no longer kills the process.
     let mut signals = Signals::install();

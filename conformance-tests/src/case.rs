@@ -305,6 +305,29 @@ impl Ctx {
         self.within_for(what, self.timing().bound, future).await
     }
 
+    /// Awaits every task of `tasks` within the timing's bound, failing with `what` past it;
+    /// a task that panicked fails the case, and each task's own result is returned in the order
+    /// they finished.
+    pub async fn join_all<T: 'static>(
+        &self,
+        what: &str,
+        mut tasks: tokio::task::JoinSet<T>,
+    ) -> Result<Vec<T>, Failure> {
+        let joined = self
+            .within(what, async {
+                let mut results = Vec::new();
+                while let Some(joined) = tasks.join_next().await {
+                    results.push(joined);
+                }
+                results
+            })
+            .await?;
+        joined
+            .into_iter()
+            .map(|result| result.map_err(|e| Failure(format!("{what}: a task panicked: {e}"))))
+            .collect()
+    }
+
     /// Awaits `future` for at most `bound`; reaching it fails with `what`. For the few steps
     /// that chain several waits of their own, each bounded by the timing's bound.
     pub async fn within_for<T>(

@@ -46,6 +46,17 @@ async fn next_matching(
     found.ok_or_else(|| Failure(format!("{what}: the observer's stream ended")))
 }
 
+/// A campaign of `client`'s running as a task of its own.
+fn spawn_campaign(
+    client: &Arc<dyn DistributedLock>,
+    name: &LockName,
+    value: &'static [u8],
+    options: LockOptions,
+) -> tokio::task::JoinHandle<dlock_api::Result<dlock_api::Leadership>> {
+    let (client, name) = (client.clone(), name.clone());
+    tokio::spawn(async move { client.campaign(&name, value, &options).await })
+}
+
 fn leads(event: &LeaderEvent, term: FencingToken, value: &[u8]) -> bool {
     matches!(event, LeaderEvent::Leads(leader) if leader.term() == term && leader.value() == value)
 }
@@ -84,18 +95,11 @@ pub async fn one_leader_at_a_time(ctx: Ctx) -> CaseResult {
             Ok::<_, LockError>((at_once, term, value, said))
         });
     }
-    let joined = ctx
-        .within("every candidate to lead and resign", async {
-            let mut results = Vec::new();
-            while let Some(joined) = tasks.join_next().await {
-                results.push(joined);
-            }
-            results
-        })
-        .await?;
-    for result in joined {
-        let (at_once, term, value, said) =
-            result.map_err(|e| Failure(format!("a candidate panicked: {e}")))??;
+    for result in ctx
+        .join_all("every candidate to lead and resign", tasks)
+        .await?
+    {
+        let (at_once, term, value, said) = result?;
         ensure!(at_once == 1, "{at_once} candidates led at once");
         let said =
             said.ok_or_else(|| Failure(format!("leader() said nobody while {value} led")))?;
@@ -159,10 +163,7 @@ pub async fn resign_hands_over(ctx: Ctx) -> CaseResult {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let name = ctx.name("election");
     let first = a.campaign(&name, b"a", &waiting(&ctx)).await?;
-    let next = {
-        let (b, name, opts) = (b.clone(), name.clone(), waiting(&ctx));
-        tokio::spawn(async move { b.campaign(&name, b"b", &opts).await })
-    };
+    let next = spawn_campaign(&b, &name, b"b", waiting(&ctx));
     let first_term = first.term();
     // The second candidate must not lead while the first does.
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -198,10 +199,7 @@ pub async fn crashed_leader_hands_over(ctx: Ctx) -> CaseResult {
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let name = ctx.name("election");
     let first = a.campaign(&name, b"a", &waiting(&ctx)).await?;
-    let next = {
-        let (b, name, opts) = (b.clone(), name.clone(), waiting(&ctx));
-        tokio::spawn(async move { b.campaign(&name, b"b", &opts).await })
-    };
+    let next = spawn_campaign(&b, &name, b"b", waiting(&ctx));
     ctx.require_faults()?
         .kill_holder(&name)
         .await
@@ -387,10 +385,7 @@ pub async fn expired_candidate_never_leads(ctx: Ctx) -> CaseResult {
     let other = ctx.client().await?;
     let name = ctx.name("election");
     let leader = other.campaign(&name, b"leader", &waiting(&ctx)).await?;
-    let campaign = {
-        let (candidate, name, opts) = (candidate.clone(), name.clone(), waiting(&ctx));
-        tokio::spawn(async move { candidate.campaign(&name, b"expired", &opts).await })
-    };
+    let campaign = spawn_campaign(&candidate, &name, b"expired", waiting(&ctx));
     queued(&ctx, &*other, &name).await?;
     session.expire().await.map_err(Failure)?;
     let outcome = ctx

@@ -85,18 +85,11 @@ pub async fn at_most_n_hold_at_once(ctx: Ctx) -> CaseResult {
         });
     }
     let mut tokens = Vec::new();
-    let joined = ctx
-        .within("every task to get and give back a permit", async {
-            let mut results = Vec::new();
-            while let Some(joined) = tasks.join_next().await {
-                results.push(joined);
-            }
-            results
-        })
-        .await?;
-    for result in joined {
-        let token = result.map_err(|e| Failure(format!("a task panicked: {e}")))??;
-        tokens.push(token);
+    for result in ctx
+        .join_all("every task to get and give back a permit", tasks)
+        .await?
+    {
+        tokens.push(result?);
     }
     let most = most.load(Ordering::SeqCst);
     ensure!(most <= PERMITS, "{most} held at once, {PERMITS} permits");

@@ -329,20 +329,28 @@ impl Store {
 
     /// Resets the lease of `name` to `ttl` if `id` still holds it.
     pub(super) fn extend(&self, name: &LockName, id: u64, ttl: Duration) -> bool {
+        self.settled(name, |entry, now| {
+            entry
+                .holder_mut(id)
+                .map(|holder| holder.expires_at = after(now, ttl))
+                .is_some()
+        })
+        .unwrap_or(false)
+    }
+
+    /// Runs `look` on the entry of `name` once what ran out has ended and free places are
+    /// offered (with the time it settled at); `None` if the name is not in use.
+    fn settled<R>(
+        &self,
+        name: &LockName,
+        look: impl FnOnce(&mut Entry, Instant) -> R,
+    ) -> Option<R> {
         let now = Instant::now();
         let mut inner = self.lock();
         let Inner { locks, counters } = &mut *inner;
-        let Some(entry) = locks.get_mut(name) else {
-            return false;
-        };
+        let entry = locks.get_mut(name)?;
         entry.settle(counters, now);
-        match entry.holder_mut(id) {
-            Some(holder) => {
-                holder.expires_at = after(now, ttl);
-                true
-            }
-            None => false,
-        }
+        Some(look(entry, now))
     }
 
     /// Ends every current holder's lease now, as a crashed server or expired session would.
@@ -430,13 +438,10 @@ impl Store {
 
     /// How many hold `name` now (offers to waiters included: each is that waiter's place).
     pub(super) fn count(&self, name: &LockName) -> u32 {
-        let now = Instant::now();
-        let mut inner = self.lock();
-        let Inner { locks, counters } = &mut *inner;
-        locks.get_mut(name).map_or(0, |entry| {
-            entry.settle(counters, now);
+        self.settled(name, |entry, _| {
             u32::try_from(entry.holders.len()).unwrap_or(u32::MAX)
         })
+        .unwrap_or(0)
     }
 
     /// Whether `name` is held or waited for.
@@ -452,33 +457,30 @@ impl Store {
 
     /// Publishes `value` as the leader's of `name` if hold `id` still holds it.
     pub(super) fn proclaim(&self, name: &LockName, id: u64, value: &[u8]) -> bool {
-        let now = Instant::now();
-        let mut inner = self.lock();
-        let Inner { locks, counters } = &mut *inner;
-        let Some(entry) = locks.get_mut(name) else {
-            return false;
-        };
-        entry.settle(counters, now);
-        if !entry.holds(id) {
-            return false;
+        let published = self
+            .settled(name, |entry, _| {
+                let held = entry.holds(id);
+                if held {
+                    entry.leader = Some((id, value.to_vec()));
+                }
+                held
+            })
+            .unwrap_or(false);
+        if published {
+            self.announce();
         }
-        entry.leader = Some((id, value.to_vec()));
-        drop(inner);
-        self.announce();
-        true
+        published
     }
 
     /// The leader of `name`: the term, value and lease end of the hold that published last,
     /// while it lasts.
     pub(super) fn leader(&self, name: &LockName) -> Option<(u64, Vec<u8>, Instant)> {
-        let now = Instant::now();
-        let mut inner = self.lock();
-        let Inner { locks, counters } = &mut *inner;
-        let entry = locks.get_mut(name)?;
-        entry.settle(counters, now);
-        let (id, value) = entry.leader.as_ref()?;
-        let holder = entry.holders.iter().find(|h| h.id == *id)?;
-        Some((holder.token, value.clone(), holder.expires_at))
+        self.settled(name, |entry, _| {
+            let (id, value) = entry.leader.as_ref()?;
+            let holder = entry.holders.iter().find(|h| h.id == *id)?;
+            Some((holder.token, value.clone(), holder.expires_at))
+        })
+        .flatten()
     }
 
     /// A receiver that wakes when any name's leader may have changed.

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use dlock_api::LeaseKind;
 
-use super::steps::{THINK, holding, proxied, verify};
-use crate::history::{Count, Edge, Expect};
+use super::steps::{THINK, holding, verify};
+use crate::history::{Count, Expect};
 use crate::nemesis::Run;
 use crate::{CaseResult, Ctx, ensure};
 
@@ -97,8 +97,9 @@ pub async fn election_leaders_paused_and_killed(ctx: Ctx) -> CaseResult {
 }
 
 /// **A partitioned leader.** A leader reaching the server through a fault proxy reads the
-/// register and is cut off (the proxy answers nothing) while it thinks for two TTLs; four
-/// candidates connected directly campaign meanwhile; then the link heals.
+/// register and is cut off (the proxy answers nothing) while it thinks for two TTLs; another
+/// candidate, connected directly, campaigns meanwhile; then the link heals (the lock's
+/// `partitioned_holder_is_fenced_off`, campaigning).
 ///
 /// - TTL leases: the cut-off leader's term runs out, the others lead with higher terms, and its
 ///   late write is refused.
@@ -109,45 +110,5 @@ pub async fn election_leaders_paused_and_killed(ctx: Ctx) -> CaseResult {
 ///
 /// CONTRACT: "Terms fence" (Leader election) across a partition.
 pub async fn election_partitioned_leader_is_fenced_off(ctx: Ctx) -> CaseResult {
-    let (target, proxy) = proxied(&ctx).await?;
-    let linked = (target.reach_at)(&proxy.addrs());
-    let ttl_lease = target.harness.client().await?.capabilities().lease == LeaseKind::Ttl;
-    let run = Run::start(&ctx).await?;
-    let names = [ctx.name("election")];
-    let timing = ctx.timing();
-    let ttl = timing.short_ttl;
-    let mut cut_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl.saturating_mul(2));
-    cut_spec.announce = true;
-    cut_spec.elect = true;
-    let mut cut = run.spawn_via(&cut_spec, &*linked)?;
-    holding(&ctx, &mut cut).await?;
-    proxy.set_mode(dlock_test_servers::ProxyMode::Blackhole);
-    run.log(Edge::Start, "blackhole worker 1's link");
-    let mut others = Vec::new();
-    for id in 2..=5 {
-        let wait = ttl.saturating_mul(4).saturating_add(timing.bound);
-        let mut spec = run.spec(id, &names, 3, ttl, wait, THINK);
-        spec.elect = true;
-        others.push(run.spawn_via(&spec, &*target.harness)?);
-    }
-    ctx.within("the cut-off leader to give up", cut.finish())
-        .await??;
-    proxy.heal();
-    run.log(Edge::Stop, "heal worker 1's link");
-    for worker in others {
-        ctx.within("a directly connected candidate", worker.finish())
-            .await??;
-    }
-    let residue = ctx.settled_residue_on(&*target.harness, &names).await?;
-    let expect = Expect {
-        stale_attempts: if ttl_lease {
-            Count::AtLeast(1)
-        } else {
-            Count::Any
-        },
-        ..Expect::FENCED_FAULT
-    };
-    verify(&run, &expect, &run.input(residue)?)?;
-    run.discard();
-    Ok(())
+    super::links::partitioned_holder(ctx, true).await
 }

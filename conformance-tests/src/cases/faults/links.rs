@@ -21,6 +21,12 @@ use crate::{CaseResult, Ctx, Failure, ensure};
 ///   still acknowledges), so the lock stays the cut-off worker's until the link heals and its
 ///   connection closes; the other worker waits. No overlap, nothing stale accepted.
 pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
+    partitioned_holder(ctx, false).await
+}
+
+/// [`partitioned_holder_is_fenced_off`], with the workers taking the lock or (`elect`) campaigning
+/// for the name as leaders.
+pub(super) async fn partitioned_holder(ctx: Ctx, elect: bool) -> CaseResult {
     let (target, proxy) = proxied(&ctx).await?;
     let linked = (target.reach_at)(&proxy.addrs());
     let client = target.harness.client().await?;
@@ -31,11 +37,12 @@ pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
     let ttl = timing.short_ttl;
     let mut cut_spec = run.spec(1, &names, 1, ttl, timing.bound, ttl.saturating_mul(2));
     cut_spec.announce = true;
+    cut_spec.elect = elect;
     let mut cut = run.spawn_via(&cut_spec, &*linked)?;
     holding(&ctx, &mut cut).await?;
     proxy.set_mode(dlock_test_servers::ProxyMode::Blackhole);
     run.log(crate::history::Edge::Start, "blackhole worker 1's link");
-    let other_spec = run.spec(
+    let mut other_spec = run.spec(
         2,
         &names,
         2,
@@ -43,6 +50,7 @@ pub async fn partitioned_holder_is_fenced_off(ctx: Ctx) -> CaseResult {
         ttl.saturating_mul(4).saturating_add(timing.bound),
         THINK,
     );
+    other_spec.elect = elect;
     let other = run.spawn_via(&other_spec, &*target.harness)?;
     ctx.within("the cut-off worker to give up", cut.finish())
         .await??;
