@@ -8,7 +8,6 @@ use std::process::{ExitCode, ExitStatus};
 use std::task::Poll;
 use std::time::Duration;
 
-use dlock_api::LockGuard;
 use tokio::process::Child;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -164,16 +163,17 @@ impl Running {
 /// Waits for the command, forwarding the handled signals to it; stops it if the lock is lost.
 pub(crate) async fn supervise(
     command: &mut Running,
-    guard: &LockGuard,
+    lost: impl std::future::Future<Output = dlock_api::LostReason>,
     signals: &mut Signals,
     kill_after: Duration,
 ) -> Supervised {
+    tokio::pin!(lost);
     loop {
         tokio::select! {
             status = command.child.wait() => {
                 return Supervised::Exited(status.unwrap_or_else(|_| ExitStatus::from_raw(1 << 8)));
             }
-            reason = guard.lost() => {
+            reason = &mut lost => {
                 command.stop(kill_after).await;
                 return Supervised::Lost(reason);
             }

@@ -116,7 +116,7 @@ pub(super) async fn elect(args: ElectArgs) -> Result<Exit, LockError> {
         let mut running = Running { child, placement };
         match supervise(
             &mut running,
-            leadership.guard(),
+            leadership.lost(),
             &mut signals,
             args.kill_after,
         )

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
+use dlock_api::{DistributedLock, DistributedLockExt, LockError, LockName, LockOptions, LockSet};
 use tokio::process::Command;
 
 use crate::child::{
@@ -35,22 +35,34 @@ pub struct RunArgs {
     /// After a lost lock, how long the command has between SIGTERM and SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     kill_after: Duration,
-    /// The lock name.
-    name: String,
+    /// The lock names: every one is taken (sorted, within one wait) before the command starts.
+    #[arg(required = true)]
+    names: Vec<String>,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
 
 pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
-    let name = LockName::new(&args.name)?;
+    let names = args
+        .names
+        .iter()
+        .map(LockName::new)
+        .collect::<Result<Vec<_>, _>>()?;
+    if args.permits.is_some() && names.len() > 1 {
+        return Err(LockError::invalid(
+            "--permits",
+            "a semaphore's permit is of one name",
+        ));
+    }
+    let name = names[0].clone();
     args.backend.require_given("run")?;
     let opts = args.backend.lock_options(args.ttl, args.wait)?;
     // Installed before the wait, so that a signal at any point from here on is ours to handle:
     // once a handler exists, the signal no longer kills the process.
     let mut signals = Signals::install();
     let waited = tokio::select! {
-        waited = connect_and_lock(&args, &name, &opts) => waited?,
+        waited = connect_and_lock(&args, &names, &opts) => waited?,
         signal = signals.next() => {
             // The wait's future is dropped here: its cancellation undoes whatever it started on
             // the server in the background, and `run`'s caller settles that before exiting.
@@ -58,7 +70,7 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
             return Ok(Exit::settled(ExitCode::from(128u8.wrapping_add(signal as u8))));
         }
     };
-    let Some((_locks, guard)) = waited else {
+    let Some((_locks, held)) = waited else {
         match args.permits {
             Some(permits) => eprintln!("dlock: all {permits} permits of `{name}` are taken"),
             None => eprintln!("dlock: lock `{name}` is busy"),
@@ -70,9 +82,20 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
     let mut command = Command::new(&args.command[0]);
     command
         .args(&args.command[1..])
-        .env("DLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
-        .env("DLOCK_LOCK_NAME", name.as_str())
+        .env(
+            "DLOCK_FENCING_TOKEN",
+            held.guards()[0].fencing_token().to_string(),
+        )
+        .env("DLOCK_LOCK_NAME", held.guards()[0].name().as_str())
         .kill_on_drop(true);
+    if names.len() > 1 {
+        let tokens: String = held
+            .fencing_tokens()
+            .iter()
+            .map(|(name, token)| format!("{name}={token}\n"))
+            .collect();
+        command.env("DLOCK_FENCING_TOKENS", tokens);
+    }
     if let Some(permits) = args.permits {
         command.env("DLOCK_PERMITS", permits.to_string());
     }
@@ -86,15 +109,16 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
             eprintln!("dlock: cannot start `{}`: {error}", args.command[0]);
             // Released now, not by the dropped guard in the background: the next `dlock run`
             // on this name must find it free, and this one must not exit while still holding it.
-            release_after_command(guard, &name).await;
+            release_after_command(held, &name).await;
             return Ok(Exit::settled(ExitCode::from(cannot_start_code(&error))));
         }
     };
 
     let mut command = Running { child, placement };
-    match supervise(&mut command, &guard, &mut signals, args.kill_after).await {
+    let lost = async { held.lost().await.1 };
+    match supervise(&mut command, lost, &mut signals, args.kill_after).await {
         Supervised::Exited(status) => {
-            release_after_command(guard, &name).await;
+            release_after_command(held, &name).await;
             Ok(Exit::settled(exit_code_of(status)))
         }
         Supervised::Lost(reason) => {
@@ -108,7 +132,7 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
             // waited for: the lock ends with its lease or session.
             let now = tokio::time::Instant::now();
             let give_up = now.checked_add(AFTER_A_LOSS).unwrap_or(now);
-            let _ = tokio::time::timeout_at(give_up, guard.release()).await;
+            let _ = tokio::time::timeout_at(give_up, held.release()).await;
             Ok(Exit {
                 code: ExitCode::from(74),
                 settle_within: give_up.saturating_duration_since(tokio::time::Instant::now()),
@@ -121,27 +145,33 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
 /// on the server and the background work of its client, before it exits.
 const AFTER_A_LOSS: Duration = Duration::from_millis(500);
 
-/// Connects and takes the lock, or a permit: `None` if `-n` found it busy. The client is
-/// returned with the guard so that it outlives it.
+/// Connects and takes the lock (every lock of the names), or a permit: `None` if `-n` found
+/// one busy. The client is returned with what it holds so that it outlives it.
 async fn connect_and_lock(
     args: &RunArgs,
-    name: &LockName,
+    names: &[LockName],
     opts: &LockOptions,
-) -> Result<Option<(Arc<dyn DistributedLock>, LockGuard)>, LockError> {
+) -> Result<Option<(Arc<dyn DistributedLock>, LockSet)>, LockError> {
     let locks = args.backend.connect().await?;
-    let guard = match (args.permits, args.no_wait) {
-        (None, true) => locks.try_acquire(name, opts).await?,
-        (None, false) => Some(locks.acquire(name, opts).await?),
-        (Some(permits), true) => locks.try_acquire_permit(name, permits, opts).await?,
-        (Some(permits), false) => Some(locks.acquire_permit(name, permits, opts).await?),
+    let name = &names[0];
+    let held = match (args.permits, args.no_wait, names.len()) {
+        (None, true, 1) => locks.try_acquire(name, opts).await?.map(LockSet::from),
+        (None, false, 1) => Some(locks.acquire(name, opts).await?.into()),
+        (None, true, _) => locks.try_acquire_all(names, opts).await?,
+        (None, false, _) => Some(locks.acquire_all(names, opts).await?),
+        (Some(permits), true, _) => locks
+            .try_acquire_permit(name, permits, opts)
+            .await?
+            .map(LockSet::from),
+        (Some(permits), false, _) => Some(locks.acquire_permit(name, permits, opts).await?.into()),
     };
-    Ok(guard.map(|guard| (locks, guard)))
+    Ok(held.map(|held| (locks, held)))
 }
 
 /// Releases the lock the command ran (or was to run) under, reporting a failed release on stderr:
 /// the command's outcome, not the release's, decides the exit code.
-async fn release_after_command(guard: LockGuard, name: &LockName) {
-    if let Err(error) = guard.release().await {
+async fn release_after_command(held: LockSet, name: &LockName) {
+    if let Err(error) = held.release().await {
         eprintln!(
             "dlock: releasing `{name}` after the command: {}",
             crate::error_chain(&error)

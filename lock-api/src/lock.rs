@@ -12,6 +12,7 @@ use crate::election::{Leader, LeaderStream, Leadership};
 use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
 use crate::inspect::Inspection;
+use crate::multi::LockSet;
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::token::FencingToken;
@@ -500,6 +501,91 @@ pub trait DistributedLockExt: DistributedLock {
             let name = name.try_into()?;
             let leadership = self.campaign(&name, value, options).await?;
             hold_while(name, leadership.into_guard(), work).await
+        }
+    }
+    /// Takes every lock of `names` together: sorted and each once, so every caller takes a
+    /// set in one order and two sets never deadlock, within **one** wait deadline for the whole
+    /// set (the options' wait timeout). On a timeout, an error, a member lost before the set is
+    /// complete, or a dropped future, every member already taken is released (owner-checked,
+    /// last first) and nothing stays held.
+    ///
+    /// # Behavior
+    /// - Opposite orders on two clients finish without deadlock (`multi::opposite_orders_finish`).
+    /// - The set waits once, not once per member (`multi::one_wait_for_the_set`).
+    /// - A set that times out leaves its members free (`multi::timeout_leaves_nothing_held`).
+    ///
+    /// # Errors
+    /// [`LockError::InvalidArgument`] for no names or bad options, before any network call;
+    /// [`LockError::Timeout`] (naming the member it waited for, with the set's whole wait);
+    /// whatever a member's acquire returns.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping the future releases every member taken so far in the background
+    /// and leaves no waiter (`multi::dropped_acquire_all_leaves_nothing`).
+    fn acquire_all(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<LockSet>> + Send {
+        crate::multi::acquire_all(self, names, options)
+    }
+
+    /// [`acquire_all`](Self::acquire_all) without waiting: `Ok(None)`, with nothing held, if any
+    /// member is taken.
+    ///
+    /// # Errors
+    /// As [`acquire_all`](Self::acquire_all), without `Timeout`.
+    ///
+    /// # Cancel safety
+    /// As [`acquire_all`](Self::acquire_all).
+    fn try_acquire_all(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+    ) -> impl Future<Output = Result<Option<LockSet>>> + Send {
+        crate::multi::try_acquire_all(self, names, options)
+    }
+
+    /// Runs `work` while holding every lock of `names` (see [`acquire_all`](Self::acquire_all)),
+    /// with each member's name and fencing token; releases after the work has finished, and
+    /// drops the work at its next await point if any member is lost.
+    ///
+    /// # Errors
+    /// Whatever [`acquire_all`](Self::acquire_all) returns; [`LockError::Lost`] if a member was
+    /// lost during the work; a release's error.
+    ///
+    /// # Cancel safety
+    /// Dropping it drops the work and releases every member in the background.
+    ///
+    /// # Examples
+    /// ```
+    /// # async fn demo() -> dlock_api::Result<()> {
+    /// use dlock_api::{DistributedLockExt, LockName, LockOptions, MemoryLock};
+    /// let locks = MemoryLock::new();
+    /// // A transfer in either direction takes both accounts in the same order.
+    /// let accounts = [LockName::new("account:7")?, LockName::new("account:3")?];
+    /// locks
+    ///     .with_locks(&accounts, &LockOptions::new(), |tokens| async move {
+    ///         assert_eq!(tokens[0].0.as_str(), "account:3");
+    ///         // debit one, credit the other, each write with its own account's token
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    fn with_locks<F, Fut, T>(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        F: FnOnce(Vec<(LockName, FencingToken)>) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        async move {
+            let set = self.acquire_all(names, options).await?;
+            crate::multi::hold_all_while(set, work).await
         }
     }
 }

@@ -58,6 +58,31 @@ fn run_passes_the_token_and_the_exit_status() {
     );
 }
 
+/// `dlock run NAME NAME…` takes every name before the command starts and passes each name's
+/// token, sorted, in `DLOCK_FENCING_TOKENS`; the first (sorted) name and its token are
+/// `DLOCK_LOCK_NAME` and `DLOCK_FENCING_TOKEN`.
+#[test]
+fn run_of_several_names_passes_every_token_in_order() {
+    let out = dlock(&[
+        "run",
+        "account:7",
+        "account:3",
+        "account:7",
+        "--",
+        "sh",
+        "-c",
+        "printf '%s=%s|%s' \"$DLOCK_LOCK_NAME\" \"$DLOCK_FENCING_TOKEN\" \"$DLOCK_FENCING_TOKENS\"",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = stdout(&out);
+    let (first, all) = text.split_once('|').expect("two fields");
+    let lines: Vec<&str> = all.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with("account:3="), "{text}");
+    assert!(lines[1].starts_with("account:7="), "{text}");
+    assert_eq!(lines[0], first, "the first name's token is the sorted first's: {text}");
+}
+
 /// A command that cannot be started exits as `env(1)` and shells do (127 not found, 126 not
 /// runnable), and dlock releases the lock it took for it rather than leaving the dropped guard
 /// to release it in the background.

@@ -11,6 +11,7 @@ pub mod fencing;
 pub mod input;
 pub mod inspect;
 pub mod lost;
+pub mod multi;
 pub mod names;
 pub mod ownership;
 pub mod renewal;
@@ -344,6 +345,12 @@ static CASES: &[Case] = &[
         ELECTION_SESSION
     ),
     case!(election::bad_values_refused, ELECTION),
+    case!(multi::opposite_orders_finish, NONE),
+    case!(multi::one_wait_for_the_set, NONE),
+    case!(multi::timeout_leaves_nothing_held, NONE),
+    case!(multi::dropped_acquire_all_leaves_nothing, NONE),
+    case!(multi::duplicates_taken_once_and_empty_refused, NONE),
+    case!(multi::lost_member_loses_the_set, KILL_HOLDER),
     case!(names::unicode_names_work, NONE),
     case!(names::names_are_case_sensitive, NONE),
     case!(names::names_differ_after_byte_64, NONE),

@@ -1,0 +1,196 @@
+//! Several locks at once: one order for every caller, one wait for the set, nothing left held
+//! by a set that cannot be completed. Ported in dlock's words from Redisson's
+//! `RedissonMultiLockTest` (opposite orders, redisson/redisson #1160) and Curator's
+//! `TestInterProcessMultiMutex` (a set that fails part-way releases what it took).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use dlock_api::{DistributedLockExt, LockError, LockName, LockOptions};
+
+use crate::{CaseResult, Ctx, Failure, ensure};
+
+/// Two clients take the same two names in opposite orders, round after round, at once: every
+/// round finishes (no deadlock), the two sets never hold together, and each member carries its
+/// own name's token.
+pub async fn opposite_orders_finish(ctx: Ctx) -> CaseResult {
+    const ROUNDS: usize = 10;
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let (x, y) = (ctx.name("x"), ctx.name("y"));
+    let holding = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (client, names) in [(a, [x.clone(), y.clone()]), (b, [y.clone(), x.clone()])] {
+        let opts = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+        let holding = holding.clone();
+        tasks.spawn(async move {
+            for _ in 0..ROUNDS {
+                let set = client.acquire_all(&names, &opts).await?;
+                let at_once = holding.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                holding.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                let order: Vec<&LockName> = set.names().collect();
+                let sorted = order.windows(2).all(|w| w[0] < w[1]);
+                set.release().await?;
+                if at_once > 0 || !sorted {
+                    return Ok::<_, LockError>(false);
+                }
+            }
+            Ok(true)
+        });
+    }
+    for result in ctx.join_all("both clients' rounds", tasks).await? {
+        ensure!(
+            result?,
+            "two sets over the same names held at once, or a set was taken out of order"
+        );
+    }
+    Ok(())
+}
+
+/// A set whose members are all taken waits **once**, for the options' wait timeout, not once
+/// per member (Curator's multi-lock gives each member the whole wait).
+pub async fn one_wait_for_the_set(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let names: Vec<LockName> = (0..4).map(|i| ctx.name(&format!("m{i}"))).collect();
+    let held = a.acquire_all(&names, &LockOptions::new()).await?;
+    let wait = Duration::from_millis(300);
+    let started = Instant::now();
+    // The first member is free, so the wait is spent on the others.
+    let mut wanted = names.clone();
+    wanted[0] = ctx.name("free");
+    let outcome = b
+        .acquire_all(&wanted, &LockOptions::new().with_wait_timeout(wait))
+        .await;
+    let took = started.elapsed();
+    ensure!(
+        matches!(outcome, Err(LockError::Timeout { .. })),
+        "a set of held names returned {outcome:?}"
+    );
+    ensure!(
+        took < wait.saturating_mul(2).saturating_add(ctx.timing().bound),
+        "the set waited {took:?} for a {wait:?} wait"
+    );
+    let free = b.try_acquire(&wanted[0], &LockOptions::new()).await?;
+    let free = free
+        .ok_or_else(|| Failure("the free member the timed-out set took was not released".into()))?;
+    free.release().await?;
+    held.release().await?;
+    Ok(())
+}
+
+/// A set that cannot be completed leaves nothing held: its `try` returns `None` and its wait a
+/// `Timeout`, and every member it took before is free again at once.
+pub async fn timeout_leaves_nothing_held(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let names = [ctx.name("a"), ctx.name("b"), ctx.name("c")];
+    let last = a.acquire(&names[2], &LockOptions::new()).await?;
+    let tried = b.try_acquire_all(&names, &LockOptions::new()).await?;
+    ensure!(tried.is_none(), "a set with a held member was granted");
+    let waited = b
+        .acquire_all(
+            &names,
+            &LockOptions::new().with_wait_timeout(Duration::from_millis(50)),
+        )
+        .await;
+    ensure!(
+        matches!(waited, Err(LockError::Timeout { .. })),
+        "a set with a held member returned {waited:?}"
+    );
+    for name in &names[..2] {
+        let free = a.try_acquire(name, &LockOptions::new()).await?;
+        let free =
+            free.ok_or_else(|| Failure(format!("{name} stayed held after its set failed")))?;
+        free.release().await?;
+    }
+    last.release().await?;
+    Ok(())
+}
+
+/// Sets dropped while they wait, or cut short at once, leave no member held and no waiter.
+pub async fn dropped_acquire_all_leaves_nothing(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let names = [ctx.name("a"), ctx.name("b"), ctx.name("c")];
+    let blocker = a.acquire(&names[1], &LockOptions::new()).await?;
+    for delay_ms in [0u64, 1, 5, 20] {
+        let _ = tokio::time::timeout(
+            Duration::from_millis(delay_ms),
+            b.acquire_all(
+                &names,
+                &LockOptions::new().with_wait_timeout(ctx.timing().bound),
+            ),
+        )
+        .await;
+    }
+    blocker.release().await?;
+    let set = ctx
+        .within(
+            "a set after the dropped ones",
+            a.acquire_all(
+                &names,
+                &LockOptions::new().with_wait_timeout(ctx.timing().bound),
+            ),
+        )
+        .await??;
+    set.release().await?;
+    Ok(())
+}
+
+/// A name given twice is taken once, and no names at all are refused before any network call.
+pub async fn duplicates_taken_once_and_empty_refused(ctx: Ctx) -> CaseResult {
+    let client = ctx.client().await?;
+    let name = ctx.name("twice");
+    let set = client
+        .acquire_all(&[name.clone(), name.clone()], &LockOptions::new())
+        .await?;
+    ensure!(
+        set.guards().len() == 1,
+        "a name given twice was taken {} times",
+        set.guards().len()
+    );
+    ensure!(
+        set.fencing_token(&name).is_some(),
+        "the set has no token for its name"
+    );
+    set.release().await?;
+    let empty = client.acquire_all(&[], &LockOptions::new()).await;
+    ensure!(
+        matches!(empty, Err(LockError::InvalidArgument { .. })),
+        "an empty set returned {empty:?}"
+    );
+    Ok(())
+}
+
+/// A member lost while the set is held loses the set: `with_locks` stops its work and says so.
+pub async fn lost_member_loses_the_set(ctx: Ctx) -> CaseResult {
+    let client = ctx.client().await?;
+    let names = [ctx.name("a"), ctx.name("b")];
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let work = {
+        let (client, names, started) = (client.clone(), names.clone(), started.clone());
+        let opts = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+        tokio::spawn(async move {
+            client
+                .with_locks(&names, &opts, |_tokens| async move {
+                    started.notify_one();
+                    std::future::pending::<()>().await;
+                })
+                .await
+        })
+    };
+    ctx.within("the set's work to start", started.notified())
+        .await?;
+    ctx.require_faults()?
+        .kill_holder(&names[1])
+        .await
+        .map_err(Failure)?;
+    let ended = ctx
+        .within("with_locks after a member was killed", work)
+        .await?
+        .map_err(|e| Failure(format!("the set's task panicked: {e}")))?;
+    ensure!(
+        matches!(ended, Err(LockError::Lost { .. })),
+        "with_locks returned {ended:?} after a member was lost"
+    );
+    Ok(())
+}
