@@ -367,6 +367,52 @@ impl Conn {
         }
     }
 
+    /// [`run_script`](Self::run_script) with arguments that are bytes (a leader's value), not
+    /// text.
+    pub(crate) async fn run_script_bytes<T: FromRedisValue>(
+        &self,
+        timeout: std::time::Duration,
+        script: &Script,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<T> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        let cmd = &cmd;
+        match self {
+            Self::Single(manager) => {
+                manager
+                    .send(|mut conn| async move {
+                        bounded(timeout, invoke(cmd, script, &mut conn)).await
+                    })
+                    .await
+            }
+            Self::Cluster(cluster) => {
+                cluster
+                    .send(|mut conn| async move {
+                        bounded(timeout, invoke(cmd, script, &mut conn)).await
+                    })
+                    .await
+            }
+            Self::Sentinel(sentinel) => {
+                let result = sentinel
+                    .send(|mut conn| async move {
+                        bounded(timeout, invoke(cmd, script, &mut conn)).await
+                    })
+                    .await;
+                if result.as_ref().is_err_and(LockError::is_retryable) {
+                    if let Err(error) = Box::pin(sentinel.refresh()).await {
+                        tracing::debug!(%error, "redis sentinel: could not refresh the primary");
+                    }
+                }
+                result
+            }
+        }
+    }
+
     /// Runs a plain command, or a pipeline of them (in one write, its replies in one vector).
     pub(crate) async fn query<T: FromRedisValue>(
         &self,

@@ -75,6 +75,16 @@ impl LockKeys {
         key
     }
 
+    /// `PREFIX:{NAME}:leader`: the name's leader record, `OWNER TERM VALUE`, written by a
+    /// leader's proclaim; it counts only while its owner holds the lock (see the crate docs'
+    /// Elections). Made on demand, as [`permits`](Self::permits).
+    pub fn leader(&self) -> String {
+        let mut key = String::with_capacity(self.lock.len().saturating_add(7));
+        key.push_str(&self.lock);
+        key.push_str(":leader");
+        key
+    }
+
     /// Checks a key prefix: not empty, and without braces, which would move the Cluster hash tag
     /// off the name.
     ///
@@ -105,6 +115,7 @@ mod tests {
         assert_eq!(k.lock, "dlock:{coupon:1}");
         assert_eq!(k.fence, "dlock:{coupon:1}:fence");
         assert_eq!(k.channel, "dlock:{coupon:1}:released");
+        assert_eq!(k.leader(), "dlock:{coupon:1}:leader");
     }
 
     #[test]

@@ -2,12 +2,13 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{RawLease, Scheduled};
-use dlock_api::{LockError, LockName, Result};
+use dlock_api::{FencingToken, LockError, LockName, Result};
 use tokio::time::Instant;
 
 use crate::client::Inner;
@@ -30,6 +31,10 @@ pub(crate) struct RedisLease {
     keys: Arc<LockKeys>,
     owner: Arc<str>,
     hold: Hold,
+    /// Whether this lease has (or may have) written the name's leader record: set before its
+    /// first proclaim is sent, after which its renewals keep the record as long as the lock
+    /// and its release ends it (`scripts/election.rs`).
+    proclaimed: AtomicBool,
     /// The start of the watch on the held lock (`held.rs`), until it comes due.
     _watch: Option<Scheduled>,
 }
@@ -49,6 +54,7 @@ impl RedisLease {
             keys,
             owner,
             hold,
+            proclaimed: AtomicBool::new(false),
             _watch: watch,
         }
     }
@@ -107,6 +113,9 @@ impl RedisLease {
             Hold::Lock { uncontended } => uncontended,
         };
         let marks = inner.scripts.marks_releases;
+        if self.proclaimed.load(Ordering::SeqCst) {
+            return self.release_leader().await;
+        }
         if uncontended {
             let names = [keys.lock.as_str(), keys.released_by.as_str()];
             let names = if marks { &names[..] } else { &names[..1] };
@@ -127,6 +136,29 @@ impl RedisLease {
         let names = if marks { &names[..] } else { &names[..4] };
         let args = [owner, keys.channel.as_str()];
         Ok(Self::run_with(inner, &inner.scripts.release, names, &args).await? == 1)
+    }
+
+    /// The release of a lease that proclaimed: the lock's full release, which also deletes the
+    /// leader record and tells observers; a record of its own goes even when the lock is no
+    /// longer its.
+    async fn release_leader(&self) -> Result<bool> {
+        let (inner, keys, owner) = (&self.inner, &self.keys, &*self.owner);
+        let leader = keys.leader();
+        let names = [
+            keys.lock.as_str(),
+            keys.fence.as_str(),
+            keys.queue.as_str(),
+            keys.waiters.as_str(),
+            leader.as_str(),
+            keys.released_by.as_str(),
+        ];
+        let names = if inner.scripts.marks_releases {
+            &names[..]
+        } else {
+            &names[..5]
+        };
+        let args = [owner, keys.channel.as_str()];
+        Ok(Self::run_with(inner, &inner.scripts.release_leader, names, &args).await? == 1)
     }
 
     /// Ends `owner`'s wait: leaves the queue, or, if a release granted it the lock meanwhile,
@@ -218,6 +250,16 @@ impl RawLease for RedisLease {
         let timeout = inner.config.command_timeout;
         let args = [&*self.owner, &ttl_ms];
         let extended: i64 = match self.hold {
+            Hold::Lock { .. } if self.proclaimed.load(Ordering::SeqCst) => {
+                let leader = self.keys.leader();
+                let names = [self.keys.lock.as_str(), leader.as_str()];
+                let args = [&*self.owner, &ttl_ms, &self.keys.channel];
+                let script = &inner.scripts.extend_leader;
+                inner
+                    .conn
+                    .run_script(timeout, script, &names, &args)
+                    .await?
+            }
             Hold::Lock { .. } => {
                 let names = [self.keys.lock.as_str()];
                 let script = &inner.scripts.extend;
@@ -238,6 +280,50 @@ impl RawLease for RedisLease {
         };
         if extended == 1 {
             Ok(after(sent, ttl))
+        } else {
+            Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            })
+        }
+    }
+
+    /// One script: the record is written only if this lease holds the lock, and observers are
+    /// told (`scripts/election.rs`). A permit leads nothing: its proclaim is refused.
+    async fn proclaim(&self, term: FencingToken, value: &[u8]) -> Result<()> {
+        if self.hold == Hold::Permit {
+            return Err(LockError::Unsupported {
+                backend: crate::BACKEND,
+                operation: "elections on a semaphore's permit",
+            });
+        }
+        // Before the script is sent: once it may have run, renewal and release must keep and
+        // end the record.
+        self.proclaimed.store(true, Ordering::SeqCst);
+        let inner = &self.inner;
+        let leader = self.keys.leader();
+        let term = term.get().to_string();
+        let names = [self.keys.lock.as_str(), leader.as_str()];
+        let args = [
+            self.owner.as_bytes(),
+            term.as_bytes(),
+            value,
+            self.keys.channel.as_bytes(),
+        ];
+        let script = &inner.scripts.proclaim;
+        let attempt = || {
+            inner
+                .conn
+                .run_script_bytes(inner.config.command_timeout, script, &names, &args)
+        };
+        let proclaimed: i64 = match attempt().await {
+            // As a release after a failover: the script checks the owner, so it may run again.
+            Err(error) if error.is_retryable() && inner.conn.follows_failover() => {
+                attempt().await?
+            }
+            done => done?,
+        };
+        if proclaimed == 1 {
+            Ok(())
         } else {
             Err(LockError::NotHeld {
                 name: self.name.to_string(),

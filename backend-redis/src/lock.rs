@@ -34,6 +34,7 @@ pub struct RedisLock {
     inner: Arc<Inner>,
 }
 
+mod election;
 mod permits;
 
 /// What the server granted: the fencing token, until when the lease surely lasts, and what the
@@ -542,6 +543,7 @@ impl RawLock for RedisLock {
             inspect: true,
             takeover_signal: true,
             max_permits: permits::MAX_PERMITS,
+            elections: true,
             ..Capabilities::TTL_LEASE
         }
     }
@@ -608,6 +610,16 @@ impl RawLock for RedisLock {
 
     async fn count_permits(&self, name: &LockName) -> Result<u32> {
         self.count(name).await
+    }
+
+    /// One read-only script: the lock key's holder and the leader record, which counts only if
+    /// its owner is that holder.
+    async fn leader(&self, name: &LockName) -> Result<Option<dlock_api::Leader>> {
+        self.read_leader(name).await
+    }
+
+    async fn observe_leader(&self, name: &LockName) -> Result<dlock_api::LeaderStream> {
+        self.leader_changes(name).await
     }
 }
 

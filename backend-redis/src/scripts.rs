@@ -580,6 +580,8 @@ return {holder, redis.call('PTTL', KEYS[1]),
   string.match(redis.call('GET', KEYS[2]) or '', '^%d*'), live}
 ";
 
+pub(crate) mod election;
+
 /// The scripts, hashed once per client.
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -598,14 +600,24 @@ pub(crate) struct Scripts {
     pub(crate) release_permit: Script,
     pub(crate) extend_permit: Script,
     pub(crate) count_permits: Script,
+    pub(crate) proclaim: Script,
+    pub(crate) leader: Script,
+    pub(crate) extend_leader: Script,
+    /// A leader's release: [`release`](Self::release) that also ends its record
+    /// (`scripts/election.rs`), marked where releases are.
+    pub(crate) release_leader: Script,
 }
 
 impl Scripts {
     /// The scripts; with `marks_releases` where a release may reach the server twice.
     pub(crate) fn new(marks_releases: bool) -> Self {
-        let (release, release_uncontended) = match marks_releases {
-            true => (RELEASE_MARKED, RELEASE_UNCONTENDED_MARKED),
-            false => (RELEASE, RELEASE_UNCONTENDED),
+        let (release, release_uncontended, release_leader) = match marks_releases {
+            true => (
+                RELEASE_MARKED,
+                RELEASE_UNCONTENDED_MARKED,
+                election::RELEASE_LEADER_MARKED,
+            ),
+            false => (RELEASE, RELEASE_UNCONTENDED, election::RELEASE_LEADER),
         };
         Self {
             acquire_first: Script::new(ACQUIRE_FIRST),
@@ -621,6 +633,10 @@ impl Scripts {
             release_permit: Script::new(permits::RELEASE_PERMIT),
             extend_permit: Script::new(permits::EXTEND_PERMIT),
             count_permits: Script::new(permits::COUNT_PERMITS),
+            proclaim: Script::new(election::PROCLAIM),
+            leader: Script::new(election::LEADER),
+            extend_leader: Script::new(election::EXTEND_LEADER),
+            release_leader: Script::new(release_leader),
         }
     }
 }
@@ -632,6 +648,9 @@ pub(crate) enum Announcement<'a> {
     Granted { owner: &'a str, token: u64 },
     /// The lock is free: waiters should try.
     Free,
+    /// The name's leader may have changed (a proclaim, a leader's release or lost lease):
+    /// observers read again; waiters need not.
+    Leader,
     /// `owner` took the lock whose key is `lock`, with fencing token `token`, over a key that
     /// went without its holder's release: a holder of it with a lower token has lost it.
     Taken {
@@ -660,6 +679,7 @@ impl<'a> Announcement<'a> {
                 token: token.parse().ok()?,
             }),
             ("free", None, None) => Some(Self::Free),
+            ("leader", _, None) => Some(Self::Leader),
             _ => None,
         }
     }
@@ -764,6 +784,8 @@ mod tests {
             })
         );
         assert_eq!(Announcement::parse("free"), Some(Announcement::Free));
+        assert_eq!(Announcement::parse("leader"), Some(Announcement::Leader));
+        assert_eq!(Announcement::parse("leader 17"), Some(Announcement::Leader));
         assert_eq!(
             Announcement::parse("taken abc 18 dlock:{a b}"),
             Some(Announcement::Taken {

@@ -49,6 +49,34 @@ struct Watched {
 struct Channel {
     notify: Notify,
     subscribed: AtomicBool,
+    /// The name's leader observers: each is told of every message on the channel and of a
+    /// lost connection, and keeps the signal until it looks (`notify_one`), so that nothing
+    /// that arrives while it is busy is lost.
+    observers: Mutex<Vec<Arc<Signal>>>,
+}
+
+/// What an observer is told: something happened on its channel; `missed` if its connection was
+/// lost, so messages may have passed unheard.
+#[derive(Debug, Default)]
+struct Signal {
+    notify: Notify,
+    missed: AtomicBool,
+}
+
+impl Channel {
+    fn tell_observers(&self, missed: bool) {
+        for signal in self
+            .observers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            if missed {
+                signal.missed.store(true, Ordering::SeqCst);
+            }
+            signal.notify.notify_one();
+        }
+    }
 }
 
 /// A grant delivered to one waiter: its fencing token. Not when it arrived: that says nothing
@@ -124,6 +152,8 @@ impl Wakeups {
                     Some(Announcement::Taken { owner, token, lock }) => {
                         self.lose_watched(lock, owner, token);
                     }
+                    // Only observers read the leader.
+                    Some(Announcement::Leader) => {}
                     // `free`, or a message this version does not know: every waiter checks.
                     _ => {
                         if let Some(channel) = channel {
@@ -132,10 +162,17 @@ impl Wakeups {
                         }
                     }
                 }
+                // Every message on a name's channel (a grant, `free`, `leader`) may change its
+                // leader.
+                if let Some(channel) = channel {
+                    self.channels
+                        .with(channel, |channel| channel.tell_observers(false));
+                }
             }
             PushKind::Disconnection => self.channels.for_each(|channel| {
                 channel.subscribed.store(false, Ordering::SeqCst);
                 channel.notify.notify_waiters();
+                channel.tell_observers(true);
             }),
             _ => {}
         }
@@ -198,6 +235,27 @@ impl Wakeups {
         }
     }
 
+    /// Registers a leader observer of `channel`, subscribing if needed; returns once the
+    /// subscription is live.
+    pub(crate) async fn observe(
+        self: &Arc<Self>,
+        conn: &Conn,
+        channel: &str,
+        timeout: Duration,
+    ) -> Result<Observing> {
+        let listening = self.listen(conn, channel, timeout);
+        let signal = Arc::new(Signal::default());
+        listening
+            .channel
+            .observers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(signal.clone());
+        let observing = Observing { listening, signal };
+        observing.ensure_subscribed().await?;
+        Ok(observing)
+    }
+
     /// Registers `owner` as a waiter on `channel`, subscribing if needed; returns once the
     /// subscription is live.
     pub(crate) async fn register(
@@ -247,6 +305,43 @@ impl Waiting {
     /// Subscribes again after a lost connection (a no-op while subscribed).
     pub(crate) async fn ensure_subscribed(&self) -> Result<()> {
         self.listening.ensure_subscribed().await
+    }
+}
+
+/// One leader observer's membership of its name's channel; dropping it unsubscribes when no
+/// member of the name is left.
+#[derive(Debug)]
+pub(crate) struct Observing {
+    listening: Listening,
+    signal: Arc<Signal>,
+}
+
+impl Observing {
+    /// Resolves at the next message on the channel or lost connection since the last call
+    /// (at once if one came meanwhile).
+    pub(crate) async fn changed(&self) {
+        self.signal.notify.notified().await
+    }
+
+    /// Whether the connection was lost since the last call: messages may have passed unheard.
+    pub(crate) fn take_missed(&self) -> bool {
+        self.signal.missed.swap(false, Ordering::SeqCst)
+    }
+
+    /// Subscribes again after a lost connection (a no-op while subscribed).
+    pub(crate) async fn ensure_subscribed(&self) -> Result<()> {
+        self.listening.ensure_subscribed().await
+    }
+}
+
+impl Drop for Observing {
+    fn drop(&mut self) {
+        self.listening
+            .channel
+            .observers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|signal| !Arc::ptr_eq(signal, &self.signal));
     }
 }
 
