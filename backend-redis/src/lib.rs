@@ -67,6 +67,27 @@
 //!   the name taken and answers the same refusal. A waiter beyond the limit listens on the
 //!   name's channel, where every release publishes `free`, and tries again then, or when the
 //!   earliest lease ends; permits have no queue, so waiters are not served in order.
+//! - **Elections** ([`campaign`](dlock_api::DistributedLock::campaign),
+//!   [`leader`](dlock_api::DistributedLock::leader),
+//!   [`observe`](dlock_api::DistributedLock::observe)): a candidate acquires the name as a
+//!   lock, and its **term** is the grant's fencing token (from the name's fence, so above every
+//!   earlier term and lock of the name). Its value lives in the **leader record**
+//!   `PREFIX:{NAME}:leader`, `OWNER TERM VALUE`, written by one script only while the lock key
+//!   holds the leader's owner value, and given the lock key's remaining lease plus a second; the
+//!   leader's renewals extend both in one script. `leader` is one read-only script: the record
+//!   counts only if its owner holds the lock key now, so a record an earlier holder left is
+//!   never reported. Leadership ends with the lock: a resignation (its release deletes the
+//!   record in the same script), a lease that runs out (a crashed leader's key expires), or a
+//!   key taken over. Observers subscribe to the name's channel, shared with its waiters, and
+//!   read again on every message there: `leader` from a proclaim or from a leader's release or
+//!   failed renewal, `granted` and `free` from releases; and, since a leader that vanished
+//!   announces nothing, when the lease their last read found ends (the server's PTTL, not a
+//!   poll). An observer whose connection is lost subscribes again by itself, reports at most one
+//!   error per failure and `Missed` before the state it reads then; dropped, it unsubscribes
+//!   (when no waiter of the name on its client still listens). What is left on the server: the
+//!   record of a leader that crashed, ignored by every read, until a second after its lease
+//!   (a leader whose lease ended while its process lives deletes it at its next renewal or its
+//!   release). A permit's lease proclaims nothing (`Unsupported`).
 //! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) is one
 //!   read-only script: the holder's owner value and remaining lease (`PTTL`), its fencing token
 //!   (the fence counter, raised in the script that granted the lock) and the live waiters in the
@@ -80,7 +101,8 @@
 //!
 //! ## Keys
 //! `PREFIX:{NAME}` (the lock; value = owner, TTL = lease; `#permits:N` while it is a semaphore),
-//! `PREFIX:{NAME}:permits` (a semaphore's permits, above), `PREFIX:{NAME}:fence` (last token; kept
+//! `PREFIX:{NAME}:permits` (a semaphore's permits, above), `PREFIX:{NAME}:leader` (an
+//! election's leader record, above; it lives a second past its leader's lease), `PREFIX:{NAME}:fence` (last token; kept
 //! ten minutes past its last grant, and as long as waiters may be queued), `PREFIX:{NAME}:queue`
 //! and `PREFIX:{NAME}:waiters` (the waiters, expiring with them), channel `PREFIX:{NAME}:released`;
 //! on a Sentinel or a Cluster also `PREFIX:{NAME}:released-by`, the owner that released the lock

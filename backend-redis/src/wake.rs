@@ -9,6 +9,11 @@
 //! through an announcement it could not hear; waiters also re-check when they refresh their
 //! presence and at the holder's remaining TTL.
 //!
+//! A leader observer (`lock/election.rs`) joins its name's channel as a waiter does, and is told
+//! of every message on it (`granted`, `free`, and `leader`, which only observers read) and of a
+//! lost connection, with a signal kept until it looks, so that nothing arriving while it reads is
+//! lost.
+//!
 //! A holder that watches its lock (see `held.rs`) registers its lock key, owner and token, and
 //! joins its client's own channel, `PREFIX:held-by:CLIENT`, one subscription for all its held
 //! locks: `taken OWNER TOKEN LOCK_KEY`, published there by whoever took a lock over a key that

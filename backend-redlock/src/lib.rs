@@ -58,6 +58,13 @@
 //!   nodes and two permits, grants on nodes {1,2,3}, {3,4,5} and {1,4,5} never find a node with
 //!   two already, yet three hold at once. A lock (N = 1) is safe because any two quorums share a
 //!   node; N + 1 quorums need not share one. Use the Redis backend's semaphore on one deployment.
+//! - **No elections** (`elections` is false; `campaign`, `leader` and `observe` answer
+//!   `Unsupported`): a term must be one rising sequence per name, and a grant's token here is the
+//!   highest of N independent counters, which nodes that missed grants or lost a counter can
+//!   disagree on, so two terms need not be ordered as their leaderships were; and a value
+//!   published on a quorum can differ between nodes (a deposed leader's proclaim can still land
+//!   on the nodes its successor's quorum did not reach), so readers of different nodes could name
+//!   different leaders. Use the Redis backend's elections on one deployment.
 //!
 //! ## How it works
 //! - **Acquire** sends `SET PREFIX:{NAME} OWNER NX PX TTL` to every node at once, each bounded by
