@@ -45,6 +45,8 @@ pub(crate) struct HeldLock {
     pub(crate) owner: Arc<str>,
     pub(crate) token: u64,
     pub(crate) state: Arc<LeaseState>,
+    /// The lease, to ask whether it wrote the name's leader record.
+    pub(crate) lease: Weak<crate::lease::RedisLease>,
 }
 
 /// Schedules the watch of a lock just granted, [`WATCH_HELD_AFTER`] from now on the client's
@@ -114,9 +116,25 @@ async fn check(client: &Weak<Inner>, watching: &Watching, held: &HeldLock) -> Re
             &[&held.owner, &inner.held_by.client],
         )
         .await?;
-    Ok(if marked == 1 {
-        HeldCheck::Held
-    } else {
-        HeldCheck::Gone
-    })
+    if marked == 1 {
+        return Ok(HeldCheck::Held);
+    }
+    if held.lease.upgrade().is_some_and(|lease| lease.proclaimed()) {
+        // A leader whose key went: its record goes and observers are told now, not when the
+        // lease they last read ends (nobody else may announce it).
+        let leader = held.keys.leader();
+        let vacated: Result<i64> = inner
+            .conn
+            .run_script(
+                inner.config.command_timeout,
+                &inner.scripts.vacate,
+                &[&held.keys.lock, &leader],
+                &[&held.owner, &held.keys.channel],
+            )
+            .await;
+        if let Err(error) = vacated {
+            tracing::debug!(%error, key = %held.keys.lock, "redis: could not vacate a lost leader's record; it ends a second after its lease");
+        }
+    }
+    Ok(HeldCheck::Gone)
 }

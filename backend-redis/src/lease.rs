@@ -59,6 +59,12 @@ impl RedisLease {
         }
     }
 
+    /// Whether this lease has (or may have) written the name's leader record: the lock's watch
+    /// (`held.rs`) then vacates it when it finds the lock gone.
+    pub(crate) fn proclaimed(&self) -> bool {
+        self.proclaimed.load(Ordering::SeqCst)
+    }
+
     /// Runs `script` (the cancel) with the name's four keys, for `owner`.
     async fn run(
         inner: &Inner,

@@ -108,27 +108,31 @@ impl RedisLock {
 
     fn guard(&self, name: &LockName, keys: &Arc<LockKeys>, owner: &Arc<str>, held: Held) -> Grant {
         let state = Arc::new(LeaseState::new(Some(held.valid_until)));
-        // A permit is not watched: its place in the set goes only by its release or its lease.
-        let watch = match held.hold {
-            Hold::Lock { .. } => crate::held::schedule_watch(
-                &self.inner,
-                HeldLock {
-                    keys: keys.clone(),
-                    owner: owner.clone(),
-                    token: held.token as u64,
-                    state: state.clone(),
-                },
-            ),
-            Hold::Permit => None,
-        };
-        let lease = Arc::new(RedisLease::new(
-            self.inner.clone(),
-            name.clone(),
-            keys.clone(),
-            owner.clone(),
-            held.hold,
-            watch,
-        ));
+        // The watch looks at the lease weakly: whether it proclaimed, while it lives.
+        let lease = Arc::new_cyclic(|lease| {
+            // A permit is not watched: its place in the set goes only by its release or its lease.
+            let watch = match held.hold {
+                Hold::Lock { .. } => crate::held::schedule_watch(
+                    &self.inner,
+                    HeldLock {
+                        keys: keys.clone(),
+                        owner: owner.clone(),
+                        token: held.token as u64,
+                        state: state.clone(),
+                        lease: lease.clone(),
+                    },
+                ),
+                Hold::Permit => None,
+            };
+            RedisLease::new(
+                self.inner.clone(),
+                name.clone(),
+                keys.clone(),
+                owner.clone(),
+                held.hold,
+                watch,
+            )
+        });
         Grant::new(
             name.clone(),
             FencingToken::new(held.token as u64),

@@ -603,6 +603,7 @@ pub(crate) struct Scripts {
     pub(crate) proclaim: Script,
     pub(crate) leader: Script,
     pub(crate) extend_leader: Script,
+    pub(crate) vacate: Script,
     /// A leader's release: [`release`](Self::release) that also ends its record
     /// (`scripts/election.rs`), marked where releases are.
     pub(crate) release_leader: Script,
@@ -636,6 +637,7 @@ impl Scripts {
             proclaim: Script::new(election::PROCLAIM),
             leader: Script::new(election::LEADER),
             extend_leader: Script::new(election::EXTEND_LEADER),
+            vacate: Script::new(election::VACATE),
             release_leader: Script::new(release_leader),
         }
     }

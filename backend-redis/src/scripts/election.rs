@@ -99,6 +99,27 @@ return 0
 "
 );
 
+/// A leader's lease whose lock went. KEYS: lock, leader. ARGV: owner, channel.
+///
+/// If the lock is not the caller's and the record is, deletes the record and publishes
+/// `leader`, so observers learn that the caller no longer leads now rather than at the end of
+/// the lease they last read; returns 1 then, else 0 and changes nothing.
+pub(crate) const VACATE: &str = concat!(
+    r"
+local holder = redis.call('GET', KEYS[1])
+if ",
+    lua_holds!("holder", "ARGV[1]"),
+    r" then return 0 end
+local record = redis.call('GET', KEYS[2])
+if not ",
+    lua_record_of!("record", "ARGV[1]"),
+    r" then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('PUBLISH', ARGV[2], 'leader')
+return 1
+"
+);
+
 /// What a leader's release does besides the lock's: once the lock key is deleted, the record
 /// (its own, or one an earlier holder left) goes and observers are told, before the lock is
 /// handed to the next waiter. KEYS\[5\] is the record.

@@ -35,6 +35,25 @@ async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> bool
     found == 1
 }
 
+/// Waits until the holder of `keys` watches its lock (its fence carries the watch mark): after
+/// that first look its watch looks again only minutes later, so a key deleted now is found by
+/// the server's scripts, not by the watch.
+async fn until_watched(conn: &redis::aio::MultiplexedConnection, keys: &dlock_redis::LockKeys) {
+    until("the holder's watch", || {
+        let mut conn = conn.clone();
+        let fence = keys.fence.clone();
+        async move {
+            let value: Option<String> = redis::cmd("GET")
+                .arg(&fence)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            value.is_some_and(|v| v.contains('!'))
+        }
+    })
+    .await;
+}
+
 /// The next event of `stream` that `wanted` accepts, within the bound; the others on the way.
 async fn next_matching(
     what: &str,
@@ -74,6 +93,7 @@ async fn a_proclaim_after_the_key_expired_is_refused() {
     let keys = a.keys(&name);
     let no_renewal = LockOptions::new().with_renewal(Renewal::Off);
     let first = a.campaign(&name, b"first", &no_renewal).await.unwrap();
+    until_watched(&conn, &keys).await;
     // The key expires on the server long before the lease the guard counts on.
     let _: () = redis::cmd("PEXPIRE")
         .arg(&keys.lock)
@@ -142,6 +162,7 @@ async fn a_record_left_by_an_earlier_leader_is_not_reported() {
         .campaign(&name, b"old", &LockOptions::new())
         .await
         .unwrap();
+    until_watched(&conn, &keys).await;
     // The lock key goes without a release (a failover that lost it, an operator): its record
     // stays, and a plain lock takes the name.
     let _: () = redis::cmd("DEL")
@@ -281,4 +302,46 @@ async fn an_observer_goes_on_after_its_connection_is_killed_and_leaves_nothing()
         }
     })
     .await;
+}
+
+/// A leader whose key is deleted under it while its process lives (a failover that lost the
+/// write, an operator) is seen vacant by an observer long before the lease it last read ends:
+/// its own watch or renewal, finding the key gone, deletes its record and tells observers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_sees_a_living_leader_whose_key_went_go_before_its_lease_ends() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let (a, b) = (
+        RedisLock::connect_url(&server.url()).await.unwrap(),
+        RedisLock::connect_url(&server.url()).await.unwrap(),
+    );
+    let name = LockName::new("election/deleted").unwrap();
+    let keys = a.keys(&name);
+    let lease = Duration::from_secs(90);
+    let leadership = a
+        .campaign(&name, b"deleted", &LockOptions::new().with_ttl(lease))
+        .await
+        .unwrap();
+    let mut changes = b.observe(&name).await.unwrap();
+    next_matching("the leader", &mut changes, |e| leads(e, b"deleted")).await;
+    let _: () = redis::cmd("DEL")
+        .arg(&keys.lock)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Within half the lease: past the first renewal (a third of it), long before its end.
+    let vacant = tokio::time::timeout(lease / 2, async {
+        while let Some(item) = changes.next().await {
+            if matches!(item, Ok(LeaderEvent::Vacant)) {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(vacant.is_ok(), "the observer waited for the lease's end");
+    assert!(
+        !exists(&mut conn, &keys.leader()).await,
+        "the lost leader's record stayed"
+    );
+    drop(leadership);
 }
