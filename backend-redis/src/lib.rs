@@ -79,15 +79,16 @@
 //!   never reported. Leadership ends with the lock: a resignation (its release deletes the
 //!   record in the same script), a lease that runs out (a crashed leader's key expires), or a
 //!   key taken over. Observers subscribe to the name's channel, shared with its waiters, and
-//!   read again on every message there: `leader` from a proclaim or from a leader's release or
-//!   failed renewal, `granted` and `free` from releases; and, since a leader that vanished
+//!   read again on every message there: `leader` from a proclaim, a leader's release, or a
+//!   leader that finds its key gone (its watch, 250 ms into its hold, or its next renewal),
+//!   `granted` and `free` from releases; and, since a leader that vanished
 //!   announces nothing, when the lease their last read found ends (the server's PTTL, not a
 //!   poll). An observer whose connection is lost subscribes again by itself, reports at most one
 //!   error per failure and `Missed` before the state it reads then; dropped, it unsubscribes
 //!   (when no waiter of the name on its client still listens). What is left on the server: the
 //!   record of a leader that crashed, ignored by every read, until a second after its lease
-//!   (a leader whose lease ended while its process lives deletes it at its next renewal or its
-//!   release). A permit's lease proclaims nothing (`Unsupported`).
+//!   (a leader whose key went while its process lives deletes it when it finds the key gone,
+//!   or at its release). A permit's lease proclaims nothing (`Unsupported`).
 //! - **Inspection** ([`inspect`](dlock_api::DistributedLock::inspect), `dlock status`) is one
 //!   read-only script: the holder's owner value and remaining lease (`PTTL`), its fencing token
 //!   (the fence counter, raised in the script that granted the lock) and the live waiters in the
