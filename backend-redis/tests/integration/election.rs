@@ -225,7 +225,7 @@ async fn an_observer_sees_a_forgotten_leader_expire() {
     let mut changes = b.observe(&name).await.unwrap();
     next_matching("the leader", &mut changes, |e| leads(e, b"doomed")).await;
     // Neither released nor renewed: the key ends with its TTL, and nobody announces it.
-    std::mem::forget(leadership);
+    leadership.into_guard().forget();
     let seen = next_matching("the name vacant after the lease", &mut changes, |e| {
         *e == LeaderEvent::Vacant
     })
