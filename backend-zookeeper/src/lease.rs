@@ -2,13 +2,13 @@
 //! is deleted in the background. A watch on the node, set [`WATCH_HELD_AFTER`] after the grant,
 //! loses the guard as soon as anyone else deletes it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{LeaseState, RawLease, Scheduled, Session, SessionStatus};
-use dlock_api::{LockError, LockName, LostReason, Result};
+use dlock_api::raw::{Detach, LeaseState, RawLease, Scheduled, Session, SessionStatus};
+use dlock_api::{FencingToken, LockError, LockName, LostReason, Result};
 use tokio::time::Instant;
 use zookeeper_client::{Error as ZkError, EventType};
 
@@ -57,7 +57,13 @@ pub(crate) struct ZkLease {
     session: Arc<ZkSession>,
     name: LockName,
     path: String,
-    version: i32,
+    czxid: i64,
+    /// The node's version: 0 when created, one more with each proclaim. Release deletes the
+    /// node guarded by it.
+    version: Arc<AtomicI32>,
+    /// One write to the node at a time (a proclaim, the release), so each is sent with the
+    /// version the one before left; a proclaim whose caller went away finishes first.
+    writing: Arc<tokio::sync::Mutex<()>>,
     /// Closed before our own delete is sent, so the node's watch never takes our delete for
     /// someone else's (a grant dropped on its way is released without a guard to close it).
     state: Arc<LeaseState>,
@@ -92,7 +98,9 @@ impl ZkLease {
             session,
             name: name.clone(),
             path,
-            version,
+            czxid,
+            version: Arc::new(AtomicI32::new(version)),
+            writing: Arc::default(),
             state,
             released: AtomicBool::new(false),
             _watch: scheduled,
@@ -260,7 +268,10 @@ impl RawLease for ZkLease {
         // Forgotten only once deleted: an attach again meanwhile (from another runtime) deletes
         // every node of the session it does not know to be held, which would answer this delete
         // with `NoNode`, as if the lock had been lost.
-        let deleted = delete_node(&self.session, &self.path, self.version).await;
+        let writing = self.writing.lock().await;
+        let version = self.version.load(Ordering::SeqCst);
+        let deleted = delete_node(&self.session, &self.path, version).await;
+        drop(writing);
         self.session.forget(&self.path);
         match deleted {
             Ok(true) => Ok(()),
@@ -278,6 +289,43 @@ impl RawLease for ZkLease {
             operation: "extend (the session is the lease)",
         })
     }
+
+    /// Writes the leader record (`term`, `value`) as the data of our own node, with a
+    /// version-checked `setData`: it lands only while the node exists, and the node exists only
+    /// while this session holds its place (see [`crate::election`]).
+    async fn proclaim(&self, term: FencingToken, value: &[u8]) -> Result<()> {
+        let child = self.path.rsplit('/').next().unwrap_or_default();
+        if crate::names::limit(child) != 1 {
+            return Err(LockError::Unsupported {
+                backend: BACKEND,
+                operation: "elections on a semaphore's permit",
+            });
+        }
+        if u64::try_from(self.czxid).ok() != Some(term.get()) {
+            return Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            });
+        }
+        let data = crate::election::record(self.czxid, value);
+        let writing = self.writing.clone().lock_owned().await;
+        let (session, path, czxid) = (self.session.clone(), self.path.clone(), self.czxid);
+        let (version, name) = (self.version.clone(), self.name.clone());
+        // Runs to its end if the caller goes away, so the version it leaves is known to the
+        // release after it.
+        Detach::new(async move {
+            let _writing = writing;
+            let written =
+                crate::election::write_record(&session, &path, czxid, &version, &data).await?;
+            if written {
+                Ok(())
+            } else {
+                Err(LockError::NotHeld {
+                    name: name.to_string(),
+                })
+            }
+        })
+        .await
+    }
 }
 
 impl Drop for ZkLease {
@@ -289,8 +337,12 @@ impl Drop for ZkLease {
         if self.released.load(Ordering::SeqCst) {
             return;
         }
-        let (session, path, version) = (self.session.clone(), self.path.clone(), self.version);
+        let (session, path) = (self.session.clone(), self.path.clone());
+        let (version, writing) = (self.version.clone(), self.writing.clone());
         dlock_api::raw::spawn_cleanup(async move {
+            // After a proclaim still on its way, with the version it left.
+            let _writing = writing.lock().await;
+            let version = version.load(Ordering::SeqCst);
             let _ = delete_node(&session, &path, version).await;
         });
     }

@@ -161,6 +161,7 @@
 
 mod config;
 mod connect;
+mod election;
 mod enqueue;
 mod error;
 mod lease;

@@ -11,7 +11,8 @@ use dlock_api::raw::{
     Grant, PendingAcquire, RawLock, RenewedBy, SessionStatus, WaitRecovery, permits_mismatch,
 };
 use dlock_api::{
-    Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
+    Capabilities, Fencing, FencingToken, Inspection, Leader, LeaderStream, LockError, LockName,
+    LockOptions, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client::Error as ZkError;
@@ -347,6 +348,7 @@ impl RawLock for ZkLock {
             inspect: true,
             takeover_signal: true,
             max_permits: MAX_PERMITS,
+            elections: true,
             ..Capabilities::SESSION_LEASE
         }
     }
@@ -421,6 +423,18 @@ impl RawLock for ZkLock {
         let listed = list_synced(&client, &parent, session.command_timeout).await?;
         let held = listed.map_or(0, |children| holders(&queue(&children)));
         Ok(u32::try_from(held).unwrap_or(u32::MAX))
+    }
+
+    /// The first node of the queue, after a `sync`, if it published a record: its `czxid` is
+    /// the term, the rest of its data the value (see [`crate::election`]).
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        self.read_leader(name).await
+    }
+
+    /// A persistent recursive watch on the name's node, and a read of the leader after each
+    /// event (see [`crate::election`]).
+    async fn observe_leader(&self, name: &LockName) -> Result<LeaderStream> {
+        Ok(self.observe(name))
     }
 }
 

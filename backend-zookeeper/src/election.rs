@@ -1,0 +1,308 @@
+//! Elections on the lock's queue: the leader is the node at the head of the name's queue, its
+//! record the data of that node, written by the leader's own proclaim; observers follow the
+//! name's node with one persistent recursive watch.
+//!
+//! - **Record.** `[term: 8 bytes, big-endian][value]`, the data of the leader's own ephemeral
+//!   node, where the term is the node's `czxid` (the grant's fencing token). A node whose data
+//!   does not start with its own `czxid` has not proclaimed (a lock's holder, or a candidate
+//!   just granted): it is reported as no leader.
+//! - **Proclaim** is a `setData` on our node guarded by the version our last write left: it
+//!   lands only while the node exists, which is while our session holds our place (the server
+//!   deletes an ended session's nodes in the same step that ends it). A node that is gone
+//!   answers `NoNode`: the term is over, `NotHeld`.
+//! - **Reading** (`leader`) lists the queue after a `sync`, then reads the first node's data and
+//!   stat. A node that still exists when read is still first (later nodes only queue behind
+//!   it), so the record is reported only while its writer holds the name.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use dlock_api::raw::OBSERVE_RETRY;
+use dlock_api::{FencingToken, Leader, LeaderEvent, LeaderStream, LockError, LockName, Result};
+use futures::StreamExt;
+use zookeeper_client::{
+    AddWatchMode, Client, Error as ZkError, EventType, PersistentWatcher, SessionState,
+};
+
+use crate::enqueue::list_synced;
+use crate::error::{Fail, timed};
+use crate::lock::ZkLock;
+use crate::names::{limit, queue};
+use crate::session::ZkSession;
+
+/// The bytes of the term at the head of a record.
+const TERM_BYTES: usize = 8;
+
+/// The data a leader of term `czxid` writes to its node to publish `value`.
+pub(crate) fn record(czxid: i64, value: &[u8]) -> Vec<u8> {
+    let mut data = Vec::with_capacity(TERM_BYTES.saturating_add(value.len()));
+    data.extend_from_slice(&czxid.to_be_bytes());
+    data.extend_from_slice(value);
+    data
+}
+
+/// The leader a node created at `czxid` published with `data`, if it did.
+fn parse(czxid: i64, data: &[u8]) -> Option<Leader> {
+    let (term, value) = data.split_at_checked(TERM_BYTES)?;
+    if term != czxid.to_be_bytes() {
+        return None;
+    }
+    let term = FencingToken::new(u64::try_from(czxid).ok()?);
+    Some(Leader::new(term, value))
+}
+
+/// Writes `data` to our node `path` (created at `czxid`), guarded by `version`, which it then
+/// moves on. `Ok(false)`: the node is gone or not ours, or the session is over (the term has
+/// ended). A write whose answer was lost is sent again: a `BadVersion` then means the first one
+/// landed, which a look at the node (ours, by its `czxid` and owner) confirms.
+pub(crate) async fn write_record(
+    session: &ZkSession,
+    path: &str,
+    czxid: i64,
+    version: &AtomicI32,
+    data: &[u8],
+) -> Result<bool> {
+    let timeout = session.command_timeout;
+    for attempt in 0..4 {
+        let client = match session.client().await {
+            Ok(client) => client,
+            Err(_) if session.has_ended() => return Ok(false),
+            Err(error) => return Err(error),
+        };
+        let expected = version.load(Ordering::SeqCst);
+        let fail = match timed(timeout, client.set_data(path, data, Some(expected))).await {
+            Ok(stat) => {
+                version.store(stat.version, Ordering::SeqCst);
+                return Ok(true);
+            }
+            Err(fail) => fail,
+        };
+        session.note(&fail).await;
+        match fail {
+            Fail::Zk(ZkError::NoNode) => return Ok(false),
+            fail if fail.session_over() => return Ok(false),
+            Fail::Zk(ZkError::BadVersion) => {
+                // Only our own writes change our node: one whose answer was lost landed.
+                match timed(timeout, client.check_stat(path)).await {
+                    Ok(Some(stat)) if stat.czxid == czxid && stat.ephemeral_owner == session.id => {
+                        version.store(stat.version, Ordering::SeqCst);
+                    }
+                    Ok(_) => return Ok(false),
+                    Err(fail) if fail.session_over() => return Ok(false),
+                    Err(fail) => return Err(fail.into()),
+                }
+            }
+            fail if fail.outcome_unknown() && attempt < 3 => {}
+            fail => return Err(fail.into()),
+        }
+    }
+    Err(LockError::command_timeout(crate::BACKEND, timeout))
+}
+
+/// The leader of the queue under `parent`, as the server says after a `sync`: the first node's
+/// record if it published one; `None` for an empty queue, a holder that has not proclaimed, or
+/// a semaphore's queue.
+pub(crate) async fn read_leader(
+    client: &Client,
+    parent: &str,
+    timeout: std::time::Duration,
+) -> std::result::Result<Option<Leader>, Fail> {
+    let mut rounds: u32 = 0;
+    loop {
+        rounds = rounds.saturating_add(1);
+        let Some(children) = list_synced(client, parent, timeout).await? else {
+            return Ok(None);
+        };
+        let queue = queue(&children);
+        let Some((_, first)) = queue.first() else {
+            return Ok(None);
+        };
+        if limit(first) != 1 {
+            return Ok(None);
+        }
+        let path = format!("{parent}/{first}");
+        match timed(timeout, client.get_data(&path)).await {
+            Ok((data, stat)) => return Ok(parse(stat.czxid, &data)),
+            // Gone since the listing: the next node may hold now. A few times under churn.
+            Err(Fail::Zk(ZkError::NoNode)) if rounds < 8 => {}
+            Err(fail) => return Err(fail),
+        }
+    }
+}
+
+impl ZkLock {
+    /// [`RawLock::leader`](dlock_api::raw::RawLock::leader).
+    pub(crate) async fn read_leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let session = self.inner.session().await?;
+        let client = session.client().await?;
+        let parent = self.inner.config.name_path(name);
+        let read = read_leader(&client, &parent, session.command_timeout).await;
+        if let Err(fail) = &read {
+            session.note(fail).await;
+        }
+        Ok(read?)
+    }
+
+    /// [`RawLock::observe_leader`](dlock_api::raw::RawLock::observe_leader).
+    pub(crate) fn observe(&self, name: &LockName) -> LeaderStream {
+        let observer = Observer {
+            lock: self.clone(),
+            parent: self.inner.config.name_path(name),
+            watch: None,
+            read: true,
+            reported: false,
+            missed: false,
+            failing: false,
+            pause: false,
+        };
+        futures::stream::unfold(observer, |mut observer| async move {
+            let item = observer.next().await;
+            Some((item, observer))
+        })
+        .boxed()
+    }
+}
+
+/// One observer of a name: a persistent recursive watch on the name's node (so the creation,
+/// deletion and data change of every node in its queue wake it), and a read of the leader after
+/// each wake-up.
+struct Observer {
+    lock: ZkLock,
+    parent: String,
+    /// The watch and the session it was set on.
+    watch: Option<(Arc<ZkSession>, PersistentWatcher)>,
+    /// A read is due.
+    read: bool,
+    /// A state was reported (so a later gap is worth a `Missed`).
+    reported: bool,
+    /// Changes may have passed unseen since the last state reported.
+    missed: bool,
+    /// The current failure was reported already.
+    failing: bool,
+    /// Wait `OBSERVE_RETRY` before the next attempt.
+    pause: bool,
+}
+
+impl Observer {
+    async fn next(&mut self) -> Result<LeaderEvent> {
+        loop {
+            if std::mem::take(&mut self.pause) {
+                tokio::time::sleep(OBSERVE_RETRY).await;
+            }
+            if self.watch.is_none() {
+                if let Err(error) = self.set_watch().await {
+                    if let Some(error) = self.failed(error) {
+                        return Err(error);
+                    }
+                    continue;
+                }
+            }
+            if self.read {
+                if std::mem::take(&mut self.missed) {
+                    return Ok(LeaderEvent::Missed);
+                }
+                let Some((session, _)) = &self.watch else {
+                    continue;
+                };
+                let session = session.clone();
+                let read = async {
+                    let client = session.client().await?;
+                    let read = read_leader(&client, &self.parent, session.command_timeout).await;
+                    if let Err(fail) = &read {
+                        session.note(fail).await;
+                    }
+                    Ok::<_, LockError>(read?)
+                };
+                match read.await {
+                    Ok(leader) => {
+                        self.read = false;
+                        self.reported = true;
+                        self.failing = false;
+                        return Ok(leader.map_or(LeaderEvent::Vacant, LeaderEvent::Leads));
+                    }
+                    Err(error) => {
+                        // The watch may have missed what happened meanwhile: set it again.
+                        self.watch = None;
+                        if let Some(error) = self.failed(error) {
+                            return Err(error);
+                        }
+                        continue;
+                    }
+                }
+            }
+            self.wait().await;
+        }
+    }
+
+    /// Sets the watch on the client's current session (a new one if the last ended).
+    async fn set_watch(&mut self) -> Result<()> {
+        let session = self.lock.inner.session().await?;
+        let client = session.client().await?;
+        let watched = timed(
+            session.command_timeout,
+            client.watch(&self.parent, AddWatchMode::PersistentRecursive),
+        )
+        .await;
+        let watcher = match watched {
+            Ok(watcher) => watcher,
+            Err(fail) => {
+                session.note(&fail).await;
+                return Err(fail.into());
+            }
+        };
+        // Whatever happened before the watch was set is read now.
+        self.read = true;
+        self.missed = self.reported;
+        self.watch = Some((session, watcher));
+        Ok(())
+    }
+
+    /// Waits for the watch to report a change, or the session to end or lose its connection.
+    async fn wait(&mut self) {
+        let Some((session, watcher)) = &mut self.watch else {
+            return;
+        };
+        let raw = session.session.clone();
+        let event = tokio::select! {
+            event = watcher.changed() => Some(event),
+            _ = raw.ended() => None,
+        };
+        match event {
+            Some(event) if event.event_type != EventType::Session => self.read = true,
+            Some(event) if event.session_state.is_terminated() => self.ended(),
+            Some(event)
+                if matches!(
+                    event.session_state,
+                    SessionState::SyncConnected | SessionState::ConnectedReadOnly
+                ) =>
+            {
+                // Back after a lost connection: changes made meanwhile raise no event
+                // (ZOOKEEPER-4698).
+                self.read = true;
+                self.missed = self.reported;
+            }
+            // Disconnected: wait for the session to come back or end.
+            Some(_) => {}
+            None => self.ended(),
+        }
+    }
+
+    /// The watch's session ended: a new one, a new watch, and `Missed` before the next state.
+    fn ended(&mut self) {
+        self.watch = None;
+        self.read = true;
+        self.missed = self.reported;
+    }
+
+    /// A failed attempt: the error, if this failure was not reported yet; the next attempt
+    /// waits `OBSERVE_RETRY`.
+    fn failed(&mut self, error: LockError) -> Option<LockError> {
+        self.pause = true;
+        self.read = true;
+        self.missed = self.reported;
+        if std::mem::replace(&mut self.failing, true) {
+            return None;
+        }
+        Some(error)
+    }
+}
