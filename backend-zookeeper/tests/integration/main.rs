@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod election;
 mod faults;
 mod queue;
 mod runtime;

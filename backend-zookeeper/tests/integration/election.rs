@@ -1,0 +1,297 @@
+//! ZooKeeper elections beyond the shared cases: a proclaim after the session ended or the node
+//! went is refused and leaves the successor's record alone; an observer sees an expired leader
+//! go by itself, says `Missed` after its own session ends, and leaves no watch behind once
+//! dropped; a leader cut off and back within its session stays the only one; a lock's holder
+//! is no leader. Tests wait on events with generous bounds and never assert speed.
+
+use crate::common;
+
+use std::time::Duration;
+
+use dlock_api::{
+    DistributedLock, LeaderEvent, LeaderStream, LockError, LockName, LockOptions, LockStatus,
+};
+use dlock_conformance::wait_for;
+use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper};
+use dlock_zookeeper::{ZkConfig, ZkLock};
+use futures::StreamExt;
+
+const BOUND: Duration = Duration::from_secs(45);
+
+fn name(test: &str) -> LockName {
+    LockName::new(format!("dlock-election/{}/{test}", std::process::id())).unwrap()
+}
+
+fn wait() -> LockOptions {
+    LockOptions::new().with_wait_timeout(BOUND)
+}
+
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    wait_for::within(BOUND, what, future).await
+}
+
+/// The next state the observer reports that `wanted` accepts; the events skipped on the way.
+async fn next_state(
+    what: &str,
+    stream: &mut LeaderStream,
+    mut wanted: impl FnMut(&LeaderEvent) -> bool,
+) -> (LeaderEvent, Vec<Result<LeaderEvent, String>>) {
+    within(what, async {
+        let mut seen = Vec::new();
+        loop {
+            match stream
+                .next()
+                .await
+                .expect("an observer's stream never ends")
+            {
+                Ok(event) if wanted(&event) => return (event, seen),
+                Ok(event) => seen.push(Ok(event)),
+                Err(error) => seen.push(Err(error.to_string())),
+            }
+        }
+    })
+    .await
+}
+
+fn leads(event: &LeaderEvent, value: &[u8]) -> bool {
+    matches!(event, LeaderEvent::Leads(leader) if leader.value() == value)
+}
+
+/// Whether the server has a watch by session `session` on `path` (`wchp`).
+fn watched_by(zk: &ZooKeeper, path: &str, session: i64) -> bool {
+    let answer = zk.four_letter("wchp").unwrap_or_default();
+    let session = format!("{session:#x}");
+    let mut under = None;
+    for line in answer.lines() {
+        if line.starts_with('/') {
+            under = Some(line.trim());
+        } else if under == Some(path) && line.trim() == session {
+            return true;
+        }
+    }
+    false
+}
+
+/// A leader whose session ended proclaims: refused (by the client if it heard of the end, by
+/// the server's `NoNode` if not), and the successor's record is untouched. A leader whose node
+/// was deleted under it, before its watch on the node noticed, is refused by the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaim_after_the_term_ended_is_refused_and_spares_the_successor() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let (a, b) = (
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+    );
+    let name = name("stale-proclaim");
+    let first = a.campaign(&name, b"a", &wait()).await.unwrap();
+    a.expire_session(None).await.unwrap();
+    let refused = first.proclaim(b"stale").await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::NotHeld { .. } | LockError::Lost { .. })
+        ),
+        "a proclaim after the session expired returned {refused:?}"
+    );
+    let second = within("the next leader", b.campaign(&name, b"b", &wait()))
+        .await
+        .unwrap();
+    assert!(second.term() > first.term());
+    let refused = first.proclaim(b"stale").await;
+    assert!(refused.is_err(), "a deposed leader proclaimed: {refused:?}");
+    let said = a.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!((said.term(), said.value()), (second.term(), &b"b"[..]));
+
+    // The node deleted by someone else at once after the grant (the guard's watch on its node
+    // starts 250 ms later): the server refuses the write.
+    second.resign().await.unwrap();
+    let leadership = b.campaign(&name, b"c", &wait()).await.unwrap();
+    let hosts = zk.connect_string();
+    let queue = common::queue_at(&hosts, &name).await;
+    let path = format!(
+        "{}/{}",
+        ZkConfig::from_url(&zk.url()).unwrap().name_path(&name),
+        queue[0].0
+    );
+    let admin = common::raw_client(&hosts).await.unwrap();
+    admin.delete(&path, None).await.unwrap();
+    let refused = leadership.proclaim(b"gone").await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::NotHeld { .. } | LockError::Lost { .. })
+        ),
+        "a proclaim on a deleted node returned {refused:?}"
+    );
+    assert!(!leadership.is_held(), "refused, yet it still leads");
+    assert_eq!(b.leader(&name).await.unwrap(), None);
+    common::until_empty(BOUND, &hosts, &name).await;
+}
+
+/// The leader's session expires with a candidate waiting: an observer on a third client sees
+/// the term end and the next leader by itself, and nothing in between but vacancy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_sees_an_expired_leader_go_by_itself() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let (a, b, c) = (
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+    );
+    let name = name("expired-leader");
+    let first = a.campaign(&name, b"a", &wait()).await.unwrap();
+    let mut changes = c.observe(&name).await.unwrap();
+    next_state("the first leader", &mut changes, |e| leads(e, b"a")).await;
+    let next = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.campaign(&name, b"b", &wait()).await })
+    };
+    common::until_queue(
+        BOUND,
+        "the candidate to queue",
+        &zk.connect_string(),
+        &name,
+        |q| q.len() == 2,
+    )
+    .await;
+    a.expire_session(None).await.unwrap();
+    let (_, between) = next_state("the next leader", &mut changes, |e| leads(e, b"b")).await;
+    assert!(
+        between
+            .iter()
+            .all(|e| matches!(e, Ok(LeaderEvent::Vacant | LeaderEvent::Missed))),
+        "the observer saw {between:?} between the terms"
+    );
+    let second = within("the candidate", next).await.unwrap().unwrap();
+    assert!(second.term() > first.term());
+    within("the expired leader's loss", first.lost()).await;
+    second.resign().await.unwrap();
+    next_state("nobody after the resignation", &mut changes, |e| {
+        *e == LeaderEvent::Vacant
+    })
+    .await;
+}
+
+/// The observer's own session expires: it opens a new one by itself, says `Missed`, and
+/// reports the leader that came meanwhile, unseen by its old watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_whose_session_expired_says_missed_then_the_leader() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let (a, observer) = (
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+    );
+    let name = name("observer-expired");
+    let mut changes = observer.observe(&name).await.unwrap();
+    next_state("the first state", &mut changes, |e| {
+        *e == LeaderEvent::Vacant
+    })
+    .await;
+    let old = observer.session_id().unwrap();
+    observer.expire_session(None).await.unwrap();
+    let leadership = a.campaign(&name, b"a", &wait()).await.unwrap();
+    let (_, before) =
+        next_state("the leader after the gap", &mut changes, |e| leads(e, b"a")).await;
+    assert!(
+        before.iter().any(|e| matches!(e, Ok(LeaderEvent::Missed))),
+        "no Missed before the state read on a new session: {before:?}"
+    );
+    assert_ne!(observer.session_id(), Some(old), "still on the old session");
+    leadership.proclaim(b"again").await.unwrap();
+    next_state("the proclaim on the new watch", &mut changes, |e| {
+        leads(e, b"again")
+    })
+    .await;
+    leadership.resign().await.unwrap();
+}
+
+/// An observer dropped leaves no watch on the server (its persistent watch is removed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_observer_leaves_no_watch() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let observer = ZkLock::connect_url(&zk.url()).await.unwrap();
+    let name = name("dropped-observer");
+    let path = ZkConfig::from_url(&zk.url()).unwrap().name_path(&name);
+    let session = observer.session_id().unwrap();
+    let mut changes = observer.observe(&name).await.unwrap();
+    next_state("the first state", &mut changes, |e| {
+        *e == LeaderEvent::Vacant
+    })
+    .await;
+    assert!(watched_by(zk, &path, session), "no watch on {path}");
+    drop(changes);
+    wait_for::until(BOUND, "the watch to be removed", || {
+        !watched_by(zk, &path, session)
+    })
+    .await;
+}
+
+/// A lock's holder (no campaign, no record) is nobody's leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_holder_is_not_a_leader() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let client = ZkLock::connect_url(&zk.url()).await.unwrap();
+    let name = name("lock-holder");
+    let guard = client.acquire(&name, &LockOptions::new()).await.unwrap();
+    assert_eq!(client.leader(&name).await.unwrap(), None);
+    guard.release().await.unwrap();
+}
+
+/// A leader whose link is cut within its session is suspended, no rival leads meanwhile and
+/// observers see no change; once back (its node checked: this session's, its term's) it
+/// leads on, proclaims, and is still the one `leader` names (CURATOR-696).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspended_and_resumed_leader_stays_the_only_leader() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let proxy = FaultProxy::start(zk.addr()).unwrap();
+    let leader = ZkLock::connect_url(&format!(
+        "zk://{}?session_timeout=15s&command_timeout=1s",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let (rival, watcher) = (
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+    );
+    let name = name("suspended-leader");
+    let leadership = leader.campaign(&name, b"cut", &wait()).await.unwrap();
+    let term = leadership.term();
+    let mut changes = watcher.observe(&name).await.unwrap();
+    next_state("the leader", &mut changes, |e| leads(e, b"cut")).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+    proxy.reset();
+    wait_for::until(BOUND, "the leader to be suspended", || {
+        matches!(leadership.status(), LockStatus::Suspended { .. })
+    })
+    .await;
+    let short = LockOptions::new().with_wait_timeout(Duration::from_millis(500));
+    let refused = rival.campaign(&name, b"rival", &short).await;
+    assert!(
+        matches!(refused, Err(LockError::Timeout { .. })),
+        "a rival campaign while the leader was cut off returned {refused:?}"
+    );
+    let said = rival.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(said.term(), term);
+    proxy.heal();
+    wait_for::until(BOUND, "the leader to be back", || {
+        matches!(leadership.status(), LockStatus::Held { .. })
+    })
+    .await;
+    leadership.proclaim(b"back").await.unwrap();
+    let (_, between) = next_state("the proclaim after the reconnect", &mut changes, |e| {
+        leads(e, b"back")
+    })
+    .await;
+    assert!(
+        between.is_empty(),
+        "the observer saw {between:?} while the leader was cut off"
+    );
+    let said = rival.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!((said.term(), said.value()), (term, &b"back"[..]));
+    leadership.resign().await.unwrap();
+    next_state("nobody after the resignation", &mut changes, |e| {
+        *e == LeaderEvent::Vacant
+    })
+    .await;
+}
