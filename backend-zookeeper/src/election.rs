@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use dlock_api::raw::OBSERVE_RETRY;
 use dlock_api::{FencingToken, Leader, LeaderEvent, LeaderStream, LockError, LockName, Result};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
+use tokio::sync::oneshot;
 use zookeeper_client::{
     AddWatchMode, Client, Error as ZkError, EventType, PersistentWatcher, SessionState,
 };
@@ -163,14 +164,22 @@ impl ZkLock {
     }
 }
 
+/// A persistent watch, the session it was set on, and a signal that the runtime carrying its
+/// events stopped (the client's tasks, and with them the watch, are then gone: the session is
+/// attached again from the runtime that polls).
+struct Watch {
+    session: Arc<ZkSession>,
+    watcher: PersistentWatcher,
+    stopped: oneshot::Receiver<()>,
+}
+
 /// One observer of a name: a persistent recursive watch on the name's node (so the creation,
 /// deletion and data change of every node in its queue wake it), and a read of the leader after
 /// each wake-up.
 struct Observer {
     lock: ZkLock,
     parent: String,
-    /// The watch and the session it was set on.
-    watch: Option<(Arc<ZkSession>, PersistentWatcher)>,
+    watch: Option<Watch>,
     /// A read is due.
     read: bool,
     /// A state was reported (so a later gap is worth a `Missed`).
@@ -201,10 +210,10 @@ impl Observer {
                 if std::mem::take(&mut self.missed) {
                     return Ok(LeaderEvent::Missed);
                 }
-                let Some((session, _)) = &self.watch else {
+                let Some(watch) = &self.watch else {
                     continue;
                 };
-                let session = session.clone();
+                let session = watch.session.clone();
                 let read = async {
                     let client = session.client().await?;
                     let read = read_leader(&client, &self.parent, session.command_timeout).await;
@@ -250,22 +259,42 @@ impl Observer {
                 return Err(fail.into());
             }
         };
+        let (stop, stopped) = oneshot::channel();
+        match session.client_life() {
+            Some(life) => life.on_stop(move || {
+                let _ = stop.send(());
+            }),
+            None => std::mem::forget(stop),
+        }
         // Whatever happened before the watch was set is read now.
         self.read = true;
         self.missed = self.reported;
-        self.watch = Some((session, watcher));
+        self.watch = Some(Watch {
+            session,
+            watcher,
+            stopped,
+        });
         Ok(())
     }
 
     /// Waits for the watch to report a change, or the session to end or lose its connection.
     async fn wait(&mut self) {
-        let Some((session, watcher)) = &mut self.watch else {
+        let Some(Watch {
+            session,
+            watcher,
+            stopped,
+        }) = &mut self.watch
+        else {
             return;
         };
         let raw = session.session.clone();
+        // The library's receiver panics once its client's task is gone (its runtime stopped),
+        // which can come before the runtime's stop is signalled: that ends the watch too.
+        let changed = std::panic::AssertUnwindSafe(watcher.changed()).catch_unwind();
         let event = tokio::select! {
-            event = watcher.changed() => Some(event),
+            event = changed => event.ok(),
             _ = raw.ended() => None,
+            Ok(()) = stopped => None,
         };
         match event {
             Some(event) if event.event_type != EventType::Session => self.read = true,

@@ -35,6 +35,8 @@
 //!   ([`acquire_permit`](dlock_api::DistributedLock::acquire_permit)): the lock's queue with
 //!   more than one place at its head, so a permit is a lease, a fence and a waiter as a lock is
 //!   (see [Semaphores](#semaphores)).
+//! - [x] **Elections**: the lock's queue with a record on the head node, the term its `czxid`,
+//!   observers woken by a watch (see [Elections](#elections)).
 //!
 //! ## How it works
 //! - **One session per client**, shared by all its guards. The client library hides its
@@ -123,6 +125,47 @@
 //!   found by its marker, an acquire dropped at any point deletes its node through its armed
 //!   cleanup, and an attach from another runtime deletes the session's nodes no guard holds and
 //!   no acquire has queued. A node left by all that still dies with its session.
+//!
+//! ## Elections
+//! [`campaign`](dlock_api::DistributedLock::campaign),
+//! [`leader`](dlock_api::DistributedLock::leader) and
+//! [`observe`](dlock_api::DistributedLock::observe) run on the lock's queue: a candidate is a
+//! lock waiter, and the leader is the node at the head of the name's queue.
+//! - **Term**: the leader's node's `czxid`, its grant's fencing token, so every term is above
+//!   every earlier term and lock of the name.
+//! - **Value**: the data of the leader's own ephemeral node, `[term: 8 bytes, big-endian]
+//!   [value]`, written by the campaign and each
+//!   [`proclaim`](dlock_api::Leadership::proclaim) with a `setData` guarded by the node's
+//!   version. The write lands only while the node exists, that is while this session holds the
+//!   place; a deposed leader's node is gone (`NoNode`), so it can never write over its
+//!   successor's record, and is answered `NotHeld`. A permit of a semaphore does not proclaim
+//!   (`Unsupported`).
+//! - **`leader`** lists the queue after a `sync` and reads the first node's data and stat (two
+//!   round trips): a node read there is still the first, and exists only while its session
+//!   does. A head node whose data does not start with its own `czxid` (a lock's holder, or a
+//!   candidate granted a moment before its first proclaim) is reported as **no leader**
+//!   (`None`, `Vacant`), as is a semaphore's queue.
+//! - **What ends leadership** is what ends the lock: a resignation or a dropped leadership
+//!   deletes the node, the session's expiry deletes it on the server (a crashed leader leads no
+//!   longer than its session timeout), and anyone else's delete loses it with `TakenOver`. A
+//!   leader whose connection is lost is `Suspended` and, once back, leads on only after its node
+//!   is read back as this session's, with its term's `czxid` (Curator's CURATOR-696 kept two
+//!   leaders after a reconnect).
+//! - **A candidate whose session ends while it waits** loses its place with the session's nodes
+//!   and is never told it leads from that place: it queues again on a new session, at the back,
+//!   as a lock's waiter does (its wait timeout still runs), and leads only if that new node
+//!   reaches the head.
+//! - **Observers** set one persistent recursive watch (ZooKeeper 3.6 or later) on the name's
+//!   node, so the creation, deletion or data change of any node of the queue wakes them, with no
+//!   gap to re-arm a one-shot watch in; each wake-up reads the leader as `leader` does. After a
+//!   lost connection (events during it are not replayed: ZOOKEEPER-4698) or a new session, the
+//!   stream says `Missed` and reads again; a failed read or watch is reported once, then retried
+//!   every `OBSERVE_RETRY`. A dropped stream drops its watch, which the client library removes
+//!   on the server (`removeWatches`); if the removal is lost, the library removes the watch at
+//!   its next event, which it hands to nobody.
+//! - **What is left on the server**: nothing of an election beyond the lock's own nodes. The
+//!   record lives and dies with the leader's node, and the name's container node goes once its
+//!   queue is empty.
 //!
 //! ## Connecting
 //! `zk://[user:password@]host[:port][,host[:port]…][/prefix][?option=value…]`, or `zks://`

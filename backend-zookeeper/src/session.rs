@@ -210,6 +210,15 @@ impl ZkSession {
             .any(|marker| child.starts_with(marker.as_str()))
     }
 
+    /// The runtime whose tasks carry the client now (its connection and its watches' events).
+    pub(crate) fn client_life(&self) -> Option<RuntimeLife> {
+        self.attached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|attached| attached.life.clone())
+    }
+
     /// Whether new acquires may use this session as it is.
     pub(crate) fn is_usable(&self) -> bool {
         !matches!(self.session.status(), SessionStatus::Ended(_))

@@ -295,3 +295,38 @@ async fn a_suspended_and_resumed_leader_stays_the_only_leader() {
     })
     .await;
 }
+
+/// An observer made on a runtime that then shuts down (its client's connection and its watch
+/// were tasks of it) goes on on the runtime that polls it: the session is attached again, the
+/// watch set again, and after a `Missed` it reports the leader that came meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_outlives_the_runtime_it_was_made_on() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let url = format!("{}?session_timeout=30s", zk.url());
+    let name = name("observer-runtime");
+    let (observer, mut changes) = dlock_conformance::on_a_runtime_of_its_own({
+        let name = name.clone();
+        move || async move {
+            let observer = ZkLock::connect_url(&url).await.unwrap();
+            let mut changes = observer.observe(&name).await.unwrap();
+            next_state("the first state", &mut changes, |e| {
+                *e == LeaderEvent::Vacant
+            })
+            .await;
+            (observer, changes)
+        }
+    })
+    .await;
+    let a = ZkLock::connect_url(&zk.url()).await.unwrap();
+    let leadership = a.campaign(&name, b"a", &wait()).await.unwrap();
+    next_state("the leader, seen on this runtime", &mut changes, |e| {
+        leads(e, b"a")
+    })
+    .await;
+    leadership.proclaim(b"again").await.unwrap();
+    next_state("the proclaim", &mut changes, |e| leads(e, b"again")).await;
+    leadership.resign().await.unwrap();
+    next_state("nobody", &mut changes, |e| *e == LeaderEvent::Vacant).await;
+    drop(changes);
+    drop(observer);
+}
