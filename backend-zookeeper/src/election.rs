@@ -18,11 +18,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use dlock_api::raw::OBSERVE_RETRY;
-use dlock_api::{FencingToken, Leader, LeaderEvent, LeaderStream, LockError, LockName, Result};
+use dlock_api::{
+    FencingToken, Leader, LeaderEvent, LeaderStream, LockError, LockName, LostReason, Result,
+};
 use futures::{FutureExt, StreamExt};
 use tokio::sync::oneshot;
 use zookeeper_client::{
     AddWatchMode, Client, Error as ZkError, EventType, PersistentWatcher, SessionState,
+    WatchedEvent,
 };
 
 use crate::enqueue::list_synced;
@@ -78,7 +81,7 @@ pub(crate) async fn write_record(
             }
             Err(fail) => fail,
         };
-        session.note(&fail).await;
+        failed_on(session, &fail).await;
         match fail {
             Fail::Zk(ZkError::NoNode) => return Ok(false),
             fail if fail.session_over() => return Ok(false),
@@ -98,6 +101,22 @@ pub(crate) async fn write_record(
         }
     }
     Err(LockError::command_timeout(crate::BACKEND, timeout))
+}
+
+/// Takes note of a request's failure on `session`: a client task gone is attached again at the
+/// next request, and a session the server says is over is ended now (its guards lost, a new
+/// session for the next call), as its heartbeat would at its next beat. `true` if it was over.
+async fn failed_on(session: &ZkSession, fail: &Fail) -> bool {
+    session.note(fail).await;
+    if !fail.session_over() {
+        return false;
+    }
+    session.end(if fail.is(&ZkError::SessionExpired) {
+        LostReason::SessionExpired
+    } else {
+        LostReason::SessionClosed
+    });
+    true
 }
 
 /// The leader of the queue under `parent`, as the server says after a `sync`: the first node's
@@ -133,15 +152,24 @@ pub(crate) async fn read_leader(
 
 impl ZkLock {
     /// [`RawLock::leader`](dlock_api::raw::RawLock::leader).
+    /// A session found over (expired before its heartbeat heard) is ended, and the read made
+    /// once more on a new one.
     pub(crate) async fn read_leader(&self, name: &LockName) -> Result<Option<Leader>> {
-        let session = self.inner.session().await?;
-        let client = session.client().await?;
         let parent = self.inner.config.name_path(name);
-        let read = read_leader(&client, &parent, session.command_timeout).await;
-        if let Err(fail) = &read {
-            session.note(fail).await;
+        let mut again = true;
+        loop {
+            let session = self.inner.session().await?;
+            let client = session.client().await?;
+            match read_leader(&client, &parent, session.command_timeout).await {
+                Ok(leader) => return Ok(leader),
+                Err(fail) => {
+                    let over = failed_on(&session, &fail).await;
+                    if !(over && std::mem::take(&mut again)) {
+                        return Err(fail.into());
+                    }
+                }
+            }
         }
-        Ok(read?)
     }
 
     /// [`RawLock::observe_leader`](dlock_api::raw::RawLock::observe_leader).
@@ -218,7 +246,7 @@ impl Observer {
                     let client = session.client().await?;
                     let read = read_leader(&client, &self.parent, session.command_timeout).await;
                     if let Err(fail) = &read {
-                        session.note(fail).await;
+                        failed_on(&session, fail).await;
                     }
                     Ok::<_, LockError>(read?)
                 };
@@ -255,7 +283,7 @@ impl Observer {
         let watcher = match watched {
             Ok(watcher) => watcher,
             Err(fail) => {
-                session.note(&fail).await;
+                failed_on(&session, &fail).await;
                 return Err(fail.into());
             }
         };
@@ -277,7 +305,8 @@ impl Observer {
         Ok(())
     }
 
-    /// Waits for the watch to report a change, or the session to end or lose its connection.
+    /// Waits for the watch to report a change, or the session to end or lose its connection;
+    /// then takes every event already there too, so a burst of changes costs one read.
     async fn wait(&mut self) {
         let Some(Watch {
             session,
@@ -296,9 +325,30 @@ impl Observer {
             _ = raw.ended() => None,
             Ok(()) = stopped => None,
         };
+        if !self.take(event) {
+            return;
+        }
+        while let Some(Watch { watcher, .. }) = &mut self.watch {
+            let Some(event) = std::panic::AssertUnwindSafe(watcher.changed())
+                .catch_unwind()
+                .now_or_never()
+            else {
+                return;
+            };
+            if !self.take(event.ok()) {
+                return;
+            }
+        }
+    }
+
+    /// Takes one event of the watch (`None`: the watch is gone); `false` once the watch ended.
+    fn take(&mut self, event: Option<WatchedEvent>) -> bool {
         match event {
             Some(event) if event.event_type != EventType::Session => self.read = true,
-            Some(event) if event.session_state.is_terminated() => self.ended(),
+            Some(event) if event.session_state.is_terminated() => {
+                self.ended();
+                return false;
+            }
             Some(event)
                 if matches!(
                     event.session_state,
@@ -312,8 +362,12 @@ impl Observer {
             }
             // Disconnected: wait for the session to come back or end.
             Some(_) => {}
-            None => self.ended(),
+            None => {
+                self.ended();
+                return false;
+            }
         }
+        true
     }
 
     /// The watch's session ended: a new one, a new watch, and `Missed` before the next state.
