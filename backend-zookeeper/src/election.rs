@@ -356,9 +356,11 @@ impl Observer {
                 ) =>
             {
                 // Back after a lost connection: changes made meanwhile raise no event
-                // (ZOOKEEPER-4698).
-                self.read = true;
-                self.missed = self.reported;
+                // (ZOOKEEPER-4698), and the watch itself is not on the server any more:
+                // zookeeper-client 0.11 sets only one-shot watches again on a reconnect (its
+                // `SetWatches` leaves out the persistent ones). Set it again, then read.
+                self.ended();
+                return false;
             }
             // Disconnected: wait for the session to come back or end.
             Some(_) => {}
@@ -370,7 +372,8 @@ impl Observer {
         true
     }
 
-    /// The watch's session ended: a new one, a new watch, and `Missed` before the next state.
+    /// The watch is gone (its session ended, its connection was replaced, its runtime
+    /// stopped): a new watch, on a new session if need be, and `Missed` before the next state.
     fn ended(&mut self) {
         self.watch = None;
         self.read = true;

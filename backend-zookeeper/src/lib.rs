@@ -158,8 +158,9 @@
 //! - **Observers** set one persistent recursive watch (ZooKeeper 3.6 or later) on the name's
 //!   node, so the creation, deletion or data change of any node of the queue wakes them, with no
 //!   gap to re-arm a one-shot watch in; each wake-up reads the leader as `leader` does. After a
-//!   lost connection (events during it are not replayed: ZOOKEEPER-4698) or a new session, the
-//!   stream says `Missed` and reads again; a failed read or watch is reported once, then retried
+//!   lost connection (events during it are not replayed: ZOOKEEPER-4698; and the client library
+//!   does not set persistent watches again on a reconnect, so the observer does) or a new
+//!   session, the stream sets its watch again, says `Missed` and reads again; a failed read or watch is reported once, then retried
 //!   every `OBSERVE_RETRY`. A dropped stream drops its watch, which the client library removes
 //!   on the server (`removeWatches`); if the removal is lost, the library removes the watch at
 //!   its next event, which it hands to nobody.

@@ -340,3 +340,78 @@ async fn an_observer_outlives_the_runtime_it_was_made_on() {
     drop(changes);
     drop(observer);
 }
+
+/// An observer cut off past its session: its session ends, it reports the failure to open a
+/// new one once (not once per attempt), and once the link is back it says `Missed` and the
+/// leader that came meanwhile. A cut shorter than the session: no error, and the state read
+/// again after the reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_cut_off_reports_once_then_missed_then_the_leader() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let proxy = FaultProxy::start(zk.addr()).unwrap();
+    let observer = ZkLock::connect_url(&format!(
+        "zk://{}?session_timeout=4s&command_timeout=1s&connect_timeout=1s",
+        proxy.addr()
+    ))
+    .await
+    .unwrap();
+    let a = ZkLock::connect_url(&zk.url()).await.unwrap();
+    let name = name("observer-cut-off");
+    let mut changes = observer.observe(&name).await.unwrap();
+    next_state("the first state", &mut changes, |e| {
+        *e == LeaderEvent::Vacant
+    })
+    .await;
+
+    // Shorter than the session: the watch comes back with it.
+    proxy.set_mode(ProxyMode::Blackhole);
+    proxy.reset();
+    wait_for::until(BOUND, "the observer's session to be suspended", || {
+        matches!(
+            observer.session_status(),
+            Some(dlock_api::raw::SessionStatus::Suspended { .. })
+        )
+    })
+    .await;
+    let first = a.campaign(&name, b"a", &wait()).await.unwrap();
+    proxy.heal();
+    let (_, before) = next_state("the leader after a short cut", &mut changes, |e| {
+        leads(e, b"a")
+    })
+    .await;
+    assert!(
+        before.iter().all(|e| matches!(e, Ok(LeaderEvent::Missed))),
+        "the observer saw {before:?} across a short cut"
+    );
+    first.resign().await.unwrap();
+    next_state("nobody", &mut changes, |e| *e == LeaderEvent::Vacant).await;
+
+    // Past the session: it ends, and no new one opens until the link is back.
+    proxy.set_mode(ProxyMode::Blackhole);
+    proxy.reset();
+    wait_for::until(BOUND, "the observer's session to end", || {
+        observer.session_id().is_none()
+    })
+    .await;
+    let second = a.campaign(&name, b"b", &wait()).await.unwrap();
+    // Errors meanwhile: at most one per failure, however long it lasts.
+    let mut during = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(3), async {
+        while let Some(item) = changes.next().await {
+            during.push(item.map_err(|e| e.to_string()));
+        }
+    })
+    .await;
+    let errors = during.iter().filter(|item| item.is_err()).count();
+    assert!(errors <= 1, "{errors} errors for one failure: {during:?}");
+    proxy.heal();
+    let (_, before) = next_state("the leader after a long cut", &mut changes, |e| {
+        leads(e, b"b")
+    })
+    .await;
+    assert!(
+        before.iter().any(|e| matches!(e, Ok(LeaderEvent::Missed))),
+        "no Missed after a new session: {before:?}"
+    );
+    second.resign().await.unwrap();
+}
