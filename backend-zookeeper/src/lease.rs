@@ -292,7 +292,7 @@ impl RawLease for ZkLease {
 
     /// Writes the leader record (`term`, `value`) as the data of our own node, with a
     /// version-checked `setData`: it lands only while the node exists, and the node exists only
-    /// while this session holds its place (see [`crate::election`]).
+    /// while this session holds its place (see [Elections](crate#elections)).
     async fn proclaim(&self, term: FencingToken, value: &[u8]) -> Result<()> {
         let child = self.path.rsplit('/').next().unwrap_or_default();
         if crate::names::limit(child) != 1 {

@@ -426,13 +426,13 @@ impl RawLock for ZkLock {
     }
 
     /// The first node of the queue, after a `sync`, if it published a record: its `czxid` is
-    /// the term, the rest of its data the value (see [`crate::election`]).
+    /// the term, the rest of its data the value (see [Elections](crate#elections)).
     async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
         self.read_leader(name).await
     }
 
     /// A persistent recursive watch on the name's node, and a read of the leader after each
-    /// event (see [`crate::election`]).
+    /// event (see [Elections](crate#elections)).
     async fn observe_leader(&self, name: &LockName) -> Result<LeaderStream> {
         Ok(self.observe(name))
     }
