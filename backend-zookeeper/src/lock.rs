@@ -12,7 +12,7 @@ use dlock_api::raw::{
 };
 use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, Leader, LeaderStream, LockError, LockName,
-    LockOptions, Result,
+    LockOptions, LostReason, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client::Error as ZkError;
@@ -518,6 +518,14 @@ impl ZkLock {
             match waited {
                 Ok(Waited::Granted(grant)) => return Ok(Some(grant)),
                 Ok(Waited::TimedOut) => return Ok(None),
+                // A candidate whose node went never stands again unasked (etcd-io/etcd #19597):
+                // its campaign fails and its caller decides; a lock's waiter queues again.
+                Ok(Waited::Requeue) if options.is_campaign() => {
+                    return Err(LockError::Lost {
+                        name: name.to_string(),
+                        reason: LostReason::SessionExpired,
+                    });
+                }
                 Ok(Waited::Requeue) => {}
                 Err(error) => {
                     recovery

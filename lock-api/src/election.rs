@@ -179,7 +179,8 @@ impl Leadership {
     ///
     /// # Errors
     /// [`LockError::InvalidArgument`] for a value longer than [`MAX_LEADER_VALUE`], before any
-    /// network call; [`LockError::Lost`] without a network call once the leadership is known
+    /// network call; [`LockError::Unavailable`] without a network call while the session is
+    /// suspended (the leadership may come back); [`LockError::Lost`] without a network call once the leadership is known
     /// lost; [`LockError::NotHeld`] if the server says this term is over (the leadership is
     /// then lost); [`LockError::Unavailable`] / [`LockError::Backend`] when the server fails.
     ///

@@ -249,6 +249,13 @@ impl LockGuard {
     /// [`Leadership::proclaim`](crate::Leadership::proclaim)): refused once lost, and a server
     /// that says the term is over makes the guard lost.
     pub(crate) async fn publish(&self, value: &[u8]) -> Result<()> {
+        if let LockStatus::Suspended { .. } = self.state.status() {
+            // Not lost: the session may come back, and the leadership with it.
+            return Err(LockError::unavailable_because(
+                self.backend,
+                "the leader's session is suspended (its connection was lost); proclaim again once it is held",
+            ));
+        }
         self.check_held()?;
         let lease = self.lease.as_ref().expect("lease present until release");
         match lease.proclaim(self.token, value).await {

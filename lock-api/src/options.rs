@@ -29,6 +29,8 @@ pub struct LockOptions {
     renewal: Renewal,
     max_hold: Option<Duration>,
     retry: RetryPolicy,
+    /// Set by the engine for a campaign's wait (see [`is_campaign`](Self::is_campaign)).
+    campaign: bool,
 }
 
 impl Default for LockOptions {
@@ -39,6 +41,7 @@ impl Default for LockOptions {
             renewal: Renewal::Auto { interval: None },
             max_hold: None,
             retry: RetryPolicy::default(),
+            campaign: false,
         }
     }
 }
@@ -55,6 +58,22 @@ impl LockOptions {
     /// The defaults: 30 s lease, automatic renewal, wait without limit.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Whether these are a campaign's options ([`DistributedLock::campaign`](crate::DistributedLock::campaign)
+    /// sets it; no setter exists). For backends: a lock's waiter whose session or lease ends
+    /// while it waits joins the line again on a new one, within its wait; a **candidate's** wait
+    /// fails instead with [`LockError::Lost`] (`SessionExpired`), since a candidate told it leads
+    /// after its place was lost could be a second leader (etcd-io/etcd #19597), and the caller
+    /// decides whether to stand again.
+    pub fn is_campaign(&self) -> bool {
+        self.campaign
+    }
+
+    /// These options, for a campaign's wait.
+    pub(crate) fn for_campaign(mut self) -> Self {
+        self.campaign = true;
+        self
     }
 
     /// How long the lock stays held if the holder vanishes (and, without renewal, at all).

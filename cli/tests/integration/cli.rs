@@ -80,7 +80,10 @@ fn run_of_several_names_passes_every_token_in_order() {
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines[0].starts_with("account:3="), "{text}");
     assert!(lines[1].starts_with("account:7="), "{text}");
-    assert_eq!(lines[0], first, "the first name's token is the sorted first's: {text}");
+    assert_eq!(
+        lines[0], first,
+        "the first name's token is the sorted first's: {text}"
+    );
 }
 
 /// A command that cannot be started exits as `env(1)` and shells do (127 not found, 126 not

@@ -348,10 +348,11 @@ impl MemoryLock {
         if let Some(grant) = self.take(name, limit, options)? {
             return Ok(Some(grant));
         }
-        // A waiter belongs to the session it started on: if that session ends while it waits,
-        // the wait fails rather than being granted on a later session it never queued with
-        // (what etcd-io/etcd #19597 got wrong for an election).
-        let session = self.current_session();
+        // A candidate belongs to the session it started on: if that session ends while it
+        // waits, the campaign fails rather than being granted on a later session it never
+        // queued with (what etcd-io/etcd #19597 got wrong). A lock's waiter is not tied to a
+        // session here, and its grant goes on the session current then.
+        let session = options.is_campaign().then(|| self.current_session());
         let (first, mut wake) = self.store.enqueue(name, limit, ttl);
         // The place in the queue changes when an offer lapses and the wait queues again.
         let place = Arc::new(AtomicU64::new(first));
@@ -365,7 +366,9 @@ impl MemoryLock {
             tokio::pin!(notified);
             notified.as_mut().enable();
             self.reachable()?;
-            if let crate::raw::SessionStatus::Ended(reason) = session.status() {
+            if let Some(crate::raw::SessionStatus::Ended(reason)) =
+                session.as_ref().map(|session| session.status())
+            {
                 return Err(LockError::Lost {
                     name: name.to_string(),
                     reason,
@@ -395,7 +398,12 @@ impl MemoryLock {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            let session_ended = session.ended();
+            let session_ended = async {
+                match &session {
+                    Some(session) => session.ended().await,
+                    None => std::future::pending().await,
+                }
+            };
             match wake_at {
                 Some(at) => tokio::select! {
                     _ = notified => {}
