@@ -286,10 +286,25 @@ impl Inner {
     /// revision is unknown, by the unique key itself). Returns whether it was there; when the
     /// delete was resent after a lost answer, a key no longer ours counts as the first try's.
     pub(crate) async fn delete_key(&self, key: &str, revision: Option<i64>) -> Result<bool> {
+        self.delete_key_and(key, revision, Vec::new()).await
+    }
+
+    /// As [`delete_key`](Self::delete_key), running `also` in the same transaction when the key
+    /// is deleted (by its create revision) and is ours.
+    pub(crate) async fn delete_key_and(
+        &self,
+        key: &str,
+        revision: Option<i64>,
+        also: Vec<TxnOp>,
+    ) -> Result<bool> {
         let txn = match revision {
             Some(revision) => Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-                .and_then([TxnOp::delete(key, None)]),
+                .and_then(
+                    std::iter::once(TxnOp::delete(key, None))
+                        .chain(also)
+                        .collect::<Vec<_>>(),
+                ),
             None => Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Greater, 0)])
                 .and_then([TxnOp::delete(key, None)]),

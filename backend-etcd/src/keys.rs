@@ -35,6 +35,25 @@ impl NameKeys {
     pub(crate) fn key(&self, lease: i64, slot: u64) -> String {
         format!("{}{lease:016x}-{slot:016x}", self.range)
     }
+
+    /// The name's leader record, `PREFIX/ENCODED0`: the first key after the range (its `/`
+    /// raised to `0`, which is where etcd's own prefix range ends). It is under no name's range,
+    /// so the queue's reads never see it, and the range `[range, record + "\0")` holds this
+    /// name's keys and its record and nothing of any other name: an encoded name has no `/`,
+    /// and no byte of its alphabet lies between `/` and `0`.
+    pub(crate) fn leader_key(&self) -> String {
+        let mut record = self.range.clone();
+        record.pop();
+        record.push('0');
+        record
+    }
+
+    /// The end (exclusive) of the range of this name's keys and its leader record.
+    pub(crate) fn election_end(&self) -> Vec<u8> {
+        let mut end = self.leader_key().into_bytes();
+        end.push(0);
+        end
+    }
 }
 
 /// The keys this client may have on the server. An acquire claims the first free slot of its
@@ -117,6 +136,38 @@ mod tests {
         }
         let keys = NameKeys::new("p", &LockName::new("n").unwrap());
         assert_eq!(keys.key(0x1f, 7), "p/n/000000000000001f-0000000000000007");
+    }
+
+    #[test]
+    fn a_leader_record_is_in_its_own_names_election_range_only() {
+        let names = [
+            "a", "a0", "a/", "a/b", "a.", "a-", "a%", "a~", "a_", "ab", "A", "é", "0", "a b",
+        ];
+        for x in names {
+            let keys = NameKeys::new("p", &LockName::new(x).unwrap());
+            let record = keys.leader_key();
+            assert!(
+                !record.starts_with(&keys.range),
+                "{x:?}'s record is a queue key"
+            );
+            for y in names {
+                let other = NameKeys::new("p", &LockName::new(y).unwrap());
+                let (start, end) = (other.range.as_bytes(), other.election_end());
+                let inside = record.as_bytes() >= start && record.as_bytes() < end.as_slice();
+                assert_eq!(inside, x == y, "{x:?}'s record in {y:?}'s election range");
+                assert!(
+                    !record.starts_with(&other.range),
+                    "{x:?}'s record under {y:?}"
+                );
+                // Another name's queue keys are never inside this name's election range.
+                let key = other.key(1, 0);
+                let (start, end) = (keys.range.as_bytes(), keys.election_end());
+                let inside = key.as_bytes() >= start && key.as_bytes() < end.as_slice();
+                assert_eq!(inside, x == y, "{y:?}'s key in {x:?}'s election range");
+            }
+        }
+        let keys = NameKeys::new("p", &LockName::new("n").unwrap());
+        assert_eq!(keys.leader_key(), "p/n0");
     }
 
     #[test]

@@ -135,6 +135,11 @@ pub(crate) struct EtcdLease {
     moving: tokio::sync::Mutex<()>,
     state: Arc<LeaseState>,
     released: AtomicBool,
+    /// How many may hold the name: 1 for a lock (and a campaign), which alone may proclaim.
+    limit: u32,
+    /// A leader record was put for this key: it goes with the key's release, and moves with it
+    /// to another lease.
+    proclaimed: AtomicBool,
     /// The watch's start, until it comes due (dropped with the lease).
     _watch: Option<Scheduled>,
     /// The runtime the watch on the key runs on, once started.
@@ -148,7 +153,7 @@ impl EtcdLease {
         name: &LockName,
         kind: LeaseKind,
         claim: Arc<KeyClaim>,
-        revision: i64,
+        (revision, limit): (i64, u32),
     ) -> (Arc<Self>, Arc<LeaseState>, RenewedBy) {
         let key = claim.key().to_owned();
         let (state, renewed_by) = match &kind {
@@ -180,6 +185,8 @@ impl EtcdLease {
                 moving: tokio::sync::Mutex::new(()),
                 state: state.clone(),
                 released: AtomicBool::new(false),
+                limit,
+                proclaimed: AtomicBool::new(false),
                 _watch: scheduled,
                 watching: Running::default(),
             }
@@ -217,10 +224,27 @@ impl EtcdLease {
     }
 
     /// Moves the key onto lease `to` if it is still ours; the create revision (the fence and
-    /// the queue place) stays.
+    /// the queue place) stays. The leader record this key put moves with it.
     async fn move_key(&self, to: i64) -> Result<bool> {
-        let txn = if_still_ours(&self.key, self.revision, vec![move_to_lease(&self.key, to)]);
+        let txn = if_still_ours(&self.key, self.revision, self.moves_to(to));
         Ok(self.inner.txn(txn).await?.succeeded())
+    }
+
+    /// What moves the key onto lease `to`: the key, and its leader record if it put one.
+    fn moves_to(&self, to: i64) -> Vec<TxnOp> {
+        let mut ops = vec![move_to_lease(&self.key, to)];
+        if self.proclaimed.load(Ordering::SeqCst) {
+            ops.push(move_record(&crate::election::record_of(&self.key), to));
+        }
+        ops
+    }
+
+    /// The lease the key rides now.
+    fn lease_id(&self) -> i64 {
+        match &self.carrier {
+            Some(carrier) => current(carrier).id,
+            None => self.kind.id(),
+        }
     }
 
     /// `extend` on a kept-alive lease: the key moves to the kept-alive lease of `ttl`'s class
@@ -385,7 +409,15 @@ impl RawLease for EtcdLease {
     async fn release(&self) -> Result<()> {
         self.released.store(true, Ordering::SeqCst);
         self.state.close();
-        let deleted = self.inner.delete_key(&self.key, Some(self.revision)).await;
+        // A leader's record goes in the same revision as its key: observers see one change.
+        let also = match self.proclaimed.load(Ordering::SeqCst) {
+            true => vec![TxnOp::delete(crate::election::record_of(&self.key), None)],
+            false => Vec::new(),
+        };
+        let deleted = self
+            .inner
+            .delete_key_and(&self.key, Some(self.revision), also)
+            .await;
         if deleted.is_err() {
             // The key may still be there, until its lease ends.
             self.claim.burn();
@@ -415,6 +447,7 @@ impl RawLease for EtcdLease {
             LeaseKind::Own {
                 id, valid_until, ..
             } => {
+                let _one_move = self.moving.lock().await;
                 let (new_id, _granted, until) = self.inner.grant_lease(ttl_class(ttl)).await?;
                 if !self.move_key(new_id).await.inspect_err(|_| {
                     self.inner.revoke_in_background(new_id);
@@ -428,6 +461,36 @@ impl RawLease for EtcdLease {
                 self.inner.revoke_in_background(old);
                 Ok(until)
             }
+        }
+    }
+
+    /// Puts the leader record `term:value` beside the name's queue, on the key's lease, if the
+    /// key is still ours (one transaction comparing its create revision): a key that exists
+    /// after its grant is the name's oldest, so it still holds. The record goes with the lease.
+    async fn proclaim(&self, term: dlock_api::FencingToken, value: &[u8]) -> Result<()> {
+        if self.limit != 1 {
+            return Err(LockError::Unsupported {
+                backend: BACKEND,
+                operation: "elections on a semaphore's permit",
+            });
+        }
+        if i64::try_from(term.get()).ok() != Some(self.revision) {
+            return Err(self.not_held());
+        }
+        // No move between leases meanwhile: the record rides the lease the key rides.
+        let _one_move = self.moving.lock().await;
+        let record = crate::election::record_of(&self.key);
+        let put = TxnOp::put(
+            record,
+            crate::election::encode(self.revision, value),
+            Some(PutOptions::new().with_lease(self.lease_id())),
+        );
+        // Set before the request: a put whose answer is lost may have landed.
+        self.proclaimed.store(true, Ordering::SeqCst);
+        let txn = if_still_ours(&self.key, self.revision, vec![put]);
+        match self.inner.txn(txn).await?.succeeded() {
+            true => Ok(()),
+            false => Err(self.not_held()),
         }
     }
 }
@@ -446,6 +509,16 @@ fn if_still_ours(key: &str, revision: i64, ops: Vec<TxnOp>) -> Txn {
     Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, revision)])
         .and_then(ops)
+}
+
+/// Puts the leader record `record` on lease `lease` if it exists, keeping its value (a nested
+/// transaction: a put that ignores the value fails on a key that is not there).
+fn move_record(record: &str, lease: i64) -> TxnOp {
+    TxnOp::txn(
+        Txn::new()
+            .when([Compare::create_revision(record, CompareOp::Greater, 0)])
+            .and_then([move_to_lease(record, lease)]),
+    )
 }
 
 /// Puts `key` on lease `lease`, keeping its value and its create revision (the fence and the
@@ -482,10 +555,16 @@ impl Drop for EtcdLease {
             self.revision,
             current(carrier).class,
         );
+        let record = self
+            .proclaimed
+            .load(Ordering::SeqCst)
+            .then(|| crate::election::record_of(&key));
         handle.spawn(async move {
             let moved = async {
                 let (id, _, _) = inner.grant_lease(class).await?;
-                let txn = if_still_ours(&key, revision, vec![move_to_lease(&key, id)]);
+                let mut ops = vec![move_to_lease(&key, id)];
+                ops.extend(record.map(|record| move_record(&record, id)));
+                let txn = if_still_ours(&key, revision, ops);
                 inner.txn(txn).await
             };
             if moved.await.is_err() {

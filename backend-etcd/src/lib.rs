@@ -182,6 +182,7 @@
 mod client;
 mod config;
 mod connection;
+mod election;
 mod error;
 mod held;
 mod keys;

@@ -171,10 +171,16 @@ impl EtcdLock {
         (pending, created)
     }
 
-    fn grant(&self, name: &LockName, kind: Kind, claim: Arc<KeyClaim>, revision: i64) -> Grant {
+    fn grant(
+        &self,
+        (name, limit): (&LockName, u32),
+        kind: Kind,
+        claim: Arc<KeyClaim>,
+        revision: i64,
+    ) -> Grant {
         let token = FencingToken::new(u64::try_from(revision).unwrap_or(0));
         let (lease, state, renewed_by) =
-            EtcdLease::start(self.inner.clone(), name, kind, claim, revision);
+            EtcdLease::start(self.inner.clone(), name, kind, claim, (revision, limit));
         Grant::new(name.clone(), token, lease, state, renewed_by)
     }
 
@@ -231,6 +237,7 @@ impl RawLock for EtcdLock {
             inspect: true,
             takeover_signal: true,
             max_permits: MAX_PERMITS,
+            elections: true,
             ..Capabilities::TTL_LEASE
         }
     }
@@ -283,6 +290,20 @@ impl RawLock for EtcdLock {
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
         self.wait_grant_of(name, limit, options, deadline).await
+    }
+
+    /// One linearizable read (a transaction of two reads) of the name's oldest key and its
+    /// leader record: the record counts only if its term is that key's create revision.
+    async fn leader(&self, name: &LockName) -> Result<Option<dlock_api::Leader>> {
+        let keys = NameKeys::new(&self.inner.config.prefix, name);
+        Ok(self.inner.read_leader(&keys, None).await?.0)
+    }
+
+    /// One watch on the name's keys and its record, from just after a read of the leader; each
+    /// change is read again at its revision.
+    async fn observe_leader(&self, name: &LockName) -> Result<dlock_api::LeaderStream> {
+        let keys = NameKeys::new(&self.inner.config.prefix, name);
+        crate::election::observe(self.inner.clone(), keys).await
     }
 
     /// `min(live keys of the name, the oldest key's limit)`: the keys past the limit wait. One
@@ -353,7 +374,7 @@ impl EtcdLock {
             };
             let result = match create.await {
                 Ok(Tried::Held(revision)) => {
-                    let grant = self.grant(name, kind, claim, revision);
+                    let grant = self.grant((name, limit), kind, claim, revision);
                     pending.disarm();
                     Ok(Some(grant))
                 }
@@ -498,7 +519,7 @@ impl EtcdLock {
         loop {
             match queue.take() {
                 Some(Queue::First) => {
-                    let grant = self.grant(name, kind, claim, revision);
+                    let grant = self.grant((name, limit), kind, claim, revision);
                     pending.disarm();
                     return Ok(Waited::Granted(grant));
                 }

@@ -31,13 +31,28 @@ pub(crate) enum WatchEvent {
     /// The watch could not go on from where it was (compaction, a refused re-create): read the
     /// key again and watch anew.
     Reread,
+    /// Keys of a watched range changed (put or deleted) at these revisions, in order: every
+    /// revision of one server response (see [`Watcher::watch_range`]).
+    Changed { revisions: Vec<i64> },
+}
+
+/// Which keys a watch covers, and which events it reports.
+#[derive(Clone, Debug)]
+enum Scope {
+    /// One key, every event.
+    Key,
+    /// Every key under the prefix, deletions only.
+    DeletionsUnder,
+    /// Every key from the key to this end (exclusive), every event, reported as
+    /// [`WatchEvent::Changed`].
+    Range(Vec<u8>),
 }
 
 enum Command {
     Watch {
         id: i64,
         key: Vec<u8>,
-        prefix: bool,
+        scope: Scope,
         start: i64,
         events: UnboundedSender<WatchEvent>,
     },
@@ -127,17 +142,23 @@ impl Watcher {
     /// key: a start above the current revision joins the server's synced watchers, which are
     /// told of a change as it is applied).
     pub(crate) fn watch(&self, key: &str, start: i64) -> WatchHandle {
-        self.create(key, false, start)
+        self.create(key, Scope::Key, start)
+    }
+
+    /// Watches every put and deletion of the keys from `key` to `end` (exclusive) from revision
+    /// `start`, reported as the revisions they happened at.
+    pub(crate) fn watch_range(&self, key: &str, end: Vec<u8>, start: i64) -> WatchHandle {
+        self.create(key, Scope::Range(end), start)
     }
 
     /// Watches the deletions of every key under `prefix` from revision `start`, as
     /// [`watch`](Self::watch) does one key's. One watch delivers its events in revision order,
     /// whichever keys they are about.
     pub(crate) fn watch_deletions_under(&self, prefix: &str, start: i64) -> WatchHandle {
-        self.create(prefix, true, start)
+        self.create(prefix, Scope::DeletionsUnder, start)
     }
 
-    fn create(&self, key: &str, prefix: bool, start: i64) -> WatchHandle {
+    fn create(&self, key: &str, scope: Scope, start: i64) -> WatchHandle {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = unbounded_channel();
         let commands = self
@@ -149,7 +170,7 @@ impl Watcher {
             .send(Command::Watch {
                 id,
                 key: key.as_bytes().to_vec(),
-                prefix,
+                scope,
                 start,
                 events: events.clone(),
             })
@@ -167,8 +188,8 @@ impl Watcher {
 
 struct Entry {
     key: Vec<u8>,
-    /// Watches every key under `key`, deletions only.
-    prefix: bool,
+    /// Which keys, and which events.
+    scope: Scope,
     /// The revision to (re)start from: one after the last event delivered.
     next: i64,
     events: UnboundedSender<WatchEvent>,
@@ -193,12 +214,12 @@ struct Open {
 
 fn options(entry: &Entry) -> WatchOptions {
     let options = WatchOptions::new().with_start_revision(entry.next);
-    if entry.prefix {
-        options
+    match &entry.scope {
+        Scope::Key => options,
+        Scope::DeletionsUnder => options
             .with_prefix()
-            .with_filters([etcd_client::WatchFilterType::NoPut])
-    } else {
-        options
+            .with_filters([etcd_client::WatchFilterType::NoPut]),
+        Scope::Range(end) => options.with_range(end.clone()),
     }
 }
 
@@ -301,7 +322,7 @@ fn apply_offline(state: &mut State, command: Command) {
         Command::Watch {
             id,
             key,
-            prefix,
+            scope,
             start,
             events,
         } => {
@@ -309,7 +330,7 @@ fn apply_offline(state: &mut State, command: Command) {
                 id,
                 Entry {
                     key,
-                    prefix,
+                    scope,
                     next: start,
                     events,
                     server_id: None,
@@ -327,13 +348,13 @@ async fn apply(state: &mut State, open: &mut Open, command: Command) -> Result<(
         Command::Watch {
             id,
             key,
-            prefix,
+            scope,
             start,
             events,
         } => {
             let entry = Entry {
                 key,
-                prefix,
+                scope,
                 next: start,
                 events,
                 server_id: None,
@@ -407,16 +428,26 @@ async fn handle(
     }
     if let Some(entry) = state.entries.get_mut(&id) {
         let mut deleted = Vec::new();
+        let mut revisions: Vec<i64> = Vec::new();
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
             entry.next = entry.next.max(kv.mod_revision().saturating_add(1));
-            if event.event_type() == EventType::Delete
-                && !probe.lose_deletions.load(Ordering::Relaxed)
-            {
+            let delete = event.event_type() == EventType::Delete;
+            if delete && probe.lose_deletions.load(Ordering::Relaxed) {
+                continue;
+            }
+            if delete {
                 deleted.push(kv.key().into());
             }
+            if revisions.last() != Some(&kv.mod_revision()) {
+                revisions.push(kv.mod_revision());
+            }
         }
-        if !deleted.is_empty() {
+        if matches!(entry.scope, Scope::Range(_)) {
+            if !revisions.is_empty() {
+                let _ = entry.events.send(WatchEvent::Changed { revisions });
+            }
+        } else if !deleted.is_empty() {
             let _ = entry.events.send(WatchEvent::Deleted { keys: deleted });
         }
     }
