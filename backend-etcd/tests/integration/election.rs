@@ -1,0 +1,347 @@
+//! etcd-specific election faults: a candidate whose lease is revoked while it waits
+//! (etcd-io/etcd #19597), a proclaim after the leader's lease was revoked, a deposed leader's
+//! proclaim beside its successor's record, the record following its key to another lease, what
+//! a resignation leaves, and an observer whose watch is cut off and whose history is compacted
+//! meanwhile. Tests wait on events with generous bounds and never assert speed.
+
+use crate::common;
+
+use std::time::Duration;
+
+use dlock_api::{
+    DistributedLock, FencingToken, LeaderEvent, LeaderStream, LockError, LockName, LockOptions,
+};
+use dlock_conformance::wait_for;
+use dlock_etcd::EtcdLock;
+use dlock_test_servers::{Etcd, FaultProxy, ProxyMode};
+use etcd_client::{Client, CompactionOptions, KeyValue};
+use futures::StreamExt;
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn name(test: &str) -> LockName {
+    LockName::new(format!("dlock-election/{}/{test}", std::process::id())).unwrap()
+}
+
+fn wait() -> LockOptions {
+    LockOptions::new().with_wait_timeout(BOUND)
+}
+
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    wait_for::within(BOUND, what, future).await
+}
+
+/// The key of `name`'s leader record, as the backend lays it out: its range's `/` raised to `0`.
+fn record_key(url: &str, name: &LockName) -> String {
+    let mut range = common::name_range(url, name);
+    range.pop();
+    range.push('0');
+    range
+}
+
+async fn record(raw: &mut Client, url: &str, name: &LockName) -> Option<KeyValue> {
+    let found = raw.get(record_key(url, name), None).await.unwrap();
+    found.kvs().first().cloned()
+}
+
+/// Waits until `name` has `count` keys or more, and returns them oldest first.
+async fn until_keys(raw: &mut Client, url: &str, name: &LockName, count: usize) -> Vec<KeyValue> {
+    within(&format!("{count} keys under the name"), async {
+        loop {
+            let keys = common::queue_keys(raw, url, name).await.unwrap();
+            if keys.len() >= count {
+                break keys;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}
+
+/// The next event of `stream` that `wanted` accepts; returns it with what came before.
+async fn next_matching(
+    what: &str,
+    stream: &mut LeaderStream,
+    mut wanted: impl FnMut(&LeaderEvent) -> bool,
+) -> (LeaderEvent, Vec<String>) {
+    let mut seen = Vec::new();
+    within(what, async {
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(event) if wanted(&event) => return (event, seen),
+                Ok(event) => seen.push(format!("{event:?}")),
+                Err(error) => seen.push(format!("error: {error}")),
+            }
+        }
+        panic!("{what}: the stream ended after {seen:?}");
+    })
+    .await
+}
+
+fn leads(event: &LeaderEvent, term: FencingToken, value: &[u8]) -> bool {
+    matches!(event, LeaderEvent::Leads(l) if l.term() == term && l.value() == value)
+}
+
+/// etcd-io/etcd #19597: a candidate's lease is revoked while it waits (its queue key goes with
+/// it). It is never told it leads on that key: while the leader holds, `leader()` and an
+/// observer name only the leader; once the leader resigns, the candidate either fails or leads
+/// on a key of its own that exists, on another lease, with a term above the revoked key's, and
+/// `leader()` says the same. (A waiter holds nothing, so this backend's wait joins the line
+/// again on a live lease rather than failing: see the crate docs.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_whose_lease_is_revoked_while_it_waits_never_leads_on_it() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("revoked-candidate");
+    let leader = a.campaign(&name, b"leader", &wait()).await.unwrap();
+    let mut changes = a.observe(&name).await.unwrap();
+    next_matching("the leader", &mut changes, |e| {
+        leads(e, leader.term(), b"leader")
+    })
+    .await;
+    let candidate = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.campaign(&name, b"candidate", &wait()).await })
+    };
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let waiting = until_keys(&mut raw, &url, &name, 2).await[1].clone();
+    raw.lease_revoke(waiting.lease()).await.unwrap();
+    // The revoked key is gone; the leader is still the only one.
+    within("the revoked key to go", async {
+        while common::queue_keys(&mut raw, &url, &name)
+            .await
+            .unwrap()
+            .iter()
+            .any(|kv| kv.key() == waiting.key())
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let said = b.leader(&name).await.unwrap();
+    assert_eq!(said.map(|l| l.term()), Some(leader.term()));
+    assert!(
+        !candidate.is_finished(),
+        "the candidate answered while the leader held"
+    );
+    let first = leader.term();
+    leader.resign().await.unwrap();
+    let outcome = within("the candidate's answer", candidate).await.unwrap();
+    let Ok(leadership) = outcome else {
+        // Failing is the other answer #19597 allows.
+        return;
+    };
+    let revoked = u64::try_from(waiting.create_revision()).unwrap();
+    assert!(
+        leadership.term().get() > revoked && leadership.term() > first,
+        "term {} after the revoked key's {revoked}",
+        leadership.term().get()
+    );
+    let keys = common::queue_keys(&mut raw, &url, &name).await.unwrap();
+    let oldest = keys.first().expect("the leader's key exists");
+    assert_eq!(
+        u64::try_from(oldest.create_revision()).unwrap(),
+        leadership.term().get()
+    );
+    assert_ne!(oldest.lease(), waiting.lease());
+    let said = a.leader(&name).await.unwrap();
+    assert_eq!(said.map(|l| l.term()), Some(leadership.term()));
+    // No observer ever saw a term of the revoked key.
+    let (_, seen) = next_matching("the candidate's term", &mut changes, |e| {
+        leads(e, leadership.term(), b"candidate")
+    })
+    .await;
+    assert!(
+        !seen
+            .iter()
+            .any(|e| e.contains(&format!("term: {revoked},"))),
+        "{seen:?}"
+    );
+    leadership.resign().await.unwrap();
+}
+
+/// The leader's lease is revoked (the server ends its session): its record goes with it, a
+/// proclaim is refused (`NotHeld`, or `Lost` once the guard has heard), and nobody leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proclaim_after_the_lease_was_revoked_is_refused() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let a = EtcdLock::connect_url(&url).await.unwrap();
+    let name = name("revoked-leader");
+    let leadership = a.campaign(&name, b"before", &wait()).await.unwrap();
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let kept = record(&mut raw, &url, &name).await.expect("the record");
+    assert_eq!(
+        kept.value(),
+        format!("{}:before", leadership.term().get()).as_bytes()
+    );
+    common::revoke_holder(&url, &name).await.unwrap();
+    assert!(
+        record(&mut raw, &url, &name).await.is_none(),
+        "the record outlived its lease"
+    );
+    let refused = leadership.proclaim(b"after").await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::NotHeld { .. } | LockError::Lost { .. })
+        ),
+        "{refused:?}"
+    );
+    assert!(record(&mut raw, &url, &name).await.is_none());
+    assert_eq!(a.leader(&name).await.unwrap(), None);
+    within("the leader's loss", leadership.lost()).await;
+}
+
+/// A deposed leader whose key an operator deleted (its lease lives on, and so does its record,
+/// which now names a term that does not hold) while a successor leads: `leader()` names the
+/// successor only, and the deposed leader's proclaim is refused without touching the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leaders_proclaim_never_replaces_its_successors_record() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("deposed");
+    let old = a.campaign(&name, b"old", &wait()).await.unwrap();
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let key = until_keys(&mut raw, &url, &name, 1).await[0].key().to_vec();
+    raw.delete(key, None).await.unwrap();
+    // Its record is still there, on its live lease, but names a term that no longer holds.
+    assert!(record(&mut raw, &url, &name).await.is_some());
+    assert_eq!(b.leader(&name).await.unwrap(), None);
+    let new = b.campaign(&name, b"new", &wait()).await.unwrap();
+    assert!(new.term() > old.term());
+    let refused = old.proclaim(b"old-again").await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::NotHeld { .. } | LockError::Lost { .. })
+        ),
+        "{refused:?}"
+    );
+    let said = a.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!((said.term(), said.value()), (new.term(), &b"new"[..]));
+    let kept = record(&mut raw, &url, &name).await.expect("the record");
+    assert_eq!(kept.value(), format!("{}:new", new.term().get()).as_bytes());
+    new.resign().await.unwrap();
+    drop(old);
+}
+
+/// `extend` to another TTL class moves the leader's key onto another lease: the record moves
+/// with it, so it lives exactly as long as the key. A resignation deletes both at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_follows_its_key_and_goes_with_the_resignation() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let a = EtcdLock::connect_url(&url).await.unwrap();
+    let name = name("record-moves");
+    let options = wait().with_ttl(Duration::from_secs(3));
+    let leadership = a.campaign(&name, b"moving", &options).await.unwrap();
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let before = until_keys(&mut raw, &url, &name, 1).await[0].lease();
+    assert_eq!(record(&mut raw, &url, &name).await.unwrap().lease(), before);
+    leadership
+        .guard()
+        .extend(Duration::from_secs(7))
+        .await
+        .unwrap();
+    let after = until_keys(&mut raw, &url, &name, 1).await[0].lease();
+    assert_ne!(after, before, "the key did not move");
+    assert_eq!(record(&mut raw, &url, &name).await.unwrap().lease(), after);
+    leadership.proclaim(b"moved").await.unwrap();
+    let said = a.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(said.value(), b"moved");
+    leadership.resign().await.unwrap();
+    assert!(
+        record(&mut raw, &url, &name).await.is_none(),
+        "a resigned leader's record stayed"
+    );
+    assert!(
+        common::queue_keys(&mut raw, &url, &name)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// Moves the revision on with puts under `filler`, then compacts the whole history before it.
+async fn compact_history(raw: &mut Client, filler: &str) {
+    let mut revision = 0;
+    for i in 0..20 {
+        let put = raw.put(format!("{filler}/{i}"), "x", None).await.unwrap();
+        revision = put.header().map_or(0, |h| h.revision());
+    }
+    raw.compact(revision, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+}
+
+/// An observer cut off from the server (its connection closed, so its watch must be made
+/// again) while the leader resigns, another leads, and the history its watch would resume from
+/// is compacted: when the link heals, it says `Missed`, then the leader now. And an observer
+/// whose stream was only broken misses nothing: the watch resumes where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_cut_off_through_a_compaction_says_missed_then_the_leader_now() {
+    let etcd = Etcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let proxy = FaultProxy::start(etcd.addr()).unwrap();
+    let url = common::etcd_url(&etcd.endpoints());
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let observer = EtcdLock::connect_url(&format!("etcd://{}", proxy.addr()))
+        .await
+        .unwrap();
+    let name = name("observer-cut");
+    let first = a.campaign(&name, b"first", &wait()).await.unwrap();
+    let mut changes = observer.observe(&name).await.unwrap();
+    next_matching("the first leader", &mut changes, |e| {
+        leads(e, first.term(), b"first")
+    })
+    .await;
+
+    // A broken stream, healed before anything was compacted: every change comes through.
+    proxy.set_mode(ProxyMode::Blackhole);
+    proxy.reset();
+    first.proclaim(b"first-again").await.unwrap();
+    proxy.heal();
+    let (_, seen) = next_matching("the proclaim made while cut off", &mut changes, |e| {
+        leads(e, first.term(), b"first-again")
+    })
+    .await;
+    assert!(!seen.iter().any(|e| e.contains("Missed")), "{seen:?}");
+
+    // Cut off through a hand-over and a compaction.
+    proxy.set_mode(ProxyMode::Blackhole);
+    proxy.reset();
+    first.resign().await.unwrap();
+    let second = b.campaign(&name, b"second", &wait()).await.unwrap();
+    let mut raw = common::raw_client(&url).await.unwrap();
+    compact_history(&mut raw, "dlock-election-filler/cut").await;
+    proxy.heal();
+    let (_, seen) = next_matching("the leader after the gap", &mut changes, |e| {
+        leads(e, second.term(), b"second")
+    })
+    .await;
+    assert!(
+        seen.iter().any(|e| e == "Missed"),
+        "no Missed before the state after a compacted gap: {seen:?}"
+    );
+    assert!(
+        observer.compacted_watches() > 0,
+        "the watch was not compacted"
+    );
+    // Then it goes on being woken by the server.
+    second.resign().await.unwrap();
+    next_matching("nobody leading", &mut changes, |e| {
+        *e == LeaderEvent::Vacant
+    })
+    .await;
+}
