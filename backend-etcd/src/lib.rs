@@ -28,6 +28,8 @@
 //! - [x] **Survives failover**: a lock lives in the raft log; a leader change keeps it.
 //! - [x] **Semaphores** of up to 512 permits (see *Semaphores* below), on the same queue: a lock
 //!   is a semaphore of one permit.
+//! - [x] **Elections** (see *Elections* below), on the lock's queue, without etcd's own
+//!   election API: the term is the leader key's create revision.
 //! - **Minimum TTL: the cluster's shortest lease**, and never under 2 s
 //!   ([`Capabilities::min_ttl`](dlock_api::Capabilities::min_ttl)). etcd silently lengthens a
 //!   shorter lease to its own minimum (`ceil(1.5 × election timeout)`: 2 s on default timing,
@@ -132,6 +134,52 @@
 //!   the lease's time to live (`LeaseTimeToLive`, whole seconds) as the remaining lease. On a
 //!   semaphore's name it shows the oldest permit, and counts the other keys, holders past the
 //!   first included, as waiting: `count_permits` is the count of holders.
+//!
+//! ## Elections
+//! A [`campaign`](dlock_api::DistributedLock::campaign) acquires the name as a lock, so a
+//! candidate queues, waits, renews and is lost exactly as a lock's holder is; then it publishes
+//! its value.
+//! - **Term**: the leader key's create revision, i.e. the grant's fencing token: above every
+//!   earlier term and lock of the name, across restarts and leader changes.
+//! - **Where the value lives**: one record per name, `PREFIX/ENCODED0` (the name's range with its
+//!   final `/` raised to `0`, which is where etcd's prefix range of the queue ends: no name's
+//!   queue read ever sees it, and `[PREFIX/ENCODED/, PREFIX/ENCODED0]` holds this name's keys and
+//!   record and nothing of another name's). Its value is `TERM:VALUE`. It is put **on the
+//!   leader key's own lease**, in one transaction *if the key still has its create revision*,
+//!   so a leader whose key went (lease revoked or expired, or deleted by someone) is refused
+//!   with `NotHeld` and can never overwrite a later term's record. An `extend` that moves the key
+//!   to another lease moves the record with it in the same transaction.
+//! - **Who leads**: [`leader`](dlock_api::DistributedLock::leader) is one transaction of two
+//!   reads (linearizable): the name's oldest key and the record. The record counts only if its
+//!   term is that key's create revision; a record left by an earlier term, or a holder that has
+//!   not published yet (a plain lock, a campaign between its grant and its publication), is
+//!   nobody.
+//! - **What ends leadership**: a resignation (its key and record deleted in one transaction,
+//!   guarded by the key's create revision), or the lease ending (revoked, or expired when this
+//!   client stops keeping it alive: both key and record go with it), or the key deleted by
+//!   someone else. The guard's `lost()` fires as for a lock.
+//! - **Observers** ([`observe`](dlock_api::DistributedLock::observe)) read the leader, then
+//!   watch the name's keys and its record in one etcd watch (on the client's shared watch
+//!   stream) from the revision after that read, so nothing in between is missed; each revision
+//!   the watch reports is read again *at that revision*, so the states come in order. They are
+//!   woken by the server only (no timer): a leader that crashes is reported `Vacant` (or the
+//!   next `Leads`) when etcd expires its lease. A broken watch stream is reopened and every watch
+//!   made again from the revision after its last event, with nothing missed; a watch whose
+//!   history was compacted meanwhile, or a read that failed, yields `Missed` then the state now
+//!   (after a failed read: one error item, then a try every `OBSERVE_RETRY`). Dropping the stream
+//!   cancels its watch on the server.
+//! - **A candidate whose lease ends while it waits** (etcd-io/etcd #19597) is never told it
+//!   leads on that lease: its queue key went with the lease, and a waiter is granted only at a
+//!   revision where its own key exists. Like any waiter, it joins the line again on a live lease
+//!   within its wait, so if it later leads it does so on a key of its own that exists, with a new
+//!   and higher term, which `leader` and observers report. A campaign that fails after its grant
+//!   resigns at once (etcd-io/etcd #21128).
+//! - **What is left on the server**: nothing after a resignation. A leader that vanished
+//!   without resigning leaves its key and record until its lease ends (its TTL after its last
+//!   keep-alive), then nothing; a dropped leadership is resigned in the background, as a
+//!   dropped guard is released. A record whose key was deleted by someone else stays on the
+//!   still-live lease until that lease ends or its client leads the name again, ignored meanwhile,
+//!   one per name at most. A semaphore's permit cannot proclaim (`Unsupported`).
 //!
 //! ## Connecting
 //! `etcd://[user:password@]host[:port][,host[:port]…][/prefix][?option=value…]`, or `etcds://`
