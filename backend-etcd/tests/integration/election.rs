@@ -345,3 +345,47 @@ async fn an_observer_cut_off_through_a_compaction_says_missed_then_the_leader_no
     })
     .await;
 }
+
+/// The server's count of watchers (`etcd_debugging_mvcc_watcher_total` on its `/metrics`).
+async fn watchers_on(addr: std::net::SocketAddr) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")
+        .await
+        .unwrap();
+    let mut page = String::new();
+    stream.read_to_string(&mut page).await.unwrap();
+    page.lines()
+        .find_map(|line| line.strip_prefix("etcd_debugging_mvcc_watcher_total "))
+        .and_then(|count| count.trim().parse::<f64>().ok())
+        .map(|count| count as u64)
+        .expect("the watcher gauge on /metrics")
+}
+
+async fn until_watchers(addr: std::net::SocketAddr, what: &str, count: u64) {
+    within(what, async {
+        while watchers_on(addr).await != count {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+/// An observer is one watch on the server while its stream lives, and none once it is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_observer_leaves_no_watch_on_the_server() {
+    let etcd = Etcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = common::etcd_url(&etcd.endpoints());
+    let observer = EtcdLock::connect_url(&url).await.unwrap();
+    let name = name("dropped-observer");
+    until_watchers(etcd.addr(), "no watcher before observing", 0).await;
+    let mut changes = observer.observe(&name).await.unwrap();
+    next_matching("nobody leading", &mut changes, |e| {
+        *e == LeaderEvent::Vacant
+    })
+    .await;
+    until_watchers(etcd.addr(), "the observer's watch", 1).await;
+    drop(changes);
+    until_watchers(etcd.addr(), "no watcher after the drop", 0).await;
+}
