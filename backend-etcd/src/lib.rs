@@ -169,11 +169,11 @@
 //!   (after a failed read: one error item, then a try every `OBSERVE_RETRY`). Dropping the stream
 //!   cancels its watch on the server.
 //! - **A candidate whose lease ends while it waits** (etcd-io/etcd #19597) is never told it
-//!   leads on that lease: its queue key went with the lease, and a waiter is granted only at a
-//!   revision where its own key exists. Like any waiter, it joins the line again on a live lease
-//!   within its wait, so if it later leads it does so on a key of its own that exists, with a new
-//!   and higher term, which `leader` and observers report. A campaign that fails after its grant
-//!   resigns at once (etcd-io/etcd #21128).
+//!   leads: its queue key went with the lease, a waiter is granted only at a revision where its
+//!   own key exists, and a campaign whose key went fails with `Lost` (`SessionExpired`) at once;
+//!   its caller decides whether to stand again. (A lock's waiter in its place joins the line
+//!   again on a live lease within its wait.) A campaign that fails after its grant resigns at
+//!   once (etcd-io/etcd #21128).
 //! - **What is left on the server**: nothing after a resignation. A leader that vanished
 //!   without resigning leaves its key and record until its lease ends (its TTL after its last
 //!   keep-alive), then nothing; a dropped leadership is resigned in the background, as a

@@ -9,7 +9,8 @@ use std::time::Duration;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{Detach, Grant, PendingAcquire, RawLock, WaitRecovery};
 use dlock_api::{
-    Capabilities, Fencing, FencingToken, Inspection, LockName, LockOptions, Renewal, Result,
+    Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, LostReason,
+    Renewal, Result,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -459,6 +460,14 @@ impl EtcdLock {
                 // A waiter holds nothing, so its key's end loses nothing: it joins the line
                 // again on a live lease (a server that stays down answers `Unavailable` from
                 // there), as long as its wait lasts.
+                // A candidate is never granted on a place it lost (etcd-io/etcd #19597): its
+                // campaign fails, and its caller decides whether to stand again.
+                Waited::KeyGone if options.is_campaign() => {
+                    return Err(LockError::Lost {
+                        name: name.to_string(),
+                        reason: LostReason::SessionExpired,
+                    });
+                }
                 Waited::KeyGone if deadline.is_some_and(|d| Instant::now() >= d) => {
                     return Ok(None);
                 }
