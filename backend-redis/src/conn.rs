@@ -333,7 +333,19 @@ impl Conn {
         keys: &[&str],
         args: &[&str],
     ) -> Result<T> {
-        let cmd = &evalsha(script, keys, args);
+        self.send_script(timeout, script, &evalsha(script, keys, args))
+            .await
+    }
+
+    /// Sends `cmd` (an `EVALSHA` of `script`) to the deployment's primary, loading the script
+    /// where the server does not know it, within `timeout`; a Sentinel deployment asks for its
+    /// primary again after a failure that may mean it moved.
+    async fn send_script<T: FromRedisValue>(
+        &self,
+        timeout: std::time::Duration,
+        script: &Script,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
         match self {
             Self::Single(manager) => {
                 manager
@@ -381,36 +393,7 @@ impl Conn {
             .arg(keys.len())
             .arg(keys)
             .arg(args);
-        let cmd = &cmd;
-        match self {
-            Self::Single(manager) => {
-                manager
-                    .send(|mut conn| async move {
-                        bounded(timeout, invoke(cmd, script, &mut conn)).await
-                    })
-                    .await
-            }
-            Self::Cluster(cluster) => {
-                cluster
-                    .send(|mut conn| async move {
-                        bounded(timeout, invoke(cmd, script, &mut conn)).await
-                    })
-                    .await
-            }
-            Self::Sentinel(sentinel) => {
-                let result = sentinel
-                    .send(|mut conn| async move {
-                        bounded(timeout, invoke(cmd, script, &mut conn)).await
-                    })
-                    .await;
-                if result.as_ref().is_err_and(LockError::is_retryable) {
-                    if let Err(error) = Box::pin(sentinel.refresh()).await {
-                        tracing::debug!(%error, "redis sentinel: could not refresh the primary");
-                    }
-                }
-                result
-            }
-        }
+        self.send_script(timeout, script, &cmd).await
     }
 
     /// Runs a plain command, or a pipeline of them (in one write, its replies in one vector).

@@ -22,6 +22,36 @@ pub async fn within<T>(bound: Duration, what: &str, future: impl Future<Output =
         .unwrap_or_else(|_| panic!("{what}: nothing after {bound:?}"))
 }
 
+/// The next event of an observer's `stream`
+/// ([`DistributedLock::observe`](dlock_api::DistributedLock::observe)) that `wanted` accepts,
+/// within `bound`, with every item that came before it (an error as its text).
+///
+/// # Panics
+/// When `bound` passes first, or the stream ends.
+pub async fn next_leader_event(
+    bound: Duration,
+    what: &str,
+    stream: &mut dlock_api::LeaderStream,
+    mut wanted: impl FnMut(&dlock_api::LeaderEvent) -> bool,
+) -> (
+    dlock_api::LeaderEvent,
+    Vec<Result<dlock_api::LeaderEvent, String>>,
+) {
+    use futures::StreamExt;
+    within(bound, what, async {
+        let mut seen = Vec::new();
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(event) if wanted(&event) => return (event, seen),
+                Ok(event) => seen.push(Ok(event)),
+                Err(error) => seen.push(Err(error.to_string())),
+            }
+        }
+        panic!("{what}: the observer's stream ended after {seen:?}");
+    })
+    .await
+}
+
 /// Waits until `check` holds, looking every 20 ms, panicking with `what` after `bound`.
 ///
 /// # Panics

@@ -15,7 +15,6 @@ use dlock_conformance::wait_for;
 use dlock_etcd::EtcdLock;
 use dlock_test_servers::{Etcd, FaultProxy, ProxyMode};
 use etcd_client::{Client, CompactionOptions, KeyValue};
-use futures::StreamExt;
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -58,24 +57,22 @@ async fn until_keys(raw: &mut Client, url: &str, name: &LockName, count: usize) 
     .await
 }
 
-/// The next event of `stream` that `wanted` accepts; returns it with what came before.
+/// The next event of `stream` that `wanted` accepts; returns it with what came before, each as
+/// its `Debug` text (an error as `error: …`).
 async fn next_matching(
     what: &str,
     stream: &mut LeaderStream,
-    mut wanted: impl FnMut(&LeaderEvent) -> bool,
+    wanted: impl FnMut(&LeaderEvent) -> bool,
 ) -> (LeaderEvent, Vec<String>) {
-    let mut seen = Vec::new();
-    within(what, async {
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(event) if wanted(&event) => return (event, seen),
-                Ok(event) => seen.push(format!("{event:?}")),
-                Err(error) => seen.push(format!("error: {error}")),
-            }
-        }
-        panic!("{what}: the stream ended after {seen:?}");
-    })
-    .await
+    let (event, seen) = wait_for::next_leader_event(BOUND, what, stream, wanted).await;
+    let seen = seen
+        .into_iter()
+        .map(|item| match item {
+            Ok(event) => format!("{event:?}"),
+            Err(error) => format!("error: {error}"),
+        })
+        .collect();
+    (event, seen)
 }
 
 fn leads(event: &LeaderEvent, term: FencingToken, value: &[u8]) -> bool {

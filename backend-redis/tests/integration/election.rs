@@ -54,24 +54,17 @@ async fn until_watched(conn: &redis::aio::MultiplexedConnection, keys: &dlock_re
     .await;
 }
 
-/// The next event of `stream` that `wanted` accepts, within the bound; the others on the way.
+/// The next event of `stream` that `wanted` accepts, within the bound: every item up to it, it
+/// last.
 async fn next_matching(
     what: &str,
     stream: &mut LeaderStream,
     wanted: impl Fn(&LeaderEvent) -> bool + Send + Sync,
 ) -> Vec<Result<LeaderEvent, String>> {
-    dlock_conformance::wait_for::within(BOUND, what, async {
-        let mut seen = Vec::new();
-        while let Some(item) = stream.next().await {
-            let done = item.as_ref().is_ok_and(&wanted);
-            seen.push(item.map_err(|e| e.to_string()));
-            if done {
-                return seen;
-            }
-        }
-        panic!("{what}: the stream ended after {seen:?}");
-    })
-    .await
+    let (event, mut seen) =
+        dlock_conformance::wait_for::next_leader_event(BOUND, what, stream, wanted).await;
+    seen.push(Ok(event));
+    seen
 }
 
 fn leads(event: &LeaderEvent, value: &[u8]) -> bool {

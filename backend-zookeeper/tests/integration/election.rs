@@ -34,23 +34,9 @@ async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> 
 async fn next_state(
     what: &str,
     stream: &mut LeaderStream,
-    mut wanted: impl FnMut(&LeaderEvent) -> bool,
+    wanted: impl FnMut(&LeaderEvent) -> bool,
 ) -> (LeaderEvent, Vec<Result<LeaderEvent, String>>) {
-    within(what, async {
-        let mut seen = Vec::new();
-        loop {
-            match stream
-                .next()
-                .await
-                .expect("an observer's stream never ends")
-            {
-                Ok(event) if wanted(&event) => return (event, seen),
-                Ok(event) => seen.push(Ok(event)),
-                Err(error) => seen.push(Err(error.to_string())),
-            }
-        }
-    })
-    .await
+    wait_for::next_leader_event(BOUND, what, stream, wanted).await
 }
 
 fn leads(event: &LeaderEvent, value: &[u8]) -> bool {
