@@ -185,7 +185,31 @@ pub(crate) async fn supervise(
 pub(crate) fn exit_code_of(status: ExitStatus) -> ExitCode {
     match (status.code(), status.signal()) {
         (Some(code), _) => ExitCode::from(code as u8),
-        (None, Some(signal)) => ExitCode::from(128u8.wrapping_add(signal as u8)),
+        (None, Some(signal)) => signalled(signal),
         (None, None) => ExitCode::FAILURE,
     }
+}
+
+/// 128 + the signal's number, as a shell reports a command the signal ended.
+pub(crate) fn signalled(signal: libc::c_int) -> ExitCode {
+    ExitCode::from(128u8.wrapping_add(signal as u8))
+}
+
+/// How long a holder that lost its lock still gives, in all, the release of whatever is left of
+/// it on the server and the background work of its client, before it exits.
+const AFTER_A_LOSS: Duration = Duration::from_millis(500);
+
+/// Lets go of whatever is left on the server of a lost hold (`release`), if the server answers
+/// soon; returns how long of [`AFTER_A_LOSS`] is left for the client's background work. That the
+/// release reports the loss again is expected, and dropping the hold instead would warn of a
+/// guard never released. The hold is not this process's any more, so a server that stopped
+/// answering (the likely cause of the loss) is not waited for: the lock ends with its lease or
+/// session.
+pub(crate) async fn let_go_after_a_loss<E>(
+    release: impl std::future::Future<Output = Result<(), E>>,
+) -> Duration {
+    let now = tokio::time::Instant::now();
+    let give_up = now.checked_add(AFTER_A_LOSS).unwrap_or(now);
+    let _ = tokio::time::timeout_at(give_up, release).await;
+    give_up.saturating_duration_since(tokio::time::Instant::now())
 }

@@ -8,7 +8,8 @@ use dlock_api::{DistributedLock, LockError, LockName};
 use tokio::process::Command;
 
 use crate::child::{
-    Placement, Running, Signals, Supervised, cannot_start_code, exit_code_of, supervise,
+    Placement, Running, Signals, Supervised, cannot_start_code, exit_code_of, let_go_after_a_loss,
+    signalled, supervise,
 };
 use crate::{BackendArgs, Exit, parse_duration};
 
@@ -43,9 +44,6 @@ pub struct ElectArgs {
 
 /// How long a candidate whose server failed waits before it campaigns again (`--again`).
 const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
-
-/// How long a deposed leader gives the release of what is left of its hold.
-const AFTER_A_LOSS: Duration = Duration::from_millis(500);
 
 pub(super) async fn elect(args: ElectArgs) -> Result<Exit, LockError> {
     let name = LockName::new(&args.name)?;
@@ -132,7 +130,7 @@ pub(super) async fn elect(args: ElectArgs) -> Result<Exit, LockError> {
                 eprintln!(
                     "dlock: leadership of `{name}` lost in term {term} ({reason}); the command was stopped"
                 );
-                let _ = tokio::time::timeout(AFTER_A_LOSS, leadership.resign()).await;
+                let_go_after_a_loss(leadership.resign()).await;
                 if !args.again || signals.received().is_some() {
                     return Ok(Exit::settled(ExitCode::from(74)));
                 }
@@ -153,7 +151,7 @@ async fn resign(leadership: dlock_api::Leadership, name: &LockName) {
 }
 
 fn interrupted(signal: libc::c_int) -> Exit {
-    Exit::settled(ExitCode::from(128u8.wrapping_add(signal as u8)))
+    Exit::settled(signalled(signal))
 }
 
 /// `HOST:PID`: which machine and process leads, for whoever reads the leader.

@@ -9,7 +9,8 @@ use dlock_api::{DistributedLock, DistributedLockExt, LockError, LockName, LockOp
 use tokio::process::Command;
 
 use crate::child::{
-    Placement, Running, Signals, Supervised, cannot_start_code, exit_code_of, supervise,
+    Placement, Running, Signals, Supervised, cannot_start_code, exit_code_of, let_go_after_a_loss,
+    signalled, supervise,
 };
 use crate::{BackendArgs, Exit, parse_duration};
 
@@ -67,7 +68,7 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
             // The wait's future is dropped here: its cancellation undoes whatever it started on
             // the server in the background, and `run`'s caller settles that before exiting.
             eprintln!("dlock: interrupted while waiting for lock `{name}`");
-            return Ok(Exit::settled(ExitCode::from(128u8.wrapping_add(signal as u8))));
+            return Ok(Exit::settled(signalled(signal)));
         }
     };
     let Some((_locks, held)) = waited else {
@@ -125,25 +126,13 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
             eprintln!(
                 "dlock: lock `{name}` lost while the command ran ({reason}); the command was stopped"
             );
-            // Whatever of the lock is left on the server goes now, if the server answers soon;
-            // that the release reports the loss again is expected, and dropping the guard
-            // instead would warn of a guard never released. The lock is not this process's any
-            // more, so a server that stopped answering (the likely cause of the loss) is not
-            // waited for: the lock ends with its lease or session.
-            let now = tokio::time::Instant::now();
-            let give_up = now.checked_add(AFTER_A_LOSS).unwrap_or(now);
-            let _ = tokio::time::timeout_at(give_up, held.release()).await;
             Ok(Exit {
                 code: ExitCode::from(74),
-                settle_within: give_up.saturating_duration_since(tokio::time::Instant::now()),
+                settle_within: let_go_after_a_loss(held.release()).await,
             })
         }
     }
 }
-
-/// How long a holder that lost its lock still gives, in all, the release of whatever is left of it
-/// on the server and the background work of its client, before it exits.
-const AFTER_A_LOSS: Duration = Duration::from_millis(500);
 
 /// Connects and takes the lock (every lock of the names), or a permit: `None` if `-n` found
 /// one busy. The client is returned with what it holds so that it outlives it.

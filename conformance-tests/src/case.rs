@@ -305,6 +305,30 @@ impl Ctx {
         self.within_for(what, self.timing().bound, future).await
     }
 
+    /// Waits (within the bound) until the server counts a waiter of `name`, where `client`'s
+    /// backend can inspect; elsewhere returns at once (a case that uses it must hold whether the
+    /// waiter has queued yet or not).
+    pub async fn until_queued(
+        &self,
+        client: &dyn dlock_api::DistributedLock,
+        name: &dlock_api::LockName,
+    ) -> Result<(), Failure> {
+        if !client.capabilities().inspect {
+            return Ok(());
+        }
+        self.within("the waiter to queue", async {
+            loop {
+                let seen = client.inspect(name).await?;
+                if seen.waiters.is_none_or(|n| n >= 1) {
+                    return Ok::<_, LockError>(());
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await??;
+        Ok(())
+    }
+
     /// Awaits every task of `tasks` within the timing's bound, failing with `what` past it;
     /// a task that panicked fails the case, and each task's own result is returned in the order
     /// they finished.

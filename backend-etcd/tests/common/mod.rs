@@ -234,3 +234,19 @@ pub async fn revoke_holder(url: &str, name: &LockName) -> std::result::Result<i6
     client.lease_revoke(lease).await.map_err(text)?;
     Ok(lease)
 }
+
+/// Moves the revision on with puts under `filler`, then compacts the whole history before it,
+/// physically: every watch started from an earlier revision is answered "compacted".
+pub async fn compact_history(raw: &mut Client, filler: &str) {
+    let mut revision = 0;
+    for i in 0..20 {
+        let put = raw.put(format!("{filler}/{i}"), "x", None).await.unwrap();
+        revision = put.header().map_or(0, |h| h.revision());
+    }
+    raw.compact(
+        revision,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+}

@@ -14,7 +14,7 @@ use dlock_api::{
 use dlock_conformance::wait_for;
 use dlock_etcd::EtcdLock;
 use dlock_test_servers::{Etcd, FaultProxy, ProxyMode};
-use etcd_client::{Client, CompactionOptions, KeyValue};
+use etcd_client::{Client, KeyValue};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -249,18 +249,6 @@ async fn the_record_follows_its_key_and_goes_with_the_resignation() {
     );
 }
 
-/// Moves the revision on with puts under `filler`, then compacts the whole history before it.
-async fn compact_history(raw: &mut Client, filler: &str) {
-    let mut revision = 0;
-    for i in 0..20 {
-        let put = raw.put(format!("{filler}/{i}"), "x", None).await.unwrap();
-        revision = put.header().map_or(0, |h| h.revision());
-    }
-    raw.compact(revision, Some(CompactionOptions::new().with_physical()))
-        .await
-        .unwrap();
-}
-
 /// An observer cut off from the server (its connection closed, so its watch must be made
 /// again) while the leader resigns, another leads, and the history its watch would resume from
 /// is compacted: when the link heals, it says `Missed`, then the leader now. And an observer
@@ -302,7 +290,7 @@ async fn an_observer_cut_off_through_a_compaction_says_missed_then_the_leader_no
     first.resign().await.unwrap();
     let second = b.campaign(&name, b"second", &wait()).await.unwrap();
     let mut raw = common::raw_client(&url).await.unwrap();
-    compact_history(&mut raw, "dlock-election-filler/cut").await;
+    common::compact_history(&mut raw, "dlock-election-filler/cut").await;
     proxy.heal();
     let (_, seen) = next_matching("the leader after the gap", &mut changes, |e| {
         leads(e, second.term(), b"second")

@@ -15,7 +15,7 @@ use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LockStatus, L
 use dlock_conformance::wait_for;
 use dlock_etcd::EtcdLock;
 use dlock_test_servers::{Etcd, EtcdCluster, FaultProxy, ProxyMode};
-use etcd_client::{Client, CompactionOptions, KeyValue};
+use etcd_client::{Client, KeyValue};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -45,19 +45,6 @@ async fn until_keys(raw: &mut Client, url: &str, name: &LockName, count: usize) 
         }
     })
     .await
-}
-
-/// Moves the revision on with puts under `filler`, then compacts the whole history before it,
-/// physically: every watch started from an earlier revision is answered "compacted".
-async fn compact_history(raw: &mut Client, filler: &str) {
-    let mut revision = 0;
-    for i in 0..20 {
-        let put = raw.put(format!("{filler}/{i}"), "x", None).await.unwrap();
-        revision = put.header().map_or(0, |h| h.revision());
-    }
-    raw.compact(revision, Some(CompactionOptions::new().with_physical()))
-        .await
-        .unwrap();
 }
 
 /// Deletion events lost by the server (etcd 3.4 before 3.4.31 can lose them after a compaction;
@@ -290,7 +277,7 @@ async fn compaction_and_defragmentation_strand_no_waiter() {
     // Wait until all three are queued (four keys under the name), then move the revision on and
     // compact everything before it, physically, and defragment.
     until_keys(&mut raw, &url, &name, 4).await;
-    compact_history(&mut raw, "dlock-faults-filler").await;
+    common::compact_history(&mut raw, "dlock-faults-filler").await;
     raw.defragment().await.unwrap();
     let first = guard.fencing_token();
     guard.release().await.unwrap();
@@ -344,7 +331,7 @@ async fn waiters_cut_off_through_a_release_and_a_compaction_are_not_stranded() {
     proxy.reset();
     let first = guard.fencing_token();
     guard.release().await.unwrap();
-    compact_history(&mut raw, "dlock-faults-filler/cut").await;
+    common::compact_history(&mut raw, "dlock-faults-filler/cut").await;
     proxy.heal();
     for waiter in waiters {
         within("a cut-off waiter after the compaction", waiter)

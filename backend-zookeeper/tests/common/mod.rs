@@ -565,3 +565,19 @@ impl Faults for ZkHarness {
         OwnServer::start(ZooKeeper::start, harness).await
     }
 }
+
+/// Whether the server has a watch by session `session` on `path` (`wchp`: each watched path,
+/// then its sessions indented).
+pub fn watched_by(zk: &ZooKeeper, path: &str, session: i64) -> bool {
+    let answer = zk.four_letter("wchp").unwrap_or_default();
+    let session = format!("{session:#x}");
+    let mut under = None;
+    for line in answer.lines() {
+        if line.starts_with('/') {
+            under = Some(line.trim());
+        } else if under == Some(path) && line.trim() == session {
+            return true;
+        }
+    }
+    false
+}

@@ -43,21 +43,6 @@ fn leads(event: &LeaderEvent, value: &[u8]) -> bool {
     matches!(event, LeaderEvent::Leads(leader) if leader.value() == value)
 }
 
-/// Whether the server has a watch by session `session` on `path` (`wchp`).
-fn watched_by(zk: &ZooKeeper, path: &str, session: i64) -> bool {
-    let answer = zk.four_letter("wchp").unwrap_or_default();
-    let session = format!("{session:#x}");
-    let mut under = None;
-    for line in answer.lines() {
-        if line.starts_with('/') {
-            under = Some(line.trim());
-        } else if under == Some(path) && line.trim() == session {
-            return true;
-        }
-    }
-    false
-}
-
 /// A leader whose session ended proclaims: refused (by the client once it heard of the end, by
 /// the server's `NoNode` or the closing connection before), and the successor's record is
 /// untouched. A leader whose node
@@ -214,10 +199,10 @@ async fn a_dropped_observer_leaves_no_watch() {
         *e == LeaderEvent::Vacant
     })
     .await;
-    assert!(watched_by(zk, &path, session), "no watch on {path}");
+    assert!(common::watched_by(zk, &path, session), "no watch on {path}");
     drop(changes);
     wait_for::until(BOUND, "the watch to be removed", || {
-        !watched_by(zk, &path, session)
+        !common::watched_by(zk, &path, session)
     })
     .await;
 }

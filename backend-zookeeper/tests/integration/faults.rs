@@ -424,22 +424,6 @@ async fn a_held_node_deleted_by_someone_else_loses_the_guard_at_once() {
     until_empty(&hosts, &name).await;
 }
 
-/// Whether the server has a watch by session `session` on `path` (`wchp`: each watched path,
-/// then its sessions indented).
-fn watched_by(zk: &ZooKeeper, path: &str, session: i64) -> bool {
-    let answer = zk.four_letter("wchp").unwrap_or_default();
-    let session = format!("{session:#x}");
-    let mut under = None;
-    for line in answer.lines() {
-        if line.starts_with('/') {
-            under = Some(line.trim());
-        } else if under == Some(path) && line.trim() == session {
-            return true;
-        }
-    }
-    false
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_to_a_held_node_keeps_the_guard_and_the_watch_is_set_again() {
     let zk = dlock_test_servers::shared_zookeeper();
@@ -452,7 +436,7 @@ async fn a_change_to_a_held_node_keeps_the_guard_and_the_watch_is_set_again() {
     let path = format!("{}/{}", config.name_path(&name), nodes[0].0);
     let session = a.session_id().unwrap();
     until("the holder to watch its node", || {
-        watched_by(zk, &path, session)
+        common::watched_by(zk, &path, session)
     })
     .await;
     // The server fires and drops the watch before it answers the write, so the watch seen
@@ -460,7 +444,7 @@ async fn a_change_to_a_held_node_keeps_the_guard_and_the_watch_is_set_again() {
     let admin = common::raw_client(&hosts).await.unwrap();
     admin.set_data(&path, b"touched", None).await.unwrap();
     until("the holder to watch its node again", || {
-        watched_by(zk, &path, session)
+        common::watched_by(zk, &path, session)
     })
     .await;
     assert_eq!(

@@ -72,6 +72,19 @@ fn kill_machine(pid: u32) {
     }
 }
 
+/// The term `dlock leader --json` reports for `scheduler`.
+fn leader_term(url: &str) -> u64 {
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["leader", "--json", "--backend", url, "scheduler"])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    doc["leader"]["term"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no leader's term in {doc}"))
+}
+
 #[test]
 fn elect_again_hands_the_job_to_exactly_one_survivor_with_a_larger_term() {
     let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
@@ -82,13 +95,7 @@ fn elect_again_hands_the_job_to_exactly_one_survivor_with_a_larger_term() {
 
     until("a first leader's command", || leaders(&dir).len() == 1);
     let (first_term, first_pid) = leaders(&dir)[0];
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .args(["leader", "--json", "--backend", &redis.url(), "scheduler"])
-        .output()
-        .unwrap();
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    assert_eq!(doc["leader"]["term"], first_term, "{doc}");
+    assert_eq!(leader_term(&redis.url()), first_term);
 
     kill_machine(first_pid);
     until(
@@ -101,8 +108,8 @@ fn elect_again_hands_the_job_to_exactly_one_survivor_with_a_larger_term() {
     assert!(second_term > first_term, "{after:?}");
     assert_ne!(second_pid, first_pid);
 
-    // Nobody else starts while the new leader lives.
-    std::thread::sleep(Duration::from_secs(3));
+    // The server names the survivor's term, and no third command started beside it.
+    assert_eq!(leader_term(&redis.url()), second_term, "{after:?}");
     assert_eq!(
         leaders(&dir).len(),
         2,

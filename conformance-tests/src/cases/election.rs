@@ -165,8 +165,8 @@ pub async fn resign_hands_over(ctx: Ctx) -> CaseResult {
     let first = a.campaign(&name, b"a", &waiting(&ctx)).await?;
     let next = spawn_campaign(&b, &name, b"b", waiting(&ctx));
     let first_term = first.term();
-    // The second candidate must not lead while the first does.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Queued behind the first, the second candidate must not lead while the first does.
+    ctx.until_queued(&*a, &name).await?;
     ensure!(
         !next.is_finished(),
         "a second candidate led beside the first"
@@ -387,7 +387,7 @@ pub async fn expired_candidate_never_leads(ctx: Ctx) -> CaseResult {
     let name = ctx.name("election");
     let leader = other.campaign(&name, b"leader", &waiting(&ctx)).await?;
     let campaign = spawn_campaign(&candidate, &name, b"expired", waiting(&ctx));
-    queued(&ctx, &*other, &name).await?;
+    ctx.until_queued(&*other, &name).await?;
     session.expire().await.map_err(Failure)?;
     // Free for anyone who still has a place: the expired candidate has none.
     let leader_term = leader.term();
@@ -489,26 +489,5 @@ pub async fn bad_values_refused(ctx: Ctx) -> CaseResult {
         "the longest value did not come back whole"
     );
     leadership.resign().await?;
-    Ok(())
-}
-
-/// Waits until `name` counts a waiter, where the backend can inspect; elsewhere gives the
-/// waiter a moment to queue (the case's outcome does not depend on it: a candidate not yet
-/// queued when its session ends fails the same way).
-async fn queued(ctx: &Ctx, client: &dyn DistributedLock, name: &LockName) -> CaseResult {
-    if !client.capabilities().inspect {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        return Ok(());
-    }
-    ctx.within("the candidate to queue", async {
-        loop {
-            let seen = client.inspect(name).await?;
-            if seen.waiters.is_some_and(|w| w > 0) {
-                return Ok::<_, LockError>(());
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await??;
     Ok(())
 }

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use dlock_api::{
-    DistributedLock, DistributedLockExt, LeaseKind, LockError, LockName, LockOptions, LockStatus,
-    LostReason, Renewal,
+    DistributedLock, DistributedLockExt, LeaseKind, LockError, LockOptions, LockStatus, LostReason,
+    Renewal,
 };
 
 use crate::{CaseResult, Ctx, Failure, ensure};
@@ -93,7 +93,7 @@ pub async fn killed_holder_passes_the_lock_to_its_waiter(ctx: Ctx) -> CaseResult
     };
     let guard = a.acquire(&name, &hold).await?;
     let waiter = crate::wait_for::spawned_acquire(ctx.timing().bound, &b, &name);
-    queued(&ctx, &*a, &name).await?;
+    ctx.until_queued(&*a, &name).await?;
     let faults = ctx.require_faults()?;
     faults.kill_holder(&name).await.map_err(Failure)?;
     ctx.within("lost after the holder was killed", guard.lost())
@@ -143,7 +143,7 @@ pub async fn killed_holder_learns_it_when_its_waiter_takes_over(ctx: Ctx) -> Cas
     let acquired = tokio::time::Instant::now();
     let guard = a.acquire(&name, &LockOptions::new().with_ttl(ttl)).await?;
     let waiter = crate::wait_for::spawned_acquire(bound, &b, &name);
-    queued(&ctx, &*a, &name).await?;
+    ctx.until_queued(&*a, &name).await?;
     ctx.require_faults()?
         .kill_holder(&name)
         .await
@@ -328,23 +328,5 @@ pub async fn expired_session_loses_every_guard(ctx: Ctx) -> CaseResult {
     let again = client.acquire(&names[0], &wait).await?;
     ensure!(again.is_held(), "a new session's guard is not held");
     again.release().await?;
-    Ok(())
-}
-
-/// Waits for a waiter of `name` to queue, where the backend can count waiters (elsewhere the
-/// kill that follows finds the waiter queued or about to queue, and either way it is let in).
-async fn queued(ctx: &Ctx, client: &dyn DistributedLock, name: &LockName) -> CaseResult {
-    if client.capabilities().inspect {
-        ctx.within("the waiter to queue", async {
-            loop {
-                let seen = client.inspect(name).await?;
-                if seen.waiters.is_none_or(|n| n >= 1) {
-                    return Ok::<_, LockError>(());
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await??;
-    }
     Ok(())
 }

@@ -3,11 +3,12 @@
 //! `RedissonMultiLockTest` (opposite orders, redisson/redisson #1160) and Curator's
 //! `TestInterProcessMultiMutex` (a set that fails part-way releases what it took).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use dlock_api::{DistributedLockExt, LockError, LockName, LockOptions};
+use dlock_api::{
+    Capabilities, DistributedLock, DistributedLockExt, LockError, LockGuard, LockName, LockOptions,
+};
 
 use crate::{CaseResult, Ctx, Failure, ensure};
 
@@ -48,35 +49,100 @@ pub async fn opposite_orders_finish(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
-/// A set whose members are all taken waits **once**, for the options' wait timeout, not once
-/// per member (Curator's multi-lock gives each member the whole wait).
+/// A set waits **once**, for the options' wait timeout, not once per member (Curator's
+/// multi-lock gives each member the whole wait): a member taken after a wait leaves the next
+/// member only what is left of the set's wait. Checked on the waits the set hands its members,
+/// not on a clock.
 pub async fn one_wait_for_the_set(ctx: Ctx) -> CaseResult {
+    /// The least the set spends waiting for its first member: the holder lets go this long
+    /// after the set queued.
+    const HELD_ON: Duration = Duration::from_millis(20);
     let (a, b) = (ctx.client().await?, ctx.client().await?);
-    let names: Vec<LockName> = (0..4).map(|i| ctx.name(&format!("m{i}"))).collect();
-    let held = a.acquire_all(&names, &LockOptions::new()).await?;
-    let wait = Duration::from_millis(300);
-    let started = Instant::now();
-    // The first member is free, so the wait is spent on the others.
-    let mut wanted = names.clone();
-    wanted[0] = ctx.name("free");
-    let outcome = b
-        .acquire_all(&wanted, &LockOptions::new().with_wait_timeout(wait))
-        .await;
-    let took = started.elapsed();
-    ensure!(
-        matches!(outcome, Err(LockError::Timeout { .. })),
-        "a set of held names returned {outcome:?}"
-    );
-    ensure!(
-        took < wait.saturating_mul(2).saturating_add(ctx.timing().bound),
-        "the set waited {took:?} for a {wait:?} wait"
-    );
-    let free = b.try_acquire(&wanted[0], &LockOptions::new()).await?;
-    let free = free
-        .ok_or_else(|| Failure("the free member the timed-out set took was not released".into()))?;
-    free.release().await?;
+    let (x, y) = (ctx.name("x"), ctx.name("y"));
+    let held = a.acquire(&x, &LockOptions::new()).await?;
+    let recorder = Arc::new(RecordsWaits {
+        inner: b,
+        waits: Mutex::default(),
+    });
+    let wait = ctx.timing().bound;
+    let set = {
+        let (recorder, names) = (recorder.clone(), [y.clone(), x.clone()]);
+        let opts = LockOptions::new().with_wait_timeout(wait);
+        tokio::spawn(async move { recorder.acquire_all(&names, &opts).await })
+    };
+    ctx.until_queued(&*a, &x).await?;
+    // Scheduled, not measured: the set's wait for `x` lasts at least this.
+    tokio::time::sleep(HELD_ON).await;
     held.release().await?;
+    let set = ctx
+        .within("the set once its first member was free", set)
+        .await?
+        .map_err(|e| Failure(format!("the set's task panicked: {e}")))??;
+    set.release().await?;
+    let waits = recorder
+        .waits
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let [(first, Some(first_wait)), (second, Some(second_wait))] = waits.as_slice() else {
+        return Err(Failure(format!(
+            "the set's members were asked with {waits:?}"
+        )));
+    };
+    ensure!(
+        *first == x && *second == y,
+        "the set took {first} then {second}, not in the names' order"
+    );
+    ensure!(
+        *first_wait <= wait,
+        "the first member was given {first_wait:?} of a {wait:?} wait"
+    );
+    ensure!(
+        second_wait.saturating_add(HELD_ON) <= *first_wait,
+        "after waiting for its first member, the set gave the second {second_wait:?} of its \
+         {wait:?} wait (the first had {first_wait:?})"
+    );
     Ok(())
+}
+
+/// A client that records the wait timeout each acquire through it was given.
+#[derive(Debug)]
+struct RecordsWaits {
+    inner: Arc<dyn DistributedLock>,
+    waits: Mutex<Vec<(LockName, Option<Duration>)>>,
+}
+
+impl std::fmt::Display for RecordsWaits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+#[async_trait::async_trait]
+impl DistributedLock for RecordsWaits {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+    ) -> dlock_api::Result<Option<LockGuard>> {
+        self.inner.try_acquire(name, options).await
+    }
+
+    async fn acquire(
+        &self,
+        name: &LockName,
+        options: &LockOptions,
+    ) -> dlock_api::Result<LockGuard> {
+        self.waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((name.clone(), options.wait_timeout()));
+        self.inner.acquire(name, options).await
+    }
 }
 
 /// A set that cannot be completed leaves nothing held: its `try` returns `None` and its wait a

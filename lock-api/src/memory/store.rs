@@ -488,7 +488,12 @@ impl Store {
         self.changed.subscribe()
     }
 
+    /// Tells the store's observers, if there are any: a release with nobody observing costs
+    /// nothing more (an observer reads the state after it subscribes, so it misses nothing).
     fn announce(&self) {
+        if self.changed.receiver_count() == 0 {
+            return;
+        }
         self.changed
             .send_modify(|version| *version = version.wrapping_add(1));
     }
