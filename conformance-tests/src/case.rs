@@ -308,7 +308,7 @@ impl Ctx {
     /// Waits (within the bound) until the server counts a waiter of `name`, where `client`'s
     /// backend can inspect; elsewhere returns at once (a case that uses it must hold whether the
     /// waiter has queued yet or not).
-    pub async fn until_queued(
+    pub(crate) async fn until_queued(
         &self,
         client: &dyn dlock_api::DistributedLock,
         name: &dlock_api::LockName,
