@@ -12,7 +12,7 @@ use dlock_api::{
     DistributedLock, LeaderEvent, LeaderStream, LockError, LockName, LockOptions, LockStatus,
 };
 use dlock_conformance::wait_for;
-use dlock_test_servers::{FaultProxy, ProxyMode, ZooKeeper};
+use dlock_test_servers::{FaultProxy, ProxyMode};
 use dlock_zookeeper::{ZkConfig, ZkLock};
 use futures::StreamExt;
 
