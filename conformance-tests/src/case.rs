@@ -71,6 +71,8 @@ pub struct Needs {
     pub semaphore: bool,
     /// Leader election ([`Capabilities::elections`]).
     pub election: bool,
+    /// Reader-writer locks ([`Capabilities::reader_writer`]).
+    pub reader_writer: bool,
 }
 
 impl Needs {
@@ -107,6 +109,9 @@ impl Needs {
         }
         if self.election && !caps.elections {
             return Some("backend has no elections");
+        }
+        if self.reader_writer && !caps.reader_writer {
+            return Some("backend has no reader-writer locks");
         }
         if self.semaphore && caps.max_permits < 3 {
             return Some("backend has no semaphores (max_permits)");
@@ -313,13 +318,23 @@ impl Ctx {
         client: &dyn dlock_api::DistributedLock,
         name: &dlock_api::LockName,
     ) -> Result<(), Failure> {
+        self.until_waiting(client, name, 1).await
+    }
+
+    /// As [`until_queued`](Self::until_queued), until the server counts `waiters` waiters.
+    pub(crate) async fn until_waiting(
+        &self,
+        client: &dyn dlock_api::DistributedLock,
+        name: &dlock_api::LockName,
+        waiters: usize,
+    ) -> Result<(), Failure> {
         if !client.capabilities().inspect {
             return Ok(());
         }
-        self.within("the waiter to queue", async {
+        self.within("the waiters to queue", async {
             loop {
                 let seen = client.inspect(name).await?;
-                if seen.waiters.is_none_or(|n| n >= 1) {
+                if seen.waiters.is_none_or(|n| n >= waiters) {
                     return Ok::<_, LockError>(());
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;

@@ -69,6 +69,10 @@ pub struct Capabilities {
     /// Leader election ([`DistributedLock::campaign`](crate::DistributedLock::campaign),
     /// [`leader`](crate::DistributedLock::leader), [`observe`](crate::DistributedLock::observe)).
     pub elections: bool,
+    /// Reader-writer locks ([`DistributedLock::read`](crate::DistributedLock::read)): readers
+    /// of a name share it, its lock (the writer) excludes them, and a waiting writer goes
+    /// before readers that arrive after it.
+    pub reader_writer: bool,
 }
 
 /// How far fencing tokens can be trusted.
@@ -114,6 +118,7 @@ impl Capabilities {
         expiry_lag: Duration::ZERO,
         max_permits: 0,
         elections: false,
+        reader_writer: false,
     };
 
     /// A lease that lasts as long as the holder's session, so there is nothing to extend;

@@ -61,7 +61,8 @@
 //! - [`LockName`]: validated names; [`KeyMapper`]: names into narrower key spaces.
 //! - Semaphores: [`DistributedLock::acquire_permit`] and [`Permit`]; leader election:
 //!   [`DistributedLock::campaign`], [`Leadership`] (its term is a fencing token),
-//!   [`DistributedLock::leader`] and [`DistributedLock::observe`] ([`LeaderEvent`]s).
+//!   [`DistributedLock::leader`] and [`DistributedLock::observe`] ([`LeaderEvent`]s);
+//!   reader-writer locks: [`DistributedLock::read`] beside the name's lock as its writer.
 //! - [`Capabilities`]: what a backend promises beyond the contract.
 //! - [`Inspection`]: who holds a name, with what token and lease left, and how many wait
 //!   ([`DistributedLock::inspect`], on backends with [`Capabilities::inspect`]).
@@ -86,6 +87,7 @@ mod name;
 pub mod observability;
 mod options;
 pub mod raw;
+mod reader_writer;
 mod semaphore;
 mod status;
 mod token;

@@ -177,6 +177,63 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
         Err(crate::semaphore::unsupported("this backend"))
     }
 
+    /// Takes `name` as one of its **readers** if no writer holds it or waits for it, without
+    /// waiting: `Ok(None)` otherwise.
+    ///
+    /// A reader-writer lock is the name's lock with a shared mode: readers of a name hold it
+    /// together, and its writer, the holder of the name's lock
+    /// ([`acquire`](Self::acquire), or [`write`](DistributedLockExt::write)), excludes every
+    /// reader and other writer. **Writers go first**: once a writer waits, readers that arrive
+    /// after it wait behind it, so a stream of readers never starves a writer
+    /// (redisson/redisson #1542); when a writer releases, every reader waiting ahead of the
+    /// next writer is let in together. A reader's guard is a [`LockGuard`] with the usual
+    /// surface; its fencing token comes from the name's counter like a writer's, so it tells
+    /// storage which writes the reader may have seen.
+    ///
+    /// There is no upgrade: a reader that wants to write releases and calls
+    /// [`acquire`](Self::acquire), since two readers upgrading at once would each wait for the
+    /// other forever (redisson/redisson #4796).
+    ///
+    /// # Behavior
+    /// - Readers share; a writer excludes readers and writers
+    ///   (`reader_writer::readers_share_and_a_writer_excludes`).
+    /// - A waiting writer stops new readers (`reader_writer::writer_trumps_reader`).
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] on a backend without reader-writer locks (see
+    /// [`Capabilities::reader_writer`]); [`LockError::InvalidArgument`] for bad options, or a
+    /// name in use as a semaphore of several permits; [`LockError::Unavailable`] /
+    /// [`LockError::Backend`] when the server fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`try_acquire`](Self::try_acquire).
+    async fn try_read(&self, name: &LockName, options: &LockOptions) -> Result<Option<LockGuard>> {
+        let _ = (name, options);
+        Err(crate::reader_writer::unsupported("this backend"))
+    }
+
+    /// Takes `name` as one of its readers, waiting while a writer holds it or waits for it, up
+    /// to the options' wait timeout. See [`try_read`](Self::try_read).
+    ///
+    /// # Behavior
+    /// - Readers waiting behind a writer are let in together when it releases
+    ///   (`reader_writer::waiting_readers_enter_together`).
+    /// - A stream of overlapping readers never keeps a waiting writer out
+    ///   (`reader_writer::reader_stream_never_starves_a_writer`).
+    /// - A reader that vanishes frees its share with its lease or session
+    ///   (`reader_writer::forgotten_reader_frees_its_share`).
+    ///
+    /// # Errors
+    /// As [`try_read`](Self::try_read), plus [`LockError::Timeout`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`acquire`](Self::acquire): a dropped wait leaves nothing held and no
+    /// waiter registered (`reader_writer::cancel_storm_leaves_nothing`).
+    async fn read(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
+        let _ = (name, options);
+        Err(crate::reader_writer::unsupported("this backend"))
+    }
+
     /// Campaigns to lead the election `name`: waits (within the options' wait timeout) until
     /// this candidate holds the name, publishes `value` as the leader's, and returns the
     /// [`Leadership`], whose term is the grant's fencing token.
@@ -290,6 +347,16 @@ macro_rules! forward_distributed_lock {
             }
             async fn count_permits(&self, name: &LockName) -> Result<u32> {
                 (**self).count_permits(name).await
+            }
+            async fn try_read(
+                &self,
+                name: &LockName,
+                options: &LockOptions,
+            ) -> Result<Option<LockGuard>> {
+                (**self).try_read(name, options).await
+            }
+            async fn read(&self, name: &LockName, options: &LockOptions) -> Result<LockGuard> {
+                (**self).read(name, options).await
             }
             async fn campaign(
                 &self,
@@ -458,6 +525,108 @@ pub trait DistributedLockExt: DistributedLock {
             hold_while(name, permit, work).await
         }
     }
+    /// Takes `name` as its **writer**: the name's lock, which excludes its readers
+    /// ([`read`](DistributedLock::read)) and every other writer. The same call as
+    /// [`acquire`](DistributedLock::acquire), named for code that uses the name as a
+    /// reader-writer lock; on a backend with
+    /// [`reader_writer`](Capabilities::reader_writer), its wait stops readers that arrive after
+    /// it.
+    ///
+    /// # Errors
+    /// As [`acquire`](DistributedLock::acquire).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](DistributedLock::acquire).
+    fn write<'a>(
+        &'a self,
+        name: &'a LockName,
+        options: &'a LockOptions,
+    ) -> impl Future<Output = Result<LockGuard>> + Send + 'a {
+        self.acquire(name, options)
+    }
+
+    /// [`write`](Self::write) without waiting: `Ok(None)` while a reader or writer holds the
+    /// name. The same call as [`try_acquire`](DistributedLock::try_acquire).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](DistributedLock::try_acquire).
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](DistributedLock::try_acquire).
+    fn try_write<'a>(
+        &'a self,
+        name: &'a LockName,
+        options: &'a LockOptions,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send + 'a {
+        self.try_acquire(name, options)
+    }
+
+    /// [`with_lock`](Self::with_lock) as a reader: runs `work` while `name` is held shared
+    /// ([`read`](DistributedLock::read)), releases after, and drops the work at its next await
+    /// point if the share is lost.
+    ///
+    /// # Errors
+    /// Whatever [`read`](DistributedLock::read) returns; [`LockError::Lost`] if the share was
+    /// lost during the work; the release's error.
+    ///
+    /// # Cancel safety
+    /// Dropping it drops the work and the share; the share is released in the background.
+    ///
+    /// # Examples
+    /// ```
+    /// # async fn demo() -> dlock_api::Result<()> {
+    /// use dlock_api::{DistributedLockExt, LockOptions, MemoryLock};
+    /// let locks = MemoryLock::new();
+    /// // Many instances read the schema at once; a migration (`with_write`) waits for them.
+    /// locks
+    ///     .with_read("schema", &LockOptions::new(), |_ctx| async move {
+    ///         // read
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    fn with_read<N, F, Fut, T>(
+        &self,
+        name: N,
+        options: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        N: TryInto<LockName, Error = LockError> + Send,
+        F: FnOnce(LockContext) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        async move {
+            let name = name.try_into()?;
+            let share = self.read(&name, options).await?;
+            hold_while(name, share, work).await
+        }
+    }
+
+    /// [`with_lock`](Self::with_lock) under the name of the writer's side of a reader-writer
+    /// lock: the same call, since the writer is the name's lock.
+    ///
+    /// # Errors
+    /// As [`with_lock`](Self::with_lock).
+    ///
+    /// # Cancel safety
+    /// As [`with_lock`](Self::with_lock).
+    fn with_write<N, F, Fut, T>(
+        &self,
+        name: N,
+        options: &LockOptions,
+        work: F,
+    ) -> impl Future<Output = Result<T>> + Send
+    where
+        N: TryInto<LockName, Error = LockError> + Send,
+        F: FnOnce(LockContext) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        self.with_lock(name, options, work)
+    }
+
     /// [`with_lock`](Self::with_lock) for an election: campaigns for `name` with `value`, runs
     /// `work` while leading (its context's fencing token is the term), resigns after the work
     /// has finished, and drops the work at its next await point if leadership is lost, so a

@@ -31,6 +31,8 @@ pub struct LockOptions {
     retry: RetryPolicy,
     /// Set by the engine for a campaign's wait (see [`is_campaign`](Self::is_campaign)).
     campaign: bool,
+    /// Set by the engine for a reader's claim (see [`is_shared`](Self::is_shared)).
+    shared: bool,
 }
 
 impl Default for LockOptions {
@@ -42,6 +44,7 @@ impl Default for LockOptions {
             max_hold: None,
             retry: RetryPolicy::default(),
             campaign: false,
+            shared: false,
         }
     }
 }
@@ -73,6 +76,22 @@ impl LockOptions {
     /// These options, for a campaign's wait.
     pub(crate) fn for_campaign(mut self) -> Self {
         self.campaign = true;
+        self
+    }
+
+    /// Whether these are a reader's options ([`DistributedLock::read`](crate::DistributedLock::read)
+    /// sets it; no setter exists). For backends with
+    /// [`reader_writer`](crate::Capabilities::reader_writer): the grant asked for is a **shared**
+    /// hold of the name, which other readers may hold at once and which the name's lock (its
+    /// writer) excludes; a reader is granted only while no writer holds the name **or waits
+    /// for it** (writer preference). A backend without the capability is never asked.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
+    /// These options, for a reader's claim.
+    pub(crate) fn for_read(mut self) -> Self {
+        self.shared = true;
         self
     }
 

@@ -14,6 +14,7 @@ pub mod lost;
 pub mod multi;
 pub mod names;
 pub mod ownership;
+pub mod reader_writer;
 pub mod renewal;
 pub mod runtime;
 pub mod semaphore;
@@ -37,6 +38,7 @@ const NONE: Needs = Needs {
     takeover_signal: false,
     semaphore: false,
     election: false,
+    reader_writer: false,
 };
 const INSPECT: Needs = Needs {
     inspect: true,
@@ -178,6 +180,25 @@ const ELECTION_KILL_HOLDER: Needs = Needs {
 const ELECTION_SESSION: Needs = Needs {
     election: true,
     ..SESSION
+};
+const READER_WRITER: Needs = Needs {
+    reader_writer: true,
+    ..NONE
+};
+const READER_WRITER_QUEUE: Needs = Needs {
+    reader_writer: true,
+    inspect: true,
+    ..NONE
+};
+const READER_WRITER_TTL: Needs = Needs {
+    reader_writer: true,
+    ttl_lease: true,
+    ..NONE
+};
+const READER_WRITER_FENCED: Needs = Needs {
+    reader_writer: true,
+    fencing: true,
+    ..NONE
 };
 const KILL_WAITERS: Needs = Needs {
     fault: Some(Fault::KillWaiters),
@@ -345,6 +366,29 @@ static CASES: &[Case] = &[
         ELECTION_SESSION
     ),
     case!(election::bad_values_refused, ELECTION),
+    case!(
+        reader_writer::readers_share_and_a_writer_excludes,
+        READER_WRITER
+    ),
+    case!(reader_writer::writer_trumps_reader, READER_WRITER),
+    case!(
+        reader_writer::waiting_readers_enter_together,
+        READER_WRITER_QUEUE
+    ),
+    case!(
+        reader_writer::reader_stream_never_starves_a_writer,
+        READER_WRITER
+    ),
+    case!(
+        reader_writer::forgotten_reader_frees_its_share,
+        READER_WRITER_TTL
+    ),
+    case!(
+        reader_writer::tokens_rise_across_modes,
+        READER_WRITER_FENCED
+    ),
+    case!(reader_writer::cancel_storm_leaves_nothing, READER_WRITER),
+    case!(reader_writer::refusals_hold_nothing, NONE),
     case!(multi::opposite_orders_finish, NONE),
     case!(multi::one_wait_for_the_set, NONE),
     case!(multi::timeout_leaves_nothing_held, NONE),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep_until};
 
-use self::store::{Attempt, Store};
+use self::store::{Attempt, Claim, Store};
 use crate::capabilities::{Capabilities, Fencing};
 use crate::error::{LockError, Result};
 use crate::inspect::Inspection;
@@ -264,6 +264,7 @@ impl RawLock for MemoryLock {
             takeover_signal: true,
             max_permits: MAX_PERMITS,
             elections: true,
+            reader_writer: true,
             ..Capabilities::TTL_LEASE
         }
     }
@@ -317,15 +318,27 @@ impl RawLock for MemoryLock {
     }
 }
 
+/// What `options` ask of `limit` places: a reader's shared place, or one of them.
+fn claim(limit: u32, options: &LockOptions) -> Claim {
+    Claim {
+        limit,
+        shared: options.is_shared(),
+    }
+}
+
 /// The most permits a memory semaphore takes: far more than any use, and few enough that a
 /// name's holders stay a short list.
 const MAX_PERMITS: u32 = 1_000_000;
 
 impl MemoryLock {
-    /// One attempt at one of `limit` places of `name` (a lock has one).
+    /// One attempt at one of `limit` places of `name` (a lock has one), or a reader's shared
+    /// place.
     fn take(&self, name: &LockName, limit: u32, options: &LockOptions) -> Result<Option<Grant>> {
         self.reachable()?;
-        match self.store.try_take(name, limit, options.ttl(), None) {
+        match self
+            .store
+            .try_take(name, claim(limit, options), options.ttl(), None)
+        {
             Attempt::Granted { id, token, at } => {
                 Ok(Some(self.grant(name, id, token, at, options.ttl())))
             }
@@ -353,7 +366,8 @@ impl MemoryLock {
         // queued with (what etcd-io/etcd #19597 got wrong). A lock's waiter is not tied to a
         // session here, and its grant goes on the session current then.
         let session = options.is_campaign().then(|| self.current_session());
-        let (first, mut wake) = self.store.enqueue(name, limit, ttl);
+        let claim = claim(limit, options);
+        let (first, mut wake) = self.store.enqueue(name, claim, ttl);
         // The place in the queue changes when an offer lapses and the wait queues again.
         let place = Arc::new(AtomicU64::new(first));
         let pending = {
@@ -377,7 +391,7 @@ impl MemoryLock {
             let until =
                 match self
                     .store
-                    .try_take(name, limit, ttl, Some(place.load(Ordering::SeqCst)))
+                    .try_take(name, claim, ttl, Some(place.load(Ordering::SeqCst)))
                 {
                     Attempt::Granted { id, token, at } => {
                         pending.disarm();
@@ -385,7 +399,7 @@ impl MemoryLock {
                     }
                     Attempt::Busy { until } => until,
                     Attempt::Lapsed => {
-                        let (again, woken_by) = self.store.enqueue(name, limit, ttl);
+                        let (again, woken_by) = self.store.enqueue(name, claim, ttl);
                         place.store(again, Ordering::SeqCst);
                         wake = woken_by;
                         continue;
@@ -419,7 +433,7 @@ impl MemoryLock {
                 // One last try, so a place freed exactly at the deadline is not missed.
                 if let Attempt::Granted { id, token, at } =
                     self.store
-                        .try_take(name, limit, ttl, Some(place.load(Ordering::SeqCst)))
+                        .try_take(name, claim, ttl, Some(place.load(Ordering::SeqCst)))
                 {
                     pending.disarm();
                     return Ok(Some(self.grant(name, id, token, at, ttl)));

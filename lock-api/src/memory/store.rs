@@ -1,8 +1,9 @@
 //! The memory backend's shared state: holders, FIFO waiter queues, the fencing counter.
 //!
 //! One shape for every holder count: a name is held by up to its limit of holders at once (a
-//! lock by one, a semaphore by its number of permits), and each free place is offered to the
-//! next waiter in line.
+//! lock by one, a semaphore by its number of permits), or by any number of readers while no
+//! writer holds it, and each free place is offered to the next waiter in line: a run of readers
+//! together, never past a waiting writer.
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, VecDeque};
@@ -55,9 +56,19 @@ impl Entry {
     }
 }
 
+/// What a holder or waiter asks of a name: one of `limit` places, or a reader's shared one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Claim {
+    /// How many may hold the name at once (a reader's name is a lock's: 1).
+    pub(super) limit: u32,
+    /// A reader's hold: shared with other readers, never with a writer.
+    pub(super) shared: bool,
+}
+
 #[derive(Debug)]
 struct Holder {
     id: u64,
+    shared: bool,
     token: u64,
     expires_at: Instant,
     state: Weak<LeaseState>,
@@ -66,6 +77,7 @@ struct Holder {
 #[derive(Debug)]
 struct Waiter {
     id: u64,
+    shared: bool,
     /// The lease it asked for: an offer holds the lock in its name this long.
     ttl: Duration,
     wake: Arc<Notify>,
@@ -137,26 +149,40 @@ impl Entry {
         self.holders.iter().any(|h| h.id == id)
     }
 
-    fn has_room(&self) -> bool {
-        u32::try_from(self.holders.len()).is_ok_and(|held| held < self.limit)
+    /// Whether a hold of this kind fits beside the current holders: a reader's beside
+    /// readers only, anyone else's while fewer than the limit hold (readers count).
+    fn fits(&self, shared: bool) -> bool {
+        if shared {
+            self.holders.iter().all(|h| h.shared)
+        } else {
+            u32::try_from(self.holders.len()).is_ok_and(|held| held < self.limit)
+        }
     }
 
-    /// A free lock is held at once in the name of the first waiter, for its TTL, and the waiter
-    /// is woken to claim it: the hand-off does not wait for the waiter's task to run, and if it
-    /// never runs, the offer runs out like any unrenewed lease.
+    /// A free place is held at once in the name of the first waiter, for its TTL, and the
+    /// waiter is woken to claim it: the hand-off does not wait for the waiter's task to run, and
+    /// if it never runs, the offer runs out like any unrenewed lease. Offers go in line order
+    /// and stop at the first waiter that does not fit, so readers behind a waiting writer wait
+    /// for it, and the readers ahead of it are let in together.
     fn offer_front(&mut self, counters: &mut Counters, now: Instant) {
         let mut place = 0;
-        while self.has_room() {
-            let Some(waiter) = self.waiters.get_mut(place) else {
+        loop {
+            let Some(waiter) = self.waiters.get(place) else {
                 return;
             };
             place = place.saturating_add(1);
             if waiter.offer.is_some() {
                 continue;
             }
+            let shared = waiter.shared;
+            if !self.fits(shared) {
+                return;
+            }
             let id = counters.next_id();
+            let waiter = &mut self.waiters[place.saturating_sub(1)];
             self.holders.push(Holder {
                 id,
+                shared,
                 token: next_token(),
                 expires_at: after(now, waiter.ttl),
                 state: Weak::new(),
@@ -204,21 +230,20 @@ impl Store {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes `name` for `ttl` if it is free and no earlier waiter is queued (`waiter`: the caller's
-    /// own place in the queue, which it leaves on success, claiming the hold offered to it).
-    ///
-    /// `limit` is how many may hold it at once: 1 for a lock, the permits of a semaphore.
+    /// Takes a place of `name` for `ttl` if the `claim` fits and no earlier waiter is queued
+    /// (`waiter`: the caller's own place in the queue, which it leaves on success, claiming the
+    /// hold offered to it).
     pub(super) fn try_take(
         &self,
         name: &LockName,
-        limit: u32,
+        claim: Claim,
         ttl: Duration,
         waiter: Option<u64>,
     ) -> Attempt {
         let now = Instant::now();
         let mut inner = self.lock();
         let Inner { locks, counters } = &mut *inner;
-        let entry = match Entry::of(locks, name, limit, counters, now) {
+        let entry = match Entry::of(locks, name, claim.limit, counters, now) {
             Ok(entry) => entry,
             Err(in_use) => return Attempt::OtherLimit { in_use },
         };
@@ -237,7 +262,7 @@ impl Store {
                 }
             }
         }
-        if !entry.has_room() {
+        if !entry.fits(claim.shared) {
             return Attempt::Busy {
                 until: entry.holders.iter().map(|h| h.expires_at).min(),
             };
@@ -250,6 +275,7 @@ impl Store {
         let token = next_token();
         entry.holders.push(Holder {
             id,
+            shared: claim.shared,
             token,
             expires_at: after(now, ttl),
             state: Weak::new(),
@@ -266,17 +292,23 @@ impl Store {
     }
 
     /// Queues a waiter for a lease of `ttl` at the back; returns its id and wake-up.
-    pub(super) fn enqueue(&self, name: &LockName, limit: u32, ttl: Duration) -> (u64, Arc<Notify>) {
+    pub(super) fn enqueue(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        ttl: Duration,
+    ) -> (u64, Arc<Notify>) {
         let mut inner = self.lock();
         let Inner { locks, counters } = &mut *inner;
         let id = counters.next_id();
         let wake = Arc::new(Notify::new());
         locks
             .entry(name.clone())
-            .or_insert_with(|| Entry::new(limit))
+            .or_insert_with(|| Entry::new(claim.limit))
             .waiters
             .push_back(Waiter {
                 id,
+                shared: claim.shared,
                 ttl,
                 wake: wake.clone(),
                 offer: None,

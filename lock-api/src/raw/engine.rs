@@ -106,6 +106,10 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
     /// name in use with another limit is refused with
     /// [`permits_mismatch`](super::permits_mismatch). Called with options already checked.
     ///
+    /// With [`LockOptions::is_shared`] (only when [`capabilities`](Self::capabilities) has
+    /// `reader_writer`), the place asked for is a reader's: shared with other readers, never
+    /// with a holder of the name's lock, and granted only while no such holder waits either.
+    ///
     /// # Cancel safety
     /// Must be cancel safe: a dropped call leaves no lock held (arm a
     /// [`PendingAcquire`](super::PendingAcquire), or build the [`Grant`] as soon as the reply is
@@ -290,6 +294,60 @@ pub async fn count_permits<B: RawLock + ?Sized>(backend: &B, name: &LockName) ->
         return Err(crate::semaphore::unsupported(backend.backend()));
     }
     backend.count_permits(name).await
+}
+
+/// [`DistributedLock::try_read`](crate::DistributedLock::try_read) for a [`RawLock`]: refused
+/// before any network call on a backend without reader-writer locks, then the backend's
+/// [`RawLock::try_grant`] of one place, with options that ask for a shared hold
+/// ([`LockOptions::is_shared`]).
+///
+/// # Errors
+/// As the trait method.
+///
+/// # Cancel safety
+/// As the backend's [`RawLock::try_grant`].
+pub async fn try_read<B: RawLock + ?Sized>(
+    backend: &B,
+    name: &LockName,
+    options: &LockOptions,
+) -> Result<Option<LockGuard>> {
+    let capabilities = backend.capabilities();
+    if !capabilities.reader_writer {
+        return Err(crate::reader_writer::unsupported(backend.backend()));
+    }
+    let shared = options.clone().for_read();
+    try_acquire_engine(
+        capabilities,
+        backend.backend(),
+        Some(name),
+        &shared,
+        backend.try_grant(name, 1, &shared),
+    )
+    .await
+}
+
+/// [`DistributedLock::read`](crate::DistributedLock::read) for a [`RawLock`]: as [`try_read`],
+/// waiting through the backend's [`RawLock::wait_grant`].
+///
+/// # Errors
+/// As the trait method.
+///
+/// # Cancel safety
+/// As the backend's [`RawLock::wait_grant`].
+pub async fn read<B: RawLock + ?Sized>(
+    backend: &B,
+    name: &LockName,
+    options: &LockOptions,
+) -> Result<LockGuard> {
+    let capabilities = backend.capabilities();
+    if !capabilities.reader_writer {
+        return Err(crate::reader_writer::unsupported(backend.backend()));
+    }
+    let shared = options.clone().for_read();
+    acquire_by(capabilities, backend.backend(), name, &shared, |deadline| {
+        backend.wait_grant(name, 1, &shared, deadline)
+    })
+    .await
 }
 
 /// The engine's non-blocking acquire for a backend's own entry points (an acquire by integer
@@ -496,6 +554,22 @@ macro_rules! impl_distributed_lock {
 
             async fn count_permits(&self, name: &$crate::LockName) -> $crate::Result<u32> {
                 $crate::raw::count_permits(self, name).await
+            }
+
+            async fn try_read(
+                &self,
+                name: &$crate::LockName,
+                options: &$crate::LockOptions,
+            ) -> $crate::Result<::core::option::Option<$crate::LockGuard>> {
+                $crate::raw::try_read(self, name, options).await
+            }
+
+            async fn read(
+                &self,
+                name: &$crate::LockName,
+                options: &$crate::LockOptions,
+            ) -> $crate::Result<$crate::LockGuard> {
+                $crate::raw::read(self, name, options).await
             }
 
             async fn campaign(

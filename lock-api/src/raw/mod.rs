@@ -134,8 +134,8 @@ pub use background::{settle, spawn_cleanup};
 pub use campaign::{campaign, leader, observe};
 pub use detach::Detach;
 pub use engine::{
-    Grant, RawLock, acquire, acquire_by, acquire_permit, count_permits, try_acquire,
-    try_acquire_by, try_acquire_permit,
+    Grant, RawLock, acquire, acquire_by, acquire_permit, count_permits, read, try_acquire,
+    try_acquire_by, try_acquire_permit, try_read,
 };
 pub use held_watch::{HeldCheck, HeldWatchTiming, start_watch_after, watch_held};
 pub use lease::{RawLease, RenewedBy, spawn_release};
