@@ -30,6 +30,8 @@
 //!   is a semaphore of one permit.
 //! - [x] **Elections** (see *Elections* below), on the lock's queue, without etcd's own
 //!   election API: the term is the leader key's create revision.
+//! - [x] **Reader-writer locks** (see *Reader-writer locks* below), on the lock's queue:
+//!   readers' keys hold while no writer's key is older.
 //! - **Minimum TTL: the cluster's shortest lease**, and never under 2 s
 //!   ([`Capabilities::min_ttl`](dlock_api::Capabilities::min_ttl)). etcd silently lengthens a
 //!   shorter lease to its own minimum (`ceil(1.5 × election timeout)`: 2 s on default timing,
@@ -134,6 +136,24 @@
 //!   the lease's time to live (`LeaseTimeToLive`, whole seconds) as the remaining lease. On a
 //!   semaphore's name it shows the oldest permit, and counts the other keys, holders past the
 //!   first included, as waiting: `count_permits` is the count of holders.
+//!
+//! ## Reader-writer locks
+//! [`read`](dlock_api::DistributedLock::read) puts a key in the lock's line with the value
+//! `read`; a writer is the name's lock, whose key is unchanged. A reader's key holds while no
+//! older key of the name is a writer's (Curator's `InterProcessReadWriteLock` by create
+//! revision): its read of the line has no limit, since only every key ahead of it can show
+//! that none is a writer's, and it waits on the deletions of the writers' keys it saw. A
+//! writer's key holds once it is the oldest, as a lock's does.
+//! - **Writers go first**: a writer's key ahead keeps every reader queued after it waiting,
+//!   however many readers hold, and its deletion lets all of them in at once (each watched it).
+//! - **A waiter whose lease ended never wins** (the bug of etcd's own RWMutex recipe,
+//!   etcd-io/etcd #16221): a reader or writer whose key went joins the line again, as a lock's
+//!   waiter does, and a grant is only ever taken at a revision where its key exists.
+//! - **Each share is its own key** on its client's lease: a reader that dies frees its share
+//!   when its lease ends, whatever the other readers renew.
+//! - **Token**: the key's create revision, above every earlier key's, whichever the mode.
+//! - A reader's key counts as a lock's for a semaphore's limit: a semaphore's name refuses
+//!   readers, and a reader's name refuses permits. No upgrade, no downgrade.
 //!
 //! ## Elections
 //! A [`campaign`](dlock_api::DistributedLock::campaign) acquires the name as a lock, so a

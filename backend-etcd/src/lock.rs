@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{Detach, Grant, PendingAcquire, RawLock, WaitRecovery};
+use dlock_api::raw::{Claim, Detach, Grant, PendingAcquire, RawLock, WaitRecovery};
 use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, LostReason,
     Renewal, Result,
@@ -239,6 +239,7 @@ impl RawLock for EtcdLock {
             takeover_signal: true,
             max_permits: MAX_PERMITS,
             elections: true,
+            reader_writer: true,
             ..Capabilities::TTL_LEASE
         }
     }
@@ -280,7 +281,8 @@ impl RawLock for EtcdLock {
         limit: u32,
         options: &LockOptions,
     ) -> Result<Option<Grant>> {
-        self.try_grant_of(name, limit, options).await
+        self.try_grant_of(name, Claim::new(limit, options), options)
+            .await
     }
 
     async fn wait_grant(
@@ -290,7 +292,8 @@ impl RawLock for EtcdLock {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        self.wait_grant_of(name, limit, options, deadline).await
+        self.wait_grant_of(name, Claim::new(limit, options), options, deadline)
+            .await
     }
 
     /// One linearizable read (a transaction of two reads) of the name's oldest key and its
@@ -334,11 +337,12 @@ enum Tried {
 }
 
 impl EtcdLock {
-    /// One attempt at one of `limit` permits of `name` (a lock: one), without waiting.
+    /// One attempt at what `asked` (one of the name's permits, a lock's one, or a reader's
+    /// share), without waiting.
     async fn try_grant_of(
         &self,
         name: &LockName,
-        limit: u32,
+        asked: Claim,
         options: &LockOptions,
     ) -> Result<Option<Grant>> {
         self.with_lease(name, options, |kind, keys, claim| async move {
@@ -347,7 +351,7 @@ impl EtcdLock {
             let create = {
                 let (inner, claim, id) = (self.inner.clone(), claim.clone(), kind.id());
                 Detach::new(async move {
-                    let result = if limit == 1 {
+                    let result = if asked == Claim::LOCK {
                         inner.create_if_free(&keys, claim.key(), id).await.map(
                             |tried| match tried {
                                 Ok(revision) => Tried::Held(revision),
@@ -355,9 +359,9 @@ impl EtcdLock {
                             },
                         )
                     } else {
-                        // "Fewer than N keys" is no compare etcd has: join the line, and leave
-                        // it again when the answer is not a permit.
-                        inner.create(&keys, claim.key(), id, limit).await.map(
+                        // "Fewer than N keys" (or "no writer's key") is no compare etcd has:
+                        // join the line, and leave it again when the answer is not a grant.
+                        inner.create(&keys, claim.key(), id, asked).await.map(
                             |(revision, queue)| match queue {
                                 Queue::First => Tried::Held(revision),
                                 Queue::Mismatch(in_use) => Tried::Joined(revision, Some(in_use)),
@@ -370,12 +374,12 @@ impl EtcdLock {
                 })
             };
             let answer = |in_use: Option<u32>| match in_use {
-                Some(in_use) => Err(dlock_api::raw::permits_mismatch(name, limit, in_use)),
+                Some(in_use) => Err(dlock_api::raw::permits_mismatch(name, asked.limit, in_use)),
                 None => Ok(None),
             };
             let result = match create.await {
                 Ok(Tried::Held(revision)) => {
-                    let grant = self.grant((name, limit), kind, claim, revision);
+                    let grant = self.grant((name, asked.limit), kind, claim, revision);
                     pending.disarm();
                     Ok(Some(grant))
                 }
@@ -423,11 +427,11 @@ impl EtcdLock {
         pending.disarm();
     }
 
-    /// Waits for one of `limit` permits of `name` (a lock: one) until `deadline`.
+    /// Waits for what `asked` (see [`try_grant_of`](Self::try_grant_of)) until `deadline`.
     async fn wait_grant_of(
         &self,
         name: &LockName,
-        limit: u32,
+        asked: Claim,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
@@ -439,7 +443,7 @@ impl EtcdLock {
                 .with_lease(name, options, |kind, keys, claim| async move {
                     let session = kind.session().cloned();
                     let result = self
-                        .wait((name, limit), kind, keys, claim, options, deadline)
+                        .wait((name, asked), kind, keys, claim, options, deadline)
                         .await;
                     (result, session)
                 })
@@ -499,7 +503,7 @@ impl EtcdLock {
 
     async fn wait(
         &self,
-        (name, limit): (&LockName, u32),
+        (name, asked): (&LockName, Claim),
         kind: Kind,
         keys: NameKeys,
         claim: Arc<KeyClaim>,
@@ -512,7 +516,7 @@ impl EtcdLock {
         let create = {
             let (inner, keys, claim, id) = (inner.clone(), keys.clone(), claim.clone(), kind.id());
             Detach::new(async move {
-                let result = inner.create(&keys, claim.key(), id, limit).await;
+                let result = inner.create(&keys, claim.key(), id, asked).await;
                 let _ = created.send(result.is_ok());
                 result
             })
@@ -528,7 +532,7 @@ impl EtcdLock {
         loop {
             match queue.take() {
                 Some(Queue::First) => {
-                    let grant = self.grant((name, limit), kind, claim, revision);
+                    let grant = self.grant((name, asked.limit), kind, claim, revision);
                     pending.disarm();
                     return Ok(Waited::Granted(grant));
                 }
@@ -538,10 +542,10 @@ impl EtcdLock {
                 }
                 Some(Queue::Mismatch(in_use)) => {
                     self.leave(&kind, &key, revision, pending).await;
-                    return Err(dlock_api::raw::permits_mismatch(name, limit, in_use));
+                    return Err(dlock_api::raw::permits_mismatch(name, asked.limit, in_use));
                 }
                 Some(Queue::Behind(behind)) => {
-                    watching = Some(QueueWatch::start(&inner.watcher, &keys, behind, limit));
+                    watching = Some(QueueWatch::start(&inner.watcher, &keys, behind, asked));
                     reread_at = after(Instant::now(), FALLBACK_REREAD);
                 }
                 // Still waiting on the same watch.
@@ -597,7 +601,7 @@ impl EtcdLock {
                 }
             }
             loop {
-                match inner.read_queue(&keys, &key, revision, limit).await {
+                match inner.read_queue(&keys, &key, revision, asked).await {
                     Ok(read) => {
                         recovery.reached_server();
                         queue = Some(read);

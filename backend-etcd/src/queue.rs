@@ -1,8 +1,10 @@
 //! The line of keys under one name: the acquire transaction that joins it, the read that says
 //! where a key stands in it, and a waiter's watch on the keys ahead of its own. A key holds one
 //! of the name's `limit` permits (a lock has one) while fewer than `limit` keys of the name have
-//! a lower create revision; each key's value carries the limit it was put with.
+//! a lower create revision; a reader's key holds while no key but readers' is older. Each key's
+//! value carries what it was put for.
 
+use dlock_api::raw::Claim;
 use dlock_api::{LockError, Result};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -20,21 +22,33 @@ use crate::watch::{WatchEvent, WatchHandle, Watcher};
 /// A longer queue costs a read once fewer than the limit of the keys it saw are left.
 const PREDECESSORS_WATCHED: usize = 8;
 
+/// The value of a reader's key.
+const READER: &[u8] = b"read";
+
 /// The value a key is put with: the name's limit, empty for a lock (one permit), as every key
-/// was before semaphores, so a lock's key costs no byte more and no allocation.
-pub(crate) fn limit_value(limit: u32) -> Vec<u8> {
-    if limit == 1 {
+/// was before semaphores, so a lock's key costs no byte more and no allocation; `read` for a
+/// reader's.
+pub(crate) fn claim_value(asked: Claim) -> Vec<u8> {
+    if asked.shared {
+        READER.to_vec()
+    } else if asked.limit == 1 {
         Vec::new()
     } else {
-        limit.to_string().into_bytes()
+        asked.limit.to_string().into_bytes()
     }
 }
 
-/// The limit a key was put with (see [`limit_value`]); a value no dlock client writes reads as
-/// 0, which no acquire asks, so such a key is a mismatch to every acquire.
+/// Whether a key is a reader's.
+fn is_reader(kv: &KeyValue) -> bool {
+    kv.value() == READER
+}
+
+/// The limit a key was put with (see [`claim_value`]; a reader's is a lock's); a value no dlock
+/// client writes reads as 0, which no acquire asks, so such a key is a mismatch to every
+/// acquire.
 pub(crate) fn limit_of(kv: &KeyValue) -> u32 {
     match kv.value() {
-        [] => 1,
+        [] | READER => 1,
         value => std::str::from_utf8(value)
             .ok()
             .and_then(|text| text.parse().ok())
@@ -44,8 +58,12 @@ pub(crate) fn limit_of(kv: &KeyValue) -> u32 {
 
 /// How many keys a queue read asks for: ours, and the ones ahead of it a waiter tracks, at
 /// least `limit` of them (a read that grants must show every key ahead, to check their limit).
-fn queue_read(limit: u32) -> i64 {
-    let ahead = usize::try_from(limit)
+/// A reader's read has no limit (0): only every key ahead of it can show that no writer is.
+fn queue_read(asked: Claim) -> i64 {
+    if asked.shared {
+        return 0;
+    }
+    let ahead = usize::try_from(asked.limit)
         .unwrap_or(usize::MAX)
         .max(PREDECESSORS_WATCHED);
     i64::try_from(ahead).unwrap_or(i64::MAX).saturating_add(1)
@@ -65,7 +83,8 @@ pub(crate) enum Queue {
 
 /// Where our key stands in a queue read.
 pub(crate) struct Behind {
-    /// The keys below ours that the read showed, nearest first.
+    /// The keys below ours that the read showed and that keep ours waiting (for a reader, the
+    /// writers'), nearest first.
     ahead: Vec<String>,
     /// The read showed every key below ours.
     complete: bool,
@@ -104,13 +123,13 @@ impl Inner {
         keys: &NameKeys,
         key: &str,
         revision: i64,
-        limit: u32,
+        asked: Claim,
     ) -> Result<Queue> {
         let options = GetOptions::new()
             .with_prefix()
             .with_max_create_revision(revision)
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(queue_read(limit));
+            .with_limit(queue_read(asked));
         let range = keys.range.clone();
         let response = self
             .idempotent(|mut client| {
@@ -119,10 +138,10 @@ impl Inner {
             })
             .await?;
         let seen = response.header().map_or(revision, |h| h.revision());
-        Ok(queue_from(response.kvs(), key, (revision, seen), limit))
+        Ok(queue_from(response.kvs(), key, (revision, seen), asked))
     }
 
-    /// The acquire transaction: creates our key on `lease`, with `limit` as its value, unless
+    /// The acquire transaction: creates our key on `lease`, with what it asks as its value, unless
     /// it exists (a retried create finds its own key), and in the same transaction reads the
     /// newest keys of the name up to and including ours.
     pub(crate) async fn create(
@@ -130,18 +149,18 @@ impl Inner {
         keys: &NameKeys,
         key: &str,
         lease: i64,
-        limit: u32,
+        asked: Claim,
     ) -> Result<(i64, Queue)> {
         let newest = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(queue_read(limit));
+            .with_limit(queue_read(asked));
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(
                     key,
-                    limit_value(limit),
+                    claim_value(asked),
                     Some(PutOptions::new().with_lease(lease)),
                 ),
                 TxnOp::get(keys.range.clone(), Some(newest)),
@@ -161,7 +180,7 @@ impl Inner {
             // Our put is the transaction's revision, and a read inside a write transaction sees
             // it: the answer is [ours, the ones before].
             let newest = ranges.first().map(Vec::as_slice).unwrap_or_default();
-            return Ok((header, queue_from(newest, key, (header, header), limit)));
+            return Ok((header, queue_from(newest, key, (header, header), asked)));
         }
         // A retry of a create that was applied: our key exists; read the queue from it.
         let Some(mine) = ranges.first().and_then(|kvs| kvs.first()) else {
@@ -171,7 +190,7 @@ impl Inner {
             ));
         };
         let revision = mine.create_revision();
-        Ok((revision, self.read_queue(keys, key, revision, limit).await?))
+        Ok((revision, self.read_queue(keys, key, revision, asked).await?))
     }
 
     /// A try for a lock (one permit): creates our key only if the name has no key at all (one
@@ -189,7 +208,7 @@ impl Inner {
             .when([Compare::create_revision(keys.range.clone(), CompareOp::Equal, 0).with_prefix()])
             .and_then([TxnOp::put(
                 key,
-                limit_value(1),
+                claim_value(Claim::LOCK),
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([
@@ -224,8 +243,10 @@ impl Inner {
 /// A key ahead put with another limit is a mismatch, whatever else the read says: two keys that
 /// were ever in the line together must never hold by two limits (a lock's holder beside a
 /// semaphore's), and every key that holds has seen, in the read that granted it, every key
-/// ahead of it.
-fn queue_from(kvs: &[KeyValue], key: &str, (revision, seen): (i64, i64), limit: u32) -> Queue {
+/// ahead of it. A reader's read shows every key ahead; only the writers' among them (any key but
+/// a reader's) keep it waiting, so it holds once none is left.
+fn queue_from(kvs: &[KeyValue], key: &str, (revision, seen): (i64, i64), asked: Claim) -> Queue {
+    let limit = asked.limit;
     let text = |kv: &KeyValue| String::from_utf8_lossy(kv.key()).into_owned();
     let Some((mine, ahead)) = kvs.split_first() else {
         return Queue::Gone;
@@ -236,13 +257,19 @@ fn queue_from(kvs: &[KeyValue], key: &str, (revision, seen): (i64, i64), limit: 
     if let Some(other) = ahead.iter().map(limit_of).find(|&l| l != limit) {
         return Queue::Mismatch(other);
     }
-    // A full read may have left keys out; a shorter one saw every key ahead of ours.
-    let complete = i64::try_from(kvs.len()).is_ok_and(|read| read < queue_read(limit));
-    if complete && ahead.len() < usize::try_from(limit).unwrap_or(usize::MAX) {
+    // A full read may have left keys out; a shorter one (or one without a limit) saw every key
+    // ahead of ours.
+    let asked_for = queue_read(asked);
+    let complete = asked_for == 0 || i64::try_from(kvs.len()).is_ok_and(|read| read < asked_for);
+    let blocking: Vec<&KeyValue> = ahead
+        .iter()
+        .filter(|kv| !(asked.shared && is_reader(kv)))
+        .collect();
+    if complete && blocking.len() < usize::try_from(limit).unwrap_or(usize::MAX) {
         return Queue::First;
     }
     Queue::Behind(Behind {
-        ahead: ahead.iter().map(text).collect(),
+        ahead: blocking.into_iter().map(text).collect(),
         complete,
         seen,
     })
@@ -277,14 +304,14 @@ pub(crate) enum Next {
 }
 
 impl QueueWatch {
-    pub(crate) fn start(watcher: &Watcher, keys: &NameKeys, queue: Behind, limit: u32) -> Self {
+    pub(crate) fn start(watcher: &Watcher, keys: &NameKeys, queue: Behind, asked: Claim) -> Self {
         Self {
             // From just after the read: no deletion can fall between.
             watch: watcher.watch_deletions_under(&keys.range, queue.seen.saturating_add(1)),
             ahead: Ahead {
                 keys: queue.ahead,
                 complete: queue.complete,
-                limit: usize::try_from(limit).unwrap_or(usize::MAX),
+                limit: usize::try_from(asked.limit).unwrap_or(usize::MAX),
             },
         }
     }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_api::raw::{Detach, PendingAcquire};
+use dlock_api::raw::{Claim, Detach, PendingAcquire};
 use dlock_api::{LockError, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -39,7 +39,7 @@ enum Outcome {
     Unknown,
 }
 
-/// Puts a node of ours, queued for one of `limit` places, in the queue under `parent`, with its
+/// Puts a node of ours, queued for `claim`, in the queue under `parent`, with its
 /// cleanup armed: the node, what its create told of the nodes ahead, and the cleanup, which
 /// deletes the node unless disarmed once it is a guard's or deleted (also when the create's
 /// answer was lost).
@@ -50,9 +50,9 @@ pub(crate) async fn join_queue(
     acl: NodeAcl,
     session: &Arc<ZkSession>,
     parent: &str,
-    limit: u32,
+    claim: Claim,
 ) -> Result<(Node, Ahead, PendingAcquire)> {
-    let marker = protected_marker(limit);
+    let marker = protected_marker(claim);
     let queued = session.queue(&marker);
     let (pending, report) = arm(session, parent, &marker, queued);
     let (node, ahead) = enqueue_detached(acl, session, parent, &marker, report).await?;

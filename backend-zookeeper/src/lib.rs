@@ -37,6 +37,9 @@
 //!   (see [Semaphores](#semaphores)).
 //! - [x] **Elections**: the lock's queue with a record on the head node, the term its `czxid`,
 //!   observers woken by a watch (see [Elections](#elections)).
+//! - [x] **Reader-writer locks** ([`read`](dlock_api::DistributedLock::read)): readers' nodes in
+//!   the lock's queue, holding while no writer's node is ahead (see
+//!   [Reader-writer locks](#reader-writer-locks)).
 //!
 //! ## How it works
 //! - **One session per client**, shared by all its guards. The client library hides its
@@ -125,6 +128,23 @@
 //!   found by its marker, an acquire dropped at any point deletes its node through its armed
 //!   cleanup, and an attach from another runtime deletes the session's nodes no guard holds and
 //!   no acquire has queued. A node left by all that still dies with its session.
+//!
+//! ## Reader-writer locks
+//! Curator's `InterProcessReadWriteLock` on the lock's queue. A reader's node is
+//! `_c_<uuid>-read-lock-<sequence>`; a writer is the name's lock, whose node is unchanged. A
+//! reader's node holds iff no writer's node is ahead of it, and waits on the nearest writer's
+//! node ahead; a writer's node holds iff it is first, and waits on the node just before it, as
+//! a lock's does.
+//! - **Writers go first**: a writer's node ahead keeps every reader queued after it out, however
+//!   many readers hold, so a stream of readers never starves it; when it goes, every reader
+//!   between it and the next writer holds at once (each watched it).
+//! - **Each share is its own node** on its client's session: a reader that dies frees its
+//!   share when its session ends, whatever the other readers do. Lost answers, dropped
+//!   acquires and the watch on a held node are the lock's.
+//! - **Token**: the node's `czxid`, above every node queued before it, whichever the mode.
+//! - A reader's node counts as a lock's for a semaphore's limit, so a semaphore's name refuses
+//!   readers and a reader's name refuses permits. There is no upgrade (a reader's node never
+//!   becomes a writer's), nor a downgrade.
 //!
 //! ## Elections
 //! [`campaign`](dlock_api::DistributedLock::campaign),

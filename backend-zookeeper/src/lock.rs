@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dlock_api::raw::time::after;
 use dlock_api::raw::{
-    Grant, PendingAcquire, RawLock, RenewedBy, SessionStatus, WaitRecovery, permits_mismatch,
+    Claim, Grant, PendingAcquire, RawLock, RenewedBy, SessionStatus, WaitRecovery, permits_mismatch,
 };
 use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, Leader, LeaderStream, LockError, LockName,
@@ -210,19 +210,19 @@ impl ZkLock {
         Grant::new(name.clone(), token, lease, state, RenewedBy::Session)
     }
 
-    /// Waits in the queue for one of `limit` places on one session; the queue is joined by
-    /// `answer_by` or not at all.
+    /// Waits in the queue for `claim` on one session; the queue is joined by `answer_by` or not
+    /// at all.
     async fn wait_on(
         &self,
         session: &Arc<ZkSession>,
-        (name, limit): (&LockName, u32),
+        (name, claim): (&LockName, Claim),
         deadline: Option<Instant>,
         answer_by: Option<Instant>,
         recovery: &mut WaitRecovery,
         options: &LockOptions,
     ) -> Result<Waited> {
         let parent = self.inner.config.name_path(name);
-        let joined = join_queue(self.inner.config.acl, session, &parent, limit);
+        let joined = join_queue(self.inner.config.acl, session, &parent, claim);
         let (node, ahead, pending) = answer_by_or_unavailable(answer_by, joined).await?;
         recovery.reached_server();
         let mut listed = match ahead {
@@ -264,7 +264,7 @@ impl ZkLock {
                 },
             };
             let queue = queue(&children);
-            let ahead = match place(&queue, node.child_name(), limit) {
+            let ahead = match place(&queue, node.child_name(), claim) {
                 // Our node went (its session ended, or someone deleted it): queue again.
                 Place::Gone => {
                     drop(pending);
@@ -277,7 +277,7 @@ impl ZkLock {
                 }
                 Place::Mismatch(in_use) => {
                     leave(session, &node, pending).await;
-                    return Err(permits_mismatch(name, limit, in_use));
+                    return Err(permits_mismatch(name, claim.limit, in_use));
                 }
                 Place::Waits(ahead) => ahead,
             };
@@ -349,6 +349,7 @@ impl RawLock for ZkLock {
             takeover_signal: true,
             max_permits: MAX_PERMITS,
             elections: true,
+            reader_writer: true,
             ..Capabilities::SESSION_LEASE
         }
     }
@@ -398,9 +399,9 @@ impl RawLock for ZkLock {
         &self,
         name: &LockName,
         limit: u32,
-        _options: &LockOptions,
+        options: &LockOptions,
     ) -> Result<Option<Grant>> {
-        self.try_place(name, limit).await
+        self.try_place(name, Claim::new(limit, options)).await
     }
 
     async fn wait_grant(
@@ -410,7 +411,8 @@ impl RawLock for ZkLock {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        self.wait_place(name, limit, options, deadline).await
+        self.wait_place(name, Claim::new(limit, options), options, deadline)
+            .await
     }
 
     /// The nodes at the head of the queue that hold, after a `sync`: those queued with the first
@@ -439,13 +441,13 @@ impl RawLock for ZkLock {
 }
 
 impl ZkLock {
-    /// One attempt at one of `limit` places of `name` (a lock has one): join the queue, and
-    /// leave it again unless the node holds.
-    async fn try_place(&self, name: &LockName, limit: u32) -> Result<Option<Grant>> {
+    /// One attempt at `claim` on `name` (one of its limit of places, or a reader's): join the
+    /// queue, and leave it again unless the node holds.
+    async fn try_place(&self, name: &LockName, claim: Claim) -> Result<Option<Grant>> {
         let session = self.inner.session().await?;
         let parent = self.inner.config.name_path(name);
         let (node, ahead, pending) =
-            join_queue(self.inner.config.acl, &session, &parent, limit).await?;
+            join_queue(self.inner.config.acl, &session, &parent, claim).await?;
         let children = match ahead {
             Ahead::Nobody => {
                 let grant = self.grant(name, session, node);
@@ -461,26 +463,25 @@ impl ZkLock {
                 }
             },
         };
-        let refused = match place(&queue(&children), node.child_name(), limit) {
+        let refused = match place(&queue(&children), node.child_name(), claim) {
             Place::Holds => {
                 let grant = self.grant(name, session, node);
                 pending.disarm();
                 return Ok(Some(grant));
             }
             Place::Gone | Place::Waits(_) => None,
-            Place::Mismatch(in_use) => Some(permits_mismatch(name, limit, in_use)),
+            Place::Mismatch(in_use) => Some(permits_mismatch(name, claim.limit, in_use)),
         };
         // Busy or refused: take our node out again before answering.
         leave(&session, &node, pending).await;
         refused.map_or(Ok(None), Err)
     }
 
-    /// Waits for one of `limit` places of `name` until `deadline`, on a new session when one
-    /// ends.
+    /// Waits for `claim` on `name` until `deadline`, on a new session when one ends.
     async fn wait_place(
         &self,
         name: &LockName,
-        limit: u32,
+        claim: Claim,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
@@ -500,7 +501,7 @@ impl ZkLock {
             tried = true;
             let attempt = async {
                 let session = answer_by_or_unavailable(answer_by, self.inner.session()).await?;
-                let at = (name, limit);
+                let at = (name, claim);
                 self.wait_on(&session, at, deadline, answer_by, &mut recovery, options)
                     .await
             };

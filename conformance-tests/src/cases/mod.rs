@@ -200,6 +200,10 @@ const READER_WRITER_FENCED: Needs = Needs {
     fencing: true,
     ..NONE
 };
+const READER_WRITER_KILL_HOLDER: Needs = Needs {
+    reader_writer: true,
+    ..KILL_HOLDER
+};
 const KILL_WAITERS: Needs = Needs {
     fault: Some(Fault::KillWaiters),
     ..NONE
@@ -382,6 +386,10 @@ static CASES: &[Case] = &[
     case!(
         reader_writer::forgotten_reader_frees_its_share,
         READER_WRITER_TTL
+    ),
+    case!(
+        reader_writer::killed_reader_frees_its_share,
+        READER_WRITER_KILL_HOLDER
     ),
     case!(
         reader_writer::tokens_rise_across_modes,

@@ -251,6 +251,26 @@ pub async fn forgotten_reader_frees_its_share(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
+/// A reader whose hold the server ends (a killed connection, an expired session) is told
+/// `lost`, and a waiting writer gets in: a crashed reader never keeps writers out.
+pub async fn killed_reader_frees_its_share(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let name = ctx.name("rw");
+    let reader = share(&*a, &name, &ctx).await?;
+    let writer = spawn_write(&b, &name, waiting(&ctx));
+    ctx.until_queued(&*b, &name).await?;
+    ctx.require_faults()?
+        .kill_holder(&name)
+        .await
+        .map_err(Failure)?;
+    let writer = granted(&ctx, "the writer after the reader was killed", writer).await?;
+    ctx.within("the killed reader's lost signal", reader.lost())
+        .await?;
+    writer.release().await?;
+    let _ = reader.release().await;
+    Ok(())
+}
+
 /// Every grant's token is above every earlier grant's of the name, whichever the mode.
 pub async fn tokens_rise_across_modes(ctx: Ctx) -> CaseResult {
     let a = ctx.client().await?;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::{Instant, sleep_until};
 
-use self::store::{Attempt, Claim, Store};
+use self::store::{Attempt, Store};
 use crate::capabilities::{Capabilities, Fencing};
 use crate::error::{LockError, Result};
 use crate::inspect::Inspection;
@@ -20,7 +20,7 @@ use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::raw::time::after;
 use crate::raw::{
-    Grant, GuardTimer, LeaseState, PendingAcquire, RawLease, RawLock, RenewedBy, Session,
+    Claim, Grant, GuardTimer, LeaseState, PendingAcquire, RawLease, RawLock, RenewedBy, Session,
 };
 use crate::token::FencingToken;
 
@@ -318,14 +318,6 @@ impl RawLock for MemoryLock {
     }
 }
 
-/// What `options` ask of `limit` places: a reader's shared place, or one of them.
-fn claim(limit: u32, options: &LockOptions) -> Claim {
-    Claim {
-        limit,
-        shared: options.is_shared(),
-    }
-}
-
 /// The most permits a memory semaphore takes: far more than any use, and few enough that a
 /// name's holders stay a short list.
 const MAX_PERMITS: u32 = 1_000_000;
@@ -337,7 +329,7 @@ impl MemoryLock {
         self.reachable()?;
         match self
             .store
-            .try_take(name, claim(limit, options), options.ttl(), None)
+            .try_take(name, Claim::new(limit, options), options.ttl(), None)
         {
             Attempt::Granted { id, token, at } => {
                 Ok(Some(self.grant(name, id, token, at, options.ttl())))
@@ -366,7 +358,7 @@ impl MemoryLock {
         // queued with (what etcd-io/etcd #19597 got wrong). A lock's waiter is not tied to a
         // session here, and its grant goes on the session current then.
         let session = options.is_campaign().then(|| self.current_session());
-        let claim = claim(limit, options);
+        let claim = Claim::new(limit, options);
         let (first, mut wake) = self.store.enqueue(name, claim, ttl);
         // The place in the queue changes when an offer lapses and the wait queues again.
         let place = Arc::new(AtomicU64::new(first));

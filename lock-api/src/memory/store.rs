@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::name::LockName;
 use crate::raw::time::after;
-use crate::raw::{LeaseState, Session};
+use crate::raw::{Claim, LeaseState, Session};
 use crate::status::LostReason;
 
 /// One store of locks; every [`MemoryLock`](super::MemoryLock) client of it sees the same locks.
@@ -54,15 +54,6 @@ impl Entry {
             leader: None,
         }
     }
-}
-
-/// What a holder or waiter asks of a name: one of `limit` places, or a reader's shared one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Claim {
-    /// How many may hold the name at once (a reader's name is a lock's: 1).
-    pub(super) limit: u32,
-    /// A reader's hold: shared with other readers, never with a writer.
-    pub(super) shared: bool,
 }
 
 #[derive(Debug)]

@@ -108,6 +108,7 @@
 
 pub(crate) mod background;
 mod campaign;
+mod claim;
 pub mod config;
 pub(crate) mod detach;
 mod engine;
@@ -132,6 +133,7 @@ pub use crate::inspect::inspect;
 pub use crate::semaphore::permits_mismatch;
 pub use background::{settle, spawn_cleanup};
 pub use campaign::{campaign, leader, observe};
+pub use claim::Claim;
 pub use detach::Detach;
 pub use engine::{
     Grant, RawLock, acquire, acquire_by, acquire_permit, count_permits, read, try_acquire,
