@@ -75,6 +75,22 @@ impl LockKeys {
         key
     }
 
+    /// `PREFIX:{NAME}:released-by:OWNER`: that a permit of `owner` was released, for as long as
+    /// [`released_by`](Self::released_by) says who released the lock: a name's permits are
+    /// released by many owners at once, so each has its own. Made on demand.
+    pub(crate) fn permit_released_by(&self, owner: &str) -> String {
+        let mut key = String::with_capacity(
+            self.released_by
+                .len()
+                .saturating_add(owner.len())
+                .saturating_add(1),
+        );
+        key.push_str(&self.released_by);
+        key.push(':');
+        key.push_str(owner);
+        key
+    }
+
     /// `PREFIX:{NAME}:leader`: the name's leader record, `OWNER TERM VALUE`, written by a
     /// leader's proclaim; it counts only while its owner holds the lock (see the crate docs'
     /// Elections). Made on demand, as [`permits`](Self::permits).

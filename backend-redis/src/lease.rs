@@ -101,12 +101,24 @@ impl RedisLease {
         }
     }
 
-    /// Gives `owner`'s permit back, waking the name's waiters. True if it was live.
+    /// Gives `owner`'s permit back and takes it out of the name's queue, waking the name's
+    /// waiters. True if the permit was live (also when this is the second arrival of a release
+    /// whose first one gave it back, where releases are marked).
     async fn release_permit(inner: &Inner, keys: &LockKeys, owner: &str) -> Result<bool> {
-        let permits = keys.permits();
-        let names = [keys.lock.as_str(), permits.as_str()];
+        let (permits, mark) = (keys.permits(), keys.permit_released_by(owner));
+        let names = [
+            keys.lock.as_str(),
+            permits.as_str(),
+            keys.queue.as_str(),
+            keys.waiters.as_str(),
+            mark.as_str(),
+        ];
+        let names = match inner.scripts.marks_releases {
+            true => &names[..],
+            false => &names[..4],
+        };
         let args = [owner, keys.channel.as_str()];
-        Ok(Self::run_with(inner, &inner.scripts.release_permit, &names, &args).await? == 1)
+        Ok(Self::run_with(inner, &inner.scripts.release_permit, names, &args).await? == 1)
     }
 
     /// Releases `owner`'s hold, handing a lock to the next live waiter. True if it was held
@@ -168,7 +180,8 @@ impl RedisLease {
     }
 
     /// Ends `owner`'s wait: leaves the queue, or, if a release granted it the lock meanwhile,
-    /// releases it onward; gives back a permit it may have been granted.
+    /// releases it onward; for a permit, leaves the queue and gives back a permit it may have
+    /// been granted.
     pub(crate) async fn cancel(
         inner: &Inner,
         keys: &LockKeys,

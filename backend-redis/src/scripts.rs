@@ -103,7 +103,27 @@ macro_rules! permits_mark_byte {
     };
 }
 
-pub(crate) mod permits;
+/// Drops the waiters at the head of `queue` whose presence (in `waiters`) lapsed by `now_ms`,
+/// leaving the first live one (or nil) in `head`; `$stop` may end the walk earlier (a Lua
+/// condition on `head`, after `and`, e.g. at the caller's own entry).
+macro_rules! lua_drop_lapsed_heads {
+    ($stop:literal) => {
+        concat!(
+            r"
+local head = redis.call('LINDEX', queue, 0)
+while head ",
+            $stop,
+            r" do
+  local entry = redis.call('HGET', waiters, head)
+  if entry and tonumber(string.match(entry, '^(%d+):')) > now_ms then break end
+  redis.call('LPOP', queue)
+  redis.call('HDEL', waiters, head)
+  head = redis.call('LINDEX', queue, 0)
+end
+"
+        )
+    };
+}
 
 /// `grant_next`, for the scripts that free a lock: defined only once the script knows somebody
 /// is queued, so that a release with nobody waiting makes no closure.
@@ -224,14 +244,9 @@ end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if not holder then
-  local head = redis.call('LINDEX', queue, 0)
-  while head do
-    local entry = redis.call('HGET', waiters, head)
-    if entry and tonumber(string.match(entry, '^(%d+):')) > now_ms then break end
-    redis.call('LPOP', queue)
-    redis.call('HDEL', waiters, head)
-    head = redis.call('LINDEX', queue, 0)
-  end
+",
+    lua_drop_lapsed_heads!(""),
+    r"
   if (not head) or head == owner then
     if head then
       redis.call('LPOP', queue)
@@ -282,6 +297,8 @@ macro_rules! release_mark_ms {
         "60000"
     };
 }
+
+pub(crate) mod permits;
 
 /// Release. KEYS: lock, fence, queue, waiters (and the mark, [`RELEASE_MARKED`]). ARGV: owner,
 /// channel. Deletes the lock only if the caller owns it and hands it to the next live waiter.
@@ -588,7 +605,7 @@ pub(crate) struct Scripts {
     pub(crate) acquire_first: Script,
     pub(crate) acquire: Script,
     /// The releases leave a `released-by` mark and take one as released ([`release_mark_ms!`]):
-    /// they take the mark's key after their own.
+    /// they take the mark's key after their own (a permit's: its owner's own mark).
     pub(crate) marks_releases: bool,
     pub(crate) release: Script,
     pub(crate) release_uncontended: Script,
@@ -631,7 +648,10 @@ impl Scripts {
             watch_held: Script::new(WATCH_HELD),
             inspect: Script::new(INSPECT),
             acquire_permit: Script::new(permits::ACQUIRE_PERMIT),
-            release_permit: Script::new(permits::RELEASE_PERMIT),
+            release_permit: Script::new(match marks_releases {
+                true => permits::RELEASE_PERMIT_MARKED,
+                false => permits::RELEASE_PERMIT,
+            }),
             extend_permit: Script::new(permits::EXTEND_PERMIT),
             count_permits: Script::new(permits::COUNT_PERMITS),
             proclaim: Script::new(election::PROCLAIM),
@@ -691,6 +711,40 @@ impl<'a> Announcement<'a> {
 mod tests {
     use super::*;
 
+    /// Runs `script` on `keys` with `args`, against a real Redis.
+    pub(super) async fn run<T: redis::FromRedisValue>(
+        conn: &mut redis::aio::MultiplexedConnection,
+        script: &str,
+        keys: &[&str],
+        args: &[&str],
+    ) -> T {
+        let script = Script::new(script);
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(*key);
+        }
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        invocation.invoke_async(conn).await.unwrap()
+    }
+
+    /// A connection to the test binary's shared Redis, and the keys of a name of this process's
+    /// own, `NAME/PID` (test binaries may share the server).
+    pub(super) async fn shared_server_keys(
+        name: &str,
+    ) -> (redis::aio::MultiplexedConnection, crate::LockKeys) {
+        let server = dlock_test_servers::shared_redis();
+        let conn = redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let name = format!("{name}/{}", std::process::id());
+        let keys = crate::LockKeys::new("dlock-test", &dlock_api::LockName::new(name).unwrap());
+        (conn, keys)
+    }
+
     /// Runs `script` on `keys` for `owner` (and the channel, for the full release).
     async fn release(
         conn: &mut redis::aio::MultiplexedConnection,
@@ -699,16 +753,10 @@ mod tests {
         owner: &str,
         channel: Option<&str>,
     ) -> i64 {
-        let script = Script::new(script);
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(*key);
+        match channel {
+            Some(channel) => run(conn, script, keys, &[owner, channel]).await,
+            None => run(conn, script, keys, &[owner]).await,
         }
-        invocation.arg(owner);
-        if let Some(channel) = channel {
-            invocation.arg(channel);
-        }
-        invocation.invoke_async(conn).await.unwrap()
     }
 
     /// A release that reaches the server twice (its first reply lost, the command sent again by
@@ -718,16 +766,7 @@ mod tests {
     /// is still refused. Against a real Redis.
     #[tokio::test]
     async fn a_release_sent_twice_is_released_twice_where_releases_are_marked() {
-        let server = dlock_test_servers::shared_redis();
-        let mut conn = redis::Client::open(server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let keys = crate::LockKeys::new(
-            "dlock-test",
-            &dlock_api::LockName::new(format!("resent-release/{}", std::process::id())).unwrap(),
-        );
+        let (mut conn, keys) = shared_server_keys("resent-release").await;
         let lock_and_mark = [keys.lock.as_str(), keys.released_by.as_str()];
         let all = [
             keys.lock.as_str(),

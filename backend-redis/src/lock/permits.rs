@@ -1,6 +1,7 @@
-//! Semaphores on Redis: one script takes a permit (`scripts/permits.rs`); a waiter listens on the
-//! name's channel, where every release announces `free`, and tries again then, or when the
-//! earliest permit's lease ends on the server (a holder that vanished announces nothing).
+//! Semaphores on Redis: one script takes a permit (`scripts/permits.rs`); a waiter queues in the
+//! name's queue (the lock's), listens on the name's channel, where every release announces
+//! `free`, and tries again then, or when the earliest permit's lease ends on the server (a holder
+//! that vanished announces nothing); the script grants in queue order.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use tokio::time::{Instant, sleep_until};
 use super::{Held, RedisLock, in_use_as, owner_token, ttl_ms};
 use crate::BACKEND;
 use crate::keys::LockKeys;
-use crate::lease::Hold;
+use crate::lease::{Hold, RedisLease};
 
 /// The most permits a Redis semaphore takes: each held permit is one member of a sorted set,
 /// and every acquire counts them in O(1) and trims the expired ones in O(log n), so the limit
@@ -23,14 +24,17 @@ pub(super) const MAX_PERMITS: u32 = 1_000_000;
 
 enum PermitAttempt {
     Granted(Grant),
-    /// Every permit is taken; the earliest of their leases ends this long from now.
+    /// Every permit is taken, or the free ones are owed to live waiters queued ahead; the
+    /// earliest of the held permits' leases ends this long from now (`None`: none is held).
     Busy {
-        next_end: Duration,
+        next_end: Option<Duration>,
     },
 }
 
 impl RedisLock {
-    /// One round trip: one of `permits` permits of `name` for `owner`, if one is free.
+    /// One round trip: one of `permits` permits of `name` for `owner`, if one is free and not
+    /// owed to an earlier waiter; with `enqueue`, a busy answer queues the caller in the name's
+    /// queue (or refreshes its presence there).
     async fn attempt_permit(
         &self,
         name: &LockName,
@@ -38,15 +42,26 @@ impl RedisLock {
         owner: &Arc<str>,
         permits: u32,
         options: &LockOptions,
+        enqueue: bool,
     ) -> Result<PermitAttempt> {
         let (ttl_ms, limit, permits_key) = (ttl_ms(options), permits.to_string(), keys.permits());
+        let presence_ms = match enqueue {
+            true => self.presence().as_millis().max(1).to_string(),
+            false => "0".to_owned(),
+        };
         let (reply, started, pending) = self
             .send_acquire(
                 (&self.inner.scripts.acquire_permit, Hold::Permit),
                 keys,
                 owner,
-                &[&keys.lock, &permits_key, &keys.fence, &keys.queue],
-                &[owner, &ttl_ms, &limit],
+                &[
+                    &keys.lock,
+                    &permits_key,
+                    &keys.fence,
+                    &keys.queue,
+                    &keys.waiters,
+                ],
+                &[owner, &ttl_ms, &limit, &presence_ms],
                 options.ttl(),
             )
             .await?;
@@ -74,9 +89,10 @@ impl RedisLock {
                     .map(PermitAttempt::Granted)
             }
             Some((0, next_end_ms)) => {
+                // Queued or not, a waiter's own cleanup covers the queue from here.
                 pending.disarm();
                 Ok(PermitAttempt::Busy {
-                    next_end: Duration::from_millis(next_end_ms.unsigned_abs()),
+                    next_end: u64::try_from(next_end_ms).ok().map(Duration::from_millis),
                 })
             }
             Some((-1, in_use)) => {
@@ -90,7 +106,8 @@ impl RedisLock {
         }
     }
 
-    /// [`RawLock::try_grant`](dlock_api::raw::RawLock::try_grant) of more than one permit.
+    /// [`RawLock::try_grant`](dlock_api::raw::RawLock::try_grant) of more than one permit: never
+    /// ahead of a queued waiter.
     pub(super) async fn try_permit(
         &self,
         name: &LockName,
@@ -99,7 +116,7 @@ impl RedisLock {
     ) -> Result<Option<Grant>> {
         let keys = Arc::new(self.keys(name));
         match self
-            .attempt_permit(name, &keys, &owner_token(), permits, options)
+            .attempt_permit(name, &keys, &owner_token(), permits, options, false)
             .await?
         {
             PermitAttempt::Granted(grant) => Ok(Some(grant)),
@@ -107,10 +124,12 @@ impl RedisLock {
         }
     }
 
-    /// [`RawLock::wait_grant`](dlock_api::raw::RawLock::wait_grant) of more than one permit: tries, then
-    /// waits for a `free` on the name's channel or the end of the earliest lease, and tries again.
-    /// Between attempts the server keeps nothing of the waiter, so a dropped wait leaves nothing
-    /// behind but what an attempt in flight took, which its armed cleanup gives back.
+    /// [`RawLock::wait_grant`](dlock_api::raw::RawLock::wait_grant) of more than one permit: tries
+    /// once without queueing (the uncontended path), then joins the name's queue and tries again
+    /// at each `free` on the name's channel, at the end of the earliest held lease (a holder that
+    /// vanished announces nothing) and at each refresh of its presence in the queue (a waiter
+    /// ahead that vanished announces nothing either). The server grants it a permit only once
+    /// no live waiter queued ahead of it is owed the free ones, so waiters are served in order.
     pub(super) async fn wait_permit(
         &self,
         name: &LockName,
@@ -121,7 +140,7 @@ impl RedisLock {
         let keys = Arc::new(self.keys(name));
         let mut owner = owner_token();
         if let PermitAttempt::Granted(grant) = self
-            .attempt_permit(name, &keys, &owner, permits, options)
+            .attempt_permit(name, &keys, &owner, permits, options, false)
             .await?
         {
             return Ok(Some(grant));
@@ -137,6 +156,9 @@ impl RedisLock {
                 config.command_timeout,
             )
             .await?;
+        // From here the server may queue us or grant us a permit: a dropped wait undoes both.
+        let mut pending = self.arm_cleanup(&keys, &owner, Hold::Permit);
+        let refresh = self.presence().checked_div(3).unwrap_or_default();
         let mut recovery = WaitRecovery::new(
             config
                 .connect_timeout
@@ -154,10 +176,13 @@ impl RedisLock {
                 continue;
             }
             let next_end = match self
-                .attempt_permit(name, &keys, &owner, permits, options)
+                .attempt_permit(name, &keys, &owner, permits, options, true)
                 .await
             {
-                Ok(PermitAttempt::Granted(grant)) => return Ok(Some(grant)),
+                Ok(PermitAttempt::Granted(grant)) => {
+                    pending.disarm();
+                    return Ok(Some(grant));
+                }
                 Ok(PermitAttempt::Busy { next_end }) => {
                     recovery.reached_server();
                     next_end
@@ -166,17 +191,26 @@ impl RedisLock {
                     recovery
                         .pause_or_give_up(error, options.retry(), deadline)
                         .await?;
-                    // The lost reply's cleanup gives back whatever that attempt took for this
-                    // owner, late or not: the wait goes on as a new one.
+                    // The lost reply's cleanup gives back whatever that attempt did for this
+                    // owner (a place in the queue, a permit), late or not: the wait goes on as
+                    // a new owner, at the end of the queue.
                     owner = owner_token();
+                    pending.disarm();
+                    pending = self.arm_cleanup(&keys, &owner, Hold::Permit);
                     continue;
                 }
             };
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
+                // Leave the queue (or give back a permit that raced in) before the timeout.
+                RedisLease::cancel(&self.inner, &keys, &owner, Hold::Permit).await?;
+                pending.disarm();
                 return Ok(None);
             }
-            let mut wake_at = after(now, next_end);
+            let mut wake_at = after(now, refresh);
+            if let Some(next_end) = next_end {
+                wake_at = wake_at.min(after(now, next_end));
+            }
             if let Some(deadline) = deadline {
                 wake_at = wake_at.min(deadline);
             }

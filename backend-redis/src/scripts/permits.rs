@@ -9,45 +9,95 @@
 //!
 //! Owner values are hex digits, so a holder value never starts with `#`.
 
-/// Takes a permit. KEYS: lock, permits, fence, queue. ARGV: owner, ttl_ms, limit.
+/// Takes a permit, in the order waiters queued. KEYS: lock, permits, fence, queue, waiters.
+/// ARGV: owner, ttl_ms, limit, presence_ms (`0`: do not queue).
+///
+/// Waiters queue in the lock's queue (`queue`, and `waiters`: owner → `PRESENCE_DEADLINE_MS:TTL_MS`),
+/// which a semaphore's name has to itself while its lock key says `#permits:N`: the mark is kept
+/// at least as long as the queue. A caller is granted a permit when fewer than N are held
+/// counting the **live** waiters queued ahead of it (presence deadline not passed), so nobody,
+/// a `try_acquire_permit` included, takes a permit an earlier waiter is owed; waiters whose
+/// presence lapsed are skipped, and dropped once they reach the head. A granted waiter leaves
+/// the queue. With nobody queued (no queue key), this is the uncontended path, one script.
 ///
 /// Returns `{1, token, ttl_ms}` when the caller holds a permit (taken now, or already its own:
 /// an acquire that reached the server twice gets a new token, above the one whose reply was
-/// lost); `{0, ms until the earliest permit's lease ends}` when all are taken; `{-1, in_use}`
-/// when the name is in use with another number of permits (a lock, held or with waiters
-/// queued, counts as one: a queue mark on the fence, checked against the queue itself). A grant
-/// keeps the lock key's mark and the set at least as long as its lease, and no longer than the
-/// latest live lease, so a semaphore used once leaves nothing behind.
+/// lost); `{0, ms until the earliest permit's lease ends}` when the caller must wait (`-1`: no
+/// permit is held, the room is owed to waiters ahead), queued or its presence refreshed when
+/// asked; `{-1, in_use}` when the name is in use with another number of permits (a lock, held
+/// or with waiters queued, counts as one: a queue mark on the fence, checked against the queue
+/// itself). A grant keeps the lock key's mark and the set at least as long as its lease, and no
+/// longer than the latest live lease or the queue, so a semaphore used once leaves nothing behind.
 pub(crate) const ACQUIRE_PERMIT: &str = concat!(
     r"
-local lock, permits, fence, queue = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, ttl, limit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local lock, permits, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local owner, ttl, limit, presence = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local mark = redis.call('GET', lock)
+local prior = redis.call('GET', fence) or '0'
 if mark then
   local in_use = tonumber(string.match(mark, '^#permits:(%d+)$') or '1')
   if in_use ~= limit then return {-1, in_use} end
+elseif string.sub(prior, -1) == '+' and redis.call('EXISTS', queue) == 1 then
+  return {-1, 1}
 end
-local prior = redis.call('GET', fence) or '0'
-if string.sub(prior, -1) == '+' and redis.call('EXISTS', queue) == 1 then return {-1, 1} end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', permits, '-inf', now_ms)
-local held = 0
-if redis.call('ZADD', permits, 'NX', now_ms + ttl, owner) == 0 then
-  redis.call('ZADD', permits, 'XX', now_ms + ttl, owner)
-else
-  held = redis.call('ZCARD', permits)
-  if held > limit then
-    redis.call('ZREM', permits, owner)
-    local first = redis.call('ZRANGE', permits, 0, 0, 'WITHSCORES')
-    return {0, math.max(tonumber(first[2]) - now_ms, 1)}
+local held = redis.call('ZCARD', permits)
+local mine = redis.call('ZSCORE', permits, owner)
+local granted = mine or held < limit
+-- Only a marked name has a queue of permit waiters: the uncontended path reads none of it.
+if not mine and granted and mark then
+",
+    lua_drop_lapsed_heads!("and head ~= owner"),
+    r"
+  if head and head ~= owner then
+    local taken = held
+    for _, waiter in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+      if waiter == owner then break end
+      local entry = redis.call('HGET', waiters, waiter)
+      if entry and tonumber(string.match(entry, '^(%d+):')) > now_ms then
+        taken = taken + 1
+        if taken >= limit then
+          granted = false
+          break
+        end
+      end
+    end
   end
 end
+if not granted then
+  if presence > 0 then
+    if redis.call('HSET', waiters, owner, (now_ms + presence) .. ':' .. ARGV[2]) == 1 then
+      redis.call('RPUSH', queue, owner)
+    end
+    local keep = presence + 1000
+    redis.call('PEXPIRE', queue, keep)
+    redis.call('PEXPIRE', waiters, keep)
+    if not mark then
+      redis.call('SET', lock, '#permits:' .. ARGV[3], 'PX', keep)
+    elseif redis.call('PTTL', lock) < keep then
+      redis.call('PEXPIRE', lock, keep)
+    end
+  end
+  if held == 0 then return {0, -1} end
+  local first = redis.call('ZRANGE', permits, 0, 0, 'WITHSCORES')
+  return {0, math.max(tonumber(first[2]) - now_ms, 1)}
+end
+redis.call('ZADD', permits, now_ms + ttl, owner)
+if not mine then held = held + 1 end
+if mark and redis.call('HDEL', waiters, owner) == 1 then redis.call('LREM', queue, 1, owner) end
 -- The only live permit (a set made just now, without a TTL yet) sets both keys' TTL to its
--- lease; any other raises them to its lease if they would end sooner.
+-- lease; any other raises each to its lease if it would end sooner. Each key is checked on its
+-- own: the mark also outlives the queue, which it gives to the semaphore, so its TTL says
+-- nothing of the set's.
 if not mark or held == 1 or redis.call('PTTL', lock) < ttl then
   redis.call('SET', lock, '#permits:' .. ARGV[3], 'PX', ttl)
-  redis.call('PEXPIRE', permits, ttl)
+end
+if held == 1 or redis.call('PTTL', permits) < ttl then redis.call('PEXPIRE', permits, ttl) end
+if mark then
+  local queue_left = redis.call('PTTL', queue)
+  if queue_left > redis.call('PTTL', lock) then redis.call('PEXPIRE', lock, queue_left) end
 end
 local queued = false
 ",
@@ -57,25 +107,62 @@ return {1, token, ttl}
 "
 );
 
-/// Gives a permit back. KEYS: lock, permits. ARGV: owner, channel.
+/// Gives a permit back, or ends a wait for one. KEYS: lock, permits, queue, waiters (and, where
+/// a release may reach the server twice, the owner's `released-by` mark: [`RELEASE_PERMIT_MARKED`]).
+/// ARGV: owner, channel.
 ///
-/// Returns 1 when the caller's permit was in the set and is now out of it (announced `free` on
-/// the channel, so waiters try again), else 0: a permit released twice, or whose place was
-/// taken after its lease ended, adds nothing (one whose lease ended but was not yet trimmed
-/// counted for nobody, and its guard knows it is lost before it asks). The last permit out
-/// deletes the lock key's mark.
-pub(crate) const RELEASE_PERMIT: &str = concat!(
-    r"
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then return 0 end
-if redis.call('ZCARD', KEYS[2]) == 0 then
-  local mark = redis.call('GET', KEYS[1])
-  if mark and string.byte(mark, 1) == ",
-    permits_mark_byte!(),
-    r" then redis.call('DEL', KEYS[1]) end
+/// Takes the owner out of the queue (a cancelled wait, which may have been granted meanwhile)
+/// and out of the set. Returns 1 when its permit was live and is now out (announced `free` on
+/// the channel, so waiters try again, as is a place given up in the queue), else 0: a permit
+/// released twice, or after its lease ended (on the server's clock), or never held, adds
+/// nothing. The last permit out, with nobody queued, deletes the lock key's mark. `$mark` runs
+/// once a live permit is out, `$not_mine` answers when none was.
+macro_rules! release_permit_script {
+    ($mark:expr, $not_mine:expr) => {
+        concat!(
+            r"
+local lock, permits, queue = KEYS[1], KEYS[2], KEYS[3]
+local left_queue = redis.call('HDEL', KEYS[4], ARGV[1]) == 1
+if left_queue then redis.call('LREM', queue, 1, ARGV[1]) end
+local score = redis.call('ZSCORE', permits, ARGV[1])
+local released = false
+if score then
+  redis.call('ZREM', permits, ARGV[1])
+  local t = redis.call('TIME')
+  released = tonumber(score) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-redis.call('PUBLISH', ARGV[2], 'free')
-return 1
+if redis.call('ZCARD', permits) == 0 and redis.call('EXISTS', queue) == 0 then
+  local mark = redis.call('GET', lock)
+  if mark and string.byte(mark, 1) == ",
+            permits_mark_byte!(),
+            r" then redis.call('DEL', lock) end
+end
+if released or left_queue then redis.call('PUBLISH', ARGV[2], 'free') end
+if released then
+  ",
+            $mark,
+            r"return 1
+end
+",
+            $not_mine,
+            r"
 "
+        )
+    };
+}
+
+pub(crate) const RELEASE_PERMIT: &str = release_permit_script!("", "return 0");
+
+/// [`RELEASE_PERMIT`] where a release may be re-sent: KEYS\[5\] is the owner's own mark,
+/// `PREFIX:{NAME}:released-by:OWNER` (a name's permits are released by many owners at once, so
+/// each keeps its own), kept as long as the lock's.
+pub(crate) const RELEASE_PERMIT_MARKED: &str = release_permit_script!(
+    concat!(
+        "redis.call('SET', KEYS[5], '1', 'PX', ",
+        release_mark_ms!(),
+        ")\n"
+    ),
+    "if redis.call('EXISTS', KEYS[5]) == 1 then return 1 end return 0"
 );
 
 /// Renews a permit. KEYS: lock, permits. ARGV: owner, ttl_ms.
@@ -111,3 +198,179 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZCOUNT', KEYS[2], '(' .. now_ms, '+inf')
 "
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scripts::tests::{run, shared_server_keys};
+
+    /// The keys the acquire script takes, of `keys` and their `permits` set.
+    fn acquire_keys<'a>(keys: &'a crate::LockKeys, permits: &'a str) -> [&'a str; 5] {
+        [
+            keys.lock.as_str(),
+            permits,
+            keys.fence.as_str(),
+            keys.queue.as_str(),
+            keys.waiters.as_str(),
+        ]
+    }
+
+    /// A permit release that reaches the server twice (its first reply lost, the command sent
+    /// again by the Cluster client or after a Sentinel failover): with marks, the second arrival
+    /// answers released; without, it answered "not held". Either way a release of another
+    /// owner, of a permit whose lease ended, or of one never held answers "not held" and gives
+    /// no capacity back: the permit still held stays counted.
+    #[tokio::test]
+    async fn a_permit_released_twice_is_released_twice_where_releases_are_marked() {
+        let (mut conn, keys) = shared_server_keys("resent-permit-release").await;
+        let permits = keys.permits();
+        let acquire_keys = acquire_keys(&keys, &permits);
+        let channel = keys.channel.as_str();
+        let mut answers = Vec::new();
+        for (script, marked) in [(RELEASE_PERMIT_MARKED, true), (RELEASE_PERMIT, false)] {
+            let release =
+                async |conn: &mut redis::aio::MultiplexedConnection, owner: &str| -> i64 {
+                    let mark = keys.permit_released_by(owner);
+                    let release_keys = [
+                        keys.lock.as_str(),
+                        permits.as_str(),
+                        keys.queue.as_str(),
+                        keys.waiters.as_str(),
+                        mark.as_str(),
+                    ];
+                    let release_keys = if marked {
+                        &release_keys[..]
+                    } else {
+                        &release_keys[..4]
+                    };
+                    run(conn, script, release_keys, &[owner, channel]).await
+                };
+            let acquire = async |conn: &mut redis::aio::MultiplexedConnection, owner: &str| {
+                let reply: Vec<i64> = run(
+                    conn,
+                    ACQUIRE_PERMIT,
+                    &acquire_keys,
+                    &[owner, "60000", "2", "0"],
+                )
+                .await;
+                assert_eq!(reply[0], 1, "{owner} takes a permit: {reply:?}");
+            };
+            acquire(&mut conn, "keeper").await;
+            acquire(&mut conn, "me").await;
+            let mut sent_twice = Vec::new();
+            for _ in 0..2 {
+                sent_twice.push(release(&mut conn, "me").await);
+            }
+            answers.push(sent_twice);
+            assert_eq!(
+                release(&mut conn, "other").await,
+                0,
+                "another owner's release"
+            );
+            assert_eq!(release(&mut conn, "never").await, 0, "a permit never held");
+            // A permit whose lease ended on the server's clock, not yet trimmed.
+            acquire(&mut conn, "late").await;
+            let _: () = redis::cmd("ZADD")
+                .arg(&permits)
+                .arg("XX")
+                .arg(1)
+                .arg("late")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(release(&mut conn, "late").await, 0, "a lapsed permit");
+            let counted: i64 = run(&mut conn, COUNT_PERMITS, &[&keys.lock, &permits], &[]).await;
+            assert_eq!(counted, 1, "the keeper's permit, and nothing given back");
+            let count_keys = [keys.lock.as_str(), permits.as_str()];
+            let full: Vec<i64> = run(
+                &mut conn,
+                ACQUIRE_PERMIT,
+                &acquire_keys,
+                &["third", "60000", "2", "0"],
+            )
+            .await;
+            assert_eq!(full[0], 1, "one permit of two free: {full:?}");
+            let refused: Vec<i64> = run(
+                &mut conn,
+                ACQUIRE_PERMIT,
+                &acquire_keys,
+                &["fourth", "60000", "2", "0"],
+            )
+            .await;
+            assert_eq!(refused[0], 0, "no third permit of two: {refused:?}");
+            for owner in ["keeper", "third"] {
+                assert_eq!(release(&mut conn, owner).await, 1, "{owner}'s release");
+            }
+            let counted: i64 = run(&mut conn, COUNT_PERMITS, &count_keys, &[]).await;
+            assert_eq!(counted, 0);
+        }
+        assert_eq!(answers[0], [1, 1], "a marked release, sent twice");
+        assert_eq!(answers[1], [1, 0], "an unmarked release, sent twice");
+    }
+
+    /// A `try_acquire_permit` (an attempt that does not queue) with a permit free but owed to a
+    /// live waiter queued ahead gets none, and the waiter gets it. A grant raises the set's TTL to its lease even while the
+    /// queue keeps the name's mark longer than any lease (else the set would expire under live
+    /// permits, and their places with it).
+    #[tokio::test]
+    async fn a_free_permit_owed_to_a_live_waiter_is_not_taken_past_it() {
+        let (mut conn, keys) = shared_server_keys("owed-permit").await;
+        let permits = keys.permits();
+        let acquire_keys = acquire_keys(&keys, &permits);
+        let release_keys = [
+            keys.lock.as_str(),
+            permits.as_str(),
+            keys.queue.as_str(),
+            keys.waiters.as_str(),
+        ];
+        let channel = keys.channel.as_str();
+        let attempt = async |conn: &mut redis::aio::MultiplexedConnection,
+                             owner: &str,
+                             ttl: &str,
+                             presence: &str|
+               -> i64 {
+            let reply: Vec<i64> = run(
+                conn,
+                ACQUIRE_PERMIT,
+                &acquire_keys,
+                &[owner, ttl, "2", presence],
+            )
+            .await;
+            reply[0]
+        };
+        assert_eq!(attempt(&mut conn, "one", "20000", "0").await, 1);
+        assert_eq!(attempt(&mut conn, "two", "20000", "0").await, 1);
+        // A waiter queued while both are held, its presence long enough for the test.
+        assert_eq!(attempt(&mut conn, "patient", "60000", "600000").await, 0);
+        let released: i64 = run(&mut conn, RELEASE_PERMIT, &release_keys, &["one", channel]).await;
+        assert_eq!(released, 1);
+        assert_eq!(
+            attempt(&mut conn, "hasty", "60000", "0").await,
+            0,
+            "a try ahead of the live waiter"
+        );
+        assert_eq!(attempt(&mut conn, "patient", "60000", "600000").await, 1);
+        let set_left: i64 = redis::cmd("PTTL")
+            .arg(&permits)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            set_left > 20_000,
+            "the set ends in {set_left} ms, before the 60 s permit just granted"
+        );
+        for owner in ["two", "patient"] {
+            let released: i64 =
+                run(&mut conn, RELEASE_PERMIT, &release_keys, &[owner, channel]).await;
+            assert_eq!(released, 1, "{owner}'s release");
+        }
+        for key in [&keys.lock, &permits, &keys.queue, &keys.waiters] {
+            let exists: i64 = redis::cmd("EXISTS")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(exists, 0, "{key} left after every permit went back");
+        }
+    }
+}

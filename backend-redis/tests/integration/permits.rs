@@ -1,11 +1,15 @@
 //! Semaphores against a real Redis: what a permit is on the server (a member of the name's
 //! sorted set scored on the server's clock, and the name's lock key marking the limit), that a
-//! name used once leaves nothing, and that a lock and a semaphore never share a name.
+//! name used once leaves nothing, that a lock and a semaphore never share a name, and that
+//! waiters are served in the order they queued, past waiters that left or vanished.
 
 use std::time::Duration;
 
-use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
+use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
 use dlock_redis::RedisLock;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::timeout;
 
 use crate::fence::{raw, server};
 
@@ -117,4 +121,154 @@ async fn a_lock_and_a_semaphore_never_share_a_name() {
     assert_eq!(locks.count_permits(&as_semaphore).await.unwrap(), 1);
     permit.release().await.unwrap();
     assert_eq!(locks.count_permits(&as_semaphore).await.unwrap(), 0);
+}
+
+/// Bound on every wait below: generous, as the machine may be loaded; none is a timed assertion.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// Starts a waiter for one of `limit` permits of `name` on a client of its own, which sends its
+/// `label` and permit on `granted` once it holds it; returns once the server counts it as one
+/// more live waiter in the name's queue (`queued` then).
+async fn queue_waiter(
+    url: &str,
+    name: &LockName,
+    limit: u32,
+    label: &'static str,
+    queued: usize,
+    granted: &mpsc::UnboundedSender<(&'static str, LockGuard)>,
+) -> JoinHandle<()> {
+    let client = RedisLock::connect_url(url).await.unwrap();
+    let opts = LockOptions::new()
+        .with_ttl(Duration::from_secs(120))
+        .with_wait_timeout(BOUND);
+    let (task_client, task_name, granted) = (client.clone(), name.clone(), granted.clone());
+    let task = tokio::spawn(async move {
+        let permit = task_client
+            .acquire_permit(&task_name, limit, &opts)
+            .await
+            .unwrap();
+        let _ = granted.send((label, permit));
+    });
+    timeout(BOUND, async {
+        loop {
+            if client.inspect(name).await.unwrap().waiters == Some(queued) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{label} never queued as waiter {queued}"));
+    task
+}
+
+/// The next waiter granted a permit, within the bound.
+async fn next_granted(
+    granted: &mut mpsc::UnboundedReceiver<(&'static str, LockGuard)>,
+) -> (&'static str, LockGuard) {
+    timeout(BOUND, granted.recv())
+        .await
+        .expect("a waiter is granted the released permit")
+        .expect("the waiters are alive")
+}
+
+/// Two permits held, waiters A, B and C queued in that order: each permit released goes to the
+/// first waiter still waiting, A, then B, then C (a permit released is announced to every
+/// waiter, and the server grants it only to the first in line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_waiters_are_served_in_queue_order() {
+    let server = server();
+    let locks = RedisLock::connect_url(&server.url()).await.unwrap();
+    let name = LockName::new("permits-in-order").unwrap();
+    let long = LockOptions::new().with_ttl(Duration::from_secs(120));
+    let first = locks.acquire_permit(&name, 2, &long).await.unwrap();
+    let second = locks.acquire_permit(&name, 2, &long).await.unwrap();
+    let (granted, mut grants) = mpsc::unbounded_channel();
+    let url = server.url();
+    let mut tasks = Vec::new();
+    for (queued, label) in ["A", "B", "C"].into_iter().enumerate() {
+        tasks.push(queue_waiter(&url, &name, 2, label, queued + 1, &granted).await);
+    }
+
+    first.release().await.unwrap();
+    let (label, a) = next_granted(&mut grants).await;
+    assert_eq!(label, "A");
+    second.release().await.unwrap();
+    let (label, b) = next_granted(&mut grants).await;
+    assert_eq!(label, "B");
+    a.release().await.unwrap();
+    let (label, c) = next_granted(&mut grants).await;
+    assert_eq!(label, "C");
+    for task in tasks {
+        task.await.unwrap();
+    }
+    b.release().await.unwrap();
+    c.release().await.unwrap();
+    assert_eq!(locks.count_permits(&name).await.unwrap(), 0);
+    assert_eq!(locks.inspect(&name).await.unwrap().waiters, Some(0));
+}
+
+/// A waiter whose wait is dropped mid-queue (B) leaves the queue at once, and one that vanished
+/// without leaving (a queue entry whose presence lapsed, first in line) is skipped: the permits
+/// released go to A and then to C.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_left_or_vanished_do_not_block_those_behind() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let locks = RedisLock::connect_url(&server.url()).await.unwrap();
+    let name = LockName::new("permits-past-the-gone").unwrap();
+    let keys = locks.keys(&name);
+    let long = LockOptions::new().with_ttl(Duration::from_secs(120));
+    let first = locks.acquire_permit(&name, 2, &long).await.unwrap();
+    let second = locks.acquire_permit(&name, 2, &long).await.unwrap();
+    // A waiter that crashed: queued first, its presence deadline long past.
+    let _: () = redis::pipe()
+        .cmd("RPUSH")
+        .arg(&keys.queue)
+        .arg("ghost")
+        .ignore()
+        .cmd("HSET")
+        .arg(&keys.waiters)
+        .arg("ghost")
+        .arg("1:120000")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (granted, mut grants) = mpsc::unbounded_channel();
+    let url = server.url();
+    let a = queue_waiter(&url, &name, 2, "A", 1, &granted).await;
+    let b = queue_waiter(&url, &name, 2, "B", 2, &granted).await;
+    let c = queue_waiter(&url, &name, 2, "C", 3, &granted).await;
+    b.abort();
+    assert!(b.await.unwrap_err().is_cancelled());
+    timeout(BOUND, async {
+        loop {
+            if locks.inspect(&name).await.unwrap().waiters == Some(2) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the dropped wait leaves the queue");
+
+    first.release().await.unwrap();
+    let (label, permit_a) = next_granted(&mut grants).await;
+    assert_eq!(label, "A");
+    second.release().await.unwrap();
+    let (label, permit_c) = next_granted(&mut grants).await;
+    assert_eq!(label, "C");
+    a.await.unwrap();
+    c.await.unwrap();
+    permit_a.release().await.unwrap();
+    permit_c.release().await.unwrap();
+    for key in [&keys.lock, &keys.queue, &keys.waiters] {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(exists, 0, "{key} left after every waiter was served");
+    }
 }
