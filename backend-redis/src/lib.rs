@@ -64,9 +64,18 @@
 //!   caller's own member) can add only the permit it took, and renewal is `ZADD XX` of a member
 //!   whose lease has not ended. The lock key holds `#permits:N` while any permit lives: the limit
 //!   stored with the name (another number is refused, naming both), and a lock's `SET NX` finds
-//!   the name taken and answers the same refusal. A waiter beyond the limit listens on the
-//!   name's channel, where every release publishes `free`, and tries again then, or when the
-//!   earliest lease ends; permits have no queue, so waiters are not served in order.
+//!   the name taken and answers the same refusal. Waiters are **served in order**, in the
+//!   lock's queue (`PREFIX:{NAME}:queue` and `:waiters`, each waiter's presence refreshed
+//!   while it waits), which the name's mark keeps to the semaphore for as long as anyone is
+//!   queued: the script grants a permit only while fewer than N are held counting the live
+//!   waiters queued ahead of the caller, so neither a later waiter nor a `try_acquire_permit`
+//!   takes a permit an earlier waiter is owed, and a waiter that vanished is skipped once its
+//!   presence lapses. A waiter listens on the name's channel, where every release publishes
+//!   `free`, and tries again then, when the earliest lease ends, or when it refreshes its
+//!   presence; a wait that ends leaves the queue in the same script as it gives back a permit
+//!   that raced in. With nobody queued, a permit is still one script. Where a release may reach
+//!   the server twice (Sentinel, Cluster), a permit's release leaves a mark of its own owner,
+//!   `PREFIX:{NAME}:released-by:OWNER`, for a minute, as a lock's does.
 //! - **Elections** ([`campaign`](dlock_api::DistributedLock::campaign),
 //!   [`leader`](dlock_api::DistributedLock::leader),
 //!   [`observe`](dlock_api::DistributedLock::observe)): a candidate acquires the name as a
