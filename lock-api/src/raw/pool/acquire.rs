@@ -10,7 +10,7 @@ use super::attempt::Attempt;
 use super::core::{Conn, Hold, PoolCore};
 use super::driver::{SessionDriver, Waited};
 use super::lease::PoolLease;
-use crate::error::Result;
+use crate::error::{LockError, Result};
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::raw::detach::Detach;
@@ -20,6 +20,7 @@ use crate::raw::pending::PendingAcquire;
 use crate::raw::recovery::WaitRecovery;
 use crate::raw::state::LeaseState;
 use crate::raw::time::after;
+use crate::status::LostReason;
 use crate::token::FencingToken;
 
 /// Waits shorter than this are not worth a server round trip.
@@ -194,6 +195,7 @@ pub(super) async fn wait_grant<D: SessionDriver>(
             core.wait_done(&conn, None);
             return Ok(None);
         }
+        let waited_on = conn.clone();
         let attempt = Arc::new(Attempt::default());
         let pending = {
             let (attempt, core, target) = (attempt.clone(), core.clone(), conn.server_id);
@@ -225,6 +227,16 @@ pub(super) async fn wait_grant<D: SessionDriver>(
         match result {
             Ok(Some(grant)) => return Ok(Some(grant)),
             Ok(None) => recovery.reached_server(),
+            // A candidate whose waiting session ended never waits again on another: told it
+            // leads on a session it did not wait on, it could be a second leader
+            // (etcd-io/etcd #19597). Its campaign fails, and its caller decides whether to
+            // stand again; a lock's waiter waits again.
+            Err(_) if options.is_campaign() && waited_on.is_dead() => {
+                return Err(LockError::Lost {
+                    name: name.to_string(),
+                    reason: LostReason::SessionExpired,
+                });
+            }
             Err(error) => recovery.pause_or_give_up(error, retry, deadline).await?,
         }
     }

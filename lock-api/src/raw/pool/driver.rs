@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::election::Leader;
 use crate::error::LockError;
 use crate::name::LockName;
 
@@ -150,6 +151,42 @@ pub trait SessionDriver: Debug + Send + Sync + 'static {
     ) -> Result<bool, DriverError> {
         let _ = (conn, key, permits, slot);
         Err(DriverError::statement(crate::semaphore::unsupported(
+            self.backend(),
+        )))
+    }
+
+    /// Writes `term` and `value` as the leader's record of `name` (whose key is `key`), in one
+    /// statement, **only if this connection holds `key` now** (checked on the server, not from
+    /// the client's records) and no record of a higher term is there; with the record goes
+    /// what [`leader`](Self::leader) needs to tell whether its writer still holds the key (the
+    /// connection's server id). Returns whether it wrote. The pool runs it on the connection
+    /// that holds the lease. The default answers `Unsupported`.
+    async fn proclaim(
+        &self,
+        conn: &mut Self::Conn,
+        name: &LockName,
+        key: &Self::Key,
+        term: u64,
+        value: &[u8],
+    ) -> Result<bool, DriverError> {
+        let _ = (conn, name, key, term, value);
+        Err(DriverError::statement(crate::election::unsupported(
+            self.backend(),
+        )))
+    }
+
+    /// The leader's record of `name` (whose key is `key`), counted only if the connection that
+    /// wrote it holds `key` **now**: a record left by a connection that closed, or by a holder
+    /// that released, reads as `None` without anyone cleaning it up. Runs on any connection of
+    /// the pool. The default answers `Unsupported`.
+    async fn leader(
+        &self,
+        conn: &mut Self::Conn,
+        name: &LockName,
+        key: &Self::Key,
+    ) -> Result<Option<Leader>, DriverError> {
+        let _ = (conn, name, key);
+        Err(DriverError::statement(crate::election::unsupported(
             self.backend(),
         )))
     }

@@ -13,9 +13,11 @@ use super::core::{Hold, PoolCore};
 use super::driver::SessionDriver;
 use crate::error::{LockError, Result};
 use crate::name::LockName;
+use crate::raw::detach::Detach;
 use crate::raw::lease::RawLease;
 use crate::raw::state::LeaseState;
 use crate::status::LostReason;
+use crate::token::FencingToken;
 
 pub(super) struct PoolLease<D: SessionDriver> {
     core: Arc<PoolCore<D>>,
@@ -101,6 +103,48 @@ impl<D: SessionDriver> RawLease for PoolLease<D> {
                 self.core.close(&self.conn, &mut guard, "a release failed");
                 Err(failure.error)
             }
+        }
+    }
+
+    /// The driver's owner-checked write of the leader's record, on the lease's own connection
+    /// (the one that holds the key, which is what the server checks). It runs to completion in
+    /// a `Detach`, so a dropped proclaim never leaves the connection mid-statement; a broken
+    /// connection loses the lease as it does for a release.
+    async fn proclaim(&self, term: FencingToken, value: &[u8]) -> Result<()> {
+        if self.done.load(Ordering::Acquire) {
+            return Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            });
+        }
+        if self.conn.is_dead() {
+            return Err(self.lost());
+        }
+        let (core, conn) = (self.core.clone(), self.conn.clone());
+        let (name, key, value) = (self.name.clone(), self.key.clone(), value.to_vec());
+        let written = Detach::new(async move {
+            // Counted as load, so that attempts go elsewhere instead of queueing behind it.
+            let _load = core.unlocking(&conn);
+            let mut guard = conn.conn.lock().await;
+            let Some(c) = guard.as_mut() else {
+                return Err(None);
+            };
+            let limit = core.config.command_timeout;
+            let write = core.driver.proclaim(c, &name, &key, term.get(), &value);
+            let outcome = timeout(limit, write).await;
+            core.settle(&conn, &mut guard, limit, outcome).map_err(Some)
+        })
+        .await;
+        match written {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            }),
+            // The connection is gone, and the lock with it.
+            Err(None) => Err(self.lost()),
+            Err(Some(failure)) if failure.broken => Err(self.lost()),
+            // The statement failed on a live connection: the lock is still held, and the
+            // leadership with it; the caller may proclaim again.
+            Err(Some(failure)) => Err(failure.error),
         }
     }
 

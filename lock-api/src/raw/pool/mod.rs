@@ -34,6 +34,12 @@
 //!   ends that session once, which marks every guard on it lost.
 //! - **Dropped guards** queue an owner-checked unlock on their connection, which its own task
 //!   runs; no runtime is needed at the drop site.
+//! - **Elections** are locks whose holder writes a record: the driver's `proclaim` writes it
+//!   on the lease's own connection, owner-checked on the server; its `leader` reads it on any
+//!   connection and counts it only while its writer's connection holds the key. Observers read
+//!   again every [`OBSERVE_RETRY`](crate::raw::OBSERVE_RETRY), since a dead connection tells
+//!   nobody. A campaign whose wait loses its connection fails with
+//!   [`LockError::Lost`](crate::LockError::Lost) (`SessionExpired`) instead of waiting again.
 //! - **One set of connections per runtime.** A connection is driven by a task of the runtime
 //!   that opened it, so each tokio runtime that uses the client gets connections of its own
 //!   ([`PerRuntime`]), up to `max_connections` each: when one runtime
@@ -45,6 +51,7 @@ mod attempt;
 mod connection;
 mod core;
 mod driver;
+mod election;
 mod lease;
 mod registry;
 
@@ -186,6 +193,33 @@ impl<D: SessionDriver> SessionPool<D> {
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
         acquire::wait_grant(&self.core(), name, key, limit, options, deadline).await
+    }
+
+    /// The leader of `name` (whose key is `key`) as the driver's
+    /// [`leader`](SessionDriver::leader) reads it: counted only while the connection that
+    /// wrote the record holds the key. Runs on the least busy shared connection, or on one that
+    /// holds nothing.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`](crate::LockError::Unavailable) when no connection can be had
+    /// or the server does not answer; the driver's errors otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads, and the statement runs to completion in the background.
+    pub async fn leader(&self, name: &LockName, key: &D::Key) -> Result<Option<crate::Leader>> {
+        election::leader(&self.core(), name, key).await
+    }
+
+    /// A stream of `name`'s leader (whose key is `key`): the current state first, then the
+    /// state read again every [`OBSERVE_RETRY`](crate::raw::OBSERVE_RETRY), which bounds how
+    /// late a change is seen. A session server tells nobody when a connection dies, so a dead
+    /// leader is only seen by reading again; a term that starts and ends between two reads
+    /// goes unseen. A failed read is reported as an error item, and the next state read after
+    /// it follows a [`LeaderEvent::Missed`](crate::LeaderEvent::Missed). Every state read is
+    /// reported; [`raw::observe`](crate::raw::observe) drops the repeats. The stream holds no
+    /// connection between reads: dropping it leaves nothing registered or borrowed.
+    pub fn observe_leader(&self, name: &LockName, key: &D::Key) -> crate::LeaderStream {
+        election::observe(self.clone(), name.clone(), key.clone())
     }
 
     /// Whether this client holds `key`, or has an attempt on it in flight.

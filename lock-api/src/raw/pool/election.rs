@@ -1,0 +1,120 @@
+//! Reading and observing a name's leader over a pool: the driver's owner-checked record, read
+//! on any connection, and a stream that reads it again on a bounded interval.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use tokio::time::{Instant, timeout};
+
+use super::SessionPool;
+use super::core::{Conn, PoolCore};
+use super::driver::{DriverError, SessionDriver};
+use crate::election::{Leader, LeaderEvent, LeaderStream, OBSERVE_RETRY};
+use crate::error::Result;
+use crate::name::LockName;
+use crate::raw::detach::Detach;
+use crate::raw::time::after;
+
+/// The driver's [`leader`](SessionDriver::leader) read on a connection of the pool: the least
+/// busy shared one (a read stacks nothing, so one holding locks will do), else one that holds
+/// nothing, opened if need be. It runs to completion in a `Detach`, so a dropped read never
+/// leaves a connection mid-statement or lent out.
+pub(super) async fn leader<D: SessionDriver>(
+    core: &Arc<PoolCore<D>>,
+    name: &LockName,
+    key: &D::Key,
+) -> Result<Option<Leader>> {
+    let (core, name, key) = (core.clone(), name.clone(), key.clone());
+    Detach::new(async move {
+        let shared = core.registry().least_busy_shared();
+        if let Some(conn) = shared {
+            return read_on(&core, &conn, &name, &key).await;
+        }
+        let wake_at = after(Instant::now(), core.config.command_timeout);
+        let Some(conn) = core.take_waiting(wake_at).await? else {
+            return Err(core.unavailable(format!(
+                "all {} connections are waiting on locks (raise `max_connections`)",
+                core.config.max_connections
+            )));
+        };
+        let read = read_on(&core, &conn, &name, &key).await;
+        core.wait_done(&conn, None);
+        read
+    })
+    .await
+}
+
+/// One leader read on `conn`, bounded by the command timeout; a broken connection is closed.
+async fn read_on<D: SessionDriver>(
+    core: &PoolCore<D>,
+    conn: &Conn<D>,
+    name: &LockName,
+    key: &D::Key,
+) -> Result<Option<Leader>> {
+    // Counted as load, so that attempts go elsewhere instead of queueing behind it.
+    let _load = core.unlocking(conn);
+    let mut guard = conn.conn.lock().await;
+    let c = core.conn_mut(&mut guard).map_err(|f| f.error)?;
+    let limit = core.config.command_timeout;
+    let outcome = timeout(limit, core.driver.leader(c, name, key)).await;
+    core.settle(conn, &mut guard, limit, outcome)
+        .map_err(|failure: DriverError| failure.error)
+}
+
+/// What an observer keeps between reads.
+struct Observer<D: SessionDriver> {
+    pool: SessionPool<D>,
+    name: LockName,
+    key: D::Key,
+    /// Read at once the first time; after that, once per interval.
+    first: bool,
+    /// A read failed since the last state reported: the next state follows a `Missed`.
+    missed: bool,
+    ready: VecDeque<Result<LeaderEvent>>,
+}
+
+/// The leader of `name` read now and then every [`OBSERVE_RETRY`]: a session server tells
+/// nobody when a connection dies (and with it a leader), so only reading again bounds how late
+/// an observer learns it. Every read is reported (the engine drops repeats); a failed read is
+/// reported as the error, and the next state after it follows a [`LeaderEvent::Missed`]. The
+/// stream holds no connection between reads, so dropping it leaves nothing behind.
+pub(super) fn observe<D: SessionDriver>(
+    pool: SessionPool<D>,
+    name: LockName,
+    key: D::Key,
+) -> LeaderStream {
+    let observer = Observer {
+        pool,
+        name,
+        key,
+        first: true,
+        missed: false,
+        ready: VecDeque::new(),
+    };
+    futures::stream::unfold(observer, |mut observer| async move {
+        loop {
+            if let Some(item) = observer.ready.pop_front() {
+                return Some((item, observer));
+            }
+            if !observer.first {
+                tokio::time::sleep(OBSERVE_RETRY).await;
+            }
+            observer.first = false;
+            match observer.pool.leader(&observer.name, &observer.key).await {
+                Ok(leader) => {
+                    if std::mem::take(&mut observer.missed) {
+                        observer.ready.push_back(Ok(LeaderEvent::Missed));
+                    }
+                    let state = leader.map_or(LeaderEvent::Vacant, LeaderEvent::Leads);
+                    observer.ready.push_back(Ok(state));
+                }
+                Err(error) => {
+                    observer.missed = true;
+                    observer.ready.push_back(Err(error));
+                }
+            }
+        }
+    })
+    .boxed()
+}
