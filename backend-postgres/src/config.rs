@@ -27,9 +27,9 @@ use crate::tls::{SslMode, certificate_option};
 /// | `keepalive` | `1s` | how often a connection holding locks is pinged; a failed ping fires `lost` on its guards |
 /// | `wait_slice` | `10s` | longest single server-side wait; longer waits re-issue the wait, so a dead server is noticed within `wait_slice + command_timeout` |
 /// | `fencing` | `true` | take a fencing token from a sequence with every acquire (`false`: tokens are 0) |
-/// | `fence_sequence` | `dlock_fence_seq` | the sequence tokens come from, optionally `schema.name` |
+/// | `fence_sequence` | `dlock_fence_seq` | the sequence tokens come from, optionally `schema.name`; the fence window's objects and the elections' leaders table (`NAME_leaders`) are named after it |
 /// | `fence_window` | `1000000` | tokens reserved per durable write (one WAL flush); `0`: a `nextval` on the sequence per acquire, one flush per 32 (always so before PostgreSQL 15) |
-/// | `create_fence` | `true` | create the sequence on connect if missing (`false`: run [`PostgresLock::migrate`](crate::PostgresLock::migrate) once, or create it yourself) |
+/// | `create_fence` | `true` | create the sequence (and the leaders table) on connect if missing (`false`: run [`PostgresLock::migrate`](crate::PostgresLock::migrate) once, or create them yourself) |
 /// | `tcp_keepalives_idle` | `10s` | server-side TCP keepalive: idle time before the first probe |
 /// | `tcp_keepalives_interval` | `5s` | server-side TCP keepalive: time between probes |
 /// | `tcp_keepalives_count` | `3` | server-side TCP keepalive: unanswered probes before the server drops the session (and its locks) |
@@ -174,8 +174,8 @@ fn non_empty(key: &str, value: &str) -> Result<String> {
     Ok(value.to_owned())
 }
 
-/// The longest suffix [`quote_qualified_suffixed`] is given.
-const LONGEST_SUFFIX: &str = "_window";
+/// The longest suffix [`quote_qualified_suffixed`] is given (the leaders table's).
+const LONGEST_SUFFIX: &str = crate::election::LEADERS_SUFFIX;
 
 const KNOWN: &str = "host, port, dbname, user, password, connect_timeout, command_timeout, max_connections, keepalive, wait_slice, fencing, fence_sequence, fence_window, create_fence, tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count, application_name, sslmode, sslrootcert, sslcert, sslkey";
 
@@ -242,7 +242,8 @@ impl PostgresConfig {
             "create_fence" => self.create_fence = bool_option(BACKEND, key, value)?,
             "fence_sequence" => {
                 quote_qualified(value)?;
-                // The window's objects are named after it: they must fit too.
+                // The window's objects and the leaders table are named after it: they must fit
+                // too.
                 quote_qualified_suffixed(value, LONGEST_SUFFIX)?;
                 self.fence_sequence = value.to_owned();
             }

@@ -6,12 +6,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::raw::permits_mismatch;
 use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, Waited};
-use dlock_api::{LockError, LockName, Result};
+use dlock_api::{Leader, LockError, LockName, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
 use tokio::time::timeout;
 
 use crate::config::PostgresConfig;
+use crate::election::{LeaderSql, UNDEFINED_TABLE, leader_from};
 use crate::error::{
     LOCK_NOT_AVAILABLE, QUERY_CANCELED, is_connection_error, map_err, sqlstate, timed_out,
 };
@@ -41,6 +42,8 @@ pub(crate) struct PgDriver {
     sql: Sql,
     /// Where tokens come from; `None` with fencing off.
     fence: Option<Fence>,
+    /// The leaders table's statements; `None` with fencing off (elections need terms).
+    pub(crate) leaders: Option<LeaderSql>,
     connect: PgConnectOptions,
 }
 
@@ -121,13 +124,42 @@ fn failure(error: sqlx::Error) -> DriverError {
 }
 
 impl PgDriver {
-    pub(crate) fn new(config: PostgresConfig, sql: Sql, fence: Option<Fence>) -> Result<Self> {
+    pub(crate) fn new(
+        config: PostgresConfig,
+        sql: Sql,
+        fence: Option<Fence>,
+        leaders: Option<LeaderSql>,
+    ) -> Result<Self> {
         Ok(Self {
             connect: config.driver_options()?,
             config,
             sql,
             fence,
+            leaders,
         })
+    }
+
+    /// The leaders table's statements, or `Unsupported` with fencing off.
+    fn leaders(&self) -> std::result::Result<&LeaderSql, DriverError> {
+        self.leaders.as_ref().ok_or_else(|| {
+            DriverError::statement(LockError::Unsupported {
+                backend: crate::BACKEND,
+                operation: "elections without fencing (a term is a fencing token)",
+            })
+        })
+    }
+
+    /// A statement on the leaders table failed: a missing table is a configuration to fix.
+    fn leaders_failure(&self, error: sqlx::Error) -> DriverError {
+        match (&self.leaders, sqlstate(&error).as_deref()) {
+            (Some(leaders), Some(UNDEFINED_TABLE)) => {
+                DriverError::statement(crate::config::config_error(format!(
+                    "the leaders table {} does not exist: call PostgresLock::migrate() (or set create_fence=true)",
+                    leaders.table()
+                )))
+            }
+            _ => failure(error),
+        }
     }
 
     /// The token of a grant whose statement drew `drawn`: kept, or renewed by the fence on
@@ -332,6 +364,64 @@ impl SessionDriver for PgDriver {
         key: &RawKey,
     ) -> std::result::Result<bool, DriverError> {
         unlock_retrying(conn, || sql::unlock(*key)).await
+    }
+
+    async fn proclaim(
+        &self,
+        conn: &mut PgConnection,
+        name: &LockName,
+        key: &RawKey,
+        term: u64,
+        value: &[u8],
+    ) -> std::result::Result<bool, DriverError> {
+        let leaders = self.leaders()?;
+        let term = i64::try_from(term).map_err(|_| {
+            DriverError::statement(LockError::unexpected(
+                crate::BACKEND,
+                format!("term {term} out of range"),
+            ))
+        })?;
+        let written = leaders
+            .proclaim(name.as_str(), int_key(key)?, term, value)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(|e| self.leaders_failure(e))?;
+        Ok(written.is_some())
+    }
+
+    async fn leader(
+        &self,
+        conn: &mut PgConnection,
+        name: &LockName,
+        key: &RawKey,
+    ) -> std::result::Result<Option<Leader>, DriverError> {
+        let leaders = self.leaders()?;
+        let row = match leaders
+            .leader(name.as_str(), int_key(key)?)
+            .fetch_optional(&mut *conn)
+            .await
+        {
+            Ok(row) => row,
+            // Nobody has proclaimed yet where nothing creates the table.
+            Err(e) if sqlstate(&e).as_deref() == Some(UNDEFINED_TABLE) => None,
+            Err(e) => return Err(failure(e)),
+        };
+        row.map(|row| {
+            let term: i64 = row.try_get(0).map_err(failure)?;
+            let value: Vec<u8> = row.try_get(1).map_err(failure)?;
+            Ok(leader_from(term, value))
+        })
+        .transpose()
+    }
+
+    async fn unlock_leader(
+        &self,
+        conn: &mut PgConnection,
+        key: &RawKey,
+    ) -> std::result::Result<bool, DriverError> {
+        let leaders = self.leaders()?;
+        let k = int_key(key)?;
+        unlock_retrying(conn, || leaders.unlock(k)).await
     }
 
     async fn ping(&self, conn: &mut PgConnection) -> std::result::Result<(), DriverError> {

@@ -196,6 +196,7 @@
 
 mod config;
 mod driver;
+mod election;
 mod error;
 mod fence;
 mod inspect;

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::BACKEND;
 use crate::config::PostgresConfig;
 use crate::driver::{MAX_PERMITS, PgDriver, open_connection, slot_keys};
+use crate::election::LeaderSql;
 use crate::fence::Fence;
 use crate::inspect::Inspector;
 use crate::key::AdvisoryKey;
@@ -67,8 +68,17 @@ impl PostgresLock {
         } else {
             None
         };
+        let leaders = if config.fencing {
+            let leaders = LeaderSql::new(&config)?;
+            if config.create_fence {
+                leaders.create(&mut conn, config.command_timeout).await?;
+            }
+            Some(leaders)
+        } else {
+            None
+        };
         let sql = Sql::new(fence.as_ref().map(Fence::draw_sql).as_deref());
-        let driver = PgDriver::new(config, sql, fence)?;
+        let driver = PgDriver::new(config, sql, fence, leaders)?;
         let pid = driver.prepare(&mut conn).await?;
         let pool_config = driver.pool_config();
         let pool = SessionPool::new(driver, pool_config);
@@ -107,11 +117,13 @@ impl PostgresLock {
     /// Creates the fence sequence (`CREATE SEQUENCE IF NOT EXISTS … CACHE 1`) and, unless
     /// `fence_window=0` or the server predates PostgreSQL 15, the fence window next to it (an
     /// unlogged sequence `NAME_fast`, a one-row table `NAME_window` and a function
-    /// `NAME_renew(bigint)`) if they are missing or the function is out of date: for
-    /// deployments that run with `create_fence=false` and migrate with a privileged user. The
-    /// user the clients connect as then needs `USAGE, UPDATE` on the sequences `NAME` and
-    /// `NAME_fast` and `SELECT, INSERT, UPDATE` on the table `NAME_window` (the renewal runs
-    /// with the caller's rights); with `fence_window=0`, `USAGE` on `NAME`.
+    /// `NAME_renew(bigint)`) if they are missing or the function is out of date, and the
+    /// elections' leaders table `NAME_leaders`: for deployments that run with
+    /// `create_fence=false` and migrate with a privileged user. The user the clients connect
+    /// as then needs `USAGE, UPDATE` on the sequences `NAME` and `NAME_fast` and `SELECT,
+    /// INSERT, UPDATE` on the table `NAME_window` (the renewal runs with the caller's rights);
+    /// with `fence_window=0`, `USAGE` on `NAME`; and for elections `SELECT, INSERT, UPDATE,
+    /// DELETE` on `NAME_leaders`.
     ///
     /// # Errors
     /// [`LockError::Config`](dlock_api::LockError::Config) if they cannot be created or the sequence exists with a cache;
@@ -122,7 +134,10 @@ impl PostgresLock {
     pub async fn migrate(&self) -> Result<()> {
         let config = self.config();
         let mut conn = open_connection(config).await?;
-        Fence::ensure(&mut conn, config, true).await.map(drop)
+        Fence::ensure(&mut conn, config, true).await?;
+        LeaderSql::new(config)?
+            .create(&mut conn, config.command_timeout)
+            .await
     }
 
     /// [`try_acquire`](dlock_api::DistributedLock::try_acquire) with an [`AdvisoryKey`]: an integer key
@@ -195,6 +210,8 @@ impl RawLock for PostgresLock {
             takeover_signal: true,
             // See `MAX_PERMITS` for why so few.
             max_permits: MAX_PERMITS,
+            // A term is a fencing token: without fencing there is none.
+            elections: self.config().fencing,
             ..Capabilities::SESSION_LEASE
         }
     }
@@ -230,6 +247,20 @@ impl RawLock for PostgresLock {
         self.pool
             .wait_grant(name, &key.raw(), limit, options, deadline)
             .await
+    }
+
+    /// The name's row in the leaders table, counted while its writer's backend holds the
+    /// name's advisory key (`pg_locks`).
+    async fn leader(&self, name: &LockName) -> Result<Option<dlock_api::Leader>> {
+        let key = AdvisoryKey::Name(name.clone());
+        self.pool.leader(name, &key.raw()).await
+    }
+
+    /// The leader read again every `OBSERVE_RETRY` (250 ms): a backend that dies notifies
+    /// nobody.
+    async fn observe_leader(&self, name: &LockName) -> Result<dlock_api::LeaderStream> {
+        let key = AdvisoryKey::Name(name.clone());
+        Ok(self.pool.observe_leader(name, &key.raw()))
     }
 
     /// The name's slot locks held now, in `pg_locks` (every slot a semaphore of the most

@@ -141,7 +141,7 @@ fn try_permit(token: &str) -> String {
 
 /// `SQL` that is true for a `pg_locks` row `l` of the 64-bit advisory key `key` (an SQL
 /// expression) in this database.
-fn advisory_is(key: &str) -> String {
+pub(crate) fn advisory_is(key: &str) -> String {
     format!(
         "l.locktype = 'advisory' \
          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \

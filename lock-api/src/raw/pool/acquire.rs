@@ -113,7 +113,7 @@ async fn try_on<D: SessionDriver>(
             if !core.attempt_done(&conn, &key, true) {
                 return Err(core.unavailable("the connection closed right after the grant"));
             }
-            let hold = Hold { permits, slot };
+            let hold = Hold::granted(permits, slot);
             Ok(Some(granted(&core, conn, name, key, token, hold)))
         }
         Ok(None) => {
@@ -290,7 +290,7 @@ async fn wait_on<D: SessionDriver>(
             if !core.wait_done(&conn, Some((&key, permits))) {
                 return Err(core.unavailable("the connection closed right after the grant"));
             }
-            let hold = Hold { permits, slot };
+            let hold = Hold::granted(permits, slot);
             Ok(Some(granted(&core, conn, name, key, token, hold)))
         }
         Ok(Err(Waited::NotGranted)) => {

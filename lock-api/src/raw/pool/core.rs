@@ -20,20 +20,28 @@ use crate::status::LostReason;
 pub(super) type Conn<D> = Arc<Connection<D>>;
 
 /// What a grant holds on its connection: a lock (`permits` 1), or one of `permits` permits of a
-/// semaphore, on `slot` (`None` before the server named one: an undo).
+/// semaphore, on `slot` (`None` before the server named one: an undo); `leader` once a lock's
+/// holder has proclaimed, so that its release clears the record it wrote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Hold {
     pub(super) permits: u32,
     pub(super) slot: Option<u32>,
+    pub(super) leader: bool,
 }
 
 impl Hold {
-    /// Whatever an attempt for `permits` may have taken.
-    pub(super) fn any(permits: u32) -> Self {
+    /// A grant of one of `permits` (a lock: 1), on `slot` for a permit.
+    pub(super) fn granted(permits: u32, slot: Option<u32>) -> Self {
         Self {
             permits,
-            slot: None,
+            slot,
+            leader: false,
         }
+    }
+
+    /// Whatever an attempt for `permits` may have taken.
+    pub(super) fn any(permits: u32) -> Self {
+        Self::granted(permits, None)
     }
 }
 
@@ -311,7 +319,9 @@ impl<D: SessionDriver> PoolCore<D> {
         key: &D::Key,
         hold: Hold,
     ) -> std::result::Result<bool, DriverError> {
-        if hold.permits <= 1 {
+        if hold.leader {
+            self.driver.unlock_leader(c, key).await
+        } else if hold.permits <= 1 {
             self.driver.unlock(c, key).await
         } else {
             self.driver

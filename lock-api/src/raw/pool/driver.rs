@@ -160,7 +160,8 @@ pub trait SessionDriver: Debug + Send + Sync + 'static {
     /// the client's records) and no record of a higher term is there; with the record goes
     /// what [`leader`](Self::leader) needs to tell whether its writer still holds the key (the
     /// connection's server id). Returns whether it wrote. The pool runs it on the connection
-    /// that holds the lease. The default answers `Unsupported`.
+    /// that holds the lease, and releases that lease with
+    /// [`unlock_leader`](Self::unlock_leader). The default answers `Unsupported`.
     async fn proclaim(
         &self,
         conn: &mut Self::Conn,
@@ -189,6 +190,20 @@ pub trait SessionDriver: Debug + Send + Sync + 'static {
         Err(DriverError::statement(crate::election::unsupported(
             self.backend(),
         )))
+    }
+
+    /// Releases `key` as [`unlock`](Self::unlock) does, and deletes the leader's record this
+    /// connection wrote for it (only if its writer is this connection: a successor's record
+    /// stays): what the pool runs instead of `unlock` for a lease that proclaimed. Without it a
+    /// record would count again as soon as its connection took the key once more, for a lock
+    /// or another campaign that has not proclaimed yet. The default is `unlock`, for drivers
+    /// without elections, whose leases never proclaim.
+    async fn unlock_leader(
+        &self,
+        conn: &mut Self::Conn,
+        key: &Self::Key,
+    ) -> Result<bool, DriverError> {
+        self.unlock(conn, key).await
     }
 
     /// A round trip that proves the connection (and so its locks) alive.

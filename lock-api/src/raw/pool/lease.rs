@@ -28,6 +28,8 @@ pub(super) struct PoolLease<D: SessionDriver> {
     state: Arc<LeaseState>,
     /// Set once the lock is released (or known gone); until then, dropping queues an unlock.
     done: AtomicBool,
+    /// Set once a proclaim was sent: the release then clears the leader's record too.
+    proclaimed: AtomicBool,
 }
 
 impl<D: SessionDriver> PoolLease<D> {
@@ -47,6 +49,15 @@ impl<D: SessionDriver> PoolLease<D> {
             name,
             state,
             done: AtomicBool::new(false),
+            proclaimed: AtomicBool::new(false),
+        }
+    }
+
+    /// What the release undoes: the grant, and the leader's record once one may be written.
+    fn hold_now(&self) -> Hold {
+        Hold {
+            leader: self.proclaimed.load(Ordering::Acquire),
+            ..self.hold
         }
     }
 
@@ -81,7 +92,7 @@ impl<D: SessionDriver> RawLease for PoolLease<D> {
             return Err(self.lost());
         };
         let limit = self.core.config.command_timeout;
-        let outcome = timeout(limit, self.core.unlock_on(c, &self.key, self.hold)).await;
+        let outcome = timeout(limit, self.core.unlock_on(c, &self.key, self.hold_now())).await;
         match self.core.settle(&self.conn, &mut guard, limit, outcome) {
             Ok(held) => {
                 drop(guard);
@@ -119,6 +130,8 @@ impl<D: SessionDriver> RawLease for PoolLease<D> {
         if self.conn.is_dead() {
             return Err(self.lost());
         }
+        // Before the statement: were its reply lost, the record may be there all the same.
+        self.proclaimed.store(true, Ordering::Release);
         let (core, conn) = (self.core.clone(), self.conn.clone());
         let (name, key, value) = (self.name.clone(), self.key.clone(), value.to_vec());
         let written = Detach::new(async move {
@@ -162,7 +175,7 @@ impl<D: SessionDriver> Drop for PoolLease<D> {
     fn drop(&mut self) {
         if !self.done.load(Ordering::Acquire) && !self.conn.is_dead() {
             self.core
-                .queue_unlock(&self.conn, self.key.clone(), self.hold);
+                .queue_unlock(&self.conn, self.key.clone(), self.hold_now());
         }
     }
 }

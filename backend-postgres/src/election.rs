@@ -1,0 +1,147 @@
+//! Elections: the leaders table next to the fence sequence, and its statements.
+//!
+//! One row per election name: the term (the leader's fencing token), the value, and who wrote it
+//! (`pg_backend_pid()` and that backend's `backend_start`). A row counts only while that backend
+//! holds the name's advisory key, as `pg_locks` says at the moment of the read: a leader whose
+//! session ended leaves a row that reads as vacant, with nothing to clean up, and a backend
+//! that took the pid of a dead one is told apart by its start time.
+
+use std::time::Duration;
+
+use dlock_api::{Leader, MAX_LEADER_VALUE, Result};
+use sqlx::postgres::{PgArguments, PgConnection, Postgres};
+use sqlx::query::Query;
+use tokio::time::timeout;
+
+use crate::config::{PostgresConfig, config_error, quote_qualified_suffixed};
+use crate::error::{sqlstate, timed_out};
+use crate::sql::advisory_is;
+
+/// The suffix of the leaders table's name, after the fence sequence's.
+pub(crate) const LEADERS_SUFFIX: &str = "_leaders";
+
+/// Postgres's `undefined_table`: the leaders table is not there (`create_fence=false` and no
+/// migration yet).
+pub(crate) const UNDEFINED_TABLE: &str = "42P01";
+
+/// The statements of one client's leaders table.
+#[derive(Debug)]
+pub(crate) struct LeaderSql {
+    table: String,
+    create: String,
+    proclaim: String,
+    leader: String,
+    unlock: String,
+}
+
+impl LeaderSql {
+    /// The statements for the table `fence_sequence` + `_leaders`.
+    pub(crate) fn new(config: &PostgresConfig) -> Result<Self> {
+        let table = quote_qualified_suffixed(&config.fence_sequence, LEADERS_SUFFIX)?;
+        let held_by = |pid: &str, key: &str| {
+            format!(
+                "EXISTS (SELECT 1 FROM pg_locks l WHERE {} AND l.pid = {pid} \
+                 AND l.mode = 'ExclusiveLock' AND l.granted)",
+                advisory_is(key)
+            )
+        };
+        Ok(Self {
+            create: format!(
+                "CREATE TABLE IF NOT EXISTS {table} (\
+                 name text PRIMARY KEY, \
+                 key bigint NOT NULL, \
+                 term bigint NOT NULL, \
+                 value bytea NOT NULL CHECK (octet_length(value) <= {MAX_LEADER_VALUE}), \
+                 holder integer NOT NULL, \
+                 holder_start timestamptz)"
+            ),
+            // Written only while this backend holds the key, and never over a higher term; the
+            // row comes back only when it was written.
+            proclaim: format!(
+                "INSERT INTO {table} AS r (name, key, term, value, holder, holder_start) \
+                 SELECT $1, $2, $3, $4, pg_backend_pid(), \
+                 (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()) \
+                 WHERE {} \
+                 ON CONFLICT (name) DO UPDATE SET key = EXCLUDED.key, term = EXCLUDED.term, \
+                 value = EXCLUDED.value, holder = EXCLUDED.holder, \
+                 holder_start = EXCLUDED.holder_start WHERE r.term <= EXCLUDED.term \
+                 RETURNING true",
+                held_by("pg_backend_pid()", "$2")
+            ),
+            // A start time the reader may not see (another role's session, without
+            // `pg_read_all_stats`) does not count against the row.
+            leader: format!(
+                "SELECT r.term, r.value FROM {table} r WHERE r.name = $1 AND {} \
+                 AND coalesce((SELECT s.backend_start = r.holder_start FROM pg_stat_activity s \
+                 WHERE s.pid = r.holder), true)",
+                held_by("r.holder", "$2")
+            ),
+            // The row goes only if this backend wrote it: a successor's stays. The delete and
+            // the unlock may run in either order, since the row names its writer.
+            unlock: format!(
+                "WITH gone AS (DELETE FROM {table} WHERE key = $1 AND holder = pg_backend_pid()) \
+                 SELECT pg_advisory_unlock($1)"
+            ),
+            table,
+        })
+    }
+
+    /// The leaders table's name, quoted.
+    pub(crate) fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Creates the table if it is missing.
+    pub(crate) async fn create(&self, conn: &mut PgConnection, within: Duration) -> Result<()> {
+        let ran = timeout(within, sqlx::query(&self.create).execute(&mut *conn))
+            .await
+            .map_err(|_| timed_out(within))?;
+        match ran {
+            Ok(_) => Ok(()),
+            // Another client creating it at the same moment.
+            Err(e) if sqlstate(&e).is_some_and(|c| ["42P07", "23505"].contains(&c.as_str())) => {
+                Ok(())
+            }
+            Err(e) if sqlstate(&e).is_some() => Err(config_error(format!(
+                "cannot create the leaders table {} ({}): call PostgresLock::migrate() as a privileged user",
+                self.table,
+                e.as_database_error().map(|d| d.message()).unwrap_or("")
+            ))),
+            Err(e) => Err(crate::error::map_err(e)),
+        }
+    }
+
+    /// The owner-checked write of `name`'s record (key `key`): one row back if written.
+    pub(crate) fn proclaim<'q>(
+        &'q self,
+        name: &'q str,
+        key: i64,
+        term: i64,
+        value: &'q [u8],
+    ) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(&self.proclaim)
+            .bind(name)
+            .bind(key)
+            .bind(term)
+            .bind(value)
+    }
+
+    /// `name`'s record (key `key`), if its writer holds the key now: `(term, value)`.
+    pub(crate) fn leader<'q>(
+        &'q self,
+        name: &'q str,
+        key: i64,
+    ) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(&self.leader).bind(name).bind(key)
+    }
+
+    /// Unlocks the 64-bit key `key` and deletes the record this backend wrote for it.
+    pub(crate) fn unlock(&self, key: i64) -> Query<'_, Postgres, PgArguments> {
+        sqlx::query(&self.unlock).bind(key)
+    }
+}
+
+/// A record read back: the term is the token the leader was granted.
+pub(crate) fn leader_from(term: i64, value: Vec<u8>) -> Leader {
+    Leader::new(dlock_api::FencingToken::new(term.unsigned_abs()), value)
+}
