@@ -23,9 +23,9 @@ use crate::tls::{SslMode, set_certificate_option};
 /// | `max_connections` | `10` | connections one client opens at most on each tokio runtime that uses it (sessions holding locks, blocked waiters, idle ones); at least 2 |
 /// | `keepalive` | `1s` | how often a session connection is pinged: the bound on noticing a killed or broken session |
 /// | `session_timeout` | `30s` | `SET SESSION wait_timeout`: the server drops a connection silent for this long, freeing its locks (the bound for a half-open connection of a vanished client); must exceed `keepalive` |
-/// | `table` | `dlock_fence` | the fencing counter table on MySQL; on MariaDB the fencing sequence is this name with `_seq` (`name` or `database.name`) |
+/// | `table` | `dlock_fence` | the fencing counter table on MySQL; on MariaDB the fencing sequence is this name with `_seq` (`name` or `database.name`); the elections' leaders table is this name with `_leaders` |
 /// | `fencing` | `true` | fencing tokens (a sequence on MariaDB, a counter table on MySQL); `table`: the counter table on MariaDB too (a token per name, which `inspect` reports, at a row write per acquire); `false`: plain `GET_LOCK`, every token 0, no table |
-/// | `create_table` | `true` | create the table (or sequence) on first use; `false`: call [`MySqlLock::migrate`](crate::MySqlLock::migrate) or create it yourself |
+/// | `create_table` | `true` | create the table (or sequence), and the leaders table, on first use; `false`: call [`MySqlLock::migrate`](crate::MySqlLock::migrate) or create them yourself |
 /// | `prefix` | *(empty)* | prepended to every `GET_LOCK` key, to keep dlock's names apart from other users of named locks on the server |
 /// | `socket` | none | path of the server's Unix socket: connect through it instead of TCP (host and port are then only for display) |
 /// | `ssl_mode` | `DISABLED` | MySQL's modes ([`SslMode`](crate::SslMode)), in any case: `DISABLED`, `PREFERRED`, `REQUIRED`, `VERIFY_CA`, `VERIFY_IDENTITY`; the last three need the `tls-rustls` feature |
@@ -271,6 +271,11 @@ impl MySqlConfig {
     /// The fencing table (MySQL), quoted for SQL: `` `name` `` or `` `database`.`name` ``.
     pub fn quoted_table(&self) -> String {
         quote_path(&self.table)
+    }
+
+    /// The elections' leaders table: the table's name with `_leaders`, quoted for SQL.
+    pub(crate) fn quoted_leaders(&self) -> String {
+        quote_path(&format!("{}_leaders", self.table))
     }
 
     /// The fencing sequence (MariaDB): the table's name with `_seq`, quoted for SQL.

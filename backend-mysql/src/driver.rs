@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, Waited};
-use dlock_api::{LockError, LockName};
+use dlock_api::{Leader, LockError, LockName};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
 
 use crate::BACKEND;
 use crate::config::{MySqlConfig, config_error};
+use crate::election::LeaderSql;
 use crate::error::{is_connection_error, map_err};
 use crate::sql::{Cmd, FENCE_RETENTION, Fence, HELLO, Reply, Sql, exec, raise_sequence};
 use crate::tls;
@@ -61,6 +62,8 @@ pub(crate) struct MySqlDriver {
     fence: OnceLock<Fence>,
     /// When this client last swept old counter rows (`None`: not yet).
     last_sweep: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// The leaders table's statements; `None` with fencing off (elections need terms).
+    leaders: Option<LeaderSql>,
 }
 
 impl MySqlDriver {
@@ -68,6 +71,7 @@ impl MySqlDriver {
         Ok(Self {
             sql: Sql::new(&config),
             init: Sql::init(&config),
+            leaders: config.fencing.then(|| LeaderSql::new(&config)),
             connect: config.driver_options()?.statement_cache_capacity(16),
             config,
             fence: OnceLock::new(),
@@ -131,10 +135,17 @@ impl MySqlDriver {
     pub(crate) async fn migrate(&self) -> dlock_api::Result<()> {
         let (mut conn, _) = self.open().await?;
         let cmd = Cmd::CreateTable(self.fence());
-        let reply = tokio::time::timeout(self.config.command_timeout, self.run(&mut conn, &cmd))
+        let create = async {
+            let reply = self.run(&mut conn, &cmd).await?;
+            if let Some(leaders) = &self.leaders {
+                leaders.create(&mut conn).await.map_err(failure)?;
+            }
+            Ok(reply)
+        };
+        let reply = tokio::time::timeout(self.config.command_timeout, create)
             .await
             .map_err(|_| LockError::command_timeout(BACKEND, self.config.command_timeout))?
-            .map_err(|f| f.error);
+            .map_err(|f: DriverError| f.error);
         let _ = tokio::time::timeout(self.config.command_timeout, conn.close()).await;
         reply.map(drop)
     }
@@ -145,6 +156,18 @@ fn failure(error: sqlx::Error) -> DriverError {
         DriverError::broken(map_err(error))
     } else {
         DriverError::statement(map_err(error))
+    }
+}
+
+impl MySqlDriver {
+    /// The leaders table's statements, or `Unsupported` with fencing off.
+    fn leaders(&self) -> Result<&LeaderSql, DriverError> {
+        self.leaders.as_ref().ok_or_else(|| {
+            DriverError::statement(LockError::Unsupported {
+                backend: BACKEND,
+                operation: "elections without fencing (a term is a fencing token)",
+            })
+        })
     }
 }
 
@@ -255,6 +278,40 @@ impl SessionDriver for MySqlDriver {
             }
         }
         Ok(released)
+    }
+
+    async fn proclaim(
+        &self,
+        conn: &mut MySqlConnection,
+        _name: &LockName,
+        key: &Arc<str>,
+        term: u64,
+        value: &[u8],
+    ) -> Result<bool, DriverError> {
+        self.leaders()?
+            .proclaim(conn, key, term, value)
+            .await
+            .map_err(failure)
+    }
+
+    async fn leader(
+        &self,
+        conn: &mut MySqlConnection,
+        _name: &LockName,
+        key: &Arc<str>,
+    ) -> Result<Option<Leader>, DriverError> {
+        self.leaders()?.leader(conn, key).await.map_err(failure)
+    }
+
+    /// The record goes first, while this connection still holds the key, so no successor's
+    /// record can be there yet; then the lock.
+    async fn unlock_leader(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Arc<str>,
+    ) -> Result<bool, DriverError> {
+        self.leaders()?.forget(conn, key).await.map_err(failure)?;
+        self.unlock(conn, key).await
     }
 
     async fn ping(&self, conn: &mut MySqlConnection) -> Result<(), DriverError> {

@@ -120,6 +120,7 @@
 
 mod config;
 mod driver;
+mod election;
 mod error;
 mod inspect;
 mod lock;

@@ -108,8 +108,9 @@ impl MySqlLock {
         self.pool.connections()
     }
 
-    /// Creates the fencing table (MySQL) or sequence (MariaDB) if it does not exist (what the
-    /// first acquire does when `create_table` is on).
+    /// Creates the fencing table (MySQL) or sequence (MariaDB), and the elections' leaders
+    /// table (`TABLE_leaders`), if they do not exist (what the first acquire and the first
+    /// proclaim do when `create_table` is on).
     ///
     /// # Errors
     /// [`LockError::Backend`](dlock_api::LockError::Backend) if the server refuses (no `CREATE` privilege);
@@ -140,6 +141,8 @@ impl RawLock for MySqlLock {
             max_name_bytes: Some(MAX_KEY_CHARS.saturating_sub(self.config().prefix.len())),
             inspect: true,
             takeover_signal: true,
+            // A term is a fencing token: without fencing there is none.
+            elections: self.config().fencing,
             ..Capabilities::SESSION_LEASE
         }
     }
@@ -151,6 +154,18 @@ impl RawLock for MySqlLock {
         self.inspector
             .inspect(self.pool.driver(), &self.raw_key(name))
             .await
+    }
+
+    /// The key's row in the leaders table, counted while `IS_USED_LOCK` names the connection
+    /// that wrote it.
+    async fn leader(&self, name: &LockName) -> Result<Option<dlock_api::Leader>> {
+        self.pool.leader(name, &self.raw_key(name)).await
+    }
+
+    /// The leader read again every `OBSERVE_RETRY` (250 ms): a connection that dies notifies
+    /// nobody.
+    async fn observe_leader(&self, name: &LockName) -> Result<dlock_api::LeaderStream> {
+        Ok(self.pool.observe_leader(name, &self.raw_key(name)))
     }
 
     /// `limit` is always 1: this backend has no semaphores (see the crate docs).
