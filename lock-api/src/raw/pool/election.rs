@@ -27,22 +27,48 @@ pub(super) async fn leader<D: SessionDriver>(
 ) -> Result<Option<Leader>> {
     let (core, name, key) = (core.clone(), name.clone(), key.clone());
     Detach::new(async move {
-        let shared = core.registry().least_busy_shared();
-        if let Some(conn) = shared {
-            return read_on(&core, &conn, &name, &key).await;
+        // A pooled connection may have died unnoticed (its backend killed, a server restart):
+        // a read that finds it dead is made once more on another, as an attempt is.
+        match read_once(&core, &name, &key).await {
+            Err((error, true)) => {
+                tracing::debug!(%error, "dlock: a pooled connection was dead; reading the leader on another");
+                read_once(&core, &name, &key).await.map_err(|(error, _)| error)
+            }
+            read => read.map_err(|(error, _)| error),
         }
-        let wake_at = after(Instant::now(), core.config.command_timeout);
-        let Some(conn) = core.take_waiting(wake_at).await? else {
-            return Err(core.unavailable(format!(
-                "all {} connections are waiting on locks (raise `max_connections`)",
-                core.config.max_connections
-            )));
-        };
-        let read = read_on(&core, &conn, &name, &key).await;
-        core.wait_done(&conn, None);
-        read
     })
     .await
+}
+
+/// One leader read; the error says whether its connection turned out dead.
+async fn read_once<D: SessionDriver>(
+    core: &Arc<PoolCore<D>>,
+    name: &LockName,
+    key: &D::Key,
+) -> std::result::Result<Option<Leader>, (crate::LockError, bool)> {
+    let shared = core.registry().least_busy_shared();
+    let (conn, lent) = match shared {
+        Some(conn) => (conn, false),
+        None => {
+            let wake_at = after(Instant::now(), core.config.command_timeout);
+            match core.take_waiting(wake_at).await {
+                Ok(Some(conn)) => (conn, true),
+                Ok(None) => {
+                    let error = core.unavailable(format!(
+                        "all {} connections are waiting on locks (raise `max_connections`)",
+                        core.config.max_connections
+                    ));
+                    return Err((error, false));
+                }
+                Err(error) => return Err((error, false)),
+            }
+        }
+    };
+    let read = read_on(core, &conn, name, key).await;
+    if lent {
+        core.wait_done(&conn, None);
+    }
+    read.map_err(|error| (error, conn.is_dead()))
 }
 
 /// One leader read on `conn`, bounded by the command timeout; a broken connection is closed.

@@ -1,0 +1,192 @@
+//! Elections on Postgres: the leaders table's row, a leader whose backend is terminated (its row
+//! reads vacant at once, with nothing cleaned up), a proclaim refused over a higher term, and a
+//! candidate whose waiting backend is terminated.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{shared_url, sql, terminate_holder, unique};
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LostReason};
+use dlock_postgres::{AdvisoryKey, PostgresLock};
+use sqlx::Row;
+use tokio::time::timeout;
+
+const BOUND: Duration = Duration::from_secs(30);
+/// The leaders table of the default fence sequence.
+const LEADERS: &str = "dlock_fence_seq_leaders";
+
+fn name(s: &str) -> LockName {
+    LockName::new(unique(s)).unwrap()
+}
+
+fn wait() -> LockOptions {
+    LockOptions::new().with_wait_timeout(BOUND)
+}
+
+/// The name's row: (key, term, value, holder pid, whether the holder's start time is kept).
+async fn row(url: &str, name: &LockName) -> Option<(i64, i64, Vec<u8>, i32, bool)> {
+    let mut conn = sql(url).await;
+    let row = sqlx::query(&format!(
+        "SELECT key, term, value, holder, holder_start IS NOT NULL FROM {LEADERS} WHERE name = $1"
+    ))
+    .bind(name.as_str())
+    .fetch_optional(&mut conn)
+    .await
+    .unwrap();
+    row.map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+}
+
+/// The pid holding `name`'s advisory key, from `pg_locks`.
+async fn holder_pid(url: &str, name: &LockName) -> Option<i32> {
+    let (classid, objid, objsubid) = AdvisoryKey::Name(name.clone()).pg_locks_ids();
+    let mut conn = sql(url).await;
+    sqlx::query(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3",
+    )
+    .bind(i64::from(classid))
+    .bind(i64::from(objid))
+    .bind(objsubid)
+    .fetch_optional(&mut conn)
+    .await
+    .unwrap()
+    .map(|r| r.get(0))
+}
+
+#[tokio::test]
+async fn the_record_is_a_row_of_term_value_and_holder_deleted_on_resignation() {
+    let url = shared_url();
+    let locks = PostgresLock::connect_url(&url).await.unwrap();
+    let n = name("record");
+    let leadership = locks.campaign(&n, b"host-a:8080", &wait()).await.unwrap();
+    let (key, term, value, holder, started) = row(&url, &n).await.expect("a row");
+    assert_eq!(key, dlock_api::KeyMapper::hash_i64(&n));
+    assert_eq!(term.unsigned_abs(), leadership.term().get());
+    assert_eq!(value, b"host-a:8080");
+    assert_eq!(Some(holder), holder_pid(&url, &n).await);
+    assert!(started, "the holder's backend_start guards a reused pid");
+    leadership.proclaim(b"host-a:9090").await.unwrap();
+    assert_eq!(row(&url, &n).await.unwrap().2, b"host-a:9090");
+    leadership.resign().await.unwrap();
+    assert!(
+        row(&url, &n).await.is_none(),
+        "a resignation leaves its row"
+    );
+    // The same session taking the name again as a plain lock is no leader.
+    let guard = locks.acquire(&n, &wait()).await.unwrap();
+    assert_eq!(locks.leader(&n).await.unwrap(), None);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_terminated_leader_reads_vacant_at_once_and_the_next_leads_with_a_higher_term() {
+    let url = shared_url();
+    let (a, b) = (
+        PostgresLock::connect_url(&url).await.unwrap(),
+        PostgresLock::connect_url(&url).await.unwrap(),
+    );
+    let n = name("terminated");
+    let first = a.campaign(&n, b"a", &wait()).await.unwrap();
+    let killed = terminate_holder(&url, &AdvisoryKey::Name(n.clone()))
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    // `pg_terminate_backend` returns once signalled; the lock goes when the backend exits.
+    common::eventually("the terminated backend's lock to go", || async {
+        holder_pid(&url, &n).await.is_none()
+    })
+    .await;
+    assert!(row(&url, &n).await.is_some(), "nothing cleaned the row up");
+    assert_eq!(b.leader(&n).await.unwrap(), None);
+    let second = b.campaign(&n, b"b", &wait()).await.unwrap();
+    assert!(second.term() > first.term());
+    let said = a.leader(&n).await.unwrap().expect("a leader");
+    assert_eq!((said.term(), said.value()), (second.term(), &b"b"[..]));
+    let refused = first.proclaim(b"stale").await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::Lost { .. } | LockError::NotHeld { .. })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(row(&url, &n).await.unwrap().2, b"b");
+    second.resign().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_proclaim_over_a_higher_term_is_not_held_and_writes_nothing() {
+    let url = shared_url();
+    let locks = PostgresLock::connect_url(&url).await.unwrap();
+    let n = name("higher");
+    let leadership = locks.campaign(&n, b"mine", &wait()).await.unwrap();
+    let mut conn = sql(&url).await;
+    sqlx::query(&format!(
+        "UPDATE {LEADERS} SET term = term + 1000000, value = 'newer' WHERE name = $1"
+    ))
+    .bind(n.as_str())
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let refused = leadership.proclaim(b"older").await;
+    assert!(
+        matches!(refused, Err(LockError::NotHeld { .. })),
+        "{refused:?}"
+    );
+    assert!(!leadership.is_held());
+    let (_, term, value, ..) = row(&url, &n).await.unwrap();
+    assert_eq!(term.unsigned_abs(), leadership.term().get() + 1_000_000);
+    assert_eq!(value, b"newer");
+    let _ = leadership.resign().await;
+}
+
+#[tokio::test]
+async fn a_candidate_whose_waiting_backend_is_terminated_is_lost_not_leader() {
+    let url = shared_url();
+    let (a, b) = (
+        PostgresLock::connect_url(&url).await.unwrap(),
+        PostgresLock::connect_url(&url).await.unwrap(),
+    );
+    let n = name("candidate");
+    let leader = a.campaign(&n, b"a", &wait()).await.unwrap();
+    let candidate = {
+        let (b, n) = (b.clone(), n.clone());
+        tokio::spawn(async move { b.campaign(&n, b"b", &wait()).await })
+    };
+    let (classid, objid, objsubid) = AdvisoryKey::Name(n.clone()).pg_locks_ids();
+    let mut conn = sql(&url).await;
+    let terminate = "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
+         WHERE locktype = 'advisory' AND NOT granted AND classid = $1::bigint::oid \
+         AND objid = $2::bigint::oid AND objsubid = $3";
+    // The candidate's backend waits in the server's lock queue once its wait has started.
+    let give_up = tokio::time::Instant::now() + BOUND;
+    loop {
+        let killed: i64 = sqlx::query(terminate)
+            .bind(i64::from(classid))
+            .bind(i64::from(objid))
+            .bind(objsubid)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+            .get(0);
+        if killed > 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < give_up, "no candidate waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    leader.resign().await.unwrap();
+    let outcome = timeout(BOUND, candidate).await.unwrap().unwrap();
+    assert!(
+        matches!(
+            outcome,
+            Err(LockError::Lost {
+                reason: LostReason::SessionExpired,
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(a.leader(&n).await.unwrap(), None);
+}
