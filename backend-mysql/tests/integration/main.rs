@@ -6,6 +6,7 @@
 mod common;
 
 mod coupon;
+mod election;
 mod errors;
 mod faults;
 mod fencing;

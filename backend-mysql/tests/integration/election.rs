@@ -1,0 +1,168 @@
+//! Elections on MySQL/MariaDB: the leaders table's row, a leader whose connection is killed
+//! (its row reads vacant at once, with nothing cleaned up), a proclaim refused over a higher
+//! term, and a candidate whose waiting connection is killed.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{MySqlHarness, holder, kill_connection, lock_waiters, raw};
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LostReason};
+use dlock_mysql::MySqlLock;
+use sqlx::Row;
+use tokio::time::timeout;
+
+const BOUND: Duration = Duration::from_secs(30);
+/// The leaders table of the default fencing table.
+const LEADERS: &str = "dlock_fence_leaders";
+
+fn name(what: &str) -> LockName {
+    LockName::new(format!("election/{what}/{:08x}", rand::random::<u32>())).unwrap()
+}
+
+fn wait() -> LockOptions {
+    LockOptions::new().with_wait_timeout(BOUND)
+}
+
+/// The key's row: (term, value, holder).
+async fn row(url: &str, key: &str) -> Option<(u64, Vec<u8>, u64)> {
+    let mut conn = raw(url).await;
+    let row = sqlx::query(&format!(
+        "SELECT term, value, holder FROM {LEADERS} WHERE name = ?"
+    ))
+    .bind(key)
+    .fetch_optional(&mut conn)
+    .await
+    .unwrap();
+    row.map(|r| (r.get(0), r.get(1), r.get(2)))
+}
+
+#[tokio::test]
+async fn the_record_is_a_row_of_term_value_and_holder_deleted_on_resignation() {
+    let harness = MySqlHarness::shared();
+    let url = harness.url();
+    let locks = MySqlLock::connect_url(url).await.unwrap();
+    let n = name("record");
+    let key = locks.key(&n);
+    let leadership = locks.campaign(&n, b"host-a:8080", &wait()).await.unwrap();
+    let (term, value, writer) = row(url, &key).await.expect("a row");
+    assert_eq!(term, leadership.term().get());
+    assert_eq!(value, b"host-a:8080");
+    assert_eq!(Some(writer), holder(url, &key).await);
+    leadership.proclaim(b"host-a:9090").await.unwrap();
+    assert_eq!(row(url, &key).await.unwrap().1, b"host-a:9090");
+    leadership.resign().await.unwrap();
+    assert!(
+        row(url, &key).await.is_none(),
+        "a resignation leaves its row"
+    );
+    // The same connection taking the name again as a plain lock is no leader.
+    let guard = locks.acquire(&n, &wait()).await.unwrap();
+    assert_eq!(locks.leader(&n).await.unwrap(), None);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_killed_leader_reads_vacant_at_once_and_the_next_leads_with_a_higher_term() {
+    let harness = MySqlHarness::shared();
+    let url = harness.url();
+    let (a, b) = (
+        MySqlLock::connect_url(url).await.unwrap(),
+        MySqlLock::connect_url(url).await.unwrap(),
+    );
+    let n = name("killed");
+    let key = a.key(&n);
+    let first = a.campaign(&n, b"a", &wait()).await.unwrap();
+    let id = a.holder_connection_id(&n).expect("held");
+    kill_connection(url, id).await.unwrap();
+    // `KILL` returns once the connection is marked; its locks go as its thread ends.
+    let give_up = tokio::time::Instant::now() + BOUND;
+    while holder(url, &key).await.is_some() {
+        assert!(tokio::time::Instant::now() < give_up, "the lock stayed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(row(url, &key).await.is_some(), "nothing cleaned the row up");
+    assert_eq!(b.leader(&n).await.unwrap(), None);
+    let second = b.campaign(&n, b"b", &wait()).await.unwrap();
+    assert!(second.term() > first.term());
+    let said = a.leader(&n).await.unwrap().expect("a leader");
+    assert_eq!((said.term(), said.value()), (second.term(), &b"b"[..]));
+    let refused = first.proclaim(b"stale").await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::Lost { .. } | LockError::NotHeld { .. })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(row(url, &key).await.unwrap().1, b"b");
+    second.resign().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_proclaim_over_a_higher_term_is_not_held_and_writes_nothing() {
+    let harness = MySqlHarness::shared();
+    let url = harness.url();
+    let locks = MySqlLock::connect_url(url).await.unwrap();
+    let n = name("higher");
+    let key = locks.key(&n);
+    let leadership = locks.campaign(&n, b"mine", &wait()).await.unwrap();
+    let mut conn = raw(url).await;
+    sqlx::query(&format!(
+        "UPDATE {LEADERS} SET term = term + 1000000, value = 'newer' WHERE name = ?"
+    ))
+    .bind(&key)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let refused = leadership.proclaim(b"older").await;
+    assert!(
+        matches!(refused, Err(LockError::NotHeld { .. })),
+        "{refused:?}"
+    );
+    assert!(!leadership.is_held());
+    let (term, value, _) = row(url, &key).await.unwrap();
+    assert_eq!(term, leadership.term().get() + 1_000_000);
+    assert_eq!(value, b"newer");
+    let _ = leadership.resign().await;
+}
+
+#[tokio::test]
+async fn a_candidate_whose_waiting_connection_is_killed_is_lost_not_leader() {
+    let harness = MySqlHarness::shared();
+    let url = harness.url();
+    let (a, b) = (
+        MySqlLock::connect_url(url).await.unwrap(),
+        MySqlLock::connect_url(url).await.unwrap(),
+    );
+    let n = name("candidate");
+    let key = a.key(&n);
+    let leader = a.campaign(&n, b"a", &wait()).await.unwrap();
+    let candidate = {
+        let (b, n) = (b.clone(), n.clone());
+        tokio::spawn(async move { b.campaign(&n, b"b", &wait()).await })
+    };
+    let mut conn = raw(url).await;
+    let give_up = tokio::time::Instant::now() + BOUND;
+    let waiter = loop {
+        if let Some(id) = lock_waiters(&mut conn, &key).await.unwrap().first() {
+            break *id;
+        }
+        assert!(tokio::time::Instant::now() < give_up, "no candidate waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    kill_connection(url, waiter).await.unwrap();
+    leader.resign().await.unwrap();
+    let outcome = timeout(BOUND, candidate).await.unwrap().unwrap();
+    assert!(
+        matches!(
+            outcome,
+            Err(LockError::Lost {
+                reason: LostReason::SessionExpired,
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(a.leader(&n).await.unwrap(), None);
+}
