@@ -243,6 +243,28 @@ pub async fn sql(url: &str) -> PgConnection {
         .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
 }
 
+/// The pid holding `key`, from `pg_locks`.
+pub async fn holder_pid(url: &str, key: &AdvisoryKey) -> Option<i32> {
+    let (classid, objid, objsubid) = key.pg_locks_ids();
+    let mut conn = sql(url).await;
+    sqlx::query(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3",
+    )
+    .bind(i64::from(classid))
+    .bind(i64::from(objid))
+    .bind(objsubid)
+    .fetch_optional(&mut conn)
+    .await
+    .expect("pg_locks query")
+    .map(|r| r.get(0))
+}
+
+/// Terminates every backend waiting for `key`; returns how many.
+pub async fn terminate_waiters(url: &str, key: &AdvisoryKey) -> std::result::Result<i64, String> {
+    terminate(url, key, false).await
+}
+
 /// Terminates every backend holding `key`; returns how many.
 pub async fn terminate_holder(url: &str, key: &AdvisoryKey) -> std::result::Result<i64, String> {
     terminate(url, key, true).await

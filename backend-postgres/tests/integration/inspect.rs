@@ -5,22 +5,9 @@ use crate::common;
 
 use dlock_api::LockOptions;
 use dlock_postgres::{AdvisoryKey, PostgresLock};
-use sqlx::Row;
 
 async fn holder_pid(url: &str, key: &AdvisoryKey) -> i32 {
-    let (classid, objid, objsubid) = key.pg_locks_ids();
-    let mut conn = common::sql(url).await;
-    sqlx::query(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3",
-    )
-    .bind(i64::from(classid))
-    .bind(i64::from(objid))
-    .bind(objsubid)
-    .fetch_one(&mut conn)
-    .await
-    .expect("a holder row")
-    .get(0)
+    common::holder_pid(url, key).await.expect("a holder row")
 }
 
 #[tokio::test]
