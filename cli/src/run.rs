@@ -1,5 +1,7 @@
-//! `dlock run`: run a command while holding a lock, like flock(1) across machines, or one of N
-//! permits of a semaphore (`--permits N`: at most N such commands run at once).
+//! `dlock run`: run a command while holding a lock, like flock(1) across machines, one of N
+//! permits of a semaphore (`--permits N`: at most N such commands run at once), or a reader's
+//! share of a reader-writer lock (`--read`: readers run together; `--write`, the lock, runs
+//! alone and goes before readers that come after it).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -31,8 +33,16 @@ pub struct RunArgs {
     /// Hold one of this many permits instead of the lock: at most this many commands run at once
     /// under the name, on every machine together (every `dlock run` of the name must say the
     /// same number).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["read", "write"])]
     permits: Option<u32>,
+    /// Hold a reader's share of the name: commands run with `--read` run together, while no
+    /// `--write` (or plain) command holds the name or waits for it (flock -s).
+    #[arg(long, conflicts_with = "write")]
+    read: bool,
+    /// Hold the name as its writer: the lock itself, which every reader and other writer waits
+    /// for, and which readers that come after it wait behind (flock -x; the default).
+    #[arg(long)]
+    write: bool,
     /// After a lost lock, how long the command has between SIGTERM and SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     kill_after: Duration,
@@ -56,6 +66,12 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
             "a semaphore's permit is of one name",
         ));
     }
+    if args.read && names.len() > 1 {
+        return Err(LockError::invalid(
+            "--read",
+            "a reader's share is of one name",
+        ));
+    }
     let name = names[0].clone();
     args.backend.require_given("run")?;
     let opts = args.backend.lock_options(args.ttl, args.wait)?;
@@ -74,6 +90,7 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
     let Some((_locks, held)) = waited else {
         match args.permits {
             Some(permits) => eprintln!("dlock: all {permits} permits of `{name}` are taken"),
+            None if args.read => eprintln!("dlock: `{name}` is held or awaited by a writer"),
             None => eprintln!("dlock: lock `{name}` is busy"),
         }
         return Ok(Exit::settled(ExitCode::from(75)));
@@ -134,8 +151,8 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
     }
 }
 
-/// Connects and takes the lock (every lock of the names), or a permit: `None` if `-n` found
-/// one busy. The client is returned with what it holds so that it outlives it.
+/// Connects and takes the lock (every lock of the names), a permit, or a reader's share: `None`
+/// if `-n` found it busy. The client is returned with what it holds so that it outlives it.
 async fn connect_and_lock(
     args: &RunArgs,
     names: &[LockName],
@@ -144,6 +161,8 @@ async fn connect_and_lock(
     let locks = args.backend.connect().await?;
     let name = &names[0];
     let held = match (args.permits, args.no_wait, names.len()) {
+        (None, true, _) if args.read => locks.try_read(name, opts).await?.map(LockSet::from),
+        (None, false, _) if args.read => Some(locks.read(name, opts).await?.into()),
         (None, true, 1) => locks.try_acquire(name, opts).await?.map(LockSet::from),
         (None, false, 1) => Some(locks.acquire(name, opts).await?.into()),
         (None, true, _) => locks.try_acquire_all(names, opts).await?,

@@ -128,3 +128,15 @@ pub(crate) fn assert_fenced_floor_measured(report: &Value) {
         }
     }
 }
+
+/// A fresh path under the temporary directory, unique to this process and call.
+#[cfg(any(feature = "redis", feature = "etcd"))]
+pub(crate) fn tempfile_path(prefix: &str) -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let unique = RandomState::new().hash_one(std::time::Instant::now());
+    format!(
+        "{}/{prefix}-{}-{unique}",
+        std::env::temp_dir().display(),
+        std::process::id(),
+    )
+}

@@ -3,6 +3,7 @@
 //! holder, its token and the lease it has left.
 
 use crate::common;
+use crate::common::tempfile_path;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -170,21 +171,6 @@ fn run_interrupted_while_waiting_leaves_no_waiter() {
     let next = runtime.block_on(locks.try_acquire(&name, &opts)).unwrap();
     assert!(next.is_some(), "the lock was not free after its release");
     runtime.block_on(next.unwrap().release()).unwrap();
-}
-
-fn tempfile_path(prefix: &str) -> String {
-    let dir = std::env::temp_dir();
-    format!(
-        "{}/{prefix}-{}-{}",
-        dir.display(),
-        std::process::id(),
-        rand_suffix()
-    )
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(Instant::now())
 }
 
 /// `dlock conformance --faults` against a server it does not own: the worker-process cases run,

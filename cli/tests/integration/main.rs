@@ -24,4 +24,6 @@ mod floor_redis;
 mod floor_redlock;
 #[cfg(feature = "zookeeper")]
 mod floor_zookeeper;
+#[cfg(feature = "etcd")]
+mod rw;
 mod status;
