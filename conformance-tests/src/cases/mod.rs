@@ -161,6 +161,10 @@ const SEMAPHORE_TTL: Needs = Needs {
     ttl_lease: true,
     ..SEMAPHORE
 };
+const READER_WRITER_WORKERS: Needs = Needs {
+    reader_writer: true,
+    ..FENCED_WORKERS
+};
 const ELECTION_WORKERS: Needs = Needs {
     election: true,
     ..FENCED_WORKERS
@@ -284,6 +288,14 @@ static CASES: &[Case] = &[
     case!(
         faults::semaphore_workers_paused_and_killed,
         SEMAPHORE_WORKERS
+    ),
+    case!(
+        faults::reader_writer_workers_keep_writers_alone,
+        READER_WRITER_WORKERS
+    ),
+    case!(
+        faults::reader_writer_workers_paused_and_killed,
+        READER_WRITER_WORKERS
     ),
     case!(faults::election_leaders_paused_and_killed, ELECTION_WORKERS),
     case!(faults::tokens_rise_across_server_restarts, OWN_SERVER),

@@ -30,6 +30,14 @@
 //!   two holds, no hold writing with two tokens). "Nothing lost" for a semaphore is about its
 //!   permits: a holder that was paused, cut off or killed gives its permit back, which the
 //!   cases check by taking all N afterwards, and by the residue.
+//!
+//! ## Reader-writer locks
+//! A name some of whose holds were readers' (their acquire events say `shared`) is checked as a
+//! semaphore without a limit among readers: a writer's hold, like a lock's, makes the limit of
+//! its moment 1, so it meets no other hold ([`over_limit`]), and tokens are judged by real time,
+//! since readers' grants return in any order. Its **register** is a lock's: readers write
+//! nothing and a writer writes alone, so its log is judged with the locks' (listed in
+//! [`Report::semaphores`] with `u32::MAX` as the limit).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -186,9 +194,15 @@ pub fn check(input: &Input) -> Report {
         findings.set_apart_late_writes(&input.deaths);
         findings
     };
-    // Locks' names are judged on the register as ever; semaphores' apart.
-    let (register, semaphore_register) = split(&input.register, &semaphores);
-    let shadow = input.shadow.as_ref().map(|s| split(s, &semaphores));
+    // Locks' names are judged on the register as ever; semaphores' apart. A reader-writer
+    // lock's writes are a lock's (readers write nothing).
+    let shared_writers: BTreeMap<String, u32> = semaphores
+        .iter()
+        .filter(|(_, limit)| **limit != u32::MAX)
+        .map(|(name, limit)| (name.clone(), *limit))
+        .collect();
+    let (register, semaphore_register) = split(&input.register, &shared_writers);
+    let shadow = input.shadow.as_ref().map(|s| split(s, &shared_writers));
     Report {
         overlaps: overlaps(&holds),
         over_limit: over_limit(&holds),

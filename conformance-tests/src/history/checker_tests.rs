@@ -778,3 +778,48 @@ fn a_spec_and_a_history_without_permits_read_as_a_lock() {
     let with = serde_json::to_string(&event.clone().permits(Some(3))).unwrap();
     assert!(with.contains(r#""permits":3"#), "{with}");
 }
+
+/// Three readers held in a staircase, then a writer granted while the last reader still holds:
+/// the readers meeting is no finding, the writer meeting a reader is, and the writer's write is
+/// judged on the register as a lock's.
+#[test]
+fn readers_meet_freely_and_a_writer_meeting_one_is_reported() {
+    let readers = |run: &mut Run| {
+        for k in 0..3u64 {
+            let hold = id(u32::try_from(k).unwrap() + 1, 0);
+            run.acquire((100 + 10 * k) * MS, hold, k + 1, None);
+            for event in run.events.iter_mut().rev().take(2) {
+                event.shared = true;
+            }
+            run.release((200 + 10 * k) * MS, hold);
+        }
+    };
+    let mut run = Run::new();
+    readers(&mut run);
+    let report = check(&run.input());
+    assert!(
+        report.over_limit.is_empty() && report.overlaps.is_empty(),
+        "{report}"
+    );
+    assert_eq!(report.peak_holders.get("n"), Some(&3));
+    assert!(
+        report
+            .to_string()
+            .contains("n (readers and a writer, at most 3 held at once)"),
+        "{report}"
+    );
+
+    let mut run = Run::new();
+    readers(&mut run);
+    let writer = id(9, 0);
+    run.acquire(215 * MS, writer, 4, None);
+    run.rmw(writer, 4, 4);
+    run.release(300 * MS, writer);
+    let report = check(&run.input());
+    assert_eq!(report.over_limit.len(), 1, "{report}");
+    assert_eq!(report.over_limit[0].limit, 1);
+    assert_eq!(
+        report.register.writes, 1,
+        "a writer's write is a lock's: {report}"
+    );
+}

@@ -99,6 +99,11 @@ pub struct Event {
     /// before semaphores reads as it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permits: Option<u32>,
+    /// On `acquire` events of a reader-writer lock's reader: the hold is a shared one, which any
+    /// number of other readers' may meet but no writer's (the name's lock). False for a lock, a
+    /// writer and a permit, so a history written before reader-writer locks reads as it did.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
 }
 
 impl Event {
@@ -117,6 +122,7 @@ impl Event {
             valid_until: None,
             err: None,
             permits: None,
+            shared: false,
         }
     }
 
@@ -148,6 +154,12 @@ impl Event {
     /// With a semaphore's number of permits (`None`: a lock).
     pub fn permits(mut self, permits: Option<u32>) -> Self {
         self.permits = permits;
+        self
+    }
+
+    /// As a reader's (`true`) or not.
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
         self
     }
 

@@ -20,6 +20,11 @@
 //! granted while permits of its name were held is caught too, while a name used as a semaphore
 //! now and as a lock later is judged by what each moment held. The same conservative intervals
 //! serve both, so an excess reported really happened.
+//!
+//! A reader's hold of a reader-writer lock (its acquire events say `shared`) has no limit of its
+//! own: readers' holds may all meet, and a writer's (the name's lock, limit 1) valid among them
+//! makes the limit of that moment 1, so a writer meeting any other hold is caught by the same
+//! sweep.
 
 use std::collections::BTreeMap;
 
@@ -61,6 +66,8 @@ pub struct Hold {
     pub determinate: bool,
     /// The semaphore's number of permits its acquire asked for; `None` for a lock.
     pub permits: Option<u32>,
+    /// A reader's share of a reader-writer lock.
+    pub shared: bool,
 }
 
 impl Hold {
@@ -70,9 +77,13 @@ impl Hold {
     }
 
     /// How many holds of its name, itself included, may be valid while it is: its permits, 1
-    /// for a lock.
+    /// for a lock (and a writer), no limit for a reader.
     pub fn limit(&self) -> u32 {
-        self.permits.unwrap_or(1)
+        if self.shared {
+            u32::MAX
+        } else {
+            self.permits.unwrap_or(1)
+        }
     }
 }
 
@@ -194,6 +205,7 @@ fn hold_of(id: HoldId, events: &[&Event], death: Option<u64>) -> Option<Hold> {
         token: outcome.token,
         determinate,
         permits: outcome.permits.or(invoke.and_then(|e| e.permits)),
+        shared: outcome.shared || invoke.is_some_and(|e| e.shared),
     })
 }
 

@@ -172,7 +172,11 @@ impl fmt::Display for Report {
                 .iter()
                 .map(|(name, permits)| {
                     let peak = self.peak_holders.get(name).copied().unwrap_or(0);
-                    format!("{name} ({permits} permits, at most {peak} held at once)")
+                    if *permits == u32::MAX {
+                        format!("{name} (readers and a writer, at most {peak} held at once)")
+                    } else {
+                        format!("{name} ({permits} permits, at most {peak} held at once)")
+                    }
                 })
                 .collect();
             writeln!(

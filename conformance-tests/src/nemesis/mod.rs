@@ -121,6 +121,7 @@ impl Run {
             run_for: None,
             permits: None,
             elect: false,
+            reader_rounds: None,
         }
     }
 

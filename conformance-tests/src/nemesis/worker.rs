@@ -2,7 +2,9 @@
 //!
 //! A worker takes locks of the run's names one round at a time: acquire, read the fenced
 //! register and its shadow, think, write both back with the guard's token, release. Given a
-//! number of permits ([`WorkerSpec::permits`]), it takes one permit of a semaphore instead. Every step
+//! number of permits ([`WorkerSpec::permits`]), it takes one permit of a semaphore instead; given
+//! a share of reader rounds ([`WorkerSpec::reader_rounds`]), those rounds take a reader's share
+//! of a reader-writer lock and only read (the others are its writer's, as a lock's). Every step
 //! goes to its history file before and after the call, stamped with the host's monotonic clock,
 //! so the checker can decide afterwards from the records alone what happened, whatever the
 //! harness did to the process meanwhile (pause it, kill it).
@@ -72,6 +74,11 @@ pub struct WorkerSpec {
     /// (the default): a lock.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub elect: bool,
+    /// The percentage of rounds (0 to 100) that take a reader's share of the name
+    /// ([`read`](DistributedLock::read)) and only read the registers; the other rounds take the
+    /// name's lock as its writer and write. `None` (the default): a lock's rounds, all writing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reader_rounds: Option<u8>,
 }
 
 /// The element a hold adds to the register: unique per worker and round.
@@ -145,14 +152,26 @@ pub(crate) async fn run_rounds(
             handle: u64::from(round),
         };
         let name = &spec.names[rng.random_range(..spec.names.len())];
+        let reading = spec
+            .reader_rounds
+            .is_some_and(|share| rng.random_range(0..100u8) < share);
         let at = |op, phase| Event::now(&spec.run, hold, name, op, phase);
-        // Acquire events carry the semaphore's limit: the checker judges the hold by it.
-        let acquire_at = |phase| at(Op::Acquire, phase).permits(spec.permits);
+        // Acquire events carry the semaphore's limit, or the reader's mark: the checker judges
+        // the hold by it.
+        let acquire_at = |phase| at(Op::Acquire, phase).permits(spec.permits).shared(reading);
         log(acquire_at(Phase::Invoke))?;
         if spec.announce {
             say(&format!("acquiring {}", hold.handle))?;
         }
-        let guard = match acquire(&*client, name, &spec, &options).await {
+        let acquired = if reading {
+            match LockName::new(name) {
+                Ok(name) => client.read(&name, &options).await,
+                Err(error) => Err(error),
+            }
+        } else {
+            acquire(&*client, name, &spec, &options).await
+        };
+        let guard = match acquired {
             Ok(guard) => guard,
             Err(error) => {
                 // An unreachable server may have granted it anyway: outcome unknown.
@@ -218,6 +237,10 @@ pub(crate) async fn run_rounds(
                         }
                         deadline = now_valid_until;
                     }
+                }
+                if reading {
+                    // A reader writes nothing.
+                    return Ok(());
                 }
                 log(at(Op::FrWrite, Phase::Invoke).token(token))?;
                 let accepted = fenced

@@ -8,13 +8,15 @@
 //! between them (`links`: cut, slowed, replies lost or held back), and to what the deployment
 //! remembers (`amnesia`); `long` runs a mixed load through every client-side fault in turn, for
 //! a time; `semaphores` runs worker, pause, kill and partition cases on semaphores' permits,
-//! judged against their limit; `elections` pauses, kills and cuts off leaders of an election
-//! whose candidates campaign each round. What they share is in `steps`.
+//! judged against their limit; `reader_writer` runs worker, pause and kill cases on readers and
+//! writers of reader-writer locks, a writer judged alone; `elections` pauses, kills and cuts off
+//! leaders of an election whose candidates campaign each round. What they share is in `steps`.
 
 mod amnesia;
 mod elections;
 mod links;
 mod long;
+mod reader_writer;
 mod restarts;
 mod semaphores;
 mod steps;
@@ -30,6 +32,9 @@ pub use links::{
     partitioned_holder_is_fenced_off, slow_link_keeps_exclusion,
 };
 pub use long::{LongRun, long_run_under_every_nemesis};
+pub use reader_writer::{
+    reader_writer_workers_keep_writers_alone, reader_writer_workers_paused_and_killed,
+};
 pub use restarts::{
     dead_or_frozen_server_answers_unavailable, frozen_server_holds_no_one_twice,
     server_restart_while_held_is_lost_or_kept, tokens_rise_across_server_restarts,
