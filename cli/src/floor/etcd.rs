@@ -1,6 +1,9 @@
 //! etcd's raw floors, with etcd-client alone: a create transaction and a delete guarded by the
 //! create revision per pair (one raft write each, as dlock's uncontended acquire and release),
-//! and the synced-watch hand-off from a predecessor to the key queued behind it.
+//! and the synced-watch hand-off from a predecessor to the key queued behind it. A semaphore's
+//! floors run the same line with N places at its head: a key holds while fewer than N keys of
+//! the name are older, learnt in the transaction that puts it, and a waiter counts the
+//! deletions of the keys ahead of it on a watch of the name's range.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,13 +11,16 @@ use std::time::Duration;
 use dlock_api::{LockError, Result};
 use dlock_etcd::EtcdConfig;
 use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, KvClient, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
+    Client, Compare, CompareOp, EventType, GetOptions, KeyValue, KvClient, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions,
+    WatchResponse, WatchStream,
 };
 use tokio::time::Instant;
 
+use crate::contend::Contender;
 use crate::floor::{
-    Measured, Ops, Pairs, Protocol, Throughput, WarmUp, many, pairs_of, sample_timed,
+    Measured, Ops, Pairs, Protocol, Throughput, WarmUp, contend_for_last_permit, many, pairs_of,
+    sample_timed,
 };
 
 const BACKEND: &str = "etcd";
@@ -122,6 +128,113 @@ fn delete_guarded(key: &str, revision: i64) -> Txn {
         .and_then([TxnOp::delete(key, None)])
 }
 
+/// How many keys a permit's read asks for: ours, and as many ahead as dlock reads (at least
+/// the limit, so that a read that grants shows every key ahead, and at least eight).
+fn line_read(limit: u32) -> i64 {
+    i64::from(limit.max(8)).saturating_add(1)
+}
+
+/// The newest keys of the line in `range` created at or before our key: ours first.
+fn newest_keys(limit: u32) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(line_read(limit))
+        .with_keys_only()
+}
+
+/// A permit's acquire: our key put on `lease` with the limit as its value unless it exists,
+/// and in the same transaction the newest keys of the line (the read sees the put).
+fn join_line(key: &str, range: &str, lease: i64, limit: u32) -> Txn {
+    Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(
+                key,
+                limit.to_string(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(range, Some(newest_keys(limit))),
+        ])
+}
+
+/// Where our key stands in a read of the line.
+struct Line {
+    /// Our key's create revision.
+    revision: i64,
+    /// The keys ahead of ours that the read showed.
+    ahead: Vec<Vec<u8>>,
+    /// The read showed every key ahead of ours.
+    complete: bool,
+}
+
+impl Line {
+    /// The line a read (newest first, ours the newest) shows, or `None` if ours is not in it.
+    fn read(kvs: &[KeyValue], key: &str, revision: i64, limit: u32) -> Option<Self> {
+        let (ours, ahead) = kvs.split_first()?;
+        (ours.key() == key.as_bytes()).then(|| Self {
+            revision,
+            ahead: ahead.iter().map(|kv| kv.key().to_vec()).collect(),
+            complete: i64::try_from(kvs.len()).unwrap_or(i64::MAX) < line_read(limit),
+        })
+    }
+
+    /// The line after [`join_line`], which put our key at the transaction's revision.
+    fn joined(response: TxnResponse, key: &str, limit: u32) -> Result<Self> {
+        let revision = response.header().map_or(0, |h| h.revision());
+        let kvs = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+            _ => None,
+        });
+        match kvs {
+            Some(kvs) if response.succeeded() => Line::read(&kvs, key, revision, limit),
+            _ => None,
+        }
+        .ok_or_else(|| LockError::unexpected(BACKEND, format!("the floor's key {key} was not put")))
+    }
+
+    /// Fewer keys than the limit are ahead: a permit is ours.
+    fn holds(&self, limit: u32) -> bool {
+        self.ahead.len() < usize::try_from(limit).unwrap_or(usize::MAX)
+    }
+}
+
+/// The next answer on a watch stream.
+async fn next_response(watches: &mut WatchStream) -> Result<WatchResponse> {
+    watches
+        .message()
+        .await
+        .map_err(failed)?
+        .ok_or_else(|| unexpected("the watch stream ended"))
+}
+
+/// Watches `key` (or the range it starts, as `options` say) on the stream of `client` (opened
+/// by the first watch), and waits until the server says the watch exists. Returns its id.
+async fn open_watch(
+    client: &mut Client,
+    watches: &mut Option<WatchStream>,
+    key: &str,
+    options: WatchOptions,
+) -> Result<i64> {
+    let watches = match watches {
+        Some(watches) => {
+            watches.watch(key, Some(options)).await.map_err(failed)?;
+            watches
+        }
+        None => watches.insert(client.watch(key, Some(options)).await.map_err(failed)?),
+    };
+    loop {
+        let response = next_response(watches).await?;
+        // The previous watch's cancellation may come first.
+        if response.created() {
+            if response.canceled() {
+                return Err(unexpected("a watch was refused"));
+            }
+            return Ok(response.watch_id());
+        }
+    }
+}
+
 /// Pairs on one client, a key per task, every key on one lease.
 struct EtcdPairs {
     kv: KvClient,
@@ -141,6 +254,122 @@ impl Pairs for EtcdPairs {
             .await
             .map_err(failed)?;
         Ok(())
+    }
+}
+
+/// Uncontended pairs of a semaphore of `limit` permits on one client: its key's acquire
+/// transaction, and the delete guarded by its create revision.
+struct PermitPairs {
+    kv: KvClient,
+    key: String,
+    range: String,
+    lease: i64,
+    limit: u32,
+}
+
+impl Pairs for PermitPairs {
+    async fn pair(&self, _task: usize) -> Result<()> {
+        let mut kv = self.kv.clone();
+        let joined = kv
+            .txn(join_line(&self.key, &self.range, self.lease, self.limit))
+            .await
+            .map_err(failed)?;
+        let line = Line::joined(joined, &self.key, self.limit)?;
+        let held = line.holds(self.limit);
+        kv.txn(delete_guarded(&self.key, line.revision))
+            .await
+            .map_err(failed)?;
+        if !held {
+            return Err(LockError::backend(
+                BACKEND,
+                format!("every permit of the floor's {} was taken", self.range),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One client contending for the last free permit of a semaphore: its key's acquire
+/// transaction, then, while `limit` or more keys are ahead, a watch of the range's deletions
+/// from the read's revision + 1 counting those ahead (a linearizable read of the line decides
+/// when the first read did not show them all).
+struct PermitContender {
+    client: Client,
+    lease: KeptLease,
+    key: String,
+    range: String,
+    limit: u32,
+    /// The create revision of our key, while it holds.
+    held: i64,
+    /// The client's watch stream, opened by its first wait.
+    watches: Option<WatchStream>,
+}
+
+impl PermitContender {
+    /// Waits until fewer than the limit of the keys ahead of ours are left; `line` is the read
+    /// made at revision `seen`.
+    async fn wait(&mut self, mut line: Line, seen: i64) -> Result<()> {
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(seen.saturating_add(1))
+            .with_filters([WatchFilterType::NoPut]);
+        let range = self.range.clone();
+        let watch_id = open_watch(&mut self.client, &mut self.watches, &range, options).await?;
+        let watches = self
+            .watches
+            .as_mut()
+            .ok_or_else(|| unexpected("no watch stream"))?;
+        while !line.holds(self.limit) {
+            let response = next_response(watches).await?;
+            if response.watch_id() != watch_id {
+                continue;
+            }
+            if response.canceled() {
+                return Err(unexpected("the line's watch was cancelled"));
+            }
+            for event in response.events() {
+                if let Some(kv) = event.kv() {
+                    line.ahead.retain(|key| key.as_slice() != kv.key());
+                }
+            }
+            if line.holds(self.limit) && !line.complete {
+                // Keys the read did not show may still be ahead: read the line again.
+                let options = newest_keys(self.limit).with_max_create_revision(line.revision);
+                let read = self
+                    .client
+                    .get(range.as_str(), Some(options))
+                    .await
+                    .map_err(failed)?;
+                line = Line::read(read.kvs(), &self.key, line.revision, self.limit)
+                    .ok_or_else(|| unexpected("the contender's key went"))?;
+            }
+        }
+        watches.cancel(watch_id).await.map_err(failed)
+    }
+}
+
+impl Contender for PermitContender {
+    async fn lock(&mut self) -> Result<()> {
+        let joined = self
+            .client
+            .txn(join_line(&self.key, &self.range, self.lease.id, self.limit))
+            .await
+            .map_err(failed)?;
+        let line = Line::joined(joined, &self.key, self.limit)?;
+        self.held = line.revision;
+        if !line.holds(self.limit) {
+            let seen = line.revision;
+            self.wait(line, seen).await?;
+        }
+        Ok(())
+    }
+
+    async fn unlock(&mut self) -> Result<()> {
+        self.client
+            .txn(delete_guarded(&self.key, self.held))
+            .await
+            .map_err(failed)
+            .map(drop)
     }
 }
 
@@ -215,6 +444,64 @@ impl Protocol for Etcd {
         holder_lease.end().await;
         waiter_lease.end().await;
         samples
+    }
+
+    async fn permit_pairs(&self, permits: u32, duration: Duration) -> Result<Option<Measured>> {
+        let client = self.connect().await?;
+        let lease = KeptLease::grant(&client).await?;
+        let range = format!("{}/", self.key(&format!("permits-{permits}")));
+        let pairs = PermitPairs {
+            kv: client.kv_client(),
+            key: format!("{range}k"),
+            range,
+            lease: lease.id,
+            limit: permits,
+        };
+        let measured = pairs_of(&pairs, duration).await;
+        lease.end().await;
+        measured.map(Some)
+    }
+
+    /// `permits - 1` keys held on one more client's lease throughout; `waiters` clients, each
+    /// with its key on a lease of its own, contend for the last permit.
+    async fn permit_handoffs(
+        &self,
+        permits: u32,
+        duration: Duration,
+        (waiters, hold): (usize, Duration),
+    ) -> Result<Option<Vec<Duration>>> {
+        let range = format!("{}/", self.key(&format!("permit-handoff-{permits}")));
+        let parker = self.connect().await?;
+        let parked = KeptLease::grant(&parker).await?;
+        let mut kv = parker.kv_client();
+        for i in 1..permits {
+            let key = format!("{range}parked-{i}");
+            let joined = kv
+                .txn(join_line(&key, &range, parked.id, permits))
+                .await
+                .map_err(failed)?;
+            if !Line::joined(joined, &key, permits)?.holds(permits) {
+                return Err(unexpected("a parked key holds no permit"));
+            }
+        }
+        let mut made = 0usize;
+        let samples = contend_for_last_permit(waiters, duration, hold, async || {
+            made = made.saturating_add(1);
+            let client = self.connect().await?;
+            Ok(PermitContender {
+                lease: KeptLease::grant(&client).await?,
+                client,
+                key: format!("{range}contender-{made}"),
+                range: range.clone(),
+                limit: permits,
+                held: 0,
+                watches: None,
+            })
+        })
+        .await;
+        // Revoking the lease deletes the parked keys.
+        parked.end().await;
+        samples.map(Some)
     }
 
     async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
@@ -309,35 +596,8 @@ impl HandOff {
     /// so the delete meets a created watcher, as a waiter's does. Returns the watch's id.
     async fn watch_holder(&mut self, start: i64) -> Result<i64> {
         let options = WatchOptions::new().with_start_revision(start);
-        let watches = match self.watches.as_mut() {
-            Some(watches) => {
-                watches
-                    .watch(self.holder_key.as_str(), Some(options))
-                    .await
-                    .map_err(failed)?;
-                watches
-            }
-            None => self.watches.insert(
-                self.waiter
-                    .watch(self.holder_key.as_str(), Some(options))
-                    .await
-                    .map_err(failed)?,
-            ),
-        };
-        loop {
-            let response = watches
-                .message()
-                .await
-                .map_err(failed)?
-                .ok_or_else(|| unexpected("the watch stream ended"))?;
-            // The previous watch's cancellation may come first.
-            if response.created() {
-                if response.canceled() {
-                    return Err(unexpected("the holder's watch was refused"));
-                }
-                return Ok(response.watch_id());
-            }
-        }
+        let key = self.holder_key.clone();
+        open_watch(&mut self.waiter, &mut self.watches, &key, options).await
     }
 
     /// Waits for the holder's deletion on watch `watch_id`; the instant it arrived.
@@ -347,11 +607,7 @@ impl HandOff {
             .as_mut()
             .ok_or_else(|| unexpected("no watch stream"))?;
         loop {
-            let response = watches
-                .message()
-                .await
-                .map_err(failed)?
-                .ok_or_else(|| unexpected("the watch stream ended"))?;
+            let response = next_response(watches).await?;
             let arrived = Instant::now();
             if response.watch_id() != watch_id {
                 continue;

@@ -437,6 +437,37 @@ pub(crate) async fn many<P: Pairs>(
     }
 }
 
+/// Hand-offs of a semaphore's last free permit ([`Protocol::permit_handoffs`]): `waiters`
+/// contenders (at least two) made by `contender`, each holding `hold`, run for `duration`
+/// through [`contend`](crate::contend::contend), as dlock's own phase runs its clients; each
+/// hand-off's latency. The caller holds the other permits meanwhile.
+///
+/// # Errors
+/// The first error making a contender or contending returns.
+///
+/// # Cancel safety
+/// Not cancel safe: dropping it while contending leaves the contenders running until their
+/// deadline.
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd",
+    feature = "zookeeper"
+))]
+pub(crate) async fn contend_for_last_permit<C: crate::contend::Contender>(
+    waiters: usize,
+    duration: Duration,
+    hold: Duration,
+    mut contender: impl AsyncFnMut() -> Result<C>,
+) -> Result<Vec<Duration>> {
+    let mut contenders = Vec::with_capacity(waiters.max(2));
+    for _ in 0..waiters.max(2) {
+        contenders.push(contender().await?);
+    }
+    let (samples, _) = crate::contend::contend(contenders, duration, hold).await?;
+    Ok(samples)
+}
+
 /// The pairs of [`Protocol::pairs`] for a protocol whose uncontended floor runs on the same
 /// client as its many-names floor: task 0's key, warmed up with 50 pairs.
 #[cfg(any(

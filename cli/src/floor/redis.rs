@@ -152,7 +152,7 @@ mod single {
         bounded, fence_keys, many_keys, set_nx, token, uncontended,
     };
     use crate::contend::{Contender, contend};
-    use crate::floor::{Measured, Ops, Pairs, Protocol, Throughput};
+    use crate::floor::{Measured, Ops, Pairs, Protocol, Throughput, contend_for_last_permit};
 
     const BACKEND: &str = "redis";
 
@@ -637,23 +637,22 @@ return redis.call('PUBLISH', ARGV[2], 'released') + 1
             for _ in 1..permits {
                 parked.take(&token()).await?;
             }
-            let mut contenders = Vec::with_capacity(waiters.max(2));
-            for _ in 0..waiters.max(2) {
+            let contended = contend_for_last_permit(waiters, duration, hold, async || {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<PushInfo>();
                 let permits = self.raw_permits(&what, permits, Some(tx)).await?;
                 permits
                     .conn
                     .subscribe(self.config.command_timeout, &permits.channel)
                     .await?;
-                contenders.push(PermitContender {
+                Ok(PermitContender {
                     permits,
                     released: rx,
                     owner: String::new(),
-                });
-            }
-            let contended = contend(contenders, duration, hold).await;
+                })
+            })
+            .await;
             parked.forget().await?;
-            contended.map(|(samples, _)| Some(samples))
+            contended.map(Some)
         }
 
         async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {

@@ -1,6 +1,9 @@
 //! ZooKeeper's raw floors, with zookeeper-client alone: an ephemeral sequential node created
 //! and deleted per pair (one write each, as dlock's uncontended acquire and release), and the
-//! predecessor's exists-watch handing on to the node behind it.
+//! predecessor's exists-watch handing on to the node behind it. A semaphore's floors run the
+//! same queue with N places at its head: a node created together with a write to its parent
+//! (whose answer counts the children), a listing when others are queued, and exists-watches on
+//! the N nodes just before it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,10 +12,12 @@ use std::time::Duration;
 use dlock_api::{LockError, Result};
 use dlock_zookeeper::{NodeAcl, ZkConfig};
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, CreateMode};
+use zookeeper_client::{Acls, Client, CreateMode, MultiWriteResult};
 
+use crate::contend::Contender;
 use crate::floor::{
-    Measured, Ops, Pairs, Protocol, Throughput, WarmUp, many, pairs_of, sample_timed,
+    Measured, Ops, Pairs, Protocol, Throughput, WarmUp, contend_for_last_permit, many, pairs_of,
+    sample_timed,
 };
 
 const BACKEND: &str = "zookeeper";
@@ -165,6 +170,130 @@ impl Pairs for Sides {
     }
 }
 
+impl Sides {
+    /// Creates an ephemeral sequential node in task `task`'s container and, in the same
+    /// transaction, writes the container's (empty) data, whose answered stat counts its
+    /// children just after the create: one round trip tells a node with fewer than N
+    /// children that it holds one of N places, as dlock's acquire learns it. Returns the
+    /// node's path and the count.
+    async fn create_counted(&self, task: usize) -> Result<(String, i32)> {
+        let options = CreateMode::EphemeralSequential.with_acls(self.acls);
+        let (dir, prefix) = (&self.dirs[task], &self.prefixes[task]);
+        loop {
+            let mut writer = self.client.new_multi_writer();
+            writer.add_create(prefix, &[], &options).map_err(failed)?;
+            writer.add_set_data(dir, &[], None).map_err(failed)?;
+            let committed = tokio::time::timeout(self.within, writer.commit())
+                .await
+                .map_err(|_| LockError::command_timeout(BACKEND, self.within))?
+                .map_err(zookeeper_client::Error::from);
+            match committed.as_deref() {
+                Ok(
+                    [
+                        MultiWriteResult::Create { path, .. },
+                        MultiWriteResult::SetData { stat },
+                    ],
+                ) => return Ok((path.clone(), stat.num_children)),
+                Ok(_) => {
+                    return Err(LockError::unexpected(
+                        BACKEND,
+                        "a create-and-count transaction answered out of shape",
+                    ));
+                }
+                Err(zookeeper_client::Error::NoNode) => self.make_dir(task).await?,
+                Err(error) => return Err(failed(error.clone())),
+            }
+        }
+    }
+
+    /// Takes one of `limit` places of task `task`'s queue, waiting as long as it takes: a
+    /// counted create, then, while `limit` or more nodes are ahead, a listing and an
+    /// exists-watch on each of the `limit` nodes just before ours (the first of them to go may
+    /// let us in). Returns our node's path.
+    async fn take_place(&self, task: usize, limit: u32) -> Result<String> {
+        let (node, children) = self.create_counted(task).await?;
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        if usize::try_from(children).unwrap_or(0) <= limit {
+            return Ok(node);
+        }
+        let dir = &self.dirs[task];
+        let ours = node.rsplit('/').next().unwrap_or_default().to_owned();
+        loop {
+            // One prefix and a zero-padded sequence: the names sort in queue order.
+            let mut queue = self.timed(self.client.list_children(dir)).await?;
+            queue.sort_unstable();
+            let place = queue
+                .iter()
+                .position(|child| *child == ours)
+                .ok_or_else(|| LockError::unexpected(BACKEND, "a queued node went"))?;
+            if place < limit {
+                return Ok(node);
+            }
+            let looks =
+                futures::future::join_all(queue[place.saturating_sub(limit)..place].iter().map(
+                    |before| {
+                        let before = format!("{dir}/{before}");
+                        async move { self.timed(self.client.check_and_watch_stat(&before)).await }
+                    },
+                ))
+                .await;
+            let mut watches = Vec::with_capacity(looks.len());
+            let mut gone = false;
+            for looked in looks {
+                match looked? {
+                    (Some(_), watch) => watches.push(Box::pin(watch.changed())),
+                    (None, _) => gone = true,
+                }
+            }
+            // A node already gone may have let us in: list again rather than wait. A watch
+            // the server lost costs a listing after the command timeout, as dlock's fallback.
+            if !gone {
+                let _ =
+                    tokio::time::timeout(self.within, futures::future::select_all(watches)).await;
+            }
+        }
+    }
+}
+
+/// Uncontended pairs of a semaphore of `limit` places on one session.
+struct PermitPairs {
+    sides: Sides,
+    limit: u32,
+}
+
+impl Pairs for PermitPairs {
+    async fn pair(&self, task: usize) -> Result<()> {
+        let node = self.sides.take_place(task, self.limit).await?;
+        self.sides
+            .timed(self.sides.client.delete(&node, Some(0)))
+            .await
+    }
+}
+
+/// One session contending for the last free place of a semaphore of `limit` places.
+struct PermitContender {
+    sides: Sides,
+    limit: u32,
+    node: Option<String>,
+}
+
+impl Contender for PermitContender {
+    async fn lock(&mut self) -> Result<()> {
+        self.node = Some(self.sides.take_place(0, self.limit).await?);
+        Ok(())
+    }
+
+    async fn unlock(&mut self) -> Result<()> {
+        let node = self
+            .node
+            .take()
+            .ok_or_else(|| LockError::unexpected(BACKEND, "released a place it never took"))?;
+        self.sides
+            .timed(self.sides.client.delete(&node, Some(0)))
+            .await
+    }
+}
+
 impl Protocol for ZooKeeper {
     fn ops(&self) -> Ops {
         Ops {
@@ -221,6 +350,46 @@ impl Protocol for ZooKeeper {
             Ok(took)
         };
         sample_timed(WarmUp::Rounds(20), duration, handoff).await
+    }
+
+    async fn permit_pairs(&self, permits: u32, duration: Duration) -> Result<Option<Measured>> {
+        let dir = self.dir(&format!("permits-{permits}"));
+        let pairs = PermitPairs {
+            sides: self.sides(self.connect().await?, vec![dir]),
+            limit: permits,
+        };
+        pairs.sides.make_dir(0).await?;
+        pairs_of(&pairs, duration).await.map(Some)
+    }
+
+    /// `permits - 1` places held by one more session throughout; `waiters` sessions contend
+    /// for the last one, each woken by the exists-watches on the nodes just before its own.
+    async fn permit_handoffs(
+        &self,
+        permits: u32,
+        duration: Duration,
+        (waiters, hold): (usize, Duration),
+    ) -> Result<Option<Vec<Duration>>> {
+        let dir = self.dir(&format!("permit-handoff-{permits}"));
+        let parked = self.sides(self.connect().await?, vec![dir.clone()]);
+        parked.make_dir(0).await?;
+        let mut held = Vec::new();
+        for _ in 1..permits {
+            held.push(parked.take_place(0, permits).await?);
+        }
+        let samples = contend_for_last_permit(waiters, duration, hold, async || {
+            Ok(PermitContender {
+                sides: self.sides(self.connect().await?, vec![dir.clone()]),
+                limit: permits,
+                node: None,
+            })
+        })
+        .await;
+        // Deleted now, not when the session expires: the next round queues in this container.
+        for node in held {
+            parked.timed(parked.client.delete(&node, Some(0))).await?;
+        }
+        samples.map(Some)
     }
 
     async fn parallel(&self, tasks: usize, duration: Duration) -> Result<Throughput> {
