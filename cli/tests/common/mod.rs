@@ -129,6 +129,41 @@ pub(crate) fn assert_fenced_floor_measured(report: &Value) {
     }
 }
 
+/// `dlock bench --backend URL --permits 1,3 --json`, each phase running `duration`: each
+/// number of permits measured, pairs and hand-off of the last free permit, by dlock and by the
+/// backend's raw floor of the same algorithm, with both ratios.
+pub(crate) fn assert_permits_measured_against_their_floor(url: &str, duration: &str) {
+    let stdout = succeeds([
+        "bench",
+        "--backend",
+        url,
+        "--duration",
+        duration,
+        "--permits",
+        "1,3",
+        "--json",
+    ]);
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let rows = report["permits"].as_array().expect("permits");
+    assert_eq!(rows.len(), 2, "{report}");
+    for (row, permits) in rows.iter().zip([1, 3]) {
+        assert_eq!(row["permits"], permits, "{report}");
+        for figure in [
+            "pairs_per_sec",
+            "floor_pairs_per_sec",
+            "pairs_vs_floor",
+            "handoff_p50_us",
+            "floor_handoff_p50_us",
+            "handoff_p50_vs_floor",
+        ] {
+            assert!(
+                row[figure].as_f64().is_some_and(|n| n > 0.0),
+                "no {figure}: {report}"
+            );
+        }
+    }
+}
+
 /// A fresh path under the temporary directory, unique to this process and call.
 #[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) fn tempfile_path(prefix: &str) -> String {

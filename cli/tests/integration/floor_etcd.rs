@@ -14,3 +14,15 @@ fn bench_measures_every_raw_floor_of_etcd() {
         "guarded delete, then the waiter's watch (from the read's revision + 1) fires",
     );
 }
+
+/// `dlock bench --permits 1,3`: each number of permits measured against the raw floor of
+/// the same line of keys, a waiter counting the deletions ahead of it on a watch of the
+/// name's range.
+#[test]
+fn bench_measures_semaphores_against_their_raw_floor() {
+    let etcd = Etcd::start().unwrap_or_else(|e| panic!("{e}"));
+    common::assert_permits_measured_against_their_floor(
+        &format!("etcd://{}", etcd.addr()),
+        "300ms",
+    );
+}

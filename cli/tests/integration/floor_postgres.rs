@@ -15,3 +15,17 @@ fn bench_measures_every_raw_floor_of_postgres() {
         "pg_advisory_unlock, then the next blocking pg_advisory_lock answers (raw connections contending as dlock's clients do)",
     );
 }
+
+/// `dlock bench --permits 1,3`: each number of permits measured against the raw floor of one
+/// of N slot advisory locks with its token. A waiter blocks on one slot and tries them all
+/// every 500 ms, so the phases run two seconds to see hand-offs on both sides; the floor's fence
+/// sequence is dropped.
+#[test]
+fn bench_measures_semaphores_against_their_raw_floor() {
+    let server = Postgres::start().unwrap_or_else(|e| panic!("{e}"));
+    common::assert_permits_measured_against_their_floor(&server.url(), "2s");
+    let left = server
+        .query("SELECT count(*) FROM pg_class WHERE relname LIKE 'dlock_bench_%'")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(left.trim(), "0", "floor sequences left");
+}

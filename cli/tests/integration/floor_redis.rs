@@ -27,36 +27,7 @@ fn bench_measures_every_raw_floor_of_redis() {
 #[test]
 fn bench_measures_semaphores_against_their_raw_floor() {
     let redis = RedisServer::start().unwrap_or_else(|e| panic!("{e}"));
-    let stdout = common::succeeds([
-        "bench",
-        "--backend",
-        &redis.url(),
-        "--duration",
-        "300ms",
-        "--permits",
-        "1,3",
-        "--json",
-    ]);
-    let report: serde_json::Value =
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    let rows = report["permits"].as_array().expect("permits");
-    assert_eq!(rows.len(), 2, "{report}");
-    for (row, permits) in rows.iter().zip([1, 3]) {
-        assert_eq!(row["permits"], permits, "{report}");
-        for figure in [
-            "pairs_per_sec",
-            "floor_pairs_per_sec",
-            "pairs_vs_floor",
-            "handoff_p50_us",
-            "floor_handoff_p50_us",
-            "handoff_p50_vs_floor",
-        ] {
-            assert!(
-                row[figure].as_f64().is_some_and(|n| n > 0.0),
-                "no {figure}: {report}"
-            );
-        }
-    }
+    common::assert_permits_measured_against_their_floor(&redis.url(), "300ms");
     // The floor's keys are deleted; dlock's own fences expire by themselves.
     let keys = redis.command(&["KEYS", "*dlock-bench-*"]).unwrap();
     assert!(keys.items().is_empty(), "{keys:?} left");

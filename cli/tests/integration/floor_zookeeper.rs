@@ -14,3 +14,12 @@ fn bench_measures_every_raw_floor_of_zookeeper() {
         "delete, then the waiter's exists-watch fires and its listing answers",
     );
 }
+
+/// `dlock bench --permits 1,3`: each number of permits measured against the raw floor of
+/// the same queue with N places at its head, woken by the exists-watches on the N nodes just
+/// before a waiter's own.
+#[test]
+fn bench_measures_semaphores_against_their_raw_floor() {
+    let zookeeper = ZooKeeper::start().unwrap_or_else(|e| panic!("{e}"));
+    common::assert_permits_measured_against_their_floor(&zookeeper.url(), "300ms");
+}
