@@ -92,24 +92,39 @@ const PERMIT_RESCAN: &str = "500ms";
 /// `lock_not_available`: a blocking advisory lock ran into its `lock_timeout`.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-/// The slots of a semaphore of this run, and the sequence its tokens come from.
+/// How long a lock's wait (one permit) blocks before it asks again, as dlock's `wait_slice`.
+const LOCK_WAIT: &str = "10s";
+
+/// The slots of a semaphore of this run, and the sequence its tokens come from. One permit is
+/// a lock, which dlock takes with the lock's statements (a try, and a blocking wait that keeps
+/// the lock), each with its token: so does the floor.
 struct Slots {
     keys: Vec<i64>,
     /// The statement of one attempt: the first slot of `$1` free, then the token.
     take: String,
+    /// One permit's wait: `pg_advisory_lock($1)` under `lock_timeout = $2`, then the token.
+    wait_lock: String,
 }
 
 impl Slots {
     /// `permits` random slot keys, the tokens drawn from `sequence`.
     fn new(permits: u32, sequence: &str) -> Self {
+        let slot = if permits == 1 {
+            "CASE WHEN pg_try_advisory_lock(($1::bigint[])[1]) THEN ($1::bigint[])[1] END"
+        } else {
+            "(SELECT k FROM unnest($1::bigint[]) AS u(k) WHERE pg_try_advisory_lock(k) LIMIT 1)"
+        };
         Self {
             keys: (0..permits).map(|_| rand::random()).collect(),
             // The token is drawn after the slot is taken, and only then: `OFFSET 0` keeps the
             // planner from flattening the subquery, `LIMIT 1` stops at the first slot taken.
             take: format!(
                 "SELECT slot, CASE WHEN slot IS NOT NULL THEN nextval('{sequence}') END AS token \
-                 FROM (SELECT (SELECT k FROM unnest($1::bigint[]) AS u(k) \
-                 WHERE pg_try_advisory_lock(k) LIMIT 1) AS slot OFFSET 0) t"
+                 FROM (SELECT {slot} AS slot OFFSET 0) t"
+            ),
+            wait_lock: format!(
+                "SELECT nextval('{sequence}') AS token FROM (SELECT pg_advisory_lock($1) FROM \
+                 (SELECT set_config('lock_timeout', $2, false) OFFSET 0) s OFFSET 0) l"
             ),
         }
     }
@@ -185,7 +200,8 @@ async fn drop_sequence(conn: &mut PgConnection, name: &str, within: Duration) ->
 
 /// One connection contending for a slot: an attempt at every slot; while none is free,
 /// `pg_advisory_lock` on a random one under a 500 ms `lock_timeout` (the server wakes it when
-/// that slot is released), let go at once, and an attempt from that slot on.
+/// that slot is released), let go at once, and an attempt from that slot on. One permit is
+/// a lock: its wait blocks and keeps the lock, with the token.
 struct PermitContender {
     conn: PgConnection,
     slots: Arc<Slots>,
@@ -203,14 +219,24 @@ impl Contender for PermitContender {
             }
             first = self.slots.random();
             let key = self.slots.keys[first];
-            let waited = sqlx::query(
-                "SELECT pg_advisory_unlock($1) FROM (SELECT pg_advisory_lock($1) FROM \
-                 (SELECT set_config('lock_timeout', $2, false) OFFSET 0) s OFFSET 0) l",
-            )
-            .bind(key)
-            .bind(PERMIT_RESCAN)
-            .execute(&mut self.conn)
-            .await;
+            let one = self.slots.keys.len() == 1;
+            let (statement, timeout) = match one {
+                true => (self.slots.wait_lock.as_str(), LOCK_WAIT),
+                false => (
+                    "SELECT pg_advisory_unlock($1) FROM (SELECT pg_advisory_lock($1) FROM \
+                     (SELECT set_config('lock_timeout', $2, false) OFFSET 0) s OFFSET 0) l",
+                    PERMIT_RESCAN,
+                ),
+            };
+            let waited = sqlx::query(statement)
+                .bind(key)
+                .bind(timeout)
+                .execute(&mut self.conn)
+                .await;
+            if one && waited.is_ok() {
+                self.held = Some(key);
+                return Ok(());
+            }
             match waited {
                 Ok(_) => {}
                 Err(sqlx::Error::Database(e))
@@ -345,8 +371,10 @@ impl Protocol for Postgres {
         let mut parked = self.connect().await?;
         let sequence = create_sequence(&mut parked, within).await?;
         let slots = Arc::new(Slots::new(permits, &sequence));
-        for _ in 1..permits {
-            if slots.take(&mut parked, 0, within).await?.is_none() {
+        // Slot i from slot i on: advisory locks stack per session, so an attempt from slot 0
+        // each time would take slot 0 again and again.
+        for i in 0..slots.keys.len().saturating_sub(1) {
+            if slots.take(&mut parked, i, within).await? != Some(slots.keys[i]) {
                 return Err(LockError::unexpected(BACKEND, "a parked slot was taken"));
             }
         }
