@@ -165,7 +165,6 @@ pub(crate) fn assert_permits_measured_against_their_floor(url: &str, duration: &
 }
 
 /// A fresh path under the temporary directory, unique to this process and call.
-#[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) fn tempfile_path(prefix: &str) -> String {
     use std::hash::{BuildHasher, RandomState};
     let unique = RandomState::new().hash_one(std::time::Instant::now());
