@@ -9,6 +9,7 @@
 //! as the median over the rounds, with their spread (min–max).
 
 mod permits;
+mod read_mostly;
 mod report;
 
 use std::process::ExitCode;
@@ -65,6 +66,11 @@ pub struct BenchArgs {
     /// algorithm, e.g. `--permits 1,8`.
     #[arg(long, value_delimiter = ',')]
     permits: Option<Vec<u32>>,
+    /// Instead of the phases above: a read-mostly mix on a reader-writer lock, this many
+    /// readers on clients of their own and one writer: the readers' grants per second against
+    /// the same clients taking the lock, and the writer's wait p50/p99.
+    #[arg(long, conflicts_with_all = ["permits", "flood"])]
+    read_mostly: Option<usize>,
 }
 
 /// How many alternating slices the uncontended phase and its floors are measured in.
@@ -219,6 +225,9 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
     }
     if let Some(permits) = &args.permits {
         return permits::bench(&args, permits, &client, &label, &run).await;
+    }
+    if let Some(readers) = args.read_mostly {
+        return read_mostly::bench(&args, readers, &client, &label, &run).await;
     }
     // dlock and the raw floors run interleaved (the uncontended and many-names phases in
     // alternating slices, each side first in turn), so drift in the machine's speed over the run

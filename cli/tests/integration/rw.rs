@@ -40,6 +40,41 @@ fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// `dlock bench --read-mostly`: the readers' grants against the same clients taking the lock,
+/// and the writer's wait, all measured.
+#[test]
+fn bench_measures_a_read_mostly_mix() {
+    let etcd = Etcd::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("etcd://{}", etcd.addr());
+    let stdout = crate::common::succeeds([
+        "bench",
+        "--backend",
+        &url,
+        "--read-mostly",
+        "3",
+        "--duration",
+        "500ms",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let mix = &report["read_mostly"];
+    for figure in [
+        "reads_per_sec",
+        "mutex_per_sec",
+        "reads_vs_mutex",
+        "writer_wait_p50_us",
+        "writer_wait_p99_us",
+    ] {
+        assert!(
+            mix[figure].as_f64().is_some_and(|n| n > 0.0),
+            "no {figure}: {report}"
+        );
+    }
+}
+
 #[test]
 fn readers_run_together_and_a_waiting_writer_keeps_later_readers_out() {
     let etcd = Etcd::start().unwrap_or_else(|e| panic!("{e}"));
