@@ -19,6 +19,7 @@ mod long;
 mod reader_writer;
 mod restarts;
 mod semaphores;
+mod shared_names;
 mod steps;
 mod workers;
 

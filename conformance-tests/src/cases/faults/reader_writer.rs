@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use dlock_api::{DistributedLockExt, LockName, LockOptions};
 
-use super::steps::{holding, verify};
+use super::shared_names::{Role, paused_and_killed, six_workers_checked_clean};
+use super::steps::verify;
 use crate::history::{Count, Expect, Input, Report};
 use crate::nemesis::Run;
-use crate::{CaseResult, Ctx, Failure, Harness, ensure};
+use crate::{CaseResult, Ctx, Failure, Harness};
 
 /// The share of rounds that read.
 const READER_ROUNDS: u8 = 75;
@@ -36,26 +37,11 @@ const READERS_MET: Expect = Expect {
 /// CONTRACT: "Readers share, the writer excludes", "Fenced across modes" (Reader-writer locks),
 /// across processes.
 pub async fn reader_writer_workers_keep_writers_alone(ctx: Ctx) -> CaseResult {
-    let run = Run::start(&ctx).await?;
     let names = [ctx.name("a"), ctx.name("b")];
-    let timing = ctx.timing();
-    let mut workers = Vec::new();
-    for id in 1..=6 {
-        let mut spec = run.spec(id, &names, 12, timing.short_ttl, timing.bound, THINK);
+    let (run, input, report) = six_workers_checked_clean(&ctx, &names, (12, THINK), |spec| {
         spec.reader_rounds = Some(READER_ROUNDS);
-        workers.push(run.spawn(&spec)?);
-    }
-    for worker in workers {
-        ctx.within("a worker's rounds", worker.finish()).await??;
-    }
-    let residue = ctx.settled_residue(&names).await?;
-    let input = run.input(residue)?;
-    let report = verify(&run, &Expect::CLEAN, &input)?;
-    ensure!(
-        report.liveness.granted >= 6,
-        "only {} grants were made: {report}",
-        report.liveness.granted
-    );
+    })
+    .await?;
     every_name_free_for_a_writer(&ctx, &**ctx.harness(), &names).await?;
     readers_taken_for_writers_are_caught(&run, &input, &report)?;
     run.discard();
@@ -79,67 +65,20 @@ pub async fn reader_writer_workers_keep_writers_alone(ctx: Ctx) -> CaseResult {
 /// CONTRACT: "Shares come back" and "Readers share, the writer excludes" (Reader-writer locks)
 /// under a paused reader and a dead writer.
 pub async fn reader_writer_workers_paused_and_killed(ctx: Ctx) -> CaseResult {
-    let run = Run::start(&ctx).await?;
     let names = [ctx.name("read"), ctx.name("write")];
-    let timing = ctx.timing();
-    let ttl = timing.short_ttl;
-    let pause = ttl.saturating_mul(3);
-    let mut frozen_spec = run.spec(
-        1,
-        std::slice::from_ref(&names[0]),
-        1,
-        ttl,
-        timing.bound,
-        Duration::from_millis(300),
-    );
-    frozen_spec.announce = true;
-    frozen_spec.reader_rounds = Some(100);
-    let mut frozen = run.spawn(&frozen_spec)?;
-    holding(&ctx, &mut frozen).await?;
-    run.pause(&frozen)?;
-    // A writer that would think a whole lease: the kill lands while it holds.
-    let mut doomed_spec = run.spec(
-        2,
-        std::slice::from_ref(&names[1]),
-        1,
-        ttl,
-        timing.bound,
-        ttl,
-    );
-    doomed_spec.announce = true;
-    doomed_spec.reader_rounds = Some(0);
-    let mut doomed = run.spawn(&doomed_spec)?;
-    holding(&ctx, &mut doomed).await?;
-    run.kill(doomed).await?;
-    let mut others = Vec::new();
-    for id in 3..=6 {
-        let wait = pause
-            .saturating_add(timing.crash_bound)
-            .saturating_add(timing.bound);
-        let mut spec = run.spec(id, &names, 16, ttl, wait, THINK.saturating_mul(2));
-        spec.reader_rounds = Some(READER_ROUNDS);
-        others.push(run.spawn(&spec)?);
-    }
-    // The pause's length is what is under test: the frozen reader's lease runs out meanwhile.
-    tokio::time::sleep(pause).await;
-    run.resume(&frozen)?;
-    ctx.within("the paused reader after it resumed", frozen.finish())
-        .await??;
-    for worker in others {
-        ctx.within(
-            "a worker beside the paused reader and the dead writer",
-            worker.finish(),
-        )
-        .await??;
-    }
-    let residue = ctx.settled_residue(&names).await?;
-    let input = run.input(residue)?;
-    let report = verify(&run, &Expect::CLEAN, &input)?;
-    ensure!(
-        report.liveness.granted >= 6,
-        "the workers beside the paused reader and the dead writer got only {} grants: {report}",
-        report.liveness.granted.saturating_sub(2)
-    );
+    let (run, input, report) = paused_and_killed(
+        &ctx,
+        (&names[0], &names[1], &names),
+        (16, THINK.saturating_mul(2)),
+        |spec, role| {
+            spec.reader_rounds = Some(match role {
+                Role::Paused => 100,
+                Role::Killed => 0,
+                Role::Beside => READER_ROUNDS,
+            });
+        },
+    )
+    .await?;
     every_name_free_for_a_writer(&ctx, &**ctx.harness(), &names).await?;
     readers_taken_for_writers_are_caught(&run, &input, &report)?;
     run.discard();

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use dlock_api::{LockName, LockOptions};
 
+use super::shared_names::{paused_and_killed, six_workers_checked_clean};
 use super::steps::{holding, proxied, verify};
 use crate::history::{Count, Edge, Expect, Input, Report};
 use crate::nemesis::Run;
@@ -39,26 +40,11 @@ const OVER_THE_LIMIT: Expect = Expect {
 ///
 /// CONTRACT: "At most N", "Permits come back", "Fenced" (Semaphores), across processes.
 pub async fn semaphore_workers_keep_to_the_limit(ctx: Ctx) -> CaseResult {
-    let run = Run::start(&ctx).await?;
     let names = [ctx.name("a"), ctx.name("b")];
-    let timing = ctx.timing();
-    let mut workers = Vec::new();
-    for id in 1..=6 {
-        let mut spec = run.spec(id, &names, 10, timing.short_ttl, timing.bound, THINK);
+    let (run, input, report) = six_workers_checked_clean(&ctx, &names, (10, THINK), |spec| {
         spec.permits = Some(PERMITS);
-        workers.push(run.spawn(&spec)?);
-    }
-    for worker in workers {
-        ctx.within("a worker's rounds", worker.finish()).await??;
-    }
-    let residue = ctx.settled_residue(&names).await?;
-    let input = run.input(residue)?;
-    let report = verify(&run, &Expect::CLEAN, &input)?;
-    ensure!(
-        report.liveness.granted >= 6,
-        "only {} permits were granted: {report}",
-        report.liveness.granted
-    );
+    })
+    .await?;
     every_permit_comes_back(&ctx, &**ctx.harness(), &names).await?;
     lowered_limit_is_caught(&run, &input, &report)?;
     run.discard();
@@ -82,55 +68,15 @@ pub async fn semaphore_workers_keep_to_the_limit(ctx: Ctx) -> CaseResult {
 ///
 /// CONTRACT: "At most N" and "Permits come back" (Semaphores) under a paused and a dead holder.
 pub async fn semaphore_workers_paused_and_killed(ctx: Ctx) -> CaseResult {
-    let run = Run::start(&ctx).await?;
-    // The paused and the dead holder hold permits of the first name; the others work on both.
+    // The paused and the killed holder hold permits of the first name; the others work on both.
     let names = [ctx.name("sem"), ctx.name("other")];
-    let held = std::slice::from_ref(&names[0]);
-    let timing = ctx.timing();
-    let ttl = timing.short_ttl;
-    let pause = ttl.saturating_mul(3);
-    let mut frozen_spec = run.spec(1, held, 1, ttl, timing.bound, Duration::from_millis(300));
-    frozen_spec.announce = true;
-    frozen_spec.permits = Some(PERMITS);
-    let mut frozen = run.spawn(&frozen_spec)?;
-    holding(&ctx, &mut frozen).await?;
-    run.pause(&frozen)?;
-    // It would think a whole lease: the kill lands while it holds.
-    let mut doomed_spec = run.spec(2, held, 1, ttl, timing.bound, ttl);
-    doomed_spec.announce = true;
-    doomed_spec.permits = Some(PERMITS);
-    let mut doomed = run.spawn(&doomed_spec)?;
-    holding(&ctx, &mut doomed).await?;
-    run.kill(doomed).await?;
-    let mut others = Vec::new();
-    for id in 3..=6 {
-        let wait = pause
-            .saturating_add(timing.crash_bound)
-            .saturating_add(timing.bound);
-        let mut spec = run.spec(id, &names, 24, ttl, wait, THINK.saturating_mul(2));
-        spec.permits = Some(PERMITS);
-        others.push(run.spawn(&spec)?);
-    }
-    // The pause's length is what is under test: the frozen holder's lease runs out meanwhile.
-    tokio::time::sleep(pause).await;
-    run.resume(&frozen)?;
-    ctx.within("the paused worker after it resumed", frozen.finish())
-        .await??;
-    for worker in others {
-        ctx.within(
-            "a worker beside the paused and the dead one",
-            worker.finish(),
-        )
-        .await??;
-    }
-    let residue = ctx.settled_residue(&names).await?;
-    let input = run.input(residue)?;
-    let report = verify(&run, &Expect::CLEAN, &input)?;
-    ensure!(
-        report.liveness.granted >= 6,
-        "the workers beside the paused and the dead holder got only {} permits: {report}",
-        report.liveness.granted.saturating_sub(2)
-    );
+    let (run, input, report) = paused_and_killed(
+        &ctx,
+        (&names[0], &names[0], &names),
+        (24, THINK.saturating_mul(2)),
+        |spec, _| spec.permits = Some(PERMITS),
+    )
+    .await?;
     every_permit_comes_back(&ctx, &**ctx.harness(), &names).await?;
     lowered_limit_is_caught(&run, &input, &report)?;
     run.discard();
