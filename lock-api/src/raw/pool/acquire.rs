@@ -13,6 +13,7 @@ use super::lease::PoolLease;
 use crate::error::{LockError, Result};
 use crate::name::LockName;
 use crate::options::LockOptions;
+use crate::raw::Claim;
 use crate::raw::detach::Detach;
 use crate::raw::engine::Grant;
 use crate::raw::lease::RenewedBy;
@@ -54,13 +55,12 @@ fn granted<D: SessionDriver>(
     )
 }
 
-/// One non-blocking attempt on a shared connection for one of `permits` (a lock: 1);
-/// `Ok(None)` when busy.
+/// One non-blocking attempt on a shared connection for `claim`; `Ok(None)` when busy.
 pub(super) async fn try_grant<D: SessionDriver>(
     core: &Arc<PoolCore<D>>,
     name: &LockName,
     key: &D::Key,
-    permits: u32,
+    claim: Claim,
     patient: bool,
 ) -> Result<Option<Grant>> {
     // A connection reused from the idle set may have died unnoticed (server restart): a
@@ -68,7 +68,7 @@ pub(super) async fn try_grant<D: SessionDriver>(
     // connection that then broke dies with that connection.
     let mut retried = false;
     loop {
-        let Some((conn, fresh)) = core.pick_shared(name, key, permits, patient).await? else {
+        let Some((conn, fresh)) = core.pick_shared(name, key, claim, patient).await? else {
             return Ok(None);
         };
         let result = Detach::new(try_on(
@@ -76,7 +76,7 @@ pub(super) async fn try_grant<D: SessionDriver>(
             conn.clone(),
             name.clone(),
             key.clone(),
-            permits,
+            claim,
         ))
         .await;
         match result {
@@ -96,13 +96,13 @@ async fn try_on<D: SessionDriver>(
     conn: Conn<D>,
     name: LockName,
     key: D::Key,
-    permits: u32,
+    claim: Claim,
 ) -> Result<Option<Grant>> {
     let limit = core.config.command_timeout;
     let mut guard = conn.conn.lock().await;
     let reply = match core.conn_mut(&mut guard) {
         Ok(c) => {
-            let outcome = timeout(limit, core.try_on_conn(c, &name, &key, permits)).await;
+            let outcome = timeout(limit, core.try_on_conn(c, &name, &key, claim)).await;
             core.settle(&conn, &mut guard, limit, outcome)
         }
         Err(closed) => Err(closed),
@@ -113,7 +113,7 @@ async fn try_on<D: SessionDriver>(
             if !core.attempt_done(&conn, &key, true) {
                 return Err(core.unavailable("the connection closed right after the grant"));
             }
-            let hold = Hold::granted(permits, slot);
+            let hold = Hold::granted(claim, slot);
             Ok(Some(granted(&core, conn, name, key, token, hold)))
         }
         Ok(None) => {
@@ -125,7 +125,7 @@ async fn try_on<D: SessionDriver>(
             if !failure.broken {
                 // The statement may have taken the lock before it failed (a fencing counter
                 // refused, say).
-                core.undo(&conn, &mut guard, &key, permits).await;
+                core.undo(&conn, &mut guard, &key, claim).await;
             }
             drop(guard);
             core.attempt_done(&conn, &key, false);
@@ -134,25 +134,32 @@ async fn try_on<D: SessionDriver>(
     }
 }
 
-/// Waits for `key` (one of `permits`; a lock: 1) until `deadline`: one attempt on a shared
-/// connection, then this client's waiters for the name queue in the client and one at a time
-/// waits at the server, on a connection of its own (polling with back-off only while every
-/// connection is busy).
+/// Waits for `key` (as `claim` asks) until `deadline`: one attempt on a shared connection,
+/// then this client's waiters for the name queue in the client and one at a time waits at the
+/// server, on a connection of its own (polling with back-off only while every connection is
+/// busy). Readers next to each other in the client's line wait at the server together, each
+/// on a connection of its own, since the server lets in together only the readers in its
+/// queue.
 pub(super) async fn wait_grant<D: SessionDriver>(
     core: &Arc<PoolCore<D>>,
     name: &LockName,
     key: &D::Key,
-    permits: u32,
+    claim: Claim,
     options: &LockOptions,
     deadline: Option<Instant>,
 ) -> Result<Option<Grant>> {
-    let holds = || core.registry().full(key, permits);
+    let holds = || core.registry().full(key, claim);
     if !holds() {
-        if let Some(grant) = try_grant(core, name, key, permits, false).await? {
+        if let Some(grant) = try_grant(core, name, key, claim, false).await? {
             return Ok(Some(grant));
         }
     }
-    let Some(_turn) = core.waiters.turn(name, deadline).await else {
+    let turn = if claim.shared {
+        core.waiters.shared_turn(name, deadline).await
+    } else {
+        core.waiters.turn(name, deadline).await
+    };
+    let Some(_turn) = turn else {
         return Ok(None);
     };
     let retry = options.retry();
@@ -173,7 +180,7 @@ pub(super) async fn wait_grant<D: SessionDriver>(
                 // Every connection holds locks or waits: poll on a shared one until one frees up.
                 if Instant::now() >= next_poll {
                     if !holds() {
-                        if let Some(grant) = try_grant(core, name, key, permits, false).await? {
+                        if let Some(grant) = try_grant(core, name, key, claim, false).await? {
                             return Ok(Some(grant));
                         }
                     }
@@ -206,7 +213,7 @@ pub(super) async fn wait_grant<D: SessionDriver>(
             conn,
             name.clone(),
             key.clone(),
-            permits,
+            claim,
             wait,
             attempt,
         ));
@@ -248,7 +255,7 @@ async fn wait_on<D: SessionDriver>(
     conn: Conn<D>,
     name: LockName,
     key: D::Key,
-    permits: u32,
+    claim: Claim,
     wait: Duration,
     attempt: Arc<Attempt>,
 ) -> Result<Option<Grant>> {
@@ -261,7 +268,7 @@ async fn wait_on<D: SessionDriver>(
         return Ok(None);
     }
     let outcome = match core.conn_mut(&mut guard) {
-        Ok(c) => Ok(timeout(limit, core.wait_on_conn(c, &name, &key, permits, wait)).await),
+        Ok(c) => Ok(timeout(limit, core.wait_on_conn(c, &name, &key, claim, wait)).await),
         Err(closed) => Err(closed),
     };
     let (cancelled, interrupting) = attempt.finish();
@@ -287,10 +294,10 @@ async fn wait_on<D: SessionDriver>(
     match reply {
         Ok(Ok((token, slot))) if !cancelled && !conn.is_dead() => {
             drop(guard);
-            if !core.wait_done(&conn, Some((&key, permits))) {
+            if !core.wait_done(&conn, Some((&key, claim))) {
                 return Err(core.unavailable("the connection closed right after the grant"));
             }
-            let hold = Hold::granted(permits, slot);
+            let hold = Hold::granted(claim, slot);
             Ok(Some(granted(&core, conn, name, key, token, hold)))
         }
         Ok(Err(Waited::NotGranted)) => {
@@ -300,7 +307,7 @@ async fn wait_on<D: SessionDriver>(
         }
         Ok(_) => {
             // Granted to nobody who wants it, or maybe granted as the wait failed.
-            core.undo(&conn, &mut guard, &key, permits).await;
+            core.undo(&conn, &mut guard, &key, claim).await;
             drop(guard);
             core.wait_done(&conn, None);
             Ok(None)
@@ -308,7 +315,7 @@ async fn wait_on<D: SessionDriver>(
         Err(failure) => {
             if !failure.broken {
                 // The lock may have been granted before the statement failed.
-                core.undo(&conn, &mut guard, &key, permits).await;
+                core.undo(&conn, &mut guard, &key, claim).await;
             }
             drop(guard);
             core.wait_done(&conn, None);

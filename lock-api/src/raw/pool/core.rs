@@ -13,35 +13,37 @@ use super::driver::{DriverError, PoolConfig, SessionDriver};
 use super::registry::{Registry, SharedPick, WaitPick};
 use crate::error::{LockError, Result};
 use crate::name::LockName;
+use crate::raw::Claim;
 use crate::raw::local_queue::LocalQueue;
 use crate::raw::time::after;
 use crate::status::LostReason;
 
 pub(super) type Conn<D> = Arc<Connection<D>>;
 
-/// What a grant holds on its connection: a lock (`permits` 1), or one of `permits` permits of a
-/// semaphore, on `slot` (`None` before the server named one: an undo); `leader` once a lock's
-/// holder has proclaimed, so that its release clears the record it wrote.
+/// What a grant holds on its connection, as its `claim` asked: a lock (limit 1), a reader's
+/// share, or one of `limit` permits of a semaphore, on `slot` (`None` before the server named
+/// one: an undo); `leader` once a lock's holder has proclaimed, so that its release clears the
+/// record it wrote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Hold {
-    pub(super) permits: u32,
+    pub(super) claim: Claim,
     pub(super) slot: Option<u32>,
     pub(super) leader: bool,
 }
 
 impl Hold {
-    /// A grant of one of `permits` (a lock: 1), on `slot` for a permit.
-    pub(super) fn granted(permits: u32, slot: Option<u32>) -> Self {
+    /// A grant of `claim`, on `slot` for a permit.
+    pub(super) fn granted(claim: Claim, slot: Option<u32>) -> Self {
         Self {
-            permits,
+            claim,
             slot,
             leader: false,
         }
     }
 
-    /// Whatever an attempt for `permits` may have taken.
-    pub(super) fn any(permits: u32) -> Self {
-        Self::granted(permits, None)
+    /// Whatever an attempt for `claim` may have taken.
+    pub(super) fn any(claim: Claim) -> Self {
+        Self::granted(claim, None)
     }
 }
 
@@ -134,20 +136,20 @@ impl<D: SessionDriver> PoolCore<D> {
         Ok(self.adopt(conn, server_id))
     }
 
-    /// Picks the connection for a non-blocking attempt on `key` (for `name`, held by at most
-    /// `permits`), reserving the key there. `Ok(None)`: this client holds or acquires as many
-    /// as `permits` allow, so the answer is "busy"; also when every connection waits and
-    /// `patient` is false. A patient pick waits for a connection until the command timeout.
+    /// Picks the connection for a non-blocking attempt on `key` (for `name`, as `claim` asks),
+    /// reserving the key there. `Ok(None)`: this client holds or acquires as many as `claim`
+    /// allows, or holds the key in the mode that excludes `claim`'s, so the answer is "busy";
+    /// also when every connection waits and `patient` is false. A patient pick waits for a connection until the command timeout.
     /// The bool says whether the connection is new.
     ///
     /// # Errors
     /// [`permits_mismatch`](crate::raw::permits_mismatch) when this client has `key` in use
-    /// with another number of permits.
+    /// with another number of permits (a reader's share counts as a lock's one).
     pub(super) async fn pick_shared(
         self: &Arc<Self>,
         name: &LockName,
         key: &D::Key,
-        permits: u32,
+        claim: Claim,
         patient: bool,
     ) -> Result<Option<(Conn<D>, bool)>> {
         let give_up = after(Instant::now(), self.config.command_timeout);
@@ -163,14 +165,14 @@ impl<D: SessionDriver> PoolCore<D> {
             }
             let max = self.config.max_connections;
             let pick = if may_spread {
-                self.registry().pick_shared(key, permits, max)
+                self.registry().pick_shared(key, claim, max)
             } else {
-                self.registry().pick_shared_gathered(key, permits, max)
+                self.registry().pick_shared_gathered(key, claim, max)
             };
             match pick {
                 SharedPick::Busy => return Ok(None),
                 SharedPick::Mismatch(in_use) => {
-                    return Err(crate::raw::permits_mismatch(name, permits, in_use));
+                    return Err(crate::raw::permits_mismatch(name, claim.limit, in_use));
                 }
                 SharedPick::Use(conn) => return Ok(Some((conn, false))),
                 SharedPick::Full if !patient => return Ok(None),
@@ -189,7 +191,7 @@ impl<D: SessionDriver> PoolCore<D> {
                     }
                 }
                 SharedPick::OpenToSpread => match self.open_counted(false).await {
-                    Ok(conn) => return Ok(self.reserve_opened(conn, key, permits)),
+                    Ok(conn) => return Ok(self.reserve_opened(conn, key, claim)),
                     Err(error) => {
                         // Only wanted, not needed: a connection that holds locks will do.
                         tracing::debug!(%error, "could not open a connection to spread locks over");
@@ -198,7 +200,7 @@ impl<D: SessionDriver> PoolCore<D> {
                 },
                 SharedPick::Open => {
                     let conn = self.open_counted(false).await?;
-                    return Ok(self.reserve_opened(conn, key, permits));
+                    return Ok(self.reserve_opened(conn, key, claim));
                 }
             }
         }
@@ -206,10 +208,10 @@ impl<D: SessionDriver> PoolCore<D> {
 
     /// Registers a connection opened for an attempt on `key`, reserving the key there; `None`
     /// if someone of ours started on the key while this one opened.
-    fn reserve_opened(&self, conn: Conn<D>, key: &D::Key, permits: u32) -> Option<(Conn<D>, bool)> {
+    fn reserve_opened(&self, conn: Conn<D>, key: &D::Key, claim: Claim) -> Option<(Conn<D>, bool)> {
         let reserved = self
             .registry()
-            .opened(conn.id, conn.clone(), Some((key, permits)), false);
+            .opened(conn.id, conn.clone(), Some((key, claim)), false);
         self.notify();
         reserved.then_some((conn, true))
     }
@@ -249,7 +251,11 @@ impl<D: SessionDriver> PoolCore<D> {
     }
 
     /// The wait on `conn` ended; see [`Registry::wait_done`].
-    pub(super) fn wait_done(&self, conn: &Connection<D>, granted: Option<(&D::Key, u32)>) -> bool {
+    pub(super) fn wait_done(
+        &self,
+        conn: &Connection<D>,
+        granted: Option<(&D::Key, Claim)>,
+    ) -> bool {
         let alive = self.registry().wait_done(conn.id, granted);
         self.notify();
         alive && !conn.is_dead()
@@ -278,37 +284,43 @@ impl<D: SessionDriver> PoolCore<D> {
         conn.send_unlock(key, hold);
     }
 
-    /// The driver's non-blocking attempt for one of `permits` (a lock: 1): the token and, for
-    /// a permit, its slot.
+    /// The driver's non-blocking attempt for `claim`: the token and, for a permit, its slot.
     pub(super) async fn try_on_conn(
         &self,
         c: &mut D::Conn,
         name: &LockName,
         key: &D::Key,
-        permits: u32,
+        claim: Claim,
     ) -> std::result::Result<Option<(u64, Option<u32>)>, DriverError> {
-        if permits <= 1 {
+        if claim.shared {
+            let token = self.driver.try_lock_shared(c, name, key).await?;
+            Ok(token.map(|token| (token, None)))
+        } else if claim.limit <= 1 {
             let token = self.driver.try_lock(c, name, key).await?;
             Ok(token.map(|token| (token, None)))
         } else {
-            let granted = self.driver.try_permit(c, name, key, permits).await?;
+            let granted = self.driver.try_permit(c, name, key, claim.limit).await?;
             Ok(granted.map(|(token, slot)| (token, Some(slot))))
         }
     }
 
-    /// The driver's server-side wait for one of `permits` (a lock: 1).
+    /// The driver's server-side wait for `claim`.
     pub(super) async fn wait_on_conn(
         &self,
         c: &mut D::Conn,
         name: &LockName,
         key: &D::Key,
-        permits: u32,
+        claim: Claim,
         wait: Duration,
     ) -> std::result::Result<super::driver::Waited, DriverError> {
-        if permits <= 1 {
+        if claim.shared {
+            self.driver.wait_lock_shared(c, name, key, wait).await
+        } else if claim.limit <= 1 {
             self.driver.wait_lock(c, key, wait).await
         } else {
-            self.driver.wait_permit(c, name, key, permits, wait).await
+            self.driver
+                .wait_permit(c, name, key, claim.limit, wait)
+                .await
         }
     }
 
@@ -321,11 +333,13 @@ impl<D: SessionDriver> PoolCore<D> {
     ) -> std::result::Result<bool, DriverError> {
         if hold.leader {
             self.driver.unlock_leader(c, key).await
-        } else if hold.permits <= 1 {
+        } else if hold.claim.shared {
+            self.driver.unlock_shared(c, key).await
+        } else if hold.claim.limit <= 1 {
             self.driver.unlock(c, key).await
         } else {
             self.driver
-                .unlock_permit(c, key, hold.permits, hold.slot)
+                .unlock_permit(c, key, hold.claim.limit, hold.slot)
                 .await
         }
     }
@@ -395,11 +409,11 @@ impl<D: SessionDriver> PoolCore<D> {
         conn: &Connection<D>,
         guard: &mut Option<D::Conn>,
         key: &D::Key,
-        permits: u32,
+        claim: Claim,
     ) {
         let Some(c) = guard.as_mut() else { return };
         let limit = self.config.command_timeout;
-        let outcome = timeout(limit, self.unlock_on(c, key, Hold::any(permits))).await;
+        let outcome = timeout(limit, self.unlock_on(c, key, Hold::any(claim))).await;
         if self.settle(conn, guard, limit, outcome).is_err() {
             self.close(conn, guard, "could not undo an unwanted grant");
         }

@@ -155,6 +155,55 @@ pub trait SessionDriver: Debug + Send + Sync + 'static {
         )))
     }
 
+    /// Takes a reader's share of `key` (of `name`) without waiting: `Some(token)` if granted,
+    /// `None` if a writer (the key's lock) holds it **or waits for it**, so that a waiting
+    /// writer goes before readers that come after it. A name held as a semaphore of several
+    /// permits is refused with [`permits_mismatch`](crate::raw::permits_mismatch), as a
+    /// statement error after which the pool calls [`unlock_shared`](Self::unlock_shared). The
+    /// pool never runs it on a connection that holds `key` in any mode. The default answers
+    /// `Unsupported`.
+    async fn try_lock_shared(
+        &self,
+        conn: &mut Self::Conn,
+        name: &LockName,
+        key: &Self::Key,
+    ) -> Result<Option<u64>, DriverError> {
+        let _ = (conn, name, key);
+        Err(DriverError::statement(crate::reader_writer::unsupported(
+            self.backend(),
+        )))
+    }
+
+    /// Waits on the server, for at most `wait`, for a reader's share of `key`, in the server's
+    /// queue with the writers (readers waiting together ahead of the next writer are let in
+    /// together): [`Waited::Granted`] when granted. The default answers `Unsupported`.
+    async fn wait_lock_shared(
+        &self,
+        conn: &mut Self::Conn,
+        name: &LockName,
+        key: &Self::Key,
+        wait: Duration,
+    ) -> Result<Waited, DriverError> {
+        let _ = (conn, name, key, wait);
+        Err(DriverError::statement(crate::reader_writer::unsupported(
+            self.backend(),
+        )))
+    }
+
+    /// Releases the reader's share of `key` this connection holds (and whatever else a
+    /// reader's statement takes with it): true if it did. Also the undo of a failed or unwanted
+    /// `try_lock_shared`/`wait_lock_shared`. The default answers `Unsupported`.
+    async fn unlock_shared(
+        &self,
+        conn: &mut Self::Conn,
+        key: &Self::Key,
+    ) -> Result<bool, DriverError> {
+        let _ = (conn, key);
+        Err(DriverError::statement(crate::reader_writer::unsupported(
+            self.backend(),
+        )))
+    }
+
     /// Writes `term` and `value` as the leader's record of `name` (whose key is `key`), in one
     /// statement, **only if this connection holds `key` now** (checked on the server, not from
     /// the client's records) and no record of a higher term is there; with the record goes

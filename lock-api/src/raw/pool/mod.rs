@@ -21,10 +21,25 @@
 //!   another number for a key it has in use
 //!   ([`permits_mismatch`](crate::raw::permits_mismatch)) without asking the server; the
 //!   server refuses it across clients.
+//! - **Readers are locks in a shared mode.** A reader's claim
+//!   ([`Claim`](crate::raw::Claim) with `shared`; the options of a `read` say so) goes through
+//!   the driver's `try_lock_shared`/`wait_lock_shared`/`unlock_shared`, along the lock's paths.
+//!   The client puts at most one share of a key on each connection, as it does permits: a
+//!   connection that held a share would be granted the key's lock beside it (a server does not
+//!   make a session wait for itself), and an undo of a share stacked on another could release
+//!   the wrong one. So one client holds at most as many readers of a name as it has
+//!   connections not lent to a wait; beyond, a reader's attempt is busy and its wait waits. The
+//!   client's own readers make its writer busy without asking the server, and its writer its
+//!   readers; a name this client uses as a semaphore of several permits refuses readers
+//!   ([`permits_mismatch`](crate::raw::permits_mismatch), a share counting as a lock's one).
 //! - **A server-side wait gets a connection of its own** that holds nothing, so it never stalls
 //!   other guards' releases; after the grant that connection is shared like any. At most all
 //!   but one connection wait at once. This client's waiters for one name queue in the client
-//!   ([`LocalQueue`](crate::raw::LocalQueue)) and one at a time waits at the server.
+//!   ([`LocalQueue`](crate::raw::LocalQueue)) and one at a time waits at the server, except
+//!   that readers next to each other in that line wait at the server together (each on a
+//!   connection of its own): the server lets waiting readers in together only if each is in
+//!   its queue, and a writer of this client that came before them is still served first,
+//!   since they queue behind its turn.
 //! - **Cancellation**: every statement runs to completion in a [`Detach`](crate::raw::Detach),
 //!   so a dropped caller never leaves a connection mid-protocol; a dropped wait is interrupted
 //!   from another connection, repeatedly until it is over, and a grant that raced the cancel is
@@ -65,8 +80,8 @@ pub use driver::{DriverError, PoolConfig, SessionDriver, Waited};
 use crate::error::Result;
 use crate::name::LockName;
 use crate::options::LockOptions;
-use crate::raw::PerRuntime;
 use crate::raw::engine::Grant;
+use crate::raw::{Claim, PerRuntime};
 
 /// The connections of one client of a session-lock server; see the [module docs](self).
 ///
@@ -172,11 +187,37 @@ impl<D: SessionDriver> SessionPool<D> {
         key: &D::Key,
         limit: u32,
     ) -> Result<Option<Grant>> {
-        acquire::try_grant(&self.core(), name, key, limit, true).await
+        let claim = Claim {
+            limit,
+            shared: false,
+        };
+        self.try_claim(name, key, claim).await
+    }
+
+    /// [`try_grant`](Self::try_grant) of what `claim` asks: a lock or a permit as there, or
+    /// with `claim.shared` a reader's share of the name's lock (the driver's
+    /// [`try_lock_shared`](SessionDriver::try_lock_shared)), busy while a writer holds it or
+    /// waits for it. The client puts at most one share of a key on each connection.
+    ///
+    /// # Errors
+    /// As [`try_grant`](Self::try_grant); a reader of a name in use as a semaphore of several
+    /// permits is refused with [`permits_mismatch`](crate::raw::permits_mismatch).
+    ///
+    /// # Cancel safety
+    /// As [`try_grant`](Self::try_grant).
+    pub async fn try_claim(
+        &self,
+        name: &LockName,
+        key: &D::Key,
+        claim: Claim,
+    ) -> Result<Option<Grant>> {
+        acquire::try_grant(&self.core(), name, key, claim, true).await
     }
 
     /// Waits for `key` (for `name`) until `deadline` (`None`: no limit): `Ok(None)` if the
-    /// deadline passed. A wait whose connection is killed waits again on a new one.
+    /// deadline passed. A wait whose connection is killed waits again on a new one. With
+    /// options that ask for a shared hold ([`LockOptions::is_shared`]) it waits for a reader's
+    /// share, as [`try_claim`](Self::try_claim) takes one.
     ///
     /// # Errors
     /// As [`try_grant`](Self::try_grant), after the retries `options` allow.
@@ -192,7 +233,8 @@ impl<D: SessionDriver> SessionPool<D> {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        acquire::wait_grant(&self.core(), name, key, limit, options, deadline).await
+        let claim = Claim::new(limit, options);
+        acquire::wait_grant(&self.core(), name, key, claim, options, deadline).await
     }
 
     /// The leader of `name` (whose key is `key`) as the driver's

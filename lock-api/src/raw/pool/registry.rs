@@ -1,14 +1,19 @@
 //! Which connection holds, acquires or is releasing which key: the bookkeeping behind the pool's
 //! rules, with no I/O.
 //!
-//! A key has a holder limit: 1 for a lock, N for a semaphore of N permits. A key is reserved on
-//! at most that many connections of the client (beyond, the server would answer "busy" anyway,
-//! and the client knows it sooner), never twice on one connection (the server would stack it),
-//! and only with the limit it is in use with here (another number is a mismatch the client sees
-//! without asking); a connection waits at the server only while it holds nothing.
+//! A key is claimed ([`Claim`]) with a holder limit: 1 for a lock, N for a semaphore of N
+//! permits; or as a reader's share, which any number hold. A key is reserved on at most as many
+//! connections of the client as its limit allows (beyond, the server would answer "busy"
+//! anyway, and the client knows it sooner), never twice on one connection (the server would
+//! stack it, and a connection holding a share would be granted the key's lock beside it), and
+//! only with the claim it is in use with here: another limit is a mismatch the client sees
+//! without asking, a writer beside this client's readers (or a reader beside its writer) is
+//! busy. A connection waits at the server only while it holds nothing.
 
 use foldhash::HashMap;
 use std::hash::Hash;
+
+use crate::raw::Claim;
 
 /// What one connection is doing with one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,7 +67,8 @@ pub(super) enum SharedPick<C> {
     OpenToSpread,
     /// Every connection is lent to a wait and none may be opened.
     Full,
-    /// This client has the key in use with this other holder limit.
+    /// This client has the key in use with this other holder limit (a reader's share counts as
+    /// a lock's).
     Mismatch(u32),
 }
 
@@ -80,8 +86,7 @@ pub(super) struct Registry<K, C> {
     /// Of those, lent to a wait (or being opened for one).
     waiting: usize,
     entries: HashMap<u64, Entry<K, C>>,
-    /// Keys with a slot on some connection: how many slots, and the holder limit they are in
-    /// use with.
+    /// Keys with a slot on some connection: how many slots, and the claim they are in use with.
     local: HashMap<K, Local>,
 }
 
@@ -89,7 +94,13 @@ pub(super) struct Registry<K, C> {
 #[derive(Clone, Copy, Debug)]
 struct Local {
     count: u32,
-    limit: u32,
+    claim: Claim,
+}
+
+/// How many of this client's connections may hold a key claimed as `claim`: its limit, or for
+/// readers, who share, every connection.
+fn capacity(claim: Claim) -> u32 {
+    if claim.shared { u32::MAX } else { claim.limit }
 }
 
 impl<K, C> Default for Registry<K, C> {
@@ -127,27 +138,34 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         self.local.contains_key(key)
     }
 
-    /// Whether this client has as many slots of `key` as `limit` allows: another attempt
-    /// would be busy. (One in use here with another limit is not full: an attempt is refused
-    /// at once, without the server.)
-    pub(super) fn full(&self, key: &K, limit: u32) -> bool {
+    /// Whether this client has as many slots of `key` as `claim` allows: another attempt
+    /// would be busy. (One in use here with another claim is not full: an attempt is refused
+    /// or called busy at once, without the server.)
+    pub(super) fn full(&self, key: &K, claim: Claim) -> bool {
         self.local
             .get(key)
-            .is_some_and(|l| l.count >= limit && l.limit == limit)
+            .is_some_and(|l| l.claim == claim && l.count >= capacity(claim))
     }
 
-    /// Whether `key` may get another slot with `limit`.
-    fn may_reserve(&self, key: &K, limit: u32) -> bool {
+    /// Whether `key` may get another slot with `claim`.
+    fn may_reserve(&self, key: &K, claim: Claim) -> bool {
         self.local
             .get(key)
-            .is_none_or(|l| l.limit == limit && l.count < limit)
+            .is_none_or(|l| l.claim == claim && l.count < capacity(claim))
     }
 
-    fn add_local(&mut self, key: &K, limit: u32) {
+    /// Counts a slot of `key` for `claim`. A server-side wait's grant can come while this
+    /// client's slots of another claim are still being released (the server freed them first):
+    /// the key is then in use with the newcomer's claim.
+    fn add_local(&mut self, key: &K, claim: Claim) {
+        let releasing = self.all_releasing(key);
         let local = self
             .local
             .entry(key.clone())
-            .or_insert(Local { count: 0, limit });
+            .or_insert(Local { count: 0, claim });
+        if local.claim != claim && releasing {
+            local.claim = claim;
+        }
         local.count = local.count.saturating_add(1);
     }
 
@@ -169,15 +187,15 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         })
     }
 
-    /// Picks the connection for a non-blocking attempt on `key` (held by at most `limit`) and
+    /// Picks the connection for a non-blocking attempt on `key` (claimed as `claim`) and
     /// reserves it there, on a connection that does not hold it: the
     /// least busy (fewest statements waiting or running: attempts and unlocks alike); among
     /// equals, while fewer than half the limit hold locks, one holding none, opened if need be
     /// (see [`spreads`]); past that, one that already holds locks (locks gather, and the rest
     /// stay idle for waits). A new one also while even the least busy has a statement waiting
     /// or running and the limit allows.
-    pub(super) fn pick_shared(&mut self, key: &K, limit: u32, max: usize) -> SharedPick<C> {
-        self.pick(key, limit, max, true)
+    pub(super) fn pick_shared(&mut self, key: &K, claim: Claim, max: usize) -> SharedPick<C> {
+        self.pick(key, claim, max, true)
     }
 
     /// As [`pick_shared`](Self::pick_shared), but never opens a connection only to spread
@@ -185,24 +203,27 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
     pub(super) fn pick_shared_gathered(
         &mut self,
         key: &K,
-        limit: u32,
+        claim: Claim,
         max: usize,
     ) -> SharedPick<C> {
-        self.pick(key, limit, max, false)
+        self.pick(key, claim, max, false)
     }
 
-    fn pick(&mut self, key: &K, limit: u32, max: usize, may_spread: bool) -> SharedPick<C> {
+    fn pick(&mut self, key: &K, claim: Claim, max: usize, may_spread: bool) -> SharedPick<C> {
         if let Some(local) = self.local.get(key).copied() {
-            if local.limit != limit {
+            if local.claim != claim {
                 // Unless its holders here are all on their way out, the key is in use with
-                // another limit.
+                // another limit, or in the other mode of a reader-writer lock, which excludes
+                // this one.
                 return if self.all_releasing(key) {
                     SharedPick::Settling
+                } else if local.claim.limit != claim.limit {
+                    SharedPick::Mismatch(local.claim.limit)
                 } else {
-                    SharedPick::Mismatch(local.limit)
+                    SharedPick::Busy
                 };
             }
-            if local.count >= limit {
+            if local.count >= capacity(claim) {
                 let releasing = self
                     .entries
                     .values()
@@ -223,8 +244,9 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         let best = self
             .entries
             .iter()
-            // A lock's key is on no connection here (else it was busy above).
-            .filter(|(_, e)| !e.waiting && (limit == 1 || !e.slots.contains_key(key)))
+            // Never twice on one connection (a lock's key is on none here: else it was busy
+            // above).
+            .filter(|(_, e)| !e.waiting && !e.slots.contains_key(key))
             .min_by_key(|(_, e)| {
                 let placement = if spread {
                     e.slots.len()
@@ -246,8 +268,9 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
                 return SharedPick::Open;
             }
             Some((id, _, _)) => id,
-            // Every connection not lent to a wait holds one of the key's permits already.
-            None if limit > 1 && self.entries.values().any(|e| !e.waiting) => {
+            // Every connection not lent to a wait holds one of the key's permits or shares
+            // already.
+            None if capacity(claim) > 1 && self.entries.values().any(|e| !e.waiting) => {
                 return SharedPick::Busy;
             }
             None => return SharedPick::Full,
@@ -258,7 +281,7 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         entry.slots.insert(key.clone(), Slot::Attempt);
         entry.inflight = entry.inflight.saturating_add(1);
         let conn = entry.conn.clone();
-        self.add_local(key, limit);
+        self.add_local(key, claim);
         SharedPick::Use(conn)
     }
 
@@ -292,16 +315,16 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
     }
 
     /// A counted connection opened: registered idle, lent to a wait, or with `key` reserved for
-    /// an attempt (with its holder limit). Returns false (and registers it idle) if `key` may
-    /// not get another slot any more.
+    /// an attempt (with its claim). Returns false (and registers it idle) if `key` may not get
+    /// another slot any more.
     pub(super) fn opened(
         &mut self,
         id: u64,
         conn: C,
-        key: Option<(&K, u32)>,
+        key: Option<(&K, Claim)>,
         waiting: bool,
     ) -> bool {
-        let reserve = key.filter(|(k, limit)| self.may_reserve(k, *limit));
+        let reserve = key.filter(|(k, claim)| self.may_reserve(k, *claim));
         let mut entry = Entry {
             conn,
             slots: HashMap::default(),
@@ -309,10 +332,10 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
             inflight: 0,
             unlocking: 0,
         };
-        if let Some((key, limit)) = reserve {
+        if let Some((key, claim)) = reserve {
             entry.slots.insert(key.clone(), Slot::Attempt);
             entry.inflight = 1;
-            self.add_local(key, limit);
+            self.add_local(key, claim);
         }
         self.entries.insert(id, entry);
         key.is_none() || reserve.is_some()
@@ -339,9 +362,9 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
         true
     }
 
-    /// The wait on `id` ended, granted `key` (with its holder limit) or not: the connection is
-    /// shared again. False if it closed meanwhile.
-    pub(super) fn wait_done(&mut self, id: u64, granted: Option<(&K, u32)>) -> bool {
+    /// The wait on `id` ended, granted `key` (with its claim) or not: the connection is shared
+    /// again. False if it closed meanwhile.
+    pub(super) fn wait_done(&mut self, id: u64, granted: Option<(&K, Claim)>) -> bool {
         let Some(entry) = self.entries.get_mut(&id) else {
             return false;
         };
@@ -349,9 +372,12 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
             entry.waiting = false;
             self.waiting = self.waiting.saturating_sub(1);
         }
-        if let Some((key, limit)) = granted {
-            entry.slots.insert(key.clone(), Slot::Held);
-            self.add_local(key, limit);
+        if let Some((key, claim)) = granted {
+            // Counted before the slot is in: `add_local` looks at the key's other slots.
+            self.add_local(key, claim);
+            if let Some(entry) = self.entries.get_mut(&id) {
+                entry.slots.insert(key.clone(), Slot::Held);
+            }
         }
         true
     }
@@ -444,29 +470,66 @@ mod tests {
         Registry::default()
     }
 
+    /// A lock's claim (1) or a semaphore's (`n` permits).
+    fn limit(n: u32) -> Claim {
+        Claim {
+            limit: n,
+            shared: false,
+        }
+    }
+
+    const SHARE: Claim = Claim {
+        limit: 1,
+        shared: true,
+    };
+
     #[test]
     fn a_key_is_reserved_once_per_client() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Use(1)));
-        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Busy));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 4),
+            SharedPick::Use(1)
+        ));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 4),
+            SharedPick::Busy
+        ));
         assert!(reg.attempt_done(1, &"a", true));
-        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Busy));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 4),
+            SharedPick::Busy
+        ));
         reg.mark_releasing(1, &"a");
-        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Settling));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 4),
+            SharedPick::Settling
+        ));
         reg.forget(1, &"a");
-        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 4),
+            SharedPick::Use(1)
+        ));
     }
 
     #[test]
     fn busy_connections_spread_attempts_up_to_the_limit() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 1, 2), SharedPick::Use(1)));
-        assert!(matches!(reg.pick_shared(&"b", 1, 2), SharedPick::Open));
-        assert!(reg.opened(2, 2, Some((&"b", 1)), false));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 2),
+            SharedPick::Use(1)
+        ));
+        assert!(matches!(
+            reg.pick_shared(&"b", limit(1), 2),
+            SharedPick::Open
+        ));
+        assert!(reg.opened(2, 2, Some((&"b", limit(1))), false));
         // At the limit: share the least busy one.
-        assert!(matches!(reg.pick_shared(&"c", 1, 2), SharedPick::Use(_)));
+        assert!(matches!(
+            reg.pick_shared(&"c", limit(1), 2),
+            SharedPick::Use(_)
+        ));
         assert_eq!(reg.total(), 2);
     }
 
@@ -474,22 +537,37 @@ mod tests {
     fn attempts_avoid_a_connection_busy_with_an_unlock() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 1, 3), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 3),
+            SharedPick::Use(1)
+        ));
         reg.attempt_done(1, &"a", true);
         // With a limit of three, one connection holding locks is already half: the next lock
         // gathers there.
-        assert!(matches!(reg.pick_shared(&"b", 1, 3), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&"b", limit(1), 3),
+            SharedPick::Use(1)
+        ));
         reg.attempt_done(1, &"b", false);
         // While "a"'s unlock runs there, the next attempt does not queue behind it.
         reg.unlock_started(1);
-        assert!(matches!(reg.pick_shared(&"b", 1, 3), SharedPick::Open));
-        assert!(reg.opened(2, 2, Some((&"b", 1)), false));
+        assert!(matches!(
+            reg.pick_shared(&"b", limit(1), 3),
+            SharedPick::Open
+        ));
+        assert!(reg.opened(2, 2, Some((&"b", limit(1))), false));
         reg.attempt_done(2, &"b", false);
-        assert!(matches!(reg.pick_shared(&"c", 1, 3), SharedPick::Use(2)));
+        assert!(matches!(
+            reg.pick_shared(&"c", limit(1), 3),
+            SharedPick::Use(2)
+        ));
         reg.attempt_done(2, &"c", false);
         reg.unlock_ended(1);
         reg.forget(1, &"a");
-        assert!(matches!(reg.pick_shared(&"d", 1, 3), SharedPick::Use(_)));
+        assert!(matches!(
+            reg.pick_shared(&"d", limit(1), 3),
+            SharedPick::Use(_)
+        ));
         assert_eq!(reg.total(), 2);
     }
 
@@ -499,7 +577,7 @@ mod tests {
         reg.adopt_idle(1, 1);
         let keys = ["a", "b", "c", "d", "e", "f"];
         assert!(matches!(
-            reg.pick_shared(&keys[0], 1, 10),
+            reg.pick_shared(&keys[0], limit(1), 10),
             SharedPick::Use(1)
         ));
         reg.attempt_done(1, &keys[0], true);
@@ -507,21 +585,24 @@ mod tests {
         // so that it never delays a holder's release.
         for (id, key) in (2..=5).zip(&keys[1..5]) {
             assert!(matches!(
-                reg.pick_shared(key, 1, 10),
+                reg.pick_shared(key, limit(1), 10),
                 SharedPick::OpenToSpread
             ));
-            assert!(reg.opened(id, id, Some((key, 1)), false));
+            assert!(reg.opened(id, id, Some((key, limit(1))), false));
             reg.attempt_done(id, key, true);
         }
         // Five of ten hold locks: the rest stay free for waits, and locks gather.
-        let SharedPick::Use(gathered) = reg.pick_shared(&keys[5], 1, 10) else {
+        let SharedPick::Use(gathered) = reg.pick_shared(&keys[5], limit(1), 10) else {
             panic!("a sixth lock opened a connection");
         };
         reg.attempt_done(gathered, &keys[5], false);
         assert_eq!(reg.total(), 5);
         // A connection whose locks are all released is the first choice again.
         reg.forget(3, &"c");
-        assert!(matches!(reg.pick_shared(&"g", 1, 10), SharedPick::Use(3)));
+        assert!(matches!(
+            reg.pick_shared(&"g", limit(1), 10),
+            SharedPick::Use(3)
+        ));
         // The other half of the limit is for waits.
         assert!(matches!(reg.pick_waiting(10), WaitPick::Open));
     }
@@ -530,15 +611,18 @@ mod tests {
     fn a_failed_open_to_spread_falls_back_to_a_free_connection() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 1, 10), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 10),
+            SharedPick::Use(1)
+        ));
         reg.attempt_done(1, &"a", true);
         assert!(matches!(
-            reg.pick_shared(&"b", 1, 10),
+            reg.pick_shared(&"b", limit(1), 10),
             SharedPick::OpenToSpread
         ));
         reg.open_failed(false);
         assert!(matches!(
-            reg.pick_shared_gathered(&"b", 1, 10),
+            reg.pick_shared_gathered(&"b", limit(1), 10),
             SharedPick::Use(1)
         ));
         assert_eq!(reg.total(), 1);
@@ -548,7 +632,10 @@ mod tests {
     fn waits_take_only_idle_connections_and_leave_one_over() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 1, 3), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 3),
+            SharedPick::Use(1)
+        ));
         reg.attempt_done(1, &"a", true);
         // Connection 1 holds a lock: a wait opens its own.
         assert!(matches!(reg.pick_waiting(3), WaitPick::Open));
@@ -557,7 +644,7 @@ mod tests {
         reg.opened(3, 3, None, true);
         // Two of three wait: the third may not.
         assert!(matches!(reg.pick_waiting(3), WaitPick::Full));
-        assert!(reg.wait_done(2, Some((&"b", 1))));
+        assert!(reg.wait_done(2, Some((&"b", limit(1)))));
         assert!(reg.holds(&"b"));
         assert_eq!(reg.holder(&"b"), Some(&2));
     }
@@ -566,7 +653,10 @@ mod tests {
     fn a_closed_connection_takes_its_slots_along() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 1, 2), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 2),
+            SharedPick::Use(1)
+        ));
         reg.attempt_done(1, &"a", true);
         assert_eq!(reg.remove(1), Some(1));
         assert!(!reg.holds(&"a"));
@@ -578,49 +668,152 @@ mod tests {
     fn a_semaphore_key_takes_up_to_its_limit_of_connections_once_each() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&"s", limit(3), 4),
+            SharedPick::Use(1)
+        ));
         reg.attempt_done(1, &"s", true);
         // Not on connection 1 again: the server would stack it there.
-        assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Open));
-        assert!(reg.opened(2, 2, Some((&"s", 3)), false));
+        assert!(matches!(
+            reg.pick_shared(&"s", limit(3), 4),
+            SharedPick::Open
+        ));
+        assert!(reg.opened(2, 2, Some((&"s", limit(3))), false));
         reg.attempt_done(2, &"s", true);
         // Another limit, or a lock, is refused here without asking the server.
         assert!(matches!(
-            reg.pick_shared(&"s", 4, 4),
+            reg.pick_shared(&"s", limit(4), 4),
             SharedPick::Mismatch(3)
         ));
         assert!(matches!(
-            reg.pick_shared(&"s", 1, 4),
+            reg.pick_shared(&"s", limit(1), 4),
             SharedPick::Mismatch(3)
         ));
-        assert!(!reg.full(&"s", 3));
-        assert!(!reg.full(&"s", 1));
-        assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Open));
-        assert!(reg.opened(3, 3, Some((&"s", 3)), false));
+        assert!(!reg.full(&"s", limit(3)));
+        assert!(!reg.full(&"s", limit(1)));
+        assert!(matches!(
+            reg.pick_shared(&"s", limit(3), 4),
+            SharedPick::Open
+        ));
+        assert!(reg.opened(3, 3, Some((&"s", limit(3))), false));
         reg.attempt_done(3, &"s", true);
-        assert!(reg.full(&"s", 3));
-        assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Busy));
+        assert!(reg.full(&"s", limit(3)));
+        assert!(matches!(
+            reg.pick_shared(&"s", limit(3), 4),
+            SharedPick::Busy
+        ));
         // A connection holding none of them takes the next after a release.
         reg.forget(2, &"s");
-        assert!(matches!(reg.pick_shared(&"s", 3, 4), SharedPick::Use(2)));
+        assert!(matches!(
+            reg.pick_shared(&"s", limit(3), 4),
+            SharedPick::Use(2)
+        ));
         reg.attempt_done(2, &"s", true);
         // Every connection holds one, and no other may open: busy.
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"s", 3, 1), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&"s", limit(3), 1),
+            SharedPick::Use(1)
+        ));
         reg.attempt_done(1, &"s", true);
-        assert!(matches!(reg.pick_shared(&"s", 3, 1), SharedPick::Busy));
+        assert!(matches!(
+            reg.pick_shared(&"s", limit(3), 1),
+            SharedPick::Busy
+        ));
     }
 
     #[test]
     fn a_key_whose_holders_are_all_releasing_settles_before_another_limit() {
         let mut reg = registry();
         reg.adopt_idle(1, 1);
-        assert!(matches!(reg.pick_shared(&"a", 1, 4), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(1), 4),
+            SharedPick::Use(1)
+        ));
         reg.attempt_done(1, &"a", true);
         reg.mark_releasing(1, &"a");
-        assert!(matches!(reg.pick_shared(&"a", 3, 4), SharedPick::Settling));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(3), 4),
+            SharedPick::Settling
+        ));
         reg.forget(1, &"a");
-        assert!(matches!(reg.pick_shared(&"a", 3, 4), SharedPick::Use(1)));
+        assert!(matches!(
+            reg.pick_shared(&"a", limit(3), 4),
+            SharedPick::Use(1)
+        ));
+    }
+
+    #[test]
+    fn readers_share_a_key_once_per_connection_and_exclude_the_writer() {
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(
+            reg.pick_shared(&"r", SHARE, 2),
+            SharedPick::Use(1)
+        ));
+        reg.attempt_done(1, &"r", true);
+        // A second reader of this client goes to another connection: one holding the share
+        // would be granted the writer's lock beside it.
+        assert!(matches!(reg.pick_shared(&"r", SHARE, 2), SharedPick::Open));
+        assert!(reg.opened(2, 2, Some((&"r", SHARE)), false));
+        reg.attempt_done(2, &"r", true);
+        assert!(!reg.full(&"r", SHARE));
+        // Every connection holds a share and none may open: busy, as for permits.
+        assert!(matches!(reg.pick_shared(&"r", SHARE, 2), SharedPick::Busy));
+        // This client's readers make its writer busy without asking the server, and a
+        // semaphore of the name is a mismatch with the lock the readers share.
+        assert!(matches!(
+            reg.pick_shared(&"r", limit(1), 2),
+            SharedPick::Busy
+        ));
+        assert!(matches!(
+            reg.pick_shared(&"r", limit(3), 2),
+            SharedPick::Mismatch(1)
+        ));
+        reg.mark_releasing(1, &"r");
+        reg.mark_releasing(2, &"r");
+        assert!(matches!(
+            reg.pick_shared(&"r", limit(1), 2),
+            SharedPick::Settling
+        ));
+        reg.forget(1, &"r");
+        reg.forget(2, &"r");
+        assert!(matches!(
+            reg.pick_shared(&"r", limit(1), 2),
+            SharedPick::Use(_)
+        ));
+        // And the writer makes a reader busy.
+        assert!(matches!(reg.pick_shared(&"r", SHARE, 2), SharedPick::Busy));
+        // A semaphore's name refuses readers here.
+        assert!(matches!(
+            reg.pick_shared(&"s", limit(2), 2),
+            SharedPick::Use(_)
+        ));
+        assert!(matches!(
+            reg.pick_shared(&"s", SHARE, 2),
+            SharedPick::Mismatch(2)
+        ));
+    }
+
+    #[test]
+    fn a_wait_granted_while_the_other_mode_releases_takes_the_key_over() {
+        let mut reg = registry();
+        reg.adopt_idle(1, 1);
+        assert!(matches!(
+            reg.pick_shared(&"r", limit(1), 3),
+            SharedPick::Use(1)
+        ));
+        reg.attempt_done(1, &"r", true);
+        assert!(matches!(reg.pick_waiting(3), WaitPick::Open));
+        reg.opened(2, 2, None, true);
+        // The writer's unlock is queued; the server let a waiting reader in already.
+        reg.mark_releasing(1, &"r");
+        assert!(reg.wait_done(2, Some((&"r", SHARE))));
+        reg.forget(1, &"r");
+        assert!(matches!(
+            reg.pick_shared(&"r", SHARE, 3),
+            SharedPick::Use(1)
+        ));
     }
 }
