@@ -366,6 +366,63 @@ impl SessionDriver for PgDriver {
         unlock_retrying(conn, || sql::unlock(*key)).await
     }
 
+    async fn try_lock_shared(
+        &self,
+        conn: &mut PgConnection,
+        name: &LockName,
+        key: &RawKey,
+    ) -> std::result::Result<Option<u64>, DriverError> {
+        let k = int_key(key)?;
+        let gate_ms = u64::try_from(self.config.command_timeout.as_millis()).unwrap_or(u64::MAX);
+        let row = match sql::try_read_query(&self.sql, k, gate_ms.max(1))
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(row) => row,
+            // The gate stayed taken for the whole timeout (the statement's only wait, and its
+            // first lock: nothing was taken): busy.
+            Err(e) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => return Ok(None),
+            Err(e) => return Err(failure(e)),
+        };
+        self.read_granted(conn, name, k, &row).await
+    }
+
+    async fn wait_lock_shared(
+        &self,
+        conn: &mut PgConnection,
+        name: &LockName,
+        key: &RawKey,
+        wait: Duration,
+    ) -> std::result::Result<Waited, DriverError> {
+        let k = int_key(key)?;
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+        let permit_limits = (2..=MAX_PERMITS).map(|n| limit_key(k, n)).collect();
+        match sql::wait_read_query(&self.sql, k, ms, permit_limits)
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(row) => Ok(match self.read_granted(conn, name, k, &row).await? {
+                Some(token) => Waited::Granted(token),
+                None => Waited::NotGranted,
+            }),
+            // As for a lock's wait: the timeout can fire with the share (or the gate's wait
+            // after it) already in the session's lock table.
+            Err(e) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                Ok(Waited::NotGrantedUnsure)
+            }
+            Err(e) => Err(failure(e)),
+        }
+    }
+
+    async fn unlock_shared(
+        &self,
+        conn: &mut PgConnection,
+        key: &RawKey,
+    ) -> std::result::Result<bool, DriverError> {
+        let k = int_key(key)?;
+        unlock_retrying(conn, || sql::unlock_read(k)).await
+    }
+
     async fn proclaim(
         &self,
         conn: &mut PgConnection,
@@ -467,6 +524,32 @@ async fn unlock_retrying<'q>(
 }
 
 impl PgDriver {
+    /// The outcome of a reader's statement (`(status, token)`): the token of a share taken, or
+    /// `None` when busy; a name held by a semaphore's permits is a mismatch (`pg_locks` says
+    /// which; a lock, or permits gone meanwhile, is busy).
+    async fn read_granted(
+        &self,
+        conn: &mut PgConnection,
+        name: &LockName,
+        k: i64,
+        row: &sqlx::postgres::PgRow,
+    ) -> std::result::Result<Option<u64>, DriverError> {
+        let status: i32 = row.try_get(0).map_err(failure)?;
+        let drawn: Option<i64> = row.try_get(1).map_err(failure)?;
+        if let Some(drawn) = drawn {
+            // An error here leaves the share held: the pool undoes it.
+            return self.settle(conn, drawn).await.map(Some);
+        }
+        if status == sql::PERMIT_MISMATCH {
+            if let Some(in_use) = self.in_use(conn, k).await? {
+                if in_use != 1 {
+                    return Err(DriverError::statement(permits_mismatch(name, 1, in_use)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// One permit attempt, trying the slots from `first` on; see [`sql::try_permit_query`].
     async fn try_permit_from(
         &self,

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dlock_api::raw::{Grant, RawLock, SessionPool, acquire_by, try_acquire_by};
+use dlock_api::raw::{Claim, Grant, RawLock, SessionPool, acquire_by, try_acquire_by};
 use dlock_api::{
     Capabilities, Fencing, Inspection, KeyMapper, LockGuard, LockName, LockOptions, Result,
 };
@@ -212,6 +212,8 @@ impl RawLock for PostgresLock {
             max_permits: MAX_PERMITS,
             // A term is a fencing token: without fencing there is none.
             elections: self.config().fencing,
+            // Shared advisory locks on the name's key; see the crate docs.
+            reader_writer: true,
             ..Capabilities::SESSION_LEASE
         }
     }
@@ -225,15 +227,17 @@ impl RawLock for PostgresLock {
     }
 
     /// The name's advisory lock, or for `limit` above 1 one of `limit` slot locks of the name on
-    /// a pooled session; see the crate docs, *Semaphores*.
+    /// a pooled session (see the crate docs, *Semaphores*), or for a reader the name's key held
+    /// shared (*Reader-writer locks*).
     async fn try_grant(
         &self,
         name: &LockName,
         limit: u32,
-        _options: &LockOptions,
+        options: &LockOptions,
     ) -> Result<Option<Grant>> {
         let key = AdvisoryKey::Name(name.clone());
-        self.pool.try_grant(name, &key.raw(), limit).await
+        let claim = Claim::new(limit, options);
+        self.pool.try_claim(name, &key.raw(), claim).await
     }
 
     async fn wait_grant(

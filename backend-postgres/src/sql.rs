@@ -12,6 +12,8 @@ use crate::key::{self, RawKey};
 pub(crate) struct Sql {
     try_int: String,
     try_permit: String,
+    try_read: String,
+    wait_read: String,
     try_pair: String,
     wait_int: String,
     wait_pair: String,
@@ -47,6 +49,8 @@ impl Sql {
         Self {
             try_int,
             try_permit: try_permit(token),
+            try_read: try_read(token),
+            wait_read: wait_read(token),
             try_pair: try_lock("$1, $2"),
             wait_int: wait("$1", "$2"),
             wait_pair: wait("$1, $2", "$3"),
@@ -94,6 +98,36 @@ pub(crate) fn try_permit_query(
         .bind(format!("{gate_timeout_ms}ms"))
 }
 
+/// A reader's attempt on the 64-bit key `key`: `(status, token)`; see [`try_read`].
+pub(crate) fn try_read_query(
+    sql: &Sql,
+    key: i64,
+    gate_timeout_ms: u64,
+) -> Query<'_, Postgres, PgArguments> {
+    sqlx::query(&sql.try_read)
+        .bind(key::gate_key(key))
+        .bind(key)
+        .bind(key::limit_key(key, 1))
+        .bind(format!("{gate_timeout_ms}ms"))
+}
+
+/// A reader's server-side wait on the 64-bit key `key` under `lock_timeout = timeout_ms`:
+/// `(status, token)`; see [`wait_read`]. `permit_limits` are the limit keys of every semaphore
+/// the name could be (2 permits and up).
+pub(crate) fn wait_read_query(
+    sql: &Sql,
+    key: i64,
+    timeout_ms: u64,
+    permit_limits: Vec<i64>,
+) -> Query<'_, Postgres, PgArguments> {
+    sqlx::query(&sql.wait_read)
+        .bind(key::gate_key(key))
+        .bind(key)
+        .bind(key::limit_key(key, 1))
+        .bind(format!("{timeout_ms}ms"))
+        .bind(permit_limits)
+}
+
 /// An attempt that found the name free: it now holds the name's limit.
 pub(crate) const PERMIT_FREE: i32 = 0;
 /// An attempt that found holders of the same limit.
@@ -103,7 +137,8 @@ pub(crate) const PERMIT_MISMATCH: i32 = 2;
 
 /// The statement of one permit attempt; `$1` the name's gate key, `$2` its own key, `$3` its
 /// limit key, `$4` the slot keys in the order to try them, `$5` the longest wait for the gate
-/// (`lock_timeout` for this statement only: a session keeps the one its last wait set).
+/// (`lock_timeout` for this statement only: a session keeps the one its last wait set). Its
+/// checks are [`gated_join`]'s.
 ///
 /// Under the gate (a transaction-scoped lock, so it ends with the statement whatever happens),
 /// no other permit attempt on the name runs its checks, and permit holders only ever leave, so
@@ -130,12 +165,76 @@ fn try_permit(token: &str) -> String {
          CASE WHEN sl AND slot IS NULL THEN pg_advisory_unlock_shared($3) END AS ul \
          FROM (SELECT st, sk, sl, CASE WHEN sl THEN (SELECT k FROM unnest($4::bigint[]) AS u(k) \
          WHERE pg_try_advisory_lock(k) LIMIT 1) END AS slot \
-         FROM (SELECT st, sk, CASE WHEN sk THEN pg_try_advisory_lock_shared($3) END AS sl \
+         FROM ({}) e OFFSET 0) f",
+        gated_join("$5")
+    )
+}
+
+/// The checks of a permit's or a reader's attempt, under the name's gate (`$1`, waited for up
+/// to the `lock_timeout` in `timeout`, for this statement only): `st`, whether the name's key
+/// `$2` was free ([`PERMIT_FREE`]), held by holders of the limit key `$3` ([`PERMIT_JOINED`]) or
+/// held otherwise ([`PERMIT_MISMATCH`]); unless a mismatch, `sk`, whether `$2` was taken shared
+/// for the session, and if so `sl`, whether `$3` was too. See [`try_permit`].
+fn gated_join(timeout: &str) -> String {
+    format!(
+        "SELECT st, sk, CASE WHEN sk THEN pg_try_advisory_lock_shared($3) END AS sl \
          FROM (SELECT st, CASE WHEN st <> {PERMIT_MISMATCH} THEN pg_try_advisory_lock_shared($2) END AS sk \
          FROM (SELECT CASE WHEN pg_try_advisory_xact_lock($2) THEN {PERMIT_FREE} \
          WHEN pg_try_advisory_xact_lock($3) THEN {PERMIT_MISMATCH} ELSE {PERMIT_JOINED} END AS st \
-         FROM (SELECT pg_advisory_xact_lock($1) FROM (SELECT set_config('lock_timeout', $5, true) \
-         OFFSET 0) s OFFSET 0) g OFFSET 0) c OFFSET 0) d OFFSET 0) e OFFSET 0) f"
+         FROM (SELECT pg_advisory_xact_lock($1) FROM (SELECT set_config('lock_timeout', {timeout}, true) \
+         OFFSET 0) s OFFSET 0) g OFFSET 0) c OFFSET 0) d"
+    )
+}
+
+/// The statement of a reader's attempt; `$1` the name's gate key, `$2` its own key, `$3` the
+/// limit key of one (the readers' mark), `$4` the longest wait for the gate.
+///
+/// A reader holds the name's key shared (so a lock, which takes it exclusively, and readers
+/// exclude each other, and the server queues a reader behind a waiting lock) and the limit key
+/// of one shared: the mark that tells readers from a semaphore's permits, which hold the
+/// name's key shared too, with their own limit key. The checks are a permit's
+/// ([`gated_join`]) with that limit: a free name is taken; a name whose readers' mark is held
+/// is joined, unless a lock waits for it (the server refuses a shared attempt behind a waiting
+/// exclusive one: writer preference); a name held otherwise is refused (status
+/// [`PERMIT_MISMATCH`], nothing taken: held by a lock, or by permits, which `pg_locks` tells).
+/// The token is drawn after both keys are taken, in the same statement; without both, the
+/// name's key is given back before the statement ends.
+fn try_read(token: &str) -> String {
+    format!(
+        "SELECT st, CASE WHEN sl THEN {token} END AS token, \
+         CASE WHEN sk AND sl IS NOT TRUE THEN pg_advisory_unlock_shared($2) END AS uk \
+         FROM ({}) e",
+        gated_join("$4")
+    )
+}
+
+/// The statement of a reader's server-side wait; `$1` the name's gate key, `$2` its own key,
+/// `$3` the readers' mark (the limit key of one), `$4` the `lock_timeout` of the wait (kept
+/// by the session, as a lock's wait keeps it), `$5` the limit keys of every semaphore of the
+/// name.
+///
+/// It waits for the name's key shared in the server's queue, behind the locks waiting ahead
+/// (readers waiting together are let in together), then takes the gate and checks what
+/// shares the key with it: readers (their mark is held), nobody (the key taken exclusively
+/// for the statement, by a session that holds it shared already), or a semaphore's permits
+/// (one of their limit keys held, in `pg_locks`; only looked up when neither answered, as
+/// when readers let in together have not all reached the gate yet). Permits start on a name
+/// only when its key is free, and join only under the gate, so the answer holds while the
+/// reader holds the key. Then it takes the mark and draws the token; refused, it gives the
+/// name's key back (status [`PERMIT_MISMATCH`]).
+fn wait_read(token: &str) -> String {
+    format!(
+        "SELECT st, CASE WHEN sl THEN {token} END AS token, \
+         CASE WHEN sl IS NOT TRUE THEN pg_advisory_unlock_shared($2) END AS uk \
+         FROM (SELECT st, CASE WHEN st <> {PERMIT_MISMATCH} THEN pg_try_advisory_lock_shared($3) END AS sl \
+         FROM (SELECT CASE WHEN NOT pg_try_advisory_xact_lock($3) THEN {PERMIT_JOINED} \
+         WHEN pg_try_advisory_xact_lock($2) THEN {PERMIT_FREE} \
+         WHEN EXISTS (SELECT 1 FROM unnest($5::bigint[]) AS c(k) JOIN pg_locks l ON {} \
+         AND l.mode = 'ShareLock' AND l.granted) THEN {PERMIT_MISMATCH} ELSE {PERMIT_JOINED} END AS st \
+         FROM (SELECT pg_advisory_xact_lock($1) FROM (SELECT pg_advisory_lock_shared($2) FROM \
+         (SELECT set_config('lock_timeout', $4, false) OFFSET 0) s OFFSET 0) w OFFSET 0) g \
+         OFFSET 0) c OFFSET 0) d",
+        advisory_is("c.k")
     )
 }
 
@@ -193,17 +292,20 @@ pub(crate) fn wait_slot(slot: i64, timeout_ms: u64) -> Query<'static, Postgres, 
     .bind(format!("{timeout_ms}ms"))
 }
 
-/// Releases a permit: its slot `$1`, and the name's key `$2` and limit key `$3` (shared, one
-/// level: a session holds at most one permit of a name). The first column says whether the
-/// slot was held.
+/// Releases a permit: its slot `$1`, and the limit key `$3` and the name's key `$2` (shared,
+/// one level: a session holds at most one permit of a name). The first column says whether the
+/// slot was held. The limit key goes before the name's key: a session holding the limit key
+/// without the name's would let a permit join while a reader or another limit takes the
+/// name (both see the name's key free), and one holding the name's key without the limit
+/// key only makes an attempt in that instant busy.
 pub(crate) fn unlock_permit(
     slot: i64,
     key: i64,
     limit: i64,
 ) -> Query<'static, Postgres, PgArguments> {
     sqlx::query(
-        "SELECT pg_advisory_unlock($1), pg_advisory_unlock_shared($2), \
-         pg_advisory_unlock_shared($3)",
+        "SELECT pg_advisory_unlock($1), pg_advisory_unlock_shared($3), \
+         pg_advisory_unlock_shared($2)",
     )
     .bind(slot)
     .bind(key)
@@ -211,7 +313,7 @@ pub(crate) fn unlock_permit(
 }
 
 /// Undoes whatever a failed or unwanted permit attempt left on its session: any of the slots
-/// `$1`, and the shared name and limit keys.
+/// `$1`, and the shared limit and name keys (in that order, as [`unlock_permit`]).
 pub(crate) fn undo_permit(
     slots: Vec<i64>,
     key: i64,
@@ -219,11 +321,24 @@ pub(crate) fn undo_permit(
 ) -> Query<'static, Postgres, PgArguments> {
     sqlx::query(
         "SELECT (SELECT coalesce(bool_or(pg_advisory_unlock(k)), false) FROM unnest($1::bigint[]) \
-         AS u(k)), pg_advisory_unlock_shared($2), pg_advisory_unlock_shared($3)",
+         AS u(k)), pg_advisory_unlock_shared($3), pg_advisory_unlock_shared($2)",
     )
     .bind(slots)
     .bind(key)
     .bind(limit)
+}
+
+/// Releases a reader's share of the 64-bit key `$2` with its mark `$1` (the limit key of one),
+/// the mark first: while a session holds the mark, readers may join without looking further,
+/// so the mark never outlives the share. The first column says whether the share was held;
+/// it is also the undo of a reader's attempt.
+pub(crate) fn unlock_read(key: i64) -> Query<'static, Postgres, PgArguments> {
+    sqlx::query(
+        "SELECT pg_advisory_unlock_shared($2), ul FROM \
+         (SELECT pg_advisory_unlock_shared($1) AS ul OFFSET 0) m",
+    )
+    .bind(key::limit_key(key, 1))
+    .bind(key)
 }
 
 /// `pg_advisory_unlock`: true if this session held the key (once; we never stack).
