@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_api::{DistributedLock, LockName, Result};
+use dlock_api::{DistributedLock, LockError, LockName, Result};
 use dlock_conformance::{Fault, Faults, Harness, OwnServer};
 use dlock_postgres::{AdvisoryKey, PostgresLock};
 use dlock_test_servers::{PgBouncer, PoolMode, Postgres};
@@ -324,4 +324,53 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A client whose sessions carry their own `application_name`, to find them in `pg_locks`.
+pub async fn client(app: &str) -> PostgresLock {
+    let url = with_options(&shared_url(), &format!("application_name={app}"));
+    PostgresLock::connect_url(&url).await.unwrap()
+}
+
+/// The sessions holding the name's own advisory key and the mode of each, as `pg_locks` shows
+/// them (by pid).
+pub async fn name_key_holders(name: &LockName) -> Vec<(i32, String)> {
+    let (classid, objid, objsubid) = AdvisoryKey::Name(name.clone()).pg_locks_ids();
+    let mut conn = sql(&shared_url()).await;
+    sqlx::query(
+        "SELECT pid, mode FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3 ORDER BY pid",
+    )
+    .bind(i64::from(classid))
+    .bind(i64::from(objid))
+    .bind(objsubid)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+pub async fn name_key_modes(name: &LockName) -> Vec<String> {
+    name_key_holders(name)
+        .await
+        .into_iter()
+        .map(|(_, mode)| mode)
+        .collect()
+}
+
+/// Whether `error` is the refusal of a name asked with `asked` permits while in use with
+/// `in_use` (a lock, and a reader's share, count as one).
+pub fn names_both(error: &LockError, asked: u32, in_use: u32) -> bool {
+    let as_what = |n: u32| {
+        if n == 1 {
+            "as a lock (one permit)".to_owned()
+        } else {
+            format!("as a semaphore of {n} permits")
+        }
+    };
+    matches!(error, LockError::InvalidArgument { reason, .. }
+        if reason.contains(&format!("in use {}", as_what(in_use)))
+            && reason.contains(&format!("asked {}", as_what(asked))))
 }

@@ -12,6 +12,7 @@ mod faults;
 mod fence;
 mod helpers;
 mod inspect;
+mod reader_writer;
 mod semaphore;
 mod tls;
 mod unix_socket;

@@ -6,9 +6,12 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{advisory_locks, advisory_rows, eventually, sql, unique, with_options};
-use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LostReason};
-use dlock_postgres::{AdvisoryKey, PostgresLock};
+use common::{
+    advisory_locks, advisory_rows, client, eventually, name_key_holders, name_key_modes,
+    names_both, sql, unique,
+};
+use dlock_api::{DistributedLock, LockName, LockOptions, LostReason};
+use dlock_postgres::AdvisoryKey;
 use sqlx::Row;
 use tokio::time::timeout;
 
@@ -18,42 +21,8 @@ fn name(s: &str) -> LockName {
     LockName::new(unique(s)).unwrap()
 }
 
-/// A client whose sessions carry their own `application_name`, to find them in `pg_locks`.
-async fn client(app: &str) -> PostgresLock {
-    let url = with_options(&common::shared_url(), &format!("application_name={app}"));
-    PostgresLock::connect_url(&url).await.unwrap()
-}
-
 fn wait() -> LockOptions {
     LockOptions::new().with_wait_timeout(BOUND)
-}
-
-/// The sessions holding the name's own advisory key and the mode of each, as `pg_locks` shows
-/// them (by pid).
-async fn name_key_holders(name: &LockName) -> Vec<(i32, String)> {
-    let (classid, objid, objsubid) = AdvisoryKey::Name(name.clone()).pg_locks_ids();
-    let mut conn = sql(&common::shared_url()).await;
-    sqlx::query(
-        "SELECT pid, mode FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3 ORDER BY pid",
-    )
-    .bind(i64::from(classid))
-    .bind(i64::from(objid))
-    .bind(objsubid)
-    .fetch_all(&mut conn)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect()
-}
-
-async fn name_key_modes(name: &LockName) -> Vec<String> {
-    name_key_holders(name)
-        .await
-        .into_iter()
-        .map(|(_, mode)| mode)
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,18 +113,6 @@ async fn a_killed_session_gives_its_permit_back_and_wakes_a_waiter_of_another_cl
 }
 
 /// Whether `error` is the refusal of `asked` permits of a name in use with `in_use`.
-fn names_both(error: &LockError, asked: u32, in_use: u32) -> bool {
-    let as_what = |n: u32| {
-        if n == 1 {
-            "as a lock (one permit)".to_owned()
-        } else {
-            format!("as a semaphore of {n} permits")
-        }
-    };
-    matches!(error, LockError::InvalidArgument { reason, .. }
-        if reason.contains(&format!("in use {}", as_what(in_use)))
-            && reason.contains(&format!("asked {}", as_what(asked))))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_limit_or_a_lock_is_refused_across_clients_and_leaves_nothing() {
