@@ -110,6 +110,10 @@
 //! - **the limit key `K#permits=N`, shared**: the name's limit, kept on the server by the holders
 //!   themselves.
 //!
+//! A reader of a reader-writer lock holds `K` shared too, with the limit key of one beside it
+//! (see [`PostgresLock`], *Reader-writer locks*): to a permit's checks, readers are a lock, and
+//! a name is used by readers and a writer or by permits, never both.
+//!
 //! **One limit per name.** Every permit attempt first takes the name's gate key (`K#gate`) for
 //! its own statement only (a transaction-scoped lock, released when the statement ends,
 //! whatever happens to it), so the checks of two attempts on a name never interleave; holders

@@ -22,7 +22,7 @@
 //!   ([`permits_mismatch`](crate::raw::permits_mismatch)) without asking the server; the
 //!   server refuses it across clients.
 //! - **Readers are locks in a shared mode.** A reader's claim
-//!   ([`Claim`](crate::raw::Claim) with `shared`; the options of a `read` say so) goes through
+//!   ([`Claim`] with `shared`; the options of a `read` say so) goes through
 //!   the driver's `try_lock_shared`/`wait_lock_shared`/`unlock_shared`, along the lock's paths.
 //!   The client puts at most one share of a key on each connection, as it does permits: a
 //!   connection that held a share would be granted the key's lock beside it (a server does not
