@@ -348,13 +348,7 @@ impl SessionDriver for PgDriver {
                 let drawn: i64 = row.try_get(0).map_err(failure)?;
                 self.settle(conn, drawn).await.map(Waited::Granted)
             }
-            // Seen under load: `lock_timeout` fires as the lock is granted, and the error is
-            // raised with the lock already in the session's lock table (a session lock outlives
-            // the failed statement).
-            Err(e) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
-                Ok(Waited::NotGrantedUnsure)
-            }
-            Err(e) => Err(failure(e)),
+            Err(e) => wait_failed(e),
         }
     }
 
@@ -405,12 +399,8 @@ impl SessionDriver for PgDriver {
                 Some(token) => Waited::Granted(token),
                 None => Waited::NotGranted,
             }),
-            // As for a lock's wait: the timeout can fire with the share (or the gate's wait
-            // after it) already in the session's lock table.
-            Err(e) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
-                Ok(Waited::NotGrantedUnsure)
-            }
-            Err(e) => Err(failure(e)),
+            // The timeout can also fire on the gate, after the share was granted.
+            Err(e) => wait_failed(e),
         }
     }
 
@@ -502,6 +492,17 @@ impl SessionDriver for PgDriver {
             .await
             .map(|_| ())
             .map_err(failure)
+    }
+}
+
+/// How a server-side wait that failed with `error` ended. Seen under load: `lock_timeout` fires
+/// as the lock is granted, and the error is raised with the lock already in the session's lock
+/// table (a session lock outlives the failed statement): not granted, but to be undone.
+fn wait_failed(error: sqlx::Error) -> std::result::Result<Waited, DriverError> {
+    if sqlstate(&error).as_deref() == Some(LOCK_NOT_AVAILABLE) {
+        Ok(Waited::NotGrantedUnsure)
+    } else {
+        Err(failure(error))
     }
 }
 

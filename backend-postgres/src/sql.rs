@@ -104,11 +104,7 @@ pub(crate) fn try_read_query(
     key: i64,
     gate_timeout_ms: u64,
 ) -> Query<'_, Postgres, PgArguments> {
-    sqlx::query(&sql.try_read)
-        .bind(key::gate_key(key))
-        .bind(key)
-        .bind(key::limit_key(key, 1))
-        .bind(format!("{gate_timeout_ms}ms"))
+    read_query(&sql.try_read, key, gate_timeout_ms)
 }
 
 /// A reader's server-side wait on the 64-bit key `key` under `lock_timeout = timeout_ms`:
@@ -120,12 +116,17 @@ pub(crate) fn wait_read_query(
     timeout_ms: u64,
     permit_limits: Vec<i64>,
 ) -> Query<'_, Postgres, PgArguments> {
-    sqlx::query(&sql.wait_read)
+    read_query(&sql.wait_read, key, timeout_ms).bind(permit_limits)
+}
+
+/// A reader's statement `sql` with its first arguments: the gate, the name's key, the readers'
+/// mark and a `lock_timeout`.
+fn read_query(sql: &str, key: i64, timeout_ms: u64) -> Query<'_, Postgres, PgArguments> {
+    sqlx::query(sql)
         .bind(key::gate_key(key))
         .bind(key)
         .bind(key::limit_key(key, 1))
         .bind(format!("{timeout_ms}ms"))
-        .bind(permit_limits)
 }
 
 /// An attempt that found the name free: it now holds the name's limit.
