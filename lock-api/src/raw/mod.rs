@@ -63,7 +63,9 @@
 //!   runtime that uses a client, so that runtimes running at once never lean on each other's
 //!   tasks: one that ends takes only its own connections along.
 //! - [`LocalQueue`]: a client's own FIFO per name, so only its first waiter holds a server-side
-//!   wait (and a connection) at a time; the others step up in turn.
+//!   wait (and a connection) at a time; the others step up in turn. Readers next to each other
+//!   in the line (`shared_turn`) wait at the server together, and a reader behind its client's
+//!   waiting writer waits behind it.
 //! - [`Subscriptions`]: a client's pub/sub subscription per channel, shared by its waiters on it;
 //!   the last to leave unsubscribes, never undoing a newer subscribe.
 //! - [`config`]: option values and URL parts parsed, and refused, the same way in every backend.
