@@ -47,6 +47,9 @@ pub(crate) struct HeldLock {
     pub(crate) state: Arc<LeaseState>,
     /// The lease, to ask whether it wrote the name's leader record.
     pub(crate) lease: Weak<crate::lease::RedisLease>,
+    /// A reader's share (`scripts/readers.rs`): marked in the name's reader watchers rather
+    /// than on the fence, which names one client, while readers of many clients hold at once.
+    pub(crate) reader: bool,
 }
 
 /// Schedules the watch of a lock just granted, [`WATCH_HELD_AFTER`] from now on the client's
@@ -107,15 +110,21 @@ async fn check(client: &Weak<Inner>, watching: &Watching, held: &HeldLock) -> Re
     let Some(inner) = client.upgrade() else {
         return Ok(HeldCheck::Stop);
     };
-    let marked: i64 = inner
-        .conn
-        .run_script(
-            inner.config.command_timeout,
-            &inner.scripts.watch_held,
-            &[&held.keys.lock, &held.keys.fence],
-            &[&held.owner, &inner.held_by.client],
-        )
-        .await?;
+    let timeout = inner.config.command_timeout;
+    let args = [&*held.owner, &*inner.held_by.client];
+    let marked: i64 = match held.reader {
+        true => {
+            let (readers, watchers) = (held.keys.permits(), held.keys.reader_watchers());
+            let keys = [held.keys.lock.as_str(), &readers, &watchers];
+            let script = &inner.scripts.watch_reader;
+            inner.conn.run_script(timeout, script, &keys, &args).await?
+        }
+        false => {
+            let keys = [held.keys.lock.as_str(), &held.keys.fence];
+            let script = &inner.scripts.watch_held;
+            inner.conn.run_script(timeout, script, &keys, &args).await?
+        }
+    };
     if marked == 1 {
         return Ok(HeldCheck::Held);
     }

@@ -65,13 +65,22 @@ impl LockKeys {
         }
     }
 
-    /// `PREFIX:{NAME}:permits`: a semaphore's permits, each owner scored by the end of its
-    /// lease on the server's clock. Made on demand, not with the other keys: a lock's acquire
-    /// never needs it.
+    /// `PREFIX:{NAME}:permits`: a semaphore's permits, or a reader-writer lock's readers, each
+    /// owner scored by the end of its lease on the server's clock. Made on demand, not with the
+    /// other keys: a lock's first attempt never needs it.
     pub fn permits(&self) -> String {
         let mut key = String::with_capacity(self.lock.len().saturating_add(8));
         key.push_str(&self.lock);
         key.push_str(":permits");
+        key
+    }
+
+    /// `PREFIX:{NAME}:reader-watch`: the ids of the clients whose readers watch their share, to
+    /// be told when a writer takes the name over a reader set whose mark went. Made on demand.
+    pub(crate) fn reader_watchers(&self) -> String {
+        let mut key = String::with_capacity(self.lock.len().saturating_add(13));
+        key.push_str(&self.lock);
+        key.push_str(":reader-watch");
         key
     }
 

@@ -1,4 +1,5 @@
-//! `RedisLease`: owner-checked release and extend of one held lock or semaphore permit.
+//! `RedisLease`: owner-checked release and extend of one held lock, semaphore permit or reader's
+//! share.
 
 use std::fmt;
 use std::sync::Arc;
@@ -23,6 +24,9 @@ pub(crate) enum Hold {
     Lock { uncontended: bool },
     /// One permit of a semaphore (`scripts/permits.rs`).
     Permit,
+    /// A reader's share of a reader-writer lock (`scripts/readers.rs`): a member of the same set
+    /// as a permit, released, renewed and given up as one.
+    Reader,
 }
 
 pub(crate) struct RedisLease {
@@ -127,7 +131,7 @@ impl RedisLease {
     async fn release_script(&self) -> Result<bool> {
         let (inner, keys, owner) = (&self.inner, &self.keys, &*self.owner);
         let uncontended = match self.hold {
-            Hold::Permit => return Self::release_permit(inner, keys, owner).await,
+            Hold::Permit | Hold::Reader => return Self::release_permit(inner, keys, owner).await,
             Hold::Lock { uncontended } => uncontended,
         };
         let marks = inner.scripts.marks_releases;
@@ -180,8 +184,8 @@ impl RedisLease {
     }
 
     /// Ends `owner`'s wait: leaves the queue, or, if a release granted it the lock meanwhile,
-    /// releases it onward; for a permit, leaves the queue and gives back a permit it may have
-    /// been granted.
+    /// releases it onward; for a permit or a reader, leaves the queue and gives back a permit or
+    /// share it may have been granted.
     pub(crate) async fn cancel(
         inner: &Inner,
         keys: &LockKeys,
@@ -192,7 +196,7 @@ impl RedisLease {
             Hold::Lock { .. } => Self::run(inner, &inner.scripts.cancel, keys, owner)
                 .await
                 .map(drop),
-            Hold::Permit => Self::release_permit(inner, keys, owner).await.map(drop),
+            Hold::Permit | Hold::Reader => Self::release_permit(inner, keys, owner).await.map(drop),
         }
     }
 
@@ -287,7 +291,7 @@ impl RawLease for RedisLease {
                     .run_script(timeout, script, &names, &args)
                     .await?
             }
-            Hold::Permit => {
+            Hold::Permit | Hold::Reader => {
                 let permits = self.keys.permits();
                 let names = [self.keys.lock.as_str(), permits.as_str()];
                 let script = &inner.scripts.extend_permit;
@@ -307,12 +311,13 @@ impl RawLease for RedisLease {
     }
 
     /// One script: the record is written only if this lease holds the lock, and observers are
-    /// told (`scripts/election.rs`). A permit leads nothing: its proclaim is refused.
+    /// told (`scripts/election.rs`). A permit or a reader's share leads nothing: its proclaim is
+    /// refused.
     async fn proclaim(&self, term: FencingToken, value: &[u8]) -> Result<()> {
-        if self.hold == Hold::Permit {
+        if !matches!(self.hold, Hold::Lock { .. }) {
             return Err(LockError::Unsupported {
                 backend: crate::BACKEND,
-                operation: "elections on a semaphore's permit",
+                operation: "elections on a semaphore's permit or a reader's share",
             });
         }
         // Before the script is sent: once it may have run, renewal and release must keep and

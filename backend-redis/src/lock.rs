@@ -37,6 +37,8 @@ pub struct RedisLock {
 mod election;
 mod permits;
 
+use permits::Share;
+
 /// What the server granted: the fencing token, until when the lease surely lasts, and what the
 /// owner holds (see [`RedisLease`]).
 struct Held {
@@ -111,8 +113,9 @@ impl RedisLock {
         // The watch looks at the lease weakly: whether it proclaimed, while it lives.
         let lease = Arc::new_cyclic(|lease| {
             // A permit is not watched: its place in the set goes only by its release or its lease.
+            // A reader's share also goes when a writer takes the name over its deleted mark.
             let watch = match held.hold {
-                Hold::Lock { .. } => crate::held::schedule_watch(
+                Hold::Lock { .. } | Hold::Reader => crate::held::schedule_watch(
                     &self.inner,
                     HeldLock {
                         keys: keys.clone(),
@@ -120,6 +123,7 @@ impl RedisLock {
                         token: held.token as u64,
                         state: state.clone(),
                         lease: lease.clone(),
+                        reader: held.hold == Hold::Reader,
                     },
                 ),
                 Hold::Permit => None,
@@ -215,12 +219,20 @@ impl RedisLock {
     ) -> Result<Attempt> {
         let ttl_ms = ttl_ms(options);
         let presence_ms = self.presence().as_millis().to_string();
+        let (readers, reader_watchers) = (keys.permits(), keys.reader_watchers());
         let (reply, started, pending) = self
             .send_acquire(
                 (&self.inner.scripts.acquire, LOCK),
                 keys,
                 owner,
-                &[&keys.lock, &keys.fence, &keys.queue, &keys.waiters],
+                &[
+                    &keys.lock,
+                    &keys.fence,
+                    &keys.queue,
+                    &keys.waiters,
+                    &readers,
+                    &reader_watchers,
+                ],
                 &[
                     owner,
                     &ttl_ms,
@@ -548,6 +560,7 @@ impl RawLock for RedisLock {
             takeover_signal: true,
             max_permits: permits::MAX_PERMITS,
             elections: true,
+            reader_writer: true,
             ..Capabilities::TTL_LEASE
         }
     }
@@ -583,8 +596,11 @@ impl RawLock for RedisLock {
         limit: u32,
         options: &LockOptions,
     ) -> Result<Option<Grant>> {
+        if options.is_shared() {
+            return self.try_permit(name, Share::Reader, options).await;
+        }
         if limit > 1 {
-            return self.try_permit(name, limit, options).await;
+            return self.try_permit(name, Share::Permits(limit), options).await;
         }
         let keys = Arc::new(self.keys(name));
         self.attempt_first(name, &keys, &owner_token(), options)
@@ -598,9 +614,13 @@ impl RawLock for RedisLock {
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
-        if limit > 1 {
+        if options.is_shared() || limit > 1 {
+            let share = match options.is_shared() {
+                true => Share::Reader,
+                false => Share::Permits(limit),
+            };
             // Boxed, as the lock's wait below: most acquires never wait.
-            return Box::pin(self.wait_permit(name, limit, options, deadline)).await;
+            return Box::pin(self.wait_permit(name, share, options, deadline)).await;
         }
         let keys = Arc::new(self.keys(name));
         let owner = owner_token();

@@ -103,6 +103,74 @@ macro_rules! permits_mark_byte {
     };
 }
 
+/// The lock key's value while readers hold the name (`scripts/readers.rs`), as a Lua string.
+macro_rules! readers_mark {
+    () => {
+        "'#readers'"
+    };
+}
+
+/// Joins `owner` to the name's queue, or refreshes its presence there, as `$entry` (a Lua
+/// expression: the waiter's record after its presence deadline, `TTL_MS` for a writer,
+/// `TTL_MS:r` for a reader) for `$presence` ms from `now_ms`; on joining, marks the fence
+/// (whose value the script read into `last`) and a writer's held lock (`holder`), so that the
+/// uncontended scripts, which read no queue, hand over to the full ones. The queue, its records
+/// and the fence are kept a second past the presence or the holder's lease, whichever is later.
+macro_rules! lua_join_queue {
+    ($presence:literal, $entry:literal) => {
+        concat!(
+            r"
+  local keep = math.max(redis.call('PTTL', lock), ",
+            $presence,
+            r") + 1000
+  if redis.call('HSET', waiters, owner, (now_ms + ",
+            $presence,
+            r") .. ':' .. ",
+            $entry,
+            r") == 1 then
+    redis.call('RPUSH', queue, owner)
+    if string.sub(last, -1) ~= '+' then redis.call('SET', fence, last .. '+', 'PX', keep) end
+    if holder and string.byte(holder, 1) ~= ",
+            permits_mark_byte!(),
+            r" and string.sub(holder, -1) ~= '+' then
+      redis.call('APPEND', lock, '+')
+    end
+  end
+  redis.call('PEXPIRE', queue, keep)
+  redis.call('PEXPIRE', waiters, keep)
+  if redis.call('PTTL', fence) < keep then redis.call('PEXPIRE', fence, keep) end
+"
+        )
+    };
+}
+
+/// Tells whoever watched the name before `owner` took it with `token` over a key that went
+/// (`taken OWNER TOKEN LOCK_KEY` on `$prefix .. CLIENT`; `$prefix`: a Lua expression, the watch
+/// channels' prefix): the holder whose client the fence's value before this grant (`prior`)
+/// names, and the clients of the readers in a reader set left without its mark (`readers`,
+/// which goes, with its `watchers`).
+macro_rules! lua_tell_watchers {
+    ($prefix:literal) => {
+        concat!(
+            r"
+local taken = 'taken ' .. owner .. ' ' .. string.format('%.0f', token) .. ' ' .. lock
+local watcher = string.match(prior, '^%d+!(%x+)')
+if watcher then redis.call('PUBLISH', ",
+            $prefix,
+            r" .. watcher, taken) end
+if redis.call('DEL', readers) == 1 then
+  for _, client in ipairs(redis.call('SMEMBERS', watchers)) do
+    redis.call('PUBLISH', ",
+            $prefix,
+            r" .. client, taken)
+  end
+  redis.call('DEL', watchers)
+end
+"
+        )
+    };
+}
+
 /// Drops the waiters at the head of `queue` whose presence (in `waiters`) lapsed by `now_ms`,
 /// leaving the first live one (or nil) in `head`; `$stop` may end the walk earlier (a Lua
 /// condition on `head`, after `and`, e.g. at the caller's own entry).
@@ -139,22 +207,31 @@ local function raise_fence(fence, queue, t, queued)
 end
 
 -- Gives the free lock to the first live waiter, starting with `head` (already popped), and tells
--- it; or, if the queue held only waiters whose presence lapsed, announces the lock free (one of
--- them may still be alive and re-queue) and takes the queue mark off the fence.
+-- it; or, if that waiter is a reader, wakes the readers queued before the next writer; or, if
+-- the queue held only waiters whose presence lapsed, announces the lock free (one of them may
+-- still be alive and re-queue) and takes the queue mark off the fence.
 local function grant_next(head, lock, fence, queue, waiters, channel)
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while head do
     local entry = redis.call('HGET', waiters, head)
-    redis.call('HDEL', waiters, head)
     if entry then
-      local deadline, ttl = string.match(entry, '^(%d+):(%d+)$')
+      local deadline, ttl, reader = string.match(entry, '^(%d+):(%d+)(.*)$')
       if tonumber(deadline) > now_ms then
+        if reader ~= '' then
+          -- Readers come in by their own acquire, every one queued before the next writer
+          -- together: the head goes back, the fence keeps its mark, and all are woken.
+          redis.call('LPUSH', queue, head)
+          redis.call('PUBLISH', channel, 'free')
+          return
+        end
+        redis.call('HDEL', waiters, head)
         redis.call('SET', lock, head, 'PX', ttl)
         local token = raise_fence(fence, queue, t, redis.call('EXISTS', queue) == 1)
         redis.call('PUBLISH', channel, 'granted ' .. head .. ' ' .. string.format('%.0f', token))
         return
       end
+      redis.call('HDEL', waiters, head)
     end
     head = redis.call('LPOP', queue)
   end
@@ -181,9 +258,9 @@ macro_rules! lua_holds {
 ///
 /// Returns the token when the lock was free with nobody queued and is now the caller's (its lease
 /// is the TTL just set), `0` when someone holds it, `-N` when it is a semaphore of N permits
-/// ([`permits`]), and nil when it is free but waiters may be
-/// queued (a marked fence): [`ACQUIRE`] then decides (a live waiter goes first; lapsed ones are
-/// dropped). `GETSET` stores the clock and returns the last token in one call; only when the
+/// ([`permits`]), and nil when it is free but waiters may be queued (a marked fence) or readers
+/// hold it ([`readers`]): [`ACQUIRE`] then decides (a live waiter goes first; lapsed ones are
+/// dropped; readers whose lease ended are trimmed). `GETSET` stores the clock and returns the last token in one call; only when the
 /// last token is not below the clock (two grants in one microsecond, a clock stepped back) does
 /// a second call store the last token plus one.
 const ACQUIRE_FIRST: &str = concat!(
@@ -192,7 +269,11 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local holder = redis.call('GET', KEYS[1])
   if holder and string.byte(holder, 1) == ",
     permits_mark_byte!(),
-    r" then return -tonumber(string.match(holder, '%d+$')) end
+    r" then
+    local permits = string.match(holder, '^#permits:(%d+)$')
+    if permits then return -tonumber(permits) end
+    return false
+  end
   return 0
 end
 local t = redis.call('TIME')
@@ -217,23 +298,30 @@ return now
 "
 );
 
-/// Acquire. KEYS: lock, fence, queue, waiters. ARGV: owner, ttl_ms, enqueue (`0`/`1`),
-/// presence_ms, channel, the watch channels' prefix (`PREFIX:held-by:`).
+/// Acquire. KEYS: lock, fence, queue, waiters, readers (the name's lease set), reader watchers.
+/// ARGV: owner, ttl_ms, enqueue (`0`/`1`), presence_ms, channel, the watch channels' prefix
+/// (`PREFIX:held-by:`).
 ///
 /// Returns `{1, token, pttl}` when the caller holds the lock (taken now, held already, or granted
 /// to it by a release whose message may still be on its way), `{-1, N, 0}` when the name is a
-/// semaphore of N permits ([`permits`]), else `{0, holder's PTTL, fence}`
-/// (`-2`: free but a live waiter is first; `fence`: the last token handed out, so a waiter can
-/// tell a grant made after this answer, whose token is higher, from one made before). With
-/// enqueue, a busy answer also queues the caller (or refreshes its presence), marking the fence
-/// and a held lock when it joins. Taking a lock whose fence carries a watch mark publishes
-/// `taken OWNER TOKEN LOCK_KEY` on the watching client's channel.
+/// semaphore of N permits ([`permits`]), else `{0, ms to wait, fence}` (the holder's PTTL, or
+/// while readers hold, until the earliest reader's lease ends; `-2`: free but a live waiter is
+/// first; `fence`: the last token handed out, so a waiter can tell a grant made after this
+/// answer, whose token is higher, from one made before). With enqueue, a busy answer also queues
+/// the caller (or refreshes its presence), marking the fence and a held lock when it joins.
+/// Readers whose lease ended are trimmed first, and the last one's mark goes. Taking a lock whose
+/// fence carries a watch mark publishes `taken OWNER TOKEN LOCK_KEY` on the watching client's
+/// channel; taking it over a reader set left without its mark (the mark deleted or lost in a
+/// failover) deletes the set and tells each watching reader's client the same.
 const ACQUIRE: &str = concat!(
     r"
-local lock, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lock, fence, queue, waiters, readers, watchers = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner = ARGV[1]
 local holder = redis.call('GET', lock)
-if holder and string.byte(holder, 1) == ",
+local shared = holder == ",
+    readers_mark!(),
+    r"
+if holder and not shared and string.byte(holder, 1) == ",
     permits_mark_byte!(),
     r" then return {-1, tonumber(string.match(holder, '%d+$')), 0} end
 if ",
@@ -243,6 +331,17 @@ if ",
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local wait_ms
+if shared then
+  redis.call('ZREMRANGEBYSCORE', readers, '-inf', now_ms)
+  local first = redis.call('ZRANGE', readers, 0, 0, 'WITHSCORES')
+  if first[2] then
+    wait_ms = math.max(tonumber(first[2]) - now_ms, 1)
+  else
+    redis.call('DEL', lock)
+    holder = nil
+  end
+end
 if not holder then
 ",
     lua_drop_lapsed_heads!(""),
@@ -256,12 +355,8 @@ if not holder then
     local queued = redis.call('EXISTS', queue) == 1
 ",
     lua_take_token!(),
+    lua_tell_watchers!("ARGV[6]"),
     r"
-    local watcher = string.match(prior, '^%d+!(%x+)')
-    if watcher then
-      redis.call('PUBLISH', ARGV[6] .. watcher,
-        'taken ' .. owner .. ' ' .. string.format('%.0f', token) .. ' ' .. lock)
-    end
     return {1, token, tonumber(ARGV[2])}
   end
   -- Free with a live waiter first (its holder expired rather than released): wake it.
@@ -269,17 +364,11 @@ if not holder then
 end
 local last = redis.call('GET', fence) or '0'
 if ARGV[3] == '1' then
-  local keep = math.max(redis.call('PTTL', lock), tonumber(ARGV[4])) + 1000
-  if redis.call('HSET', waiters, owner, (now_ms + tonumber(ARGV[4])) .. ':' .. ARGV[2]) == 1 then
-    redis.call('RPUSH', queue, owner)
-    if string.sub(last, -1) ~= '+' then redis.call('SET', fence, last .. '+', 'PX', keep) end
-    if holder and string.sub(holder, -1) ~= '+' then redis.call('APPEND', lock, '+') end
-  end
-  redis.call('PEXPIRE', queue, keep)
-  redis.call('PEXPIRE', waiters, keep)
-  if redis.call('PTTL', fence) < keep then redis.call('PEXPIRE', fence, keep) end
+",
+    lua_join_queue!("tonumber(ARGV[4])", "ARGV[2]"),
+    r"
 end
-return {0, redis.call('PTTL', lock), tonumber(string.match(last, '^%d+'))}
+return {0, wait_ms or redis.call('PTTL', lock), tonumber(string.match(last, '^%d+'))}
 "
 );
 
@@ -299,6 +388,7 @@ macro_rules! release_mark_ms {
 }
 
 pub(crate) mod permits;
+pub(crate) mod readers;
 
 /// Release. KEYS: lock, fence, queue, waiters (and the mark, [`RELEASE_MARKED`]). ARGV: owner,
 /// channel. Deletes the lock only if the caller owns it and hands it to the next live waiter.
@@ -382,7 +472,7 @@ const RELEASE_UNCONTENDED_MARKED: &str = release_uncontended_script!(
 
 /// Cancel a wait (timeout, dropped future, failed acquire). KEYS and ARGV as release. If a
 /// release granted the lock to the caller meanwhile, releases it onward (returns 2); otherwise
-/// leaves the queue (returns 1), waking the next waiter if the lock is free.
+/// leaves the queue (returns 1), waking the waiters if the lock is free or readers hold it.
 const CANCEL: &str = concat!(
     lua_grant_helper!(),
     r"
@@ -397,7 +487,10 @@ if ",
 end
 redis.call('LREM', KEYS[3], 0, ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
-if not holder and redis.call('LLEN', KEYS[3]) > 0 then
+-- Readers queued behind the caller may come in beside the readers that hold.
+if (not holder or string.byte(holder, 1) == ",
+    permits_mark_byte!(),
+    r") and redis.call('LLEN', KEYS[3]) > 0 then
   redis.call('PUBLISH', ARGV[2], 'free')
 end
 return 1
@@ -617,6 +710,8 @@ pub(crate) struct Scripts {
     pub(crate) release_permit: Script,
     pub(crate) extend_permit: Script,
     pub(crate) count_permits: Script,
+    pub(crate) acquire_read: Script,
+    pub(crate) watch_reader: Script,
     pub(crate) proclaim: Script,
     pub(crate) leader: Script,
     pub(crate) extend_leader: Script,
@@ -654,6 +749,8 @@ impl Scripts {
             }),
             extend_permit: Script::new(permits::EXTEND_PERMIT),
             count_permits: Script::new(permits::COUNT_PERMITS),
+            acquire_read: Script::new(readers::ACQUIRE_READ),
+            watch_reader: Script::new(readers::WATCH_READER),
             proclaim: Script::new(election::PROCLAIM),
             leader: Script::new(election::LEADER),
             extend_leader: Script::new(election::EXTEND_LEADER),

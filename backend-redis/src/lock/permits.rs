@@ -1,7 +1,8 @@
-//! Semaphores on Redis: one script takes a permit (`scripts/permits.rs`); a waiter queues in the
-//! name's queue (the lock's), listens on the name's channel, where every release announces
-//! `free`, and tries again then, or when the earliest permit's lease ends on the server (a holder
-//! that vanished announces nothing); the script grants in queue order.
+//! Semaphores and readers on Redis: one script takes a permit (`scripts/permits.rs`) or a
+//! reader's share (`scripts/readers.rs`); a waiter queues in the name's queue (the lock's),
+//! listens on the name's channel, where every release announces `free`, and tries again then, or
+//! when the earliest permit's lease (or the holding writer's) ends on the server (a holder that
+//! vanished announces nothing); the scripts grant in queue order.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,49 +23,97 @@ use crate::lease::{Hold, RedisLease};
 /// billions.
 pub(super) const MAX_PERMITS: u32 = 1_000_000;
 
+/// What a shared acquire asks for: one of N permits of a semaphore, or a reader's share.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Share {
+    Permits(u32),
+    Reader,
+}
+
+impl Share {
+    fn hold(self) -> Hold {
+        match self {
+            Self::Permits(_) => Hold::Permit,
+            Self::Reader => Hold::Reader,
+        }
+    }
+
+    /// The holder limit asked for, as a refusal names it (a reader asks the lock's one).
+    fn limit(self) -> u32 {
+        match self {
+            Self::Permits(permits) => permits,
+            Self::Reader => 1,
+        }
+    }
+}
+
 enum PermitAttempt {
     Granted(Grant),
-    /// Every permit is taken, or the free ones are owed to live waiters queued ahead; the
-    /// earliest of the held permits' leases ends this long from now (`None`: none is held).
+    /// Every permit is taken, or the free ones are owed to live waiters queued ahead (for a
+    /// reader: a writer holds, or a live writer waits ahead); the earliest of the held permits'
+    /// leases (the writer's) ends this long from now (`None`: none is held).
     Busy {
         next_end: Option<Duration>,
     },
 }
 
 impl RedisLock {
-    /// One round trip: one of `permits` permits of `name` for `owner`, if one is free and not
-    /// owed to an earlier waiter; with `enqueue`, a busy answer queues the caller in the name's
-    /// queue (or refreshes its presence there).
+    /// One round trip: one of the permits of `name` for `owner`, if one is free and not owed to
+    /// an earlier waiter, or a reader's share, if no writer holds or waits ahead; with
+    /// `enqueue`, a busy answer queues the caller in the name's queue (or refreshes its
+    /// presence there).
     async fn attempt_permit(
         &self,
         name: &LockName,
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
-        permits: u32,
+        share: Share,
         options: &LockOptions,
         enqueue: bool,
     ) -> Result<PermitAttempt> {
-        let (ttl_ms, limit, permits_key) = (ttl_ms(options), permits.to_string(), keys.permits());
+        let (ttl_ms, permits_key) = (ttl_ms(options), keys.permits());
         let presence_ms = match enqueue {
             true => self.presence().as_millis().max(1).to_string(),
             false => "0".to_owned(),
         };
-        let (reply, started, pending) = self
-            .send_acquire(
-                (&self.inner.scripts.acquire_permit, Hold::Permit),
-                keys,
-                owner,
-                &[
-                    &keys.lock,
-                    &permits_key,
-                    &keys.fence,
-                    &keys.queue,
-                    &keys.waiters,
-                ],
-                &[owner, &ttl_ms, &limit, &presence_ms],
-                options.ttl(),
-            )
-            .await?;
+        let scripts = &self.inner.scripts;
+        let (reply, started, pending) = match share {
+            Share::Permits(permits) => {
+                self.send_acquire(
+                    (&scripts.acquire_permit, Hold::Permit),
+                    keys,
+                    owner,
+                    &[
+                        &keys.lock,
+                        &permits_key,
+                        &keys.fence,
+                        &keys.queue,
+                        &keys.waiters,
+                    ],
+                    &[owner, &ttl_ms, &permits.to_string(), &presence_ms],
+                    options.ttl(),
+                )
+                .await?
+            }
+            Share::Reader => {
+                self.send_acquire(
+                    (&scripts.acquire_read, Hold::Reader),
+                    keys,
+                    owner,
+                    &[
+                        &keys.lock,
+                        &permits_key,
+                        &keys.fence,
+                        &keys.queue,
+                        &keys.waiters,
+                        &keys.reader_watchers(),
+                    ],
+                    &[owner, &ttl_ms, &presence_ms, &self.inner.held_by.prefix],
+                    options.ttl(),
+                )
+                .await?
+            }
+        };
         let answer = match &reply {
             redis::Value::Array(items) => match items.as_slice() {
                 [redis::Value::Int(a), redis::Value::Int(b)] => Some((*a, *b)),
@@ -82,7 +131,7 @@ impl RedisLock {
                 let held = Held {
                     token,
                     valid_until: after(started, options.ttl()),
-                    hold: Hold::Permit,
+                    hold: share.hold(),
                 };
                 self.granted(pending, name, keys, owner, held)
                     .await
@@ -97,7 +146,7 @@ impl RedisLock {
             }
             Some((-1, in_use)) => {
                 pending.disarm();
-                Err(in_use_as(name, permits, in_use.unsigned_abs()))
+                Err(in_use_as(name, share.limit(), in_use.unsigned_abs()))
             }
             _ => Err(LockError::backend(
                 BACKEND,
@@ -106,17 +155,17 @@ impl RedisLock {
         }
     }
 
-    /// [`RawLock::try_grant`](dlock_api::raw::RawLock::try_grant) of more than one permit: never
-    /// ahead of a queued waiter.
+    /// [`RawLock::try_grant`](dlock_api::raw::RawLock::try_grant) of more than one permit, or a
+    /// reader's: never ahead of a queued waiter it would have to wait for.
     pub(super) async fn try_permit(
         &self,
         name: &LockName,
-        permits: u32,
+        share: Share,
         options: &LockOptions,
     ) -> Result<Option<Grant>> {
         let keys = Arc::new(self.keys(name));
         match self
-            .attempt_permit(name, &keys, &owner_token(), permits, options, false)
+            .attempt_permit(name, &keys, &owner_token(), share, options, false)
             .await?
         {
             PermitAttempt::Granted(grant) => Ok(Some(grant)),
@@ -124,23 +173,24 @@ impl RedisLock {
         }
     }
 
-    /// [`RawLock::wait_grant`](dlock_api::raw::RawLock::wait_grant) of more than one permit: tries
-    /// once without queueing (the uncontended path), then joins the name's queue and tries again
-    /// at each `free` on the name's channel, at the end of the earliest held lease (a holder that
-    /// vanished announces nothing) and at each refresh of its presence in the queue (a waiter
-    /// ahead that vanished announces nothing either). The server grants it a permit only once
-    /// no live waiter queued ahead of it is owed the free ones, so waiters are served in order.
+    /// [`RawLock::wait_grant`](dlock_api::raw::RawLock::wait_grant) of more than one permit, or a
+    /// reader's: tries once without queueing (the uncontended path), then joins the name's queue
+    /// and tries again at each `free` on the name's channel, at the end of the earliest held
+    /// lease (a holder that vanished announces nothing) and at each refresh of its presence in
+    /// the queue (a waiter ahead that vanished announces nothing either). The server grants it a
+    /// permit only once no live waiter queued ahead of it is owed the free ones, and a reader's
+    /// share only once no live writer waits ahead of it, so waiters are served in order.
     pub(super) async fn wait_permit(
         &self,
         name: &LockName,
-        permits: u32,
+        share: Share,
         options: &LockOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
         let keys = Arc::new(self.keys(name));
         let mut owner = owner_token();
         if let PermitAttempt::Granted(grant) = self
-            .attempt_permit(name, &keys, &owner, permits, options, false)
+            .attempt_permit(name, &keys, &owner, share, options, false)
             .await?
         {
             return Ok(Some(grant));
@@ -157,7 +207,7 @@ impl RedisLock {
             )
             .await?;
         // From here the server may queue us or grant us a permit: a dropped wait undoes both.
-        let mut pending = self.arm_cleanup(&keys, &owner, Hold::Permit);
+        let mut pending = self.arm_cleanup(&keys, &owner, share.hold());
         let refresh = self.presence().checked_div(3).unwrap_or_default();
         let mut recovery = WaitRecovery::new(
             config
@@ -176,7 +226,7 @@ impl RedisLock {
                 continue;
             }
             let next_end = match self
-                .attempt_permit(name, &keys, &owner, permits, options, true)
+                .attempt_permit(name, &keys, &owner, share, options, true)
                 .await
             {
                 Ok(PermitAttempt::Granted(grant)) => {
@@ -196,14 +246,14 @@ impl RedisLock {
                     // a new owner, at the end of the queue.
                     owner = owner_token();
                     pending.disarm();
-                    pending = self.arm_cleanup(&keys, &owner, Hold::Permit);
+                    pending = self.arm_cleanup(&keys, &owner, share.hold());
                     continue;
                 }
             };
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 // Leave the queue (or give back a permit that raced in) before the timeout.
-                RedisLease::cancel(&self.inner, &keys, &owner, Hold::Permit).await?;
+                RedisLease::cancel(&self.inner, &keys, &owner, share.hold()).await?;
                 pending.disarm();
                 return Ok(None);
             }

@@ -167,11 +167,17 @@ pub(crate) const RELEASE_PERMIT_MARKED: &str = release_permit_script!(
 
 /// Renews a permit. KEYS: lock, permits. ARGV: owner, ttl_ms.
 ///
-/// Resets the caller's permit to `ttl_ms` from now if its lease has not ended (an ended one may
-/// be counted out already, and its place taken), keeping both keys at least that long. Returns
-/// 1 or 0.
-pub(crate) const EXTEND_PERMIT: &str = r"
+/// Resets the caller's permit (or reader's share, `scripts/readers.rs`) to `ttl_ms` from now if
+/// its lease has not ended (an ended one may be counted out already, and its place taken) and
+/// the name's mark is still there (a mark deleted or lost in a failover lets a lock take the
+/// name), keeping both keys at least that long. Returns 1 or 0.
+pub(crate) const EXTEND_PERMIT: &str = concat!(
+    r"
 local lock, permits = KEYS[1], KEYS[2]
+local mark = redis.call('GET', lock)
+if not mark or string.byte(mark, 1) ~= ",
+    permits_mark_byte!(),
+    r" then return 0 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local score = redis.call('ZSCORE', permits, ARGV[1])
@@ -181,7 +187,8 @@ redis.call('ZADD', permits, 'XX', now_ms + ttl, ARGV[1])
 if redis.call('PTTL', permits) < ttl then redis.call('PEXPIRE', permits, ttl) end
 if redis.call('PTTL', lock) < ttl then redis.call('PEXPIRE', lock, ttl) end
 return 1
-";
+"
+);
 
 /// How many permits of the name are held now. KEYS: lock, permits.
 ///
