@@ -12,5 +12,6 @@ mod fence;
 mod node;
 mod permits;
 mod queue;
+mod readers;
 mod runtime;
 mod tls;
