@@ -65,6 +65,12 @@
 //!   published on a quorum can differ between nodes (a deposed leader's proclaim can still land
 //!   on the nodes its successor's quorum did not reach), so readers of different nodes could name
 //!   different leaders. Use the Redis backend's elections on one deployment.
+//! - **No reader-writer locks** (`reader_writer` is false; `read` answers `Unsupported`): readers
+//!   would be counted on independent nodes, each seeing only the shares whose quorum reached it,
+//!   and writers go first only through one line that every reader and writer consults, which
+//!   the nodes do not share: a waiting writer known to some nodes holds readers back there and
+//!   not on others, so readers and writers split the votes and can keep each other out. Use the
+//!   Redis backend's reader-writer locks on one deployment.
 //!
 //! ## How it works
 //! - **Acquire** sends `SET PREFIX:{NAME} OWNER NX PX TTL` to every node at once, each bounded by

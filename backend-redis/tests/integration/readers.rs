@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
+use dlock_api::{DistributedLock, DistributedLockExt, LockError, LockName, LockOptions};
 use dlock_conformance::wait_for::within;
 use dlock_redis::RedisLock;
 
