@@ -193,6 +193,53 @@ end
     };
 }
 
+/// Answers 0 unless `ARGV[1]`'s member of the lease set `$set` (a Lua variable) is live: its
+/// score, the end of its lease, is after the server's clock, left in `now_ms`.
+macro_rules! lua_zero_unless_lease_live {
+    ($set:literal) => {
+        concat!(
+            r"
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local score = redis.call('ZSCORE', ",
+            $set,
+            r", ARGV[1])
+if not score or tonumber(score) <= now_ms then return 0 end
+"
+        )
+    };
+}
+
+/// Sets `granted` to false if a live waiter queued ahead of `owner` (presence deadline after
+/// `now_ms`) blocks it: `$blocks`, a Lua condition on that waiter's record `entry` and on
+/// `ahead`, how many live waiters are ahead up to and including it. Drops the lapsed waiters at
+/// the head first. A caller not queued walks the whole queue.
+macro_rules! lua_blocked_by_waiters_ahead {
+    ($blocks:literal) => {
+        concat!(
+            lua_drop_lapsed_heads!("and head ~= owner"),
+            r"
+  if head and head ~= owner then
+    local ahead = 0
+    for _, waiter in ipairs(redis.call('LRANGE', queue, 0, -1)) do
+      if waiter == owner then break end
+      local entry = redis.call('HGET', waiters, waiter)
+      if entry and tonumber(string.match(entry, '^(%d+):')) > now_ms then
+        ahead = ahead + 1
+        if ",
+            $blocks,
+            r" then
+          granted = false
+          break
+        end
+      end
+    end
+  end
+"
+        )
+    };
+}
+
 /// `grant_next`, for the scripts that free a lock: defined only once the script knows somebody
 /// is queued, so that a release with nobody waiting makes no closure.
 macro_rules! lua_grant_helper {

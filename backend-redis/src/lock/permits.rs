@@ -76,44 +76,49 @@ impl RedisLock {
             true => self.presence().as_millis().max(1).to_string(),
             false => "0".to_owned(),
         };
-        let scripts = &self.inner.scripts;
-        let (reply, started, pending) = match share {
-            Share::Permits(permits) => {
-                self.send_acquire(
-                    (&scripts.acquire_permit, Hold::Permit),
-                    keys,
+        let (scripts, readers_watchers, limit) = (
+            &self.inner.scripts,
+            keys.reader_watchers(),
+            share.limit().to_string(),
+        );
+        let (script, args) = match share {
+            Share::Permits(_) => (
+                &scripts.acquire_permit,
+                [owner, ttl_ms.as_str(), &limit, &presence_ms],
+            ),
+            Share::Reader => (
+                &scripts.acquire_read,
+                [
                     owner,
-                    &[
-                        &keys.lock,
-                        &permits_key,
-                        &keys.fence,
-                        &keys.queue,
-                        &keys.waiters,
-                    ],
-                    &[owner, &ttl_ms, &permits.to_string(), &presence_ms],
-                    options.ttl(),
-                )
-                .await?
-            }
-            Share::Reader => {
-                self.send_acquire(
-                    (&scripts.acquire_read, Hold::Reader),
-                    keys,
-                    owner,
-                    &[
-                        &keys.lock,
-                        &permits_key,
-                        &keys.fence,
-                        &keys.queue,
-                        &keys.waiters,
-                        &keys.reader_watchers(),
-                    ],
-                    &[owner, &ttl_ms, &presence_ms, &self.inner.held_by.prefix],
-                    options.ttl(),
-                )
-                .await?
-            }
+                    ttl_ms.as_str(),
+                    &presence_ms,
+                    &self.inner.held_by.prefix,
+                ],
+            ),
         };
+        let key_names = [
+            keys.lock.as_str(),
+            &permits_key,
+            &keys.fence,
+            &keys.queue,
+            &keys.waiters,
+            &readers_watchers,
+        ];
+        // A semaphore's script takes no reader watchers.
+        let key_names = match share {
+            Share::Permits(_) => &key_names[..5],
+            Share::Reader => &key_names[..],
+        };
+        let (reply, started, pending) = self
+            .send_acquire(
+                (script, share.hold()),
+                keys,
+                owner,
+                key_names,
+                &args,
+                options.ttl(),
+            )
+            .await?;
         let answer = match &reply {
             redis::Value::Array(items) => match items.as_slice() {
                 [redis::Value::Int(a), redis::Value::Int(b)] => Some((*a, *b)),

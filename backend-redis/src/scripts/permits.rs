@@ -49,22 +49,8 @@ local granted = mine or held < limit
 -- Only a marked name has a queue of permit waiters: the uncontended path reads none of it.
 if not mine and granted and mark then
 ",
-    lua_drop_lapsed_heads!("and head ~= owner"),
+    lua_blocked_by_waiters_ahead!("held + ahead >= limit"),
     r"
-  if head and head ~= owner then
-    local taken = held
-    for _, waiter in ipairs(redis.call('LRANGE', queue, 0, -1)) do
-      if waiter == owner then break end
-      local entry = redis.call('HGET', waiters, waiter)
-      if entry and tonumber(string.match(entry, '^(%d+):')) > now_ms then
-        taken = taken + 1
-        if taken >= limit then
-          granted = false
-          break
-        end
-      end
-    end
-  end
 end
 if not granted then
   if presence > 0 then
@@ -178,10 +164,9 @@ local mark = redis.call('GET', lock)
 if not mark or string.byte(mark, 1) ~= ",
     permits_mark_byte!(),
     r" then return 0 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local score = redis.call('ZSCORE', permits, ARGV[1])
-if not score or tonumber(score) <= now_ms then return 0 end
+",
+    lua_zero_unless_lease_live!("permits"),
+    r"
 local ttl = tonumber(ARGV[2])
 redis.call('ZADD', permits, 'XX', now_ms + ttl, ARGV[1])
 if redis.call('PTTL', permits) < ttl then redis.call('PEXPIRE', permits, ttl) end

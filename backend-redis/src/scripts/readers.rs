@@ -54,19 +54,8 @@ local granted = mine or shared or not holder
 local last = redis.call('GET', fence) or '0'
 if granted and not mine and string.sub(last, -1) == '+' then
 ",
-    lua_drop_lapsed_heads!("and head ~= owner"),
+    lua_blocked_by_waiters_ahead!("string.sub(entry, -2) ~= ':r'"),
     r"
-  if head and head ~= owner then
-    for _, waiter in ipairs(redis.call('LRANGE', queue, 0, -1)) do
-      if waiter == owner then break end
-      local entry = redis.call('HGET', waiters, waiter)
-      if entry and tonumber(string.match(entry, '^(%d+):')) > now_ms
-          and string.sub(entry, -2) ~= ':r' then
-        granted = false
-        break
-      end
-    end
-  end
 end
 if not granted then
   if presence > 0 then
@@ -112,10 +101,9 @@ local lock, readers, watchers = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('GET', lock) ~= ",
     readers_mark!(),
     r" then return 0 end
-local t = redis.call('TIME')
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local score = redis.call('ZSCORE', readers, ARGV[1])
-if not score or tonumber(score) <= now_ms then return 0 end
+",
+    lua_zero_unless_lease_live!("readers"),
+    r"
 redis.call('SADD', watchers, ARGV[2])
 local keep = math.max(redis.call('PTTL', lock), ",
     fence_keep_ms!(),

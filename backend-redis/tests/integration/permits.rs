@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use dlock_api::{DistributedLock, LockError, LockGuard, LockName, LockOptions};
-use dlock_redis::RedisLock;
+use dlock_redis::{LockKeys, RedisLock};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
@@ -14,9 +14,58 @@ use tokio::time::timeout;
 use crate::fence::{raw, server};
 
 /// The server's clock in ms.
-async fn server_ms(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+pub(crate) async fn server_ms(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
     secs * 1000 + micros / 1000
+}
+
+/// The name's lease set holds `count` members, each scored with the end of a 30 s lease granted
+/// between `before` and `after` on the server's clock; the lock key says `mark`; both keys
+/// expire within 30 s.
+pub(crate) async fn assert_leases_of_30s(
+    conn: &mut redis::aio::MultiplexedConnection,
+    keys: &LockKeys,
+    mark: &str,
+    count: usize,
+    (before, after): (u64, u64),
+) {
+    let scores: Vec<(String, u64)> = redis::cmd("ZRANGE")
+        .arg(keys.permits())
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await
+        .unwrap();
+    assert_eq!(scores.len(), count, "{scores:?}");
+    for (_, ends) in &scores {
+        assert!(
+            (before + 30_000..=after + 30_000).contains(ends),
+            "a lease ending at {ends}, granted between {before} and {after} for 30 s"
+        );
+    }
+    let found: String = redis::cmd("GET")
+        .arg(&keys.lock)
+        .query_async(conn)
+        .await
+        .unwrap();
+    assert_eq!(found, mark);
+    for key in [&keys.lock, &keys.permits()] {
+        let pttl: i64 = redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap();
+        assert!((1..=30_000).contains(&pttl), "{key}: PTTL {pttl}");
+    }
+}
+
+/// None of `keys` is on the server any more.
+pub(crate) async fn assert_gone(conn: &mut redis::aio::MultiplexedConnection, keys: &[&str]) {
+    for key in keys {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .unwrap();
+        assert_eq!(exists, 0, "{key} left after the last lease went");
+    }
 }
 
 /// Two of three permits: two members of the permits set, each scored with the end of its
@@ -35,45 +84,10 @@ async fn permits_are_scored_on_the_servers_clock_and_leave_nothing() {
     let first = locks.acquire_permit(&name, 3, &opts).await.unwrap();
     let second = locks.acquire_permit(&name, 3, &opts).await.unwrap();
     let after = server_ms(&mut conn).await;
-    let scores: Vec<(String, u64)> = redis::cmd("ZRANGE")
-        .arg(keys.permits())
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(scores.len(), 2, "{scores:?}");
-    for (_, ends) in &scores {
-        assert!(
-            (before + 30_000..=after + 30_000).contains(ends),
-            "a permit ending at {ends}, granted between {before} and {after} for 30 s"
-        );
-    }
-    let mark: String = redis::cmd("GET")
-        .arg(&keys.lock)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(mark, "#permits:3");
-    for key in [&keys.lock, &keys.permits()] {
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!((1..=30_000).contains(&pttl), "{key}: PTTL {pttl}");
-    }
+    assert_leases_of_30s(&mut conn, &keys, "#permits:3", 2, (before, after)).await;
     first.release().await.unwrap();
     second.release().await.unwrap();
-    for key in [&keys.lock, &keys.permits()] {
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(exists, 0, "{key} left after the last permit went back");
-    }
+    assert_gone(&mut conn, &[&keys.lock, &keys.permits()]).await;
 }
 
 /// A name held as a lock refuses a semaphore, and a name held as a semaphore refuses a lock,

@@ -8,16 +8,30 @@ use std::time::Duration;
 
 use dlock_api::{DistributedLock, DistributedLockExt, LockError, LockName, LockOptions};
 use dlock_conformance::wait_for::within;
-use dlock_redis::RedisLock;
+use dlock_redis::{LockKeys, RedisLock};
+use dlock_test_servers::RedisServer;
 
 use crate::fence::{raw, server};
+use crate::permits::{assert_gone, assert_leases_of_30s, server_ms};
 
 const BOUND: Duration = Duration::from_secs(60);
 
-/// The server's clock in ms.
-async fn server_ms(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
-    secs * 1000 + micros / 1000
+/// A server of the test's own, a plain connection to it, a client, the test's name and its keys.
+async fn fresh(
+    name: &str,
+) -> (
+    RedisServer,
+    redis::aio::MultiplexedConnection,
+    RedisLock,
+    LockName,
+    LockKeys,
+) {
+    let server = server();
+    let conn = raw(&server).await;
+    let locks = RedisLock::connect_url(&server.url()).await.unwrap();
+    let name = LockName::new(name).unwrap();
+    let keys = locks.keys(&name);
+    (server, conn, locks, name, keys)
 }
 
 /// The lease set's members and their scores, earliest first.
@@ -37,39 +51,14 @@ async fn shares(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<
 /// lease. A semaphore is refused on the name. Released, the name leaves no key but its fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_are_scored_on_the_servers_clock_and_leave_nothing() {
-    let server = server();
-    let mut conn = raw(&server).await;
-    let locks = RedisLock::connect_url(&server.url()).await.unwrap();
-    let name = LockName::new("readers-layout").unwrap();
-    let keys = locks.keys(&name);
+    let (_server, mut conn, locks, name, keys) = fresh("readers-layout").await;
     let opts = LockOptions::new().with_ttl(Duration::from_secs(30));
     let before = server_ms(&mut conn).await;
     let first = locks.read(&name, &opts).await.unwrap();
     let second = locks.read(&name, &opts).await.unwrap();
     let after = server_ms(&mut conn).await;
     assert!(second.fencing_token() > first.fencing_token());
-    let scores = shares(&mut conn, &keys.permits()).await;
-    assert_eq!(scores.len(), 2, "{scores:?}");
-    for (_, ends) in &scores {
-        assert!(
-            (before + 30_000..=after + 30_000).contains(ends),
-            "a share ending at {ends}, granted between {before} and {after} for 30 s"
-        );
-    }
-    let mark: String = redis::cmd("GET")
-        .arg(&keys.lock)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(mark, "#readers");
-    for key in [&keys.lock, &keys.permits()] {
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert!((1..=30_000).contains(&pttl), "{key}: PTTL {pttl}");
-    }
+    assert_leases_of_30s(&mut conn, &keys, "#readers", 2, (before, after)).await;
     let refused = locks.try_acquire_permit(&name, 2, &opts).await;
     assert!(
         matches!(refused, Err(LockError::InvalidArgument { .. })),
@@ -77,14 +66,12 @@ async fn readers_are_scored_on_the_servers_clock_and_leave_nothing() {
     );
     first.release().await.unwrap();
     second.release().await.unwrap();
-    for key in [&keys.lock, &keys.permits(), &keys.queue, &keys.waiters] {
-        let exists: i64 = redis::cmd("EXISTS")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(exists, 0, "{key} left after the last reader went");
-    }
+    let permits = keys.permits();
+    assert_gone(
+        &mut conn,
+        &[&keys.lock, &permits, &keys.queue, &keys.waiters],
+    )
+    .await;
 }
 
 /// madelson's shared-TTL bug: one key's TTL for every reader kept a crashed reader's share for
@@ -93,11 +80,7 @@ async fn readers_are_scored_on_the_servers_clock_and_leave_nothing() {
 /// then comes in at that reader's release, with a token above both readers'.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_reader_is_trimmed_while_another_renews_and_the_writer_gets_in() {
-    let server = server();
-    let mut conn = raw(&server).await;
-    let locks = RedisLock::connect_url(&server.url()).await.unwrap();
-    let name = LockName::new("readers-trimmed").unwrap();
-    let keys = locks.keys(&name);
+    let (_server, mut conn, locks, name, keys) = fresh("readers-trimmed").await;
     let forgotten = locks
         .try_read(&name, &LockOptions::new().with_ttl(Duration::from_secs(1)))
         .await
