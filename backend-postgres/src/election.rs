@@ -98,8 +98,12 @@ impl LeaderSql {
             .map_err(|_| timed_out(within))?;
         match ran {
             Ok(_) => Ok(()),
-            // Another client creating it at the same moment.
-            Err(e) if sqlstate(&e).is_some_and(|c| ["42P07", "23505"].contains(&c.as_str())) => {
+            // Another client creating it at the same moment: the relation (`42P07`), its row
+            // type (`42710`) or a catalog key (`23505`) is already there, as for the fence.
+            Err(e)
+                if sqlstate(&e)
+                    .is_some_and(|c| ["42P07", "42710", "23505"].contains(&c.as_str())) =>
+            {
                 Ok(())
             }
             Err(e) if sqlstate(&e).is_some() => Err(config_error(format!(
