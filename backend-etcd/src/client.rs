@@ -40,6 +40,8 @@ pub(crate) struct Inner {
     pub(crate) watcher: Watcher,
     /// Starts the watch on each held key a moment after its grant.
     pub(crate) timer: dlock_api::raw::GuardTimer,
+    /// The guards this client holds, which `close` releases.
+    pub(crate) holdings: dlock_api::raw::Holdings,
     /// Fires when the client is dropped: stops the keep-alives (which revoke their leases) and
     /// the watch stream.
     pub(crate) shutdown: CancellationToken,
@@ -79,6 +81,7 @@ impl Inner {
         let inner = Arc::new(Inner {
             watcher: Watcher::new(shutdown.clone()),
             timer: dlock_api::raw::GuardTimer::new(),
+            holdings: dlock_api::raw::Holdings::default(),
             connection: Connection::new(conn.clone()),
             reconnecting: tokio::sync::Mutex::new(()),
             config,
@@ -267,6 +270,30 @@ impl Inner {
         if sessions.get(&lease.class).is_some_and(|l| l.id == lease.id) {
             sessions.remove(&lease.class);
         }
+    }
+
+    /// Ends what the client keeps on the server, for `close`: its session leases revoked (any
+    /// key still on them goes with them, at once rather than at their TTL), then its
+    /// keep-alives and watch stream stopped.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a revoke cut short leaves its lease to run out at its TTL.
+    pub(crate) async fn close(&self) {
+        let leases: Vec<Arc<SessionLease>> = self.sessions().drain().map(|(_, l)| l).collect();
+        for lease in &leases {
+            lease.end(LostReason::ClientClosed);
+        }
+        if let Ok(client) = self.client().await {
+            let revokes = leases.iter().map(|lease| {
+                let mut leases = client.lease_client();
+                let id = lease.id;
+                async move {
+                    let _ = leases.revoke(id).await;
+                }
+            });
+            futures::future::join_all(revokes).await;
+        }
+        self.shutdown.cancel();
     }
 
     /// Revokes lease `id` in the background: one try, bounded by the command timeout.

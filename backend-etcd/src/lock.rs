@@ -225,6 +225,14 @@ impl RawLock for EtcdLock {
         BACKEND
     }
 
+    fn holdings(&self) -> &dlock_api::raw::Holdings {
+        &self.inner.holdings
+    }
+
+    async fn shutdown(&self, _deadline: Instant) {
+        self.inner.close().await;
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             fencing: Fencing::Strict,

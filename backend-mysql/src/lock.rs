@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dlock_api::raw::{Grant, RawLock, SessionPool};
+use dlock_api::raw::{Grant, Holdings, RawLock, SessionPool};
 use dlock_api::{Capabilities, Fencing, Inspection, KeyMapper, LockName, LockOptions, Result};
 use tokio::time::Instant;
 
@@ -129,6 +129,14 @@ dlock_api::impl_distributed_lock!(MySqlLock);
 impl RawLock for MySqlLock {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn holdings(&self) -> &Holdings {
+        self.pool.holdings()
+    }
+
+    async fn shutdown(&self, _deadline: Instant) {
+        self.pool.shutdown().await;
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dlock_api::raw::{Claim, Grant, RawLock, SessionPool, acquire_by, try_acquire_by};
+use dlock_api::raw::{Claim, Grant, Holdings, RawLock, SessionPool, acquire_by, try_acquire_by};
 use dlock_api::{
     Capabilities, Fencing, Inspection, KeyMapper, LockGuard, LockName, LockOptions, Result,
 };
@@ -157,7 +157,7 @@ impl PostgresLock {
         let name = key.lock_name();
         let raw = key.raw();
         let attempt = self.pool.try_grant(&name, &raw, 1);
-        try_acquire_by(RawLock::capabilities(self), BACKEND, options, attempt).await
+        try_acquire_by(self, options, attempt).await
     }
 
     /// [`acquire`](dlock_api::DistributedLock::acquire) with an [`AdvisoryKey`].
@@ -170,9 +170,8 @@ impl PostgresLock {
     /// releases the lock if the server granted it meanwhile.
     pub async fn acquire_key(&self, key: &AdvisoryKey, options: &LockOptions) -> Result<LockGuard> {
         let name = key.lock_name();
-        let caps = RawLock::capabilities(self);
         let raw = key.raw();
-        acquire_by(caps, BACKEND, &name, options, |deadline| {
+        acquire_by(self, &name, options, |deadline| {
             self.pool.wait_grant(&name, &raw, 1, options, deadline)
         })
         .await
@@ -197,6 +196,14 @@ dlock_api::impl_distributed_lock!(PostgresLock);
 impl RawLock for PostgresLock {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn holdings(&self) -> &Holdings {
+        self.pool.holdings()
+    }
+
+    async fn shutdown(&self, _deadline: Instant) {
+        self.pool.shutdown().await;
     }
 
     fn capabilities(&self) -> Capabilities {

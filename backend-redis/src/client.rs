@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use dlock_api::raw::GuardTimer;
+use dlock_api::raw::{GuardTimer, Holdings};
 
 use crate::config::RedisConfig;
 use crate::conn::Conn;
@@ -17,6 +17,8 @@ pub(crate) struct Inner {
     pub(crate) scripts: Scripts,
     pub(crate) hub: Arc<Wakeups>,
     pub(crate) timer: GuardTimer,
+    /// The guards this client holds, which `close` releases.
+    pub(crate) holdings: Holdings,
     pub(crate) held_by: HeldBy,
     /// The connection the held-by channel is subscribed on, made at the first watch: apart
     /// from the commands' connection, so that a server that drops a subscriber's connection

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
 use dlock_api::raw::{
-    Grant, GuardTimer, LeaseState, PendingAcquire, RawLock, RenewedBy, WaitRecovery,
+    Grant, GuardTimer, Holdings, LeaseState, PendingAcquire, RawLock, RenewedBy, WaitRecovery,
 };
 use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
@@ -73,6 +73,7 @@ impl RedisLock {
                 scripts,
                 hub,
                 timer: GuardTimer::new(),
+                holdings: Holdings::default(),
                 held_by: HeldBy::new(&config.prefix),
                 watch_conn: tokio::sync::OnceCell::new(),
                 config,
@@ -550,6 +551,10 @@ dlock_api::impl_distributed_lock!(RedisLock);
 impl RawLock for RedisLock {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn holdings(&self) -> &Holdings {
+        &self.inner.holdings
     }
 
     fn capabilities(&self) -> Capabilities {

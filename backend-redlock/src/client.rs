@@ -20,6 +20,8 @@ pub(crate) struct Inner {
     pub(crate) stats: Counters,
     /// Starts this client's watchdogs when their first renewal comes due.
     pub(crate) timer: dlock_api::raw::GuardTimer,
+    /// The guards this client holds, which `close` releases.
+    pub(crate) holdings: dlock_api::raw::Holdings,
 }
 
 /// The handler of node `node`'s messages and lost connections: it hands them to the waiters'

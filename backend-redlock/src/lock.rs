@@ -112,6 +112,7 @@ impl Redlock {
                 holders,
                 stats: Counters::default(),
                 timer: dlock_api::raw::GuardTimer::new(),
+                holdings: dlock_api::raw::Holdings::default(),
             }),
         })
     }
@@ -516,6 +517,10 @@ fn quorum_view(views: &[NodeView], failures: Vec<String>, quorum: usize) -> Resu
 impl RawLock for Redlock {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn holdings(&self) -> &dlock_api::raw::Holdings {
+        &self.inner.holdings
     }
 
     fn capabilities(&self) -> Capabilities {

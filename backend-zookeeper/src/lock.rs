@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     current: Mutex<Option<Arc<ZkSession>>>,
     /// One session opened at a time.
     opening: tokio::sync::Mutex<()>,
+    /// The guards this client holds, which `close` releases.
+    holdings: dlock_api::raw::Holdings,
 }
 
 impl fmt::Debug for ZkLock {
@@ -121,6 +123,7 @@ impl ZkLock {
             config,
             current: Mutex::new(None),
             opening: tokio::sync::Mutex::new(()),
+            holdings: dlock_api::raw::Holdings::default(),
         });
         inner.session().await?;
         Ok(Self { inner })
@@ -338,6 +341,25 @@ impl ZkLock {
 impl RawLock for ZkLock {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn holdings(&self) -> &dlock_api::raw::Holdings {
+        &self.inner.holdings
+    }
+
+    /// Closes the session now (its nodes go with it) rather than leaving it to expire.
+    async fn shutdown(&self, deadline: Instant) {
+        let session = self
+            .inner
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(session) = session {
+            session
+                .close(deadline.saturating_duration_since(Instant::now()))
+                .await;
+        }
     }
 
     fn capabilities(&self) -> Capabilities {

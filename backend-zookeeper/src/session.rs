@@ -331,6 +331,20 @@ impl ZkSession {
             .take();
     }
 
+    /// Ends the session as [`end`](Self::end) does, and waits (up to `bound`) for the server
+    /// to confirm it closed: for `close`, which wants its nodes gone when it returns.
+    pub(crate) async fn close(&self, bound: Duration) {
+        self.session.end(LostReason::ClientClosed);
+        let attached = self
+            .attached
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(attached) = attached {
+            crate::connect::close(attached.client, bound).await;
+        }
+    }
+
     /// After a suspension: reads every held node back. A node that is gone, or is not this
     /// session's, or is another node under the same path, loses its guard. `Ok` once every node
     /// was read.

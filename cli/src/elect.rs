@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use dlock_api::{DistributedLock, LockError, LockName};
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
 use tokio::process::Command;
 
 use crate::child::{
@@ -61,9 +61,24 @@ pub(super) async fn elect(args: ElectArgs) -> Result<Exit, LockError> {
         locks = args.backend.connect() => locks?,
         signal = signals.next() => return Ok(interrupted(signal)),
     };
+    let exit = stand(&args, &*locks, &name, &value, &opts, &mut signals).await;
+    // Ends the candidate's lease or session now, not at its TTL.
+    crate::close_client(&*locks).await;
+    exit
+}
+
+/// Campaigns and runs the command while leading, again after each term with `--again`.
+async fn stand(
+    args: &ElectArgs,
+    locks: &dyn DistributedLock,
+    name: &LockName,
+    value: &str,
+    opts: &LockOptions,
+    signals: &mut Signals,
+) -> Result<Exit, LockError> {
     loop {
         let campaign = tokio::select! {
-            campaign = locks.campaign(&name, value.as_bytes(), &opts) => campaign,
+            campaign = locks.campaign(name, value.as_bytes(), opts) => campaign,
             signal = signals.next() => {
                 eprintln!("dlock: interrupted while campaigning for `{name}`");
                 return Ok(interrupted(signal));
@@ -98,7 +113,7 @@ pub(super) async fn elect(args: ElectArgs) -> Result<Exit, LockError> {
             .env("DLOCK_TERM", &term)
             .env("DLOCK_FENCING_TOKEN", &term)
             .env("DLOCK_LOCK_NAME", name.as_str())
-            .env("DLOCK_LEADER_VALUE", &value)
+            .env("DLOCK_LEADER_VALUE", value)
             .kill_on_drop(true);
         if placement == Placement::OwnGroup {
             command.process_group(0);
@@ -107,21 +122,14 @@ pub(super) async fn elect(args: ElectArgs) -> Result<Exit, LockError> {
             Ok(child) => child,
             Err(error) => {
                 eprintln!("dlock: cannot start `{}`: {error}", args.command[0]);
-                resign(leadership, &name).await;
+                resign(leadership, name).await;
                 return Ok(Exit::settled(ExitCode::from(cannot_start_code(&error))));
             }
         };
         let mut running = Running { child, placement };
-        match supervise(
-            &mut running,
-            leadership.lost(),
-            &mut signals,
-            args.kill_after,
-        )
-        .await
-        {
+        match supervise(&mut running, leadership.lost(), signals, args.kill_after).await {
             Supervised::Exited(status) => {
-                resign(leadership, &name).await;
+                resign(leadership, name).await;
                 if !args.again || signals.received().is_some() {
                     return Ok(Exit::settled(exit_code_of(status)));
                 }

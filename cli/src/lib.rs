@@ -243,6 +243,23 @@ async fn settle_before_exit(bound: Duration) {
     }
 }
 
+/// Closes a command's client before the process exits: what it still holds is released at once,
+/// and what it keeps on the server beyond its locks (an etcd lease, a ZooKeeper session, SQL
+/// connections) ends now rather than when its TTL or session timeout runs out.
+pub(crate) async fn close_client(locks: &dyn dlock::DistributedLock) {
+    match locks.close(SETTLE_BOUND).await {
+        Ok(report) if !report.is_clean() => {
+            let names: Vec<&str> = report.unreleased.iter().map(|n| n.as_str()).collect();
+            eprintln!(
+                "dlock: not released before exit, left to their leases: {}",
+                names.join(", ")
+            );
+        }
+        Ok(_) => {}
+        Err(error) => eprintln!("dlock: closing the client: {}", error_chain(&error)),
+    }
+}
+
 fn exit_code_for(error: &LockError) -> u8 {
     match error {
         LockError::InvalidArgument { .. }

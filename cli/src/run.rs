@@ -87,7 +87,7 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
             return Ok(Exit::settled(signalled(signal)));
         }
     };
-    let Some((_locks, held)) = waited else {
+    let Some((locks, held)) = waited else {
         match args.permits {
             Some(permits) => eprintln!("dlock: all {permits} permits of `{name}` are taken"),
             None if args.read => eprintln!("dlock: `{name}` is held or awaited by a writer"),
@@ -128,6 +128,7 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
             // Released now, not by the dropped guard in the background: the next `dlock run`
             // on this name must find it free, and this one must not exit while still holding it.
             release_after_command(held, &name).await;
+            crate::close_client(&*locks).await;
             return Ok(Exit::settled(ExitCode::from(cannot_start_code(&error))));
         }
     };
@@ -137,15 +138,18 @@ pub(super) async fn run(args: RunArgs) -> Result<Exit, LockError> {
     match supervise(&mut command, lost, &mut signals, args.kill_after).await {
         Supervised::Exited(status) => {
             release_after_command(held, &name).await;
+            crate::close_client(&*locks).await;
             Ok(Exit::settled(exit_code_of(status)))
         }
         Supervised::Lost(reason) => {
             eprintln!(
                 "dlock: lock `{name}` lost while the command ran ({reason}); the command was stopped"
             );
+            let settle_within = let_go_after_a_loss(held.release()).await;
+            crate::close_client(&*locks).await;
             Ok(Exit {
                 code: ExitCode::from(74),
-                settle_within: let_go_after_a_loss(held.release()).await,
+                settle_within,
             })
         }
     }

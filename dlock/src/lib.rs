@@ -103,11 +103,11 @@ pub use backends::*;
 #[doc(inline)]
 // Every public item of dlock-api's root, so that no user needs to depend on it as well.
 pub use dlock_api::{
-    BoxError, Capabilities, CommandTimeout, Connecting, DistributedLock, DistributedLockExt,
-    DynDistributedLock, Fencing, FencingGate, FencingToken, Inspection, KeyMapper, Leader,
-    LeaderEvent, LeaderStream, Leadership, LeaseKind, LockContext, LockError, LockGuard, LockName,
-    LockOptions, LockSet, LockStatus, Lost, LostReason, MAX_LEADER_VALUE, MemoryLock, Permit,
-    Renewal, Result, RetryPolicy, error_chain, observability, settle,
+    BoxError, Capabilities, CloseReport, CommandTimeout, Connecting, DistributedLock,
+    DistributedLockExt, DynDistributedLock, Fencing, FencingGate, FencingToken, Inspection,
+    KeyMapper, Leader, LeaderEvent, LeaderStream, Leadership, LeaseKind, LockContext, LockError,
+    LockGuard, LockName, LockOptions, LockSet, LockStatus, Lost, LostReason, MAX_LEADER_VALUE,
+    MemoryLock, Permit, Renewal, Result, RetryPolicy, error_chain, observability, settle,
 };
 // Not `raw`: the implementor API moves with the backends (see its stability note); a backend
 // author depends on `dlock-api` for it, and an application never needs it.

@@ -88,6 +88,13 @@ pub enum LockError {
         #[source]
         source: BoxError,
     },
+    /// The client was closed ([`close`](crate::DistributedLock::close)): it takes no new locks
+    /// and waits for none.
+    #[error("the {backend} client is closed")]
+    Closed {
+        /// The backend tag.
+        backend: &'static str,
+    },
     /// The server answered with an error, or with something the backend did not expect.
     #[error("{backend} error")]
     Backend {

@@ -16,6 +16,7 @@ use crate::name::LockName;
 use crate::observability::{End, GuardLabels, GuardProbe};
 use crate::options::LockOptions;
 use crate::raw::detach::Detach;
+use crate::raw::holdings::HoldTicket;
 use crate::raw::lease::{RawLease, RenewedBy, spawn_release};
 use crate::raw::state::LeaseState;
 use crate::raw::timer::Scheduled;
@@ -46,6 +47,9 @@ pub struct LockGuard {
     /// The backend's, to check an `extend`'s TTL as an acquire's was.
     capabilities: Capabilities,
     probe: GuardProbe,
+    /// Its place among what its client holds, which `close` releases: left when the guard is
+    /// released, dropped or forgotten.
+    ticket: Option<HoldTicket>,
     /// The watchdog's start, while it waits on the client's renewal timer: dropped with the
     /// guard, so a released guard leaves nothing scheduled.
     _watchdog: Option<Scheduled>,
@@ -59,10 +63,10 @@ impl LockGuard {
         (capabilities, backend): (Capabilities, &'static str),
         name: LockName,
         token: FencingToken,
-        lease: Arc<dyn RawLease>,
-        state: Arc<LeaseState>,
+        (lease, state): (Arc<dyn RawLease>, Arc<LeaseState>),
         renewed_by: RenewedBy,
         options: &LockOptions,
+        ticket: HoldTicket,
     ) -> Self {
         // Before the watchdog starts, so that its first failure is reported as this guard's.
         state.label(GuardLabels {
@@ -83,6 +87,7 @@ impl LockGuard {
             backend,
             capabilities,
             probe: GuardProbe::start(backend),
+            ticket: Some(ticket),
             _watchdog: watchdog,
         }
     }
@@ -208,7 +213,9 @@ impl LockGuard {
     ///   owner-checked, so it never touches a new holder's lock);
     /// - [`LockError::NotHeld`] if the server says this guard no longer holds it;
     /// - [`LockError::Unavailable`] if the server could not be reached: the lock then ends with
-    ///   its lease or session.
+    ///   its lease or session;
+    /// - [`LockError::Lost`] with [`LostReason::ClientClosed`] if its client was
+    ///   [closed](crate::DistributedLock::close), which released it.
     ///
     /// # Cancel safety
     /// Cancel safe: the release runs to completion in the background if this future is dropped
@@ -218,6 +225,13 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<()> {
         let lease = self.lease.take().expect("lease present until release");
         self.state.close();
+        if !self.leave_holdings() {
+            self.probe.set_end(End::Lost);
+            return Err(LockError::Lost {
+                name: self.name.to_string(),
+                reason: LostReason::ClientClosed,
+            });
+        }
         let lost_before = (!self.state.is_held())
             .then(|| self.state.lost_reason())
             .flatten();
@@ -242,7 +256,14 @@ impl LockGuard {
     pub fn forget(mut self) {
         self.probe.set_end(End::Forgotten);
         self.state.close();
+        self.leave_holdings();
         self.lease.take();
+    }
+
+    /// Leaves the client's holdings: `false` when the client's `close` took this guard's
+    /// release.
+    fn leave_holdings(&mut self) -> bool {
+        self.ticket.take().is_none_or(HoldTicket::leave)
     }
 
     /// Publishes `value` as the leader's for this guard's term (see
@@ -282,6 +303,12 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
+            if !self.leave_holdings() {
+                // The client's close released it.
+                self.state.close();
+                self.probe.set_end(End::Lost);
+                return;
+            }
             // Looked at before closing: a lease that ran out, or a session that ended, unnoticed
             // while held is reported as lost here rather than never.
             let lost = !self.state.is_held();

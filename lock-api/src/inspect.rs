@@ -105,5 +105,6 @@ pub async fn inspect<B: RawLock + ?Sized>(backend: &B, name: &LockName) -> Resul
     if !backend.capabilities().inspect {
         return Err(unsupported(backend.backend()));
     }
+    backend.holdings().check_open(backend.backend())?;
     backend.inspect(name).await
 }

@@ -75,6 +75,7 @@
 #![warn(clippy::arithmetic_side_effects)]
 
 mod capabilities;
+mod close;
 mod election;
 mod error;
 mod fencing;
@@ -93,6 +94,7 @@ mod status;
 mod token;
 
 pub use capabilities::{Capabilities, Fencing, LeaseKind};
+pub use close::CloseReport;
 pub use election::{Leader, LeaderEvent, LeaderStream, Leadership, MAX_LEADER_VALUE};
 pub use error::{BoxError, CommandTimeout, Connecting, LockError, Result, error_chain};
 pub use fencing::FencingGate;

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::capabilities::Capabilities;
+use crate::close::CloseReport;
 use crate::election::{Leader, LeaderStream, Leadership};
 use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
@@ -297,6 +298,41 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
         let _ = name;
         Err(crate::election::unsupported("this backend"))
     }
+
+    /// Closes the client, for a service that stops: frees every lock it holds at once rather
+    /// than leaving them until their leases run out, and says which it could not free.
+    ///
+    /// # Behavior
+    /// - Every guard, permit, reader's share and leadership the client (and its clones) holds
+    ///   is told it is lost ([`LostReason::ClientClosed`](crate::LostReason::ClientClosed):
+    ///   `with_lock` work stops) and released, owner-checked, all at once; a waiter gets each
+    ///   name within a round trip, not a lease (`close::frees_every_name_at_once`).
+    /// - Every acquire waiting on this client ends with [`LockError::Closed`] and leaves its
+    ///   queue; every later call answers `Closed` before any network call.
+    /// - Then what the client keeps on the server beyond its locks is ended: etcd leases
+    ///   revoked, the ZooKeeper session closed, SQL connections closed.
+    /// - It returns by `within`, with the names whose release the server did not confirm by
+    ///   then (server down or frozen) in [`CloseReport::unreleased`]
+    ///   (`close::frozen_server_reports_what_it_could_not_release`). Closing again is a
+    ///   no-op with a clean report.
+    ///
+    /// [`settle`](crate::settle) is unchanged: it waits for background releases of dropped
+    /// guards, and leaves the client open.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] from an implementation without it (the default); the
+    /// backends of this workspace all have it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the client is closed and its guards lost from the first poll, and the
+    /// releases sent go on in the background; only the report is lost.
+    async fn close(&self, within: std::time::Duration) -> Result<CloseReport> {
+        let _ = within;
+        Err(LockError::Unsupported {
+            backend: "this backend",
+            operation: "close",
+        })
+    }
 }
 
 /// A permit of a semaphore: a [`LockGuard`] held while up to the semaphore's number of others
@@ -371,6 +407,9 @@ macro_rules! forward_distributed_lock {
             }
             async fn observe(&self, name: &LockName) -> Result<LeaderStream> {
                 (**self).observe(name).await
+            }
+            async fn close(&self, within: std::time::Duration) -> Result<CloseReport> {
+                (**self).close(within).await
             }
         }
     };

@@ -105,6 +105,7 @@ pub(crate) fn reason_label(reason: LostReason) -> &'static str {
         LostReason::SessionClosed => "session_closed",
         LostReason::SessionExpired => "session_expired",
         LostReason::MaxHoldExceeded => "max_hold_exceeded",
+        LostReason::ClientClosed => "client_closed",
     }
 }
 

@@ -42,6 +42,9 @@ pub enum LostReason {
     SessionExpired,
     /// The maximum hold time from [`LockOptions::with_max_hold`](crate::LockOptions::with_max_hold) was reached.
     MaxHoldExceeded,
+    /// The client was closed ([`close`](crate::DistributedLock::close)), which released the
+    /// lock.
+    ClientClosed,
 }
 
 impl fmt::Display for LostReason {
@@ -53,6 +56,7 @@ impl fmt::Display for LostReason {
             Self::SessionClosed => "the session holding the lock closed",
             Self::SessionExpired => "the session holding the lock expired",
             Self::MaxHoldExceeded => "the maximum hold time was reached",
+            Self::ClientClosed => "the client was closed",
         })
     }
 }

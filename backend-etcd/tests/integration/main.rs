@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod close;
 mod election;
 mod errors;
 mod faults;

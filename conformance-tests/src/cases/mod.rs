@@ -2,6 +2,7 @@
 
 pub mod cancel;
 pub mod clock;
+pub mod close;
 pub mod crash;
 pub mod election;
 pub mod exclusion;
@@ -409,6 +410,11 @@ static CASES: &[Case] = &[
     ),
     case!(reader_writer::cancel_storm_leaves_nothing, READER_WRITER),
     case!(reader_writer::refusals_hold_nothing, NONE),
+    case!(close::frees_every_name_at_once, NONE),
+    case!(
+        close::frozen_server_reports_what_it_could_not_release,
+        OWN_SERVER_NO_FENCE
+    ),
     case!(multi::opposite_orders_finish, NONE),
     case!(multi::one_wait_for_the_set, NONE),
     case!(multi::timeout_leaves_nothing_held, NONE),

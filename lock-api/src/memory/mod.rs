@@ -20,7 +20,8 @@ use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::raw::time::after;
 use crate::raw::{
-    Claim, Grant, GuardTimer, LeaseState, PendingAcquire, RawLease, RawLock, RenewedBy, Session,
+    Claim, Grant, GuardTimer, Holdings, LeaseState, PendingAcquire, RawLease, RawLock, RenewedBy,
+    Session,
 };
 use crate::token::FencingToken;
 
@@ -64,6 +65,8 @@ pub struct MemoryLock {
     cut_off: Arc<AtomicBool>,
     /// Starts this client's watchdogs when their first renewal comes due.
     timer: Arc<GuardTimer>,
+    /// The guards this client holds (shared by its clones), which `close` releases.
+    holdings: Holdings,
 }
 
 impl MemoryLock {
@@ -75,6 +78,7 @@ impl MemoryLock {
             session: Arc::default(),
             cut_off: Arc::default(),
             timer: Arc::default(),
+            holdings: Holdings::default(),
         }
     }
 
@@ -99,6 +103,7 @@ impl MemoryLock {
             session: Arc::default(),
             cut_off: Arc::default(),
             timer: Arc::default(),
+            holdings: Holdings::default(),
         }
     }
 
@@ -111,6 +116,7 @@ impl MemoryLock {
             session: Arc::default(),
             cut_off: Arc::default(),
             timer: Arc::default(),
+            holdings: Holdings::default(),
         }
     }
 
@@ -254,6 +260,10 @@ crate::impl_distributed_lock!(MemoryLock);
 impl RawLock for MemoryLock {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn holdings(&self) -> &Holdings {
+        &self.holdings
     }
 
     fn capabilities(&self) -> Capabilities {

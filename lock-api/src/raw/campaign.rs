@@ -50,6 +50,7 @@ pub async fn leader<B: RawLock + ?Sized>(backend: &B, name: &LockName) -> Result
     if !backend.capabilities().elections {
         return Err(unsupported(backend.backend()));
     }
+    backend.holdings().check_open(backend.backend())?;
     backend.leader(name).await
 }
 
@@ -67,6 +68,7 @@ pub async fn observe<B: RawLock + ?Sized>(backend: &B, name: &LockName) -> Resul
     if !backend.capabilities().elections {
         return Err(unsupported(backend.backend()));
     }
+    backend.holdings().check_open(backend.backend())?;
     let changes = backend.observe_leader(name).await?;
     let mut last: Option<LeaderEvent> = None;
     Ok(changes

@@ -13,6 +13,7 @@ use futures::future::Either;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::holdings::{Held, Holdings};
 use super::lease::{RawLease, RenewedBy, spawn_release};
 use super::state::LeaseState;
 use super::time::{after, deadline};
@@ -59,25 +60,40 @@ impl Grant {
         }
     }
 
-    /// The guard for this grant, with renewal and the maximum hold time as `options` ask; the
-    /// acquire's span and metrics record the grant.
+    /// The guard for this grant, with renewal and the maximum hold time as `options` ask,
+    /// registered among what its client holds; the acquire's span and metrics record the grant.
+    ///
+    /// # Errors
+    /// [`LockError::Closed`] if the client was closed while the grant was on its way: the
+    /// grant is released instead.
     fn into_guard(
         mut self,
-        (capabilities, backend): (Capabilities, &'static str),
+        client: &Client<'_>,
         options: &LockOptions,
         probe: &mut AcquireProbe,
-    ) -> LockGuard {
-        probe.acquired(&self.name, self.token);
+    ) -> Result<LockGuard> {
         let lease = self.lease.take().expect("a grant's lease is taken once");
-        LockGuard::assemble(
-            (capabilities, backend),
+        let held = Held {
+            name: self.name.clone(),
+            lease: lease.clone(),
+            state: self.state.clone(),
+        };
+        let Some(ticket) = client.holdings.register(held) else {
+            self.lease = Some(lease);
+            return Err(LockError::Closed {
+                backend: client.backend,
+            });
+        };
+        probe.acquired(&self.name, self.token);
+        Ok(LockGuard::assemble(
+            (client.capabilities, client.backend),
             self.name.clone(),
             self.token,
-            lease,
-            self.state.clone(),
+            (lease, self.state.clone()),
             self.renewed_by,
             options,
-        )
+            ticket,
+        ))
     }
 }
 
@@ -99,6 +115,22 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
 
     /// What the backend promises; the options of every call are checked against it first.
     fn capabilities(&self) -> Capabilities;
+
+    /// What this client holds (one [`Holdings`] per client, shared by its clones): the engine
+    /// registers each guard there, and [`close`](crate::DistributedLock::close) releases them.
+    fn holdings(&self) -> &Holdings;
+
+    /// Ends what the client keeps on the server beyond its locks, once
+    /// [`close`](crate::DistributedLock::close) has released them: an etcd lease revoked, a
+    /// ZooKeeper session closed, SQL connections closed. Called with the client already closed
+    /// (no new guard can appear), and cut off at `deadline`. The default does nothing: a
+    /// backend whose locks are all it keeps (Redis) has nothing more to end.
+    ///
+    /// # Cancel safety
+    /// Must be cancel safe: `close` drops it at its deadline.
+    async fn shutdown(&self, deadline: Instant) {
+        let _ = deadline;
+    }
 
     /// One attempt that does not wait: `Ok(None)` when the name is taken. `limit` is how many
     /// may hold the name at once: 1 for a lock, a semaphore's number of permits (above 1 only
@@ -200,8 +232,7 @@ pub async fn try_acquire<B: RawLock + ?Sized>(
     options: &LockOptions,
 ) -> Result<Option<LockGuard>> {
     try_acquire_engine(
-        backend.capabilities(),
-        backend.backend(),
+        &Client::of(backend),
         Some(name),
         options,
         backend.try_grant(name, 1, options),
@@ -221,13 +252,9 @@ pub async fn acquire<B: RawLock + ?Sized>(
     name: &LockName,
     options: &LockOptions,
 ) -> Result<LockGuard> {
-    acquire_by(
-        backend.capabilities(),
-        backend.backend(),
-        name,
-        options,
-        |deadline| backend.wait_grant(name, 1, options, deadline),
-    )
+    acquire_by(backend, name, options, |deadline| {
+        backend.wait_grant(name, 1, options, deadline)
+    })
     .await
 }
 
@@ -246,11 +273,11 @@ pub async fn try_acquire_permit<B: RawLock + ?Sized>(
     permits: u32,
     options: &LockOptions,
 ) -> Result<Option<LockGuard>> {
-    let capabilities = backend.capabilities();
-    capabilities.check_permits(backend.backend(), permits)?;
+    backend
+        .capabilities()
+        .check_permits(backend.backend(), permits)?;
     try_acquire_engine(
-        capabilities,
-        backend.backend(),
+        &Client::of(backend),
         Some(name),
         options,
         backend.try_grant(name, permits, options),
@@ -273,9 +300,10 @@ pub async fn acquire_permit<B: RawLock + ?Sized>(
     permits: u32,
     options: &LockOptions,
 ) -> Result<LockGuard> {
-    let capabilities = backend.capabilities();
-    capabilities.check_permits(backend.backend(), permits)?;
-    acquire_by(capabilities, backend.backend(), name, options, |deadline| {
+    backend
+        .capabilities()
+        .check_permits(backend.backend(), permits)?;
+    acquire_by(backend, name, options, |deadline| {
         backend.wait_grant(name, permits, options, deadline)
     })
     .await
@@ -293,6 +321,7 @@ pub async fn count_permits<B: RawLock + ?Sized>(backend: &B, name: &LockName) ->
     if backend.capabilities().max_permits == 0 {
         return Err(crate::semaphore::unsupported(backend.backend()));
     }
+    backend.holdings().check_open(backend.backend())?;
     backend.count_permits(name).await
 }
 
@@ -311,14 +340,12 @@ pub async fn try_read<B: RawLock + ?Sized>(
     name: &LockName,
     options: &LockOptions,
 ) -> Result<Option<LockGuard>> {
-    let capabilities = backend.capabilities();
-    if !capabilities.reader_writer {
+    if !backend.capabilities().reader_writer {
         return Err(crate::reader_writer::unsupported(backend.backend()));
     }
     let shared = options.clone().for_read();
     try_acquire_engine(
-        capabilities,
-        backend.backend(),
+        &Client::of(backend),
         Some(name),
         &shared,
         backend.try_grant(name, 1, &shared),
@@ -339,12 +366,11 @@ pub async fn read<B: RawLock + ?Sized>(
     name: &LockName,
     options: &LockOptions,
 ) -> Result<LockGuard> {
-    let capabilities = backend.capabilities();
-    if !capabilities.reader_writer {
+    if !backend.capabilities().reader_writer {
         return Err(crate::reader_writer::unsupported(backend.backend()));
     }
     let shared = options.clone().for_read();
-    acquire_by(capabilities, backend.backend(), name, &shared, |deadline| {
+    acquire_by(backend, name, &shared, |deadline| {
         backend.wait_grant(name, 1, &shared, deadline)
     })
     .await
@@ -361,44 +387,63 @@ pub async fn read<B: RawLock + ?Sized>(
 ///
 /// # Cancel safety
 /// As `attempt`.
-pub async fn try_acquire_by(
-    capabilities: Capabilities,
-    backend: &'static str,
+pub async fn try_acquire_by<B: RawLock + ?Sized>(
+    backend: &B,
     options: &LockOptions,
     attempt: impl Future<Output = Result<Option<Grant>>>,
 ) -> Result<Option<LockGuard>> {
-    try_acquire_engine(capabilities, backend, None, options, attempt).await
+    try_acquire_engine(&Client::of(backend), None, options, attempt).await
+}
+
+/// What the engine needs of the client an acquire runs for.
+struct Client<'a> {
+    capabilities: Capabilities,
+    backend: &'static str,
+    holdings: &'a Holdings,
+}
+
+impl<'a> Client<'a> {
+    fn of<B: RawLock + ?Sized>(backend: &'a B) -> Self {
+        Self {
+            capabilities: backend.capabilities(),
+            backend: backend.backend(),
+            holdings: backend.holdings(),
+        }
+    }
+
+    /// What every acquire checks before any network call: the client is open and the options
+    /// are ones it can honour.
+    fn check(&self, options: &LockOptions) -> Result<()> {
+        self.holdings.check_open(self.backend)?;
+        self.capabilities.check(self.backend, options)
+    }
 }
 
 async fn try_acquire_engine(
-    capabilities: Capabilities,
-    backend: &'static str,
+    client: &Client<'_>,
     name: Option<&LockName>,
     options: &LockOptions,
     attempt: impl Future<Output = Result<Option<Grant>>>,
 ) -> Result<Option<LockGuard>> {
-    let mut probe = AcquireProbe::start(backend, Op::TryAcquire, name);
+    let mut probe = AcquireProbe::start(client.backend, Op::TryAcquire, name);
     let span = probe.span().clone();
     let work = async {
-        let granted = match capabilities.check(backend, options) {
+        let granted = match client.check(options) {
             Ok(()) => attempt.await,
             Err(error) => Err(error),
         };
-        match granted {
-            Ok(Some(grant)) => Ok(Some(grant.into_guard(
-                (capabilities, backend),
-                options,
-                &mut probe,
-            ))),
+        let guard = match granted {
+            Ok(Some(grant)) => grant.into_guard(client, options, &mut probe).map(Some),
             Ok(None) => {
                 probe.finish(Outcome::Busy);
-                Ok(None)
+                return Ok(None);
             }
-            Err(error) => {
-                probe.failed(&error);
-                Err(error)
-            }
+            Err(error) => Err(error),
+        };
+        if let Err(error) = &guard {
+            probe.failed(error);
         }
+        guard
     };
     in_span(span, work).await
 }
@@ -412,24 +457,35 @@ async fn try_acquire_engine(
 ///
 /// # Cancel safety
 /// As `wait`.
-pub async fn acquire_by<F, Fut>(
-    capabilities: Capabilities,
-    backend: &'static str,
+pub async fn acquire_by<B, F, Fut>(
+    backend: &B,
     name: &LockName,
     options: &LockOptions,
     wait: F,
 ) -> Result<LockGuard>
 where
+    B: RawLock + ?Sized,
     F: FnMut(Option<Instant>) -> Fut,
     Fut: Future<Output = Result<Option<Grant>>>,
 {
-    let mut probe = AcquireProbe::start(backend, Op::Acquire, Some(name));
+    let client = Client::of(backend);
+    let mut probe = AcquireProbe::start(client.backend, Op::Acquire, Some(name));
     let span = probe.span().clone();
     let work = async {
-        let granted = match capabilities.check(backend, options) {
+        let granted = match client.check(options) {
             Ok(()) => {
                 let started = probe.waiting();
-                match wait_until_deadline(deadline(started, options.wait_timeout()), wait).await {
+                let until = deadline(started, options.wait_timeout());
+                // A close ends the wait: dropping it leaves the backend's queue (every wait is
+                // cancel safe).
+                let waited = tokio::select! {
+                    biased;
+                    waited = wait_until_deadline(until, wait) => waited,
+                    () = client.holdings.closed() => Err(LockError::Closed {
+                        backend: client.backend,
+                    }),
+                };
+                match waited {
                     Ok(Some(grant)) => Ok(grant),
                     Ok(None) => Err(LockError::Timeout {
                         name: name.to_string(),
@@ -440,13 +496,11 @@ where
             }
             Err(error) => Err(error),
         };
-        match granted {
-            Ok(grant) => Ok(grant.into_guard((capabilities, backend), options, &mut probe)),
-            Err(error) => {
-                probe.failed(&error);
-                Err(error)
-            }
+        let guard = granted.and_then(|grant| grant.into_guard(&client, options, &mut probe));
+        if let Err(error) = &guard {
+            probe.failed(error);
         }
+        guard
     };
     in_span(span, work).await
 }
@@ -594,6 +648,13 @@ macro_rules! impl_distributed_lock {
             ) -> $crate::Result<$crate::LeaderStream> {
                 $crate::raw::observe(self, name).await
             }
+
+            async fn close(
+                &self,
+                within: ::core::time::Duration,
+            ) -> $crate::Result<$crate::CloseReport> {
+                $crate::raw::close(self, within).await
+            }
         }
     };
 }
@@ -611,21 +672,15 @@ mod tests {
         let name = LockName::new("early").unwrap();
         let options = LockOptions::new().with_wait_timeout(Duration::from_millis(500));
         let started = Instant::now();
-        let result = acquire_by(
-            Capabilities::TTL_LEASE,
-            "test",
-            &name,
-            &options,
-            |deadline| {
-                asked.fetch_add(1, Ordering::Relaxed);
-                async move {
-                    let deadline = deadline.expect("a wait timeout gives a deadline");
-                    let end = deadline.checked_sub(early).unwrap_or(deadline);
-                    tokio::time::sleep_until(end.max(Instant::now())).await;
-                    Ok(None)
-                }
-            },
-        )
+        let result = acquire_by(&crate::MemoryLock::new(), &name, &options, |deadline| {
+            asked.fetch_add(1, Ordering::Relaxed);
+            async move {
+                let deadline = deadline.expect("a wait timeout gives a deadline");
+                let end = deadline.checked_sub(early).unwrap_or(deadline);
+                tokio::time::sleep_until(end.max(Instant::now())).await;
+                Ok(None)
+            }
+        })
         .await;
         assert!(
             matches!(result, Err(LockError::Timeout { .. })),

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{Grant, LeaseState, RawLease, RawLock, RenewedBy};
+use dlock_api::raw::{Grant, Holdings, LeaseState, RawLease, RawLock, RenewedBy};
 use dlock_api::{Capabilities, Fencing, FencingToken, LockError, LockName, LockOptions, Result};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -39,6 +39,8 @@ impl MapServer {
 #[derive(Clone)]
 pub struct MapLock {
     pub server: Arc<MapServer>,
+    /// The guards this client holds, which `close` releases.
+    pub holdings: Holdings,
 }
 
 impl MapLock {
@@ -90,6 +92,10 @@ impl RawLock for MapLock {
             fencing: Fencing::Strict,
             ..Capabilities::TTL_LEASE
         }
+    }
+
+    fn holdings(&self) -> &Holdings {
+        &self.holdings
     }
 
     /// `limit` is always 1: without `max_permits` in its capabilities, the engine asks no

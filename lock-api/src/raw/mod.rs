@@ -95,7 +95,7 @@
     "# impl Harness for MapHarness {\n",
     "#     fn label(&self) -> &str { \"hashmap\" }\n",
     "#     async fn client(&self) -> Result<Arc<dyn dlock_api::DistributedLock>> {\n",
-    "#         Ok(Arc::new(MapLock { server: self.0.clone() }))\n",
+    "#         Ok(Arc::new(MapLock { server: self.0.clone(), holdings: Default::default() }))\n",
     "#     }\n",
     "# }\n",
     "// The suite's cases, each against clients of one fresh server.\n",
@@ -115,6 +115,7 @@ pub mod config;
 pub(crate) mod detach;
 mod engine;
 mod held_watch;
+pub(crate) mod holdings;
 pub(crate) mod lease;
 mod local_queue;
 mod owner;
@@ -130,6 +131,7 @@ pub mod time;
 pub(crate) mod timer;
 pub(crate) mod watchdog;
 
+pub use crate::close::close;
 pub use crate::election::OBSERVE_RETRY;
 pub use crate::inspect::inspect;
 pub use crate::semaphore::permits_mismatch;
@@ -142,6 +144,7 @@ pub use engine::{
     try_acquire_by, try_acquire_permit, try_read,
 };
 pub use held_watch::{HeldCheck, HeldWatchTiming, start_watch_after, watch_held};
+pub use holdings::Holdings;
 pub use lease::{RawLease, RenewedBy, spawn_release};
 pub use local_queue::{LocalQueue, Turn};
 pub use owner::random_owner;

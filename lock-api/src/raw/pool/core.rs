@@ -366,6 +366,15 @@ impl<D: SessionDriver> PoolCore<D> {
         drop(closed);
     }
 
+    /// Closes every connection: the client was closed.
+    pub(super) async fn close_all(&self) {
+        let connections = self.registry().connections();
+        for conn in connections {
+            let mut guard = conn.conn.lock().await;
+            self.close(&conn, &mut guard, "the client was closed");
+        }
+    }
+
     /// The driver connection of a locked `guard`.
     pub(super) fn conn_mut<'g>(
         &self,

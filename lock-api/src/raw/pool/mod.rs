@@ -81,7 +81,7 @@ use crate::error::Result;
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::raw::engine::Grant;
-use crate::raw::{Claim, PerRuntime};
+use crate::raw::{Claim, Holdings, PerRuntime};
 
 /// The connections of one client of a session-lock server; see the [module docs](self).
 ///
@@ -95,6 +95,7 @@ struct Shared<D: SessionDriver> {
     driver: Arc<D>,
     config: PoolConfig,
     cores: PerRuntime<Arc<core::PoolCore<D>>>,
+    holdings: Holdings,
 }
 
 impl<D: SessionDriver> Clone for SessionPool<D> {
@@ -113,6 +114,7 @@ impl<D: SessionDriver> SessionPool<D> {
                 driver: Arc::new(driver),
                 config,
                 cores: PerRuntime::new(),
+                holdings: Holdings::default(),
             }),
         }
     }
@@ -125,6 +127,25 @@ impl<D: SessionDriver> SessionPool<D> {
     /// The limits the pool runs with (`max_connections` is per runtime that uses the pool).
     pub fn config(&self) -> &PoolConfig {
         &self.shared.config
+    }
+
+    /// What the client of this pool holds: a backend's
+    /// [`RawLock::holdings`](crate::raw::RawLock::holdings).
+    pub fn holdings(&self) -> &Holdings {
+        &self.shared.holdings
+    }
+
+    /// Closes every connection of the pool, on every runtime: a backend's
+    /// [`RawLock::shutdown`](crate::raw::RawLock::shutdown), once `close` has released its
+    /// locks. A connection lent to a wait is closed when the wait (which `close` ended) lets
+    /// go of it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the connections not closed yet stay open, and close with the pool.
+    pub async fn shutdown(&self) {
+        for core in self.shared.cores.running() {
+            core.close_all().await;
+        }
     }
 
     /// The connections of the runtime this is called on. Outside a runtime, a set of its own

@@ -456,6 +456,11 @@ impl<K: Clone + Eq + Hash, C: Clone> Registry<K, C> {
             .map(|e| e.conn.clone())
     }
 
+    /// Every connection, in no order.
+    pub(super) fn connections(&self) -> Vec<C> {
+        self.entries.values().map(|e| e.conn.clone()).collect()
+    }
+
     /// Whether connection `id` is open and not lent to a wait.
     pub(super) fn is_shared(&self, id: u64) -> bool {
         self.entries.get(&id).is_some_and(|e| !e.waiting)
