@@ -1,7 +1,7 @@
 //! Holder inspection: `IS_USED_LOCK`, the waiters performance_schema shows, the fence row.
 
 use dlock_api::raw::SessionDriver;
-use dlock_api::{FencingToken, Inspection, Result};
+use dlock_api::{FencingToken, Inspection, LockError, Result};
 use sqlx::Row;
 use sqlx::mysql::MySqlConnection;
 use tokio::sync::Mutex;
@@ -37,18 +37,31 @@ impl Inspector {
     /// Cancel safe: it only reads; a dropped call closes the connection it was using.
     pub(crate) async fn inspect(&self, driver: &MySqlDriver, key: &str) -> Result<Inspection> {
         let mut slot = self.conn.lock().await;
-        let mut conn = match slot.take() {
+        let kept = slot.take();
+        let reused = kept.is_some();
+        let mut conn = match kept {
             Some(conn) => conn,
             None => driver.open().await?.0,
         };
         let within = driver.config.command_timeout;
         // A sequence's tokens are not kept per key: the holder's is not known.
         let fenced = (driver.fence() == Fence::Row).then(|| driver.config.quoted_table());
-        let read = tokio::time::timeout(within, read(&mut conn, key, fenced.as_deref()))
-            .await
-            .map_err(|_| timed_out(within))??;
+        let answer =
+            match tokio::time::timeout(within, read(&mut conn, key, fenced.as_deref())).await {
+                Err(_) => return Err(timed_out(within)),
+                // A kept connection the server has closed since (a restart, a `KILL`) fails its next
+                // statement at once: ask on a new one rather than fail one inspection after a
+                // restart for a connection nobody uses any more.
+                Ok(Err(LockError::Unavailable { .. })) if reused => {
+                    conn = driver.open().await?.0;
+                    tokio::time::timeout(within, read(&mut conn, key, fenced.as_deref()))
+                        .await
+                        .map_err(|_| timed_out(within))??
+                }
+                Ok(answer) => answer?,
+            };
         *slot = Some(conn);
-        Ok(read)
+        Ok(answer)
     }
 }
 

@@ -1,6 +1,6 @@
 //! Holder inspection: the advisory key's rows in `pg_locks`.
 
-use dlock_api::{Inspection, Result};
+use dlock_api::{Inspection, LockError, Result};
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgRow};
 use tokio::sync::Mutex;
@@ -39,13 +39,12 @@ impl Inspector {
     ) -> Result<Inspection> {
         let (classid, objid, objsubid) = key.pg_locks_ids();
         let row = self
-            .fetch(
-                config,
+            .fetch(config, || {
                 sqlx::query(HOLDER_AND_WAITERS)
                     .bind(i64::from(classid))
                     .bind(i64::from(objid))
-                    .bind(objsubid),
-            )
+                    .bind(objsubid)
+            })
             .await?;
         let holder: Option<i32> = row.try_get(0).map_err(map_err)?;
         let waiting: i64 = row.try_get(1).map_err(map_err)?;
@@ -71,28 +70,43 @@ impl Inspector {
         key: i64,
     ) -> Result<u32> {
         let row = self
-            .fetch(config, crate::sql::count_held(slots, key))
+            .fetch(config, || crate::sql::count_held(slots.clone(), key))
             .await?;
         let held: i64 = row.try_get(0).map_err(map_err)?;
         Ok(u32::try_from(held).unwrap_or(u32::MAX))
     }
 
-    /// Runs `query` on the kept connection (opened if need be), within the command timeout.
+    /// Runs `query` on the kept connection (opened if need be), within the command timeout. A
+    /// kept connection the server has closed since (a restart, a terminated backend) fails its
+    /// next statement at once: the query then runs on a new connection, so one inspection
+    /// after a restart does not fail for a connection nobody uses any more.
     async fn fetch<'q>(
         &self,
         config: &PostgresConfig,
-        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        query: impl Fn() -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<PgRow> {
         let mut slot = self.conn.lock().await;
-        let mut conn = match slot.take() {
+        let within = config.command_timeout;
+        let kept = slot.take();
+        let reused = kept.is_some();
+        let mut conn = match kept {
             Some(conn) => conn,
             None => open_connection(config).await?,
         };
-        let within = config.command_timeout;
-        let row = tokio::time::timeout(within, query.fetch_one(&mut conn))
-            .await
-            .map_err(|_| timed_out(within))?
-            .map_err(map_err)?;
+        let row = match tokio::time::timeout(within, query().fetch_one(&mut conn)).await {
+            Err(_) => return Err(timed_out(within)),
+            Ok(Ok(row)) => row,
+            Ok(Err(e)) => match map_err(e) {
+                LockError::Unavailable { .. } if reused => {
+                    conn = open_connection(config).await?;
+                    tokio::time::timeout(within, query().fetch_one(&mut conn))
+                        .await
+                        .map_err(|_| timed_out(within))?
+                        .map_err(map_err)?
+                }
+                e => return Err(e),
+            },
+        };
         *slot = Some(conn);
         Ok(row)
     }
