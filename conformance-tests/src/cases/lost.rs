@@ -85,13 +85,7 @@ pub async fn killed_holder_passes_the_lock_to_its_waiter(ctx: Ctx) -> CaseResult
     let (a, b) = (ctx.client().await?, ctx.client().await?);
     let name = ctx.name("lock");
     let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);
-    let caps = a.capabilities();
-    let hold = if caps.lease == LeaseKind::Ttl {
-        LockOptions::new().with_ttl(ctx.timing().short_ttl.max(caps.min_ttl.unwrap_or_default()))
-    } else {
-        LockOptions::new()
-    };
-    let guard = a.acquire(&name, &hold).await?;
+    let guard = a.acquire(&name, &killable_hold(&ctx, &*a)).await?;
     let waiter = crate::wait_for::spawned_acquire(ctx.timing().bound, &b, &name);
     ctx.until_queued(&*a, &name).await?;
     let faults = ctx.require_faults()?;
@@ -125,6 +119,17 @@ pub async fn killed_holder_passes_the_lock_to_its_waiter(ctx: Ctx) -> CaseResult
     .release()
     .await?;
     Ok(())
+}
+
+/// Options for a hold the case kills on the server: on a TTL backend the short TTL, renewed, so
+/// that a key deleted without an announcement is noticed within the case's bound.
+pub(crate) fn killable_hold(ctx: &Ctx, client: &dyn DistributedLock) -> LockOptions {
+    let caps = client.capabilities();
+    if caps.lease == LeaseKind::Ttl {
+        LockOptions::new().with_ttl(ctx.timing().short_ttl.max(caps.min_ttl.unwrap_or_default()))
+    } else {
+        LockOptions::new()
+    }
 }
 
 /// A holder killed on the server while another client waits learns it as the waiter takes the

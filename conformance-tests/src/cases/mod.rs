@@ -16,6 +16,7 @@ pub mod multi;
 pub mod names;
 pub mod ownership;
 pub mod reader_writer;
+pub mod recovery;
 pub mod renewal;
 pub mod runtime;
 pub mod semaphore;
@@ -272,6 +273,15 @@ static CASES: &[Case] = &[
         SESSION
     ),
     case!(lost::expired_session_loses_every_guard, SESSION),
+    case!(
+        recovery::waiter_rides_out_a_server_restart,
+        OWN_SERVER_NO_FENCE
+    ),
+    case!(recovery::killed_session_client_acquires_again, KILL_HOLDER),
+    case!(
+        recovery::waiter_whose_session_is_killed_waits_on,
+        KILL_HOLDER
+    ),
     case!(crash::crashed_holder_process_frees_the_lock, CHILD),
     case!(faults::exclusion_is_history_checked, FENCED_WORKERS),
     case!(faults::coupon_100_requests_leave_zero, FENCED_WORKERS),

@@ -36,6 +36,7 @@ pub use long::{LongRun, long_run_under_every_nemesis};
 pub use reader_writer::{
     reader_writer_workers_keep_writers_alone, reader_writer_workers_paused_and_killed,
 };
+pub(crate) use restarts::{acquire_riding_out, restart};
 pub use restarts::{
     dead_or_frozen_server_answers_unavailable, frozen_server_holds_no_one_twice,
     server_restart_while_held_is_lost_or_kept, tokens_rise_across_server_restarts,
@@ -44,6 +45,7 @@ pub use semaphores::{
     semaphore_partitioned_holder_keeps_to_the_limit, semaphore_workers_keep_to_the_limit,
     semaphore_workers_paused_and_killed,
 };
+pub(crate) use steps::own_server;
 pub(super) use steps::{announced, verify};
 pub use workers::{
     coupon_100_requests_leave_zero, exclusion_is_history_checked,

@@ -33,6 +33,38 @@ async fn acquire_after_restart(
     .await?
 }
 
+/// `client`'s acquire of `name` with `options`, within the case's bound, asked again while
+/// the answer is retryable (a restarted server not answering yet, a stale connection).
+pub(crate) async fn acquire_riding_out(
+    ctx: &Ctx,
+    client: &dyn dlock_api::DistributedLock,
+    name: &LockName,
+    options: &dlock_api::LockOptions,
+) -> Result<dlock_api::LockGuard, Failure> {
+    ctx.within("the same client's lock after the restart", async {
+        loop {
+            match client.acquire(name, options).await {
+                Ok(guard) => return Ok(guard),
+                Err(e) if e.is_retryable() => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(Failure::from(e)),
+            }
+        }
+    })
+    .await?
+}
+
+/// Stops the case's own server (with `SIGKILL` when `crash`, else cleanly) and starts it again.
+pub(crate) fn restart(own: &crate::OwnServer, crash: bool) -> Result<(), Failure> {
+    if crash {
+        own.process.kill();
+    }
+    let process = &own.process;
+    tokio::task::block_in_place(|| process.restart())
+        .map_err(|e| Failure(format!("the server did not come back: {e}")))
+}
+
 /// **Tokens across restarts**: a server restarted cleanly, then one that crashed (`SIGKILL`)
 /// and came back, each time hands out a token above every token before it. A protected
 /// resource that remembers the highest token it saw would otherwise refuse every later holder,
@@ -51,12 +83,7 @@ pub async fn tokens_rise_across_server_restarts(ctx: Ctx) -> CaseResult {
         );
         last = token;
         guard.release().await?;
-        if crash {
-            own.process.kill();
-        }
-        let process = &own.process;
-        tokio::task::block_in_place(|| process.restart())
-            .map_err(|e| Failure(format!("the server did not come back: {e}")))?;
+        restart(&own, crash)?;
     }
     Ok(())
 }
@@ -75,32 +102,14 @@ pub async fn server_restart_while_held_is_lost_or_kept(ctx: Ctx) -> CaseResult {
     let wait = dlock_api::LockOptions::new()
         .with_ttl(timing.short_ttl)
         .with_wait_timeout(timing.bound);
-    let acquire_again = || async {
-        ctx.within("the same client's lock after the restart", async {
-            loop {
-                match client.acquire(&name, &wait).await {
-                    Ok(guard) => return Ok(guard),
-                    Err(e) if e.is_retryable() => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    Err(e) => return Err(Failure::from(e)),
-                }
-            }
-        })
-        .await?
-    };
+    let acquire_again = || acquire_riding_out(&ctx, &*client, &name, &wait);
     let mut last = 0;
     for crash in [false, true] {
         let guard = acquire_again().await?;
         let token = guard.fencing_token().get();
         ensure!(token > last, "token {token} after {last} (crash: {crash})");
         last = token;
-        if crash {
-            own.process.kill();
-        }
-        let process = &own.process;
-        tokio::task::block_in_place(|| process.restart())
-            .map_err(|e| Failure(format!("the server did not come back: {e}")))?;
+        restart(&own, crash)?;
         // A lost hold must be reported within two lease TTLs (a renewal finds it gone); one
         // kept that long survived the restart. A session lease may still be suspended then
         // (reconnecting, checking its nodes): wait, within the bound, until it is one or the

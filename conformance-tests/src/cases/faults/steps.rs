@@ -56,7 +56,7 @@ pub(super) async fn holding(ctx: &Ctx, worker: &mut WorkerProcess) -> Result<u64
 }
 
 /// A case's own server, or the reason the harness cannot give one.
-pub(super) async fn own_server(ctx: &Ctx) -> Result<crate::OwnServer, Failure> {
+pub(crate) async fn own_server(ctx: &Ctx) -> Result<crate::OwnServer, Failure> {
     ctx.require_faults()?.own_server().await.map_err(Failure)
 }
 
