@@ -250,7 +250,18 @@ pub async fn waiter_whose_session_is_killed_waits_on(ctx: Ctx) -> CaseResult {
     ctx.within("lost after the session was killed", own.lost())
         .await?;
     // Queued again (or never dequeued, where the wait was not on the killed session).
-    ctx.until_queued(&*holder, &wanted).await?;
+    if let Err(failure) = ctx.until_queued(&*holder, &wanted).await {
+        if waiter.is_finished() {
+            let outcome = waiter
+                .await
+                .map_err(|e| Failure(format!("the waiter's task: {e}")))?;
+            return Err(Failure(format!(
+                "a waiter that held nothing gave up when its session was killed: {:?}",
+                outcome.map(|guard| guard.fencing_token())
+            )));
+        }
+        return Err(failure);
+    }
     ensure!(
         busy.is_held(),
         "the other client's lock went with the killed session: {:?}",
