@@ -67,11 +67,31 @@ pub(crate) fn no_response(error: &Error) -> bool {
     matches!(error, Error::Custom(custom) if custom.to_string().starts_with("no response from connection"))
 }
 
+/// Whether `error` is the client library's report of a connection that failed under it (reset
+/// or refused: a server killed or restarting): zookeeper-client 0.11 gives it as a custom error
+/// whose source is the I/O error, not as [`Error::ConnectionLoss`].
+pub(crate) fn connection_failed(error: &Error) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let mut cause = std::error::Error::source(error);
+    while let Some(now) = cause {
+        let inner = now
+            .downcast_ref::<Shared>()
+            .map_or(now, |shared| &**shared as _);
+        if inner.is::<std::io::Error>() {
+            return true;
+        }
+        cause = inner.source();
+    }
+    false
+}
+
 /// A client library error as a `LockError`: connection and session trouble is `Unavailable`
 /// (retrying, on a new session if need be, may succeed), the rest `Backend`.
 pub(crate) fn map_err(error: Error) -> LockError {
     match error {
-        error if no_response(&error) => LockError::unavailable(BACKEND, error),
+        error if no_response(&error) || connection_failed(&error) => {
+            LockError::unavailable(BACKEND, error)
+        }
         Error::ConnectionLoss
         | Error::Timeout
         | Error::NoHosts
