@@ -11,6 +11,7 @@
 mod permits;
 mod read_mostly;
 mod report;
+mod set;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -71,6 +72,11 @@ pub struct BenchArgs {
     /// the same clients taking the lock, and the writer's wait p50/p99.
     #[arg(long, conflicts_with_all = ["permits", "flood"])]
     read_mostly: Option<usize>,
+    /// Instead of the phases above: a set of this many names taken with `acquire_all` and
+    /// released, against the same names taken one by one and released, uncontended: sets per
+    /// second of each and the ratio.
+    #[arg(long, conflicts_with_all = ["permits", "flood", "read_mostly"])]
+    set: Option<usize>,
 }
 
 /// How many alternating slices the uncontended phase and its floors are measured in.
@@ -228,6 +234,9 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
     }
     if let Some(readers) = args.read_mostly {
         return read_mostly::bench(&args, readers, &client, &label, &run).await;
+    }
+    if let Some(members) = args.set {
+        return set::bench(&args, members, &client, &label, &run).await;
     }
     // dlock and the raw floors run interleaved (the uncontended and many-names phases in
     // alternating slices, each side first in turn), so drift in the machine's speed over the run

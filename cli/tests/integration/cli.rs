@@ -393,6 +393,40 @@ fn bench_flood_reports_acquired_and_timed_out() {
     );
 }
 
+/// `dlock bench --set`: a set taken with `acquire_all` against its names taken one by one, both
+/// measured in the same run.
+#[test]
+fn bench_set_measures_acquire_all_against_single_acquires() {
+    let stdout = common::succeeds([
+        "bench",
+        "--backend",
+        "memory://set-bench",
+        "--set",
+        "4",
+        "--duration",
+        "300ms",
+        "--json",
+    ]);
+    let report: serde_json::Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let set = &report["set"];
+    assert_eq!(set["names"], 4, "{report}");
+    for figure in [
+        "/acquire_all_sets_per_sec",
+        "/one_by_one_sets_per_sec",
+        "/acquire_all_vs_one_by_one",
+        "/acquire_all/p50_us",
+        "/one_by_one/p99_us",
+    ] {
+        assert!(
+            set.pointer(figure)
+                .and_then(serde_json::Value::as_f64)
+                .is_some_and(|n| n > 0.0),
+            "no {figure}: {report}"
+        );
+    }
+}
+
 #[test]
 fn status_on_memory_prints_a_line_per_name_and_json() {
     // A new process has a new memory store: every name is free.
