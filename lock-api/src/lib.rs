@@ -102,7 +102,7 @@ pub use guard::{LockGuard, Lost};
 pub use inspect::Inspection;
 pub use lock::{DistributedLock, DistributedLockExt, DynDistributedLock, LockContext, Permit};
 pub use memory::MemoryLock;
-pub use multi::LockSet;
+pub use multi::{AtOnce, LockSet};
 pub use name::{KeyMapper, LockName};
 pub use options::{LockOptions, Renewal, RetryPolicy};
 pub use raw::background::settle;

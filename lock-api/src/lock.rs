@@ -13,7 +13,7 @@ use crate::election::{Leader, LeaderStream, Leadership};
 use crate::error::{LockError, Result};
 use crate::guard::LockGuard;
 use crate::inspect::Inspection;
-use crate::multi::LockSet;
+use crate::multi::{AtOnce, LockSet};
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::token::FencingToken;
@@ -333,6 +333,26 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
             operation: "close",
         })
     }
+
+    /// Takes every lock of `names` (sorted, each once, as
+    /// [`try_acquire_all`](DistributedLockExt::try_acquire_all) passes them) in one step of the
+    /// server, or none of them, for a backend that can; callers use `try_acquire_all` and
+    /// `acquire_all`, which take the names one by one when this answers
+    /// [`AtOnce::OneByOne`] (the default).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](Self::try_acquire): a dropped call leaves none of the locks held.
+    async fn try_acquire_at_once(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+    ) -> Result<AtOnce> {
+        let _ = (names, options);
+        Ok(AtOnce::OneByOne)
+    }
 }
 
 /// A permit of a semaphore: a [`LockGuard`] held while up to the semaphore's number of others
@@ -410,6 +430,13 @@ macro_rules! forward_distributed_lock {
             }
             async fn close(&self, within: std::time::Duration) -> Result<CloseReport> {
                 (**self).close(within).await
+            }
+            async fn try_acquire_at_once(
+                &self,
+                names: &[LockName],
+                options: &LockOptions,
+            ) -> Result<AtOnce> {
+                (**self).try_acquire_at_once(names, options).await
             }
         }
     };

@@ -89,6 +89,19 @@ impl LockSet {
     }
 }
 
+/// What [`DistributedLock::try_acquire_at_once`] found: the set taken in one step of the server,
+/// or nothing taken.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AtOnce {
+    /// Every member, taken together.
+    Taken(LockSet),
+    /// A member is held by someone else: none was taken.
+    Busy,
+    /// The backend has no one step for this set: take its names one by one.
+    OneByOne,
+}
+
 /// A set of one lock, for code that holds one or several alike.
 impl From<LockGuard> for LockSet {
     fn from(guard: LockGuard) -> Self {
@@ -136,6 +149,11 @@ pub(crate) async fn acquire_all<L: DistributedLock + ?Sized>(
     let names = ordered(names)?;
     let started = Instant::now();
     let until = deadline(started, options.wait_timeout());
+    // A set free at once costs one step where the backend has one; a busy one waits member by
+    // member, in the names' order, as on every backend.
+    if let AtOnce::Taken(set) = locks.try_acquire_at_once(&names, options).await? {
+        return Ok(set);
+    }
     // Dropped with the future at any await: every member taken so far is released in the
     // background by its guard's drop.
     let mut taken = Vec::with_capacity(names.len());
@@ -178,6 +196,11 @@ pub(crate) async fn try_acquire_all<L: DistributedLock + ?Sized>(
 ) -> Result<Option<LockSet>> {
     options.validate()?;
     let names = ordered(names)?;
+    match locks.try_acquire_at_once(&names, options).await? {
+        AtOnce::Taken(set) => return Ok(Some(set)),
+        AtOnce::Busy => return Ok(None),
+        AtOnce::OneByOne => {}
+    }
     let mut taken = Vec::with_capacity(names.len());
     for name in &names {
         match locks.try_acquire(name, options).await {
@@ -197,7 +220,7 @@ pub(crate) async fn try_acquire_all<L: DistributedLock + ?Sized>(
 
 /// The set, if no member was lost while the later ones were taken; else every member released
 /// and the loss reported.
-async fn complete(mut taken: Vec<LockGuard>) -> Result<LockSet> {
+pub(crate) async fn complete(mut taken: Vec<LockGuard>) -> Result<LockSet> {
     if let Some(lost) = taken.iter().find(|guard| !guard.is_held()) {
         let error = LockError::Lost {
             name: lost.name().to_string(),

@@ -431,6 +431,7 @@ static CASES: &[Case] = &[
     case!(multi::dropped_acquire_all_leaves_nothing, NONE),
     case!(multi::duplicates_taken_once_and_empty_refused, NONE),
     case!(multi::lost_member_loses_the_set, KILL_HOLDER),
+    case!(multi::members_taken_together_are_single_locks, FENCED),
     case!(names::unicode_names_work, NONE),
     case!(names::names_are_case_sensitive, NONE),
     case!(names::names_differ_after_byte_64, NONE),

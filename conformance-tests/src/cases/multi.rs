@@ -260,3 +260,62 @@ pub async fn lost_member_loses_the_set(ctx: Ctx) -> CaseResult {
     );
     Ok(())
 }
+
+/// A free set taken by `try_acquire_all` (in one step of the server where the backend has one)
+/// is made of single locks: each member excludes others and carries a token above its name's
+/// last, a waiter queued on a member is woken by the set's release, and each name's next holder
+/// gets a higher token.
+pub async fn members_taken_together_are_single_locks(ctx: Ctx) -> CaseResult {
+    let (a, b, c) = (
+        ctx.client().await?,
+        ctx.client().await?,
+        ctx.client().await?,
+    );
+    let names = [ctx.name("a"), ctx.name("b"), ctx.name("c")];
+    let before = a.acquire(&names[0], &LockOptions::new()).await?;
+    let earlier = before.fencing_token();
+    before.release().await?;
+    // A lease far longer than the bound: only the set's release lets the waiter in.
+    let long = LockOptions::new().with_ttl(ctx.timing().bound.saturating_mul(4));
+    let set = b
+        .try_acquire_all(&names, &long)
+        .await?
+        .ok_or_else(|| Failure("a free set was not granted".into()))?;
+    ensure!(set.is_held(), "a set just taken is not held");
+    let first = set.fencing_token(&names[0]);
+    ensure!(
+        first.is_some_and(|token| token > earlier),
+        "the set's token for {} is {first:?}, not above the single lock's {earlier}",
+        names[0]
+    );
+    let waiter = {
+        let name = names[1].clone();
+        let opts = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+        tokio::spawn(async move { c.acquire(&name, &opts).await })
+    };
+    for name in &names {
+        let other = a.try_acquire(name, &LockOptions::new()).await?;
+        ensure!(other.is_none(), "{name} was granted while its set held it");
+    }
+    let tokens = set.fencing_tokens();
+    set.release().await?;
+    let next = ctx
+        .within("the waiter on a member after the set's release", waiter)
+        .await?
+        .map_err(|e| Failure(format!("the waiter's task panicked: {e}")))??;
+    let released = tokens.iter().find(|(name, _)| *name == names[1]);
+    ensure!(
+        released.is_some_and(|(_, token)| next.fencing_token() > *token),
+        "the waiter's token {} is not above the set's {released:?}",
+        next.fencing_token()
+    );
+    next.release().await?;
+    for name in [&names[0], &names[2]] {
+        let again = a
+            .try_acquire(name, &LockOptions::new())
+            .await?
+            .ok_or_else(|| Failure(format!("{name} stayed held after its set's release")))?;
+        again.release().await?;
+    }
+    Ok(())
+}

@@ -60,13 +60,18 @@ impl Grant {
         }
     }
 
+    /// The name granted.
+    pub(super) fn name(&self) -> &LockName {
+        &self.name
+    }
+
     /// The guard for this grant, with renewal and the maximum hold time as `options` ask,
     /// registered among what its client holds; the acquire's span and metrics record the grant.
     ///
     /// # Errors
     /// [`LockError::Closed`] if the client was closed while the grant was on its way: the
     /// grant is released instead.
-    fn into_guard(
+    pub(super) fn into_guard(
         mut self,
         client: &Client<'_>,
         options: &LockOptions,
@@ -216,6 +221,23 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
     async fn observe_leader(&self, name: &LockName) -> Result<crate::LeaderStream> {
         let _ = name;
         Err(crate::election::unsupported(self.backend()))
+    }
+
+    /// Every lock of `names` (sorted, each once) in one step of the server, or none, for
+    /// [`DistributedLock::try_acquire_at_once`](crate::DistributedLock::try_acquire_at_once):
+    /// each grant as [`try_grant`](Self::try_grant) would make it for its name alone. Called
+    /// with options already checked, never for a reader. The default answers
+    /// [`GrantedAtOnce::OneByOne`].
+    ///
+    /// # Cancel safety
+    /// As [`try_grant`](Self::try_grant): a dropped call leaves none of the locks held.
+    async fn try_grant_at_once(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+    ) -> Result<super::at_once::GrantedAtOnce> {
+        let _ = (names, options);
+        Ok(super::at_once::GrantedAtOnce::OneByOne)
     }
 }
 
@@ -396,14 +418,14 @@ pub async fn try_acquire_by<B: RawLock + ?Sized>(
 }
 
 /// What the engine needs of the client an acquire runs for.
-struct Client<'a> {
+pub(super) struct Client<'a> {
     capabilities: Capabilities,
-    backend: &'static str,
+    pub(super) backend: &'static str,
     holdings: &'a Holdings,
 }
 
 impl<'a> Client<'a> {
-    fn of<B: RawLock + ?Sized>(backend: &'a B) -> Self {
+    pub(super) fn of<B: RawLock + ?Sized>(backend: &'a B) -> Self {
         Self {
             capabilities: backend.capabilities(),
             backend: backend.backend(),
@@ -413,7 +435,7 @@ impl<'a> Client<'a> {
 
     /// What every acquire checks before any network call: the client is open and the options
     /// are ones it can honour.
-    fn check(&self, options: &LockOptions) -> Result<()> {
+    pub(super) fn check(&self, options: &LockOptions) -> Result<()> {
         self.holdings.check_open(self.backend)?;
         self.capabilities.check(self.backend, options)
     }
@@ -654,6 +676,14 @@ macro_rules! impl_distributed_lock {
                 within: ::core::time::Duration,
             ) -> $crate::Result<$crate::CloseReport> {
                 $crate::raw::close(self, within).await
+            }
+
+            async fn try_acquire_at_once(
+                &self,
+                names: &[$crate::LockName],
+                options: &$crate::LockOptions,
+            ) -> $crate::Result<$crate::AtOnce> {
+                $crate::raw::try_acquire_at_once(self, names, options).await
             }
         }
     };

@@ -108,6 +108,7 @@
     "```\n",
 )]
 
+mod at_once;
 pub(crate) mod background;
 mod campaign;
 mod claim;
@@ -135,6 +136,7 @@ pub use crate::close::close;
 pub use crate::election::OBSERVE_RETRY;
 pub use crate::inspect::inspect;
 pub use crate::semaphore::permits_mismatch;
+pub use at_once::{GrantedAtOnce, try_acquire_at_once};
 pub use background::{settle, spawn_cleanup};
 pub use campaign::{campaign, leader, observe};
 pub use claim::Claim;
