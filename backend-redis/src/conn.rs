@@ -318,6 +318,12 @@ impl Conn {
         !matches!(self, Self::Single(_))
     }
 
+    /// Whether keys go to the server of their hash slot, so that one script may take only
+    /// keys of one slot.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+
     /// Whether a failed command makes this connection look for a new primary (Sentinel), so
     /// that an idempotent command may be sent once more.
     pub(crate) fn follows_failover(&self) -> bool {

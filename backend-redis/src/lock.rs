@@ -34,6 +34,7 @@ pub struct RedisLock {
     inner: Arc<Inner>,
 }
 
+mod at_once;
 mod election;
 mod permits;
 
@@ -649,6 +650,15 @@ impl RawLock for RedisLock {
 
     async fn observe_leader(&self, name: &LockName) -> Result<dlock_api::LeaderStream> {
         self.leader_changes(name).await
+    }
+
+    /// One script for the whole set (`scripts/set.rs`), where its keys may share a script.
+    async fn try_grant_at_once(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+    ) -> Result<dlock_api::raw::GrantedAtOnce> {
+        self.try_set_at_once(names, options).await
     }
 }
 

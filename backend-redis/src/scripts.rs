@@ -436,6 +436,7 @@ macro_rules! release_mark_ms {
 
 pub(crate) mod permits;
 pub(crate) mod readers;
+pub(crate) mod set;
 
 /// Release. KEYS: lock, fence, queue, waiters (and the mark, [`RELEASE_MARKED`]). ARGV: owner,
 /// channel. Deletes the lock only if the caller owns it and hands it to the next live waiter.
@@ -744,6 +745,8 @@ pub(crate) mod election;
 pub(crate) struct Scripts {
     pub(crate) acquire_first: Script,
     pub(crate) acquire: Script,
+    /// Every lock of a set, or none (`scripts/set.rs`).
+    pub(crate) acquire_set: Script,
     /// The releases leave a `released-by` mark and take one as released ([`release_mark_ms!`]):
     /// they take the mark's key after their own (a permit's: its owner's own mark).
     pub(crate) marks_releases: bool,
@@ -782,6 +785,7 @@ impl Scripts {
         Self {
             acquire_first: Script::new(ACQUIRE_FIRST),
             acquire: Script::new(ACQUIRE),
+            acquire_set: Script::new(set::ACQUIRE_SET),
             marks_releases,
             release: Script::new(release),
             release_uncontended: Script::new(release_uncontended),
