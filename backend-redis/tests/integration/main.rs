@@ -14,4 +14,5 @@ mod permits;
 mod queue;
 mod readers;
 mod runtime;
+mod sets;
 mod tls;
