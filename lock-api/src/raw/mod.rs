@@ -21,6 +21,10 @@
 //!   [`try_acquire_by`] and [`acquire_by`].
 //! - Optionally [`RawLock::inspect`] (a read-only query of who holds a name), with `inspect: true`
 //!   in its capabilities; otherwise [`inspect`] refuses before any network call.
+//! - Optionally [`RawLock::try_grant_at_once`]: every name of a set in one step of the server,
+//!   or none; [`try_acquire_at_once`] turns its grants into guards as single acquires' are, and
+//!   the set's methods take the names one by one where it answers
+//!   [`GrantedAtOnce::OneByOne`] (the default).
 //! - `Debug` and `Display` for the lock type: `Display` names the client in errors and logs, as
 //!   `redis(10.0.0.5:6379)` does, without credentials.
 //!
