@@ -227,7 +227,7 @@ pub trait RawLock: Debug + Display + Send + Sync + 'static {
     /// [`DistributedLock::try_acquire_at_once`](crate::DistributedLock::try_acquire_at_once):
     /// each grant as [`try_grant`](Self::try_grant) would make it for its name alone. Called
     /// with options already checked, never for a reader. The default answers
-    /// [`GrantedAtOnce::OneByOne`].
+    /// [`GrantedAtOnce::OneByOne`](super::GrantedAtOnce::OneByOne).
     ///
     /// # Cancel safety
     /// As [`try_grant`](Self::try_grant): a dropped call leaves none of the locks held.
