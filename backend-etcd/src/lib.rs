@@ -72,6 +72,14 @@
 //!   before]`; with fewer keys before ours than the limit (for a lock: none), we hold, and our
 //!   create revision is the transaction's revision. `try_acquire` of a lock instead puts only
 //!   if the name has no key at all (no write when busy).
+//! - **A set of locks** (`try_acquire_all`, and `acquire_all` before it waits) is one
+//!   transaction when free: *if every name's range is empty* (a create-revision compare over a
+//!   range holds for each key in it, and over an empty one compares a missing key, revision 0),
+//!   *put our key under each name*, as its single try would, so every member's token is that
+//!   transaction's revision; otherwise it reads each name's oldest key and writes nothing: the
+//!   set is busy, or, for a name in use as a semaphore, the names go one by one and the single
+//!   try answers. Sets of more than 64 names go one by one (etcd's default `--max-txn-ops` is
+//!   128).
 //! - **Waiting** watches every deletion under the name from the read's revision + 1 (a start
 //!   above the current revision is served at once by the server's synced watchers; an older
 //!   one waits for its 100 ms catch-up loop, and none at all can miss the release). One watch

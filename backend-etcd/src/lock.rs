@@ -23,6 +23,8 @@ use crate::lease::{EtcdLease, LeaseKind as Kind};
 use crate::queue::{Next, Queue, QueueWatch, limit_of};
 use crate::session::{SessionLease, ttl_class};
 
+mod at_once;
+
 /// A distributed lock on etcd: one key per acquire under the name's range, queued by create
 /// revision, riding a lease this client keeps alive. Cheap to clone; clones share the client,
 /// its session leases and its watch stream.
@@ -201,13 +203,28 @@ impl EtcdLock {
         loop {
             let (kind, keys, key) = self.prepare(name, options).await?;
             let (result, session) = attempt(kind, keys, key).await;
-            match (result, session) {
-                (Err(e), Some(session)) if tries == 0 && lease_gone(&e) => {
-                    self.inner.drop_session(&session);
-                    tries = tries.saturating_add(1);
-                }
-                (result, _) => return result,
+            if !self.replace_gone_session(&mut tries, &result, session.as_ref()) {
+                return result;
             }
+        }
+    }
+
+    /// Whether an attempt on `session` that ended with `result` is made again: on its first
+    /// try, when the server said the lease is gone (revoked from elsewhere); that session is
+    /// dropped, so the next attempt gets a new one.
+    fn replace_gone_session<T>(
+        &self,
+        tries: &mut u32,
+        result: &Result<T>,
+        session: Option<&Arc<SessionLease>>,
+    ) -> bool {
+        match (result, session) {
+            (Err(e), Some(session)) if *tries == 0 && lease_gone(e) => {
+                self.inner.drop_session(session);
+                *tries = tries.saturating_add(1);
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -330,6 +347,16 @@ impl RawLock for EtcdLock {
         let limit = oldest.as_ref().map_or(0, limit_of);
         let keys = u32::try_from(count).unwrap_or(u32::MAX);
         Ok(keys.min(limit))
+    }
+
+    /// One transaction for a free set (`lock/at_once.rs`): every name's range empty, and a
+    /// key of this client's under each.
+    async fn try_grant_at_once(
+        &self,
+        names: &[LockName],
+        options: &LockOptions,
+    ) -> Result<dlock_api::raw::GrantedAtOnce> {
+        self.try_set_at_once(names, options).await
     }
 }
 

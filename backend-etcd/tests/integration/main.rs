@@ -12,4 +12,5 @@ mod faults;
 mod keys;
 mod runtimes;
 mod semaphores;
+mod sets;
 mod tls;
