@@ -71,14 +71,14 @@ impl EtcdLock {
     ) -> Result<Vec<Member<'a>>> {
         let inner = &self.inner;
         let first = lease_for(inner, options).await?;
+        let session = first.session().cloned();
         let mut kinds = Vec::with_capacity(names.len());
-        match first.session().cloned() {
+        kinds.push(first);
+        match session {
             Some(session) => {
-                kinds.push(first);
                 kinds.extend(names.iter().skip(1).map(|_| Kind::Session(session.clone())));
             }
             None => {
-                kinds.push(first);
                 let rest = names.iter().skip(1).map(|_| lease_for(inner, options));
                 let mut failed = None;
                 for granted in futures::future::join_all(rest).await {
