@@ -20,8 +20,9 @@ use crate::{CaseResult, Ctx, Failure, ensure};
 /// the client (B's own ran out with it). B ends up holding the lock within its one wait: A's
 /// guard is either lost (the restart ended its lease or session) or kept and then released by
 /// the case. B never fails, with `Lost` least of all: it held nothing (etcd once failed such a
-/// waiter with "the session holding the lock expired"). Only the longest outage may outlast
-/// B's connect timeout, and then B answers `Unavailable` and its client locks again. Where the
+/// waiter with "the session holding the lock expired"). Only a crash may outlast B's connect
+/// timeout (the longest outage, or a cluster whose crashed node takes a while to serve its
+/// slots again), and then B answers `Unavailable` and its client locks again. Where the
 /// backend keeps a counter, B's token is above A's.
 pub async fn waiter_rides_out_a_server_restart(ctx: Ctx) -> CaseResult {
     let own = own_server(&ctx).await?;
@@ -47,10 +48,11 @@ pub async fn waiter_rides_out_a_server_restart(ctx: Ctx) -> CaseResult {
         let next = match holder_lost_or_kept_then_waiter(&ctx, (guard, ttl), waiter, outage).await?
         {
             Ok(next) => next,
-            // Down for as long as a TTL lease takes to run out, which may be longer than the
-            // waiter's connect timeout: `Unavailable` is the outage's answer then (contract
-            // item 5), and the same client locks again once the server is back.
-            Err(LockError::Unavailable { .. }) if outage == Outage::PastTheHold => {
+            // Down for as long as a TTL lease takes to run out, or a crashed node of a cluster
+            // taking its place again (a Redis Cluster reloading its slots and gossip), may
+            // outlast the waiter's connect timeout: `Unavailable` is the outage's answer then
+            // (contract item 5), and the same client locks again once the server is back.
+            Err(LockError::Unavailable { .. }) if outage != Outage::Clean => {
                 eprintln!(
                     "{}: the waiter answered Unavailable ({outage:?})",
                     ctx.case()
