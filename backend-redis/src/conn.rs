@@ -104,6 +104,29 @@ async fn manager_for(
     }
 }
 
+/// Runs `command` on this runtime's Cluster connection. A Cluster connection that found no node
+/// (every node was down at once) may go on answering `ClusterConnectionNotFound` after the nodes
+/// are back, with no slot map left to repair from: it is dropped then, and the next command
+/// connects anew from the configured nodes, so the client comes back by itself.
+async fn on_cluster<T, F>(
+    cluster: &Driven<ClusterConnection>,
+    command: impl FnOnce(ClusterConnection) -> F,
+) -> Result<T>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let result = cluster.send(command).await;
+    if let Err(error) = &result
+        && error
+            .source_as::<redis::RedisError>()
+            .is_some_and(|e| e.kind() == redis::ErrorKind::ClusterConnectionNotFound)
+    {
+        tracing::debug!("redis: a Cluster connection that reaches no node is made anew");
+        cluster.forget_current();
+    }
+    result
+}
+
 async fn cluster_for(config: &RedisConfig, push: PushHandler) -> Result<ClusterConnection> {
     let client = driver::cluster_client(config)?;
     let cluster_config = ClusterConfig::new().set_push_sender(move |info: PushInfo| {
@@ -361,11 +384,10 @@ impl Conn {
                     .await
             }
             Self::Cluster(cluster) => {
-                cluster
-                    .send(|mut conn| async move {
-                        bounded(timeout, invoke(cmd, script, &mut conn)).await
-                    })
-                    .await
+                on_cluster(cluster, |mut conn| async move {
+                    bounded(timeout, invoke(cmd, script, &mut conn)).await
+                })
+                .await
             }
             Self::Sentinel(sentinel) => {
                 let result = sentinel
@@ -415,9 +437,10 @@ impl Conn {
                     .await
             }
             Self::Cluster(cluster) => {
-                cluster
-                    .send(|mut conn| async move { bounded(timeout, request.send(&mut conn)).await })
-                    .await
+                on_cluster(cluster, |mut conn| async move {
+                    bounded(timeout, request.send(&mut conn)).await
+                })
+                .await
             }
             Self::Sentinel(sentinel) => {
                 sentinel
@@ -456,11 +479,10 @@ impl Conn {
         };
         use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
         let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-        let replies = cluster
-            .send(|mut conn| async move {
-                bounded(timeout, conn.route_command(cmd.clone(), every)).await
-            })
-            .await?;
+        let replies = on_cluster(cluster, |mut conn| async move {
+            bounded(timeout, conn.route_command(cmd.clone(), every)).await
+        })
+        .await?;
         let by_node: Vec<(String, redis::Value)> =
             redis::from_redis_value(replies).map_err(|e| map_err(e.into()))?;
         by_node
@@ -486,9 +508,10 @@ impl Conn {
                     .await
             }
             Self::Cluster(cluster) => {
-                cluster
-                    .send(|mut conn| async move { bounded(timeout, conn.subscribe(channel)).await })
-                    .await
+                on_cluster(cluster, |mut conn| async move {
+                    bounded(timeout, conn.subscribe(channel)).await
+                })
+                .await
             }
             Self::Sentinel(sentinel) => {
                 sentinel

@@ -67,6 +67,17 @@ impl<C: Clone + Send + Sync + 'static> Driven<C> {
             .await
     }
 
+    /// Drops this runtime's connection, which its driver will not repair, so that the next
+    /// command makes a new one; waiters subscribed on it are told to check again and
+    /// subscribe on the new one.
+    pub(crate) fn forget_current(&self) {
+        self.connections.forget_current();
+        (self.push)(PushInfo {
+            kind: PushKind::Disconnection,
+            data: Vec::new(),
+        });
+    }
+
     /// Runs `command` on the connection of every runtime that still runs (unsubscribing a
     /// channel that any of them may have subscribed); the first error, after all have run.
     pub(crate) async fn send_everywhere<F>(&self, command: impl Fn(C) -> F) -> Result<()>

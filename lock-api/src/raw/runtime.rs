@@ -189,6 +189,17 @@ impl<T: Clone> PerRuntime<T> {
         Some(life)
     }
 
+    /// Forgets the value of the runtime this is called on, so that the next
+    /// [`get_or_make`](Self::get_or_make) makes a new one (a connection its driver will not
+    /// repair); nothing outside a runtime.
+    pub fn forget_current(&self) {
+        let Ok(runtime) = Handle::try_current() else {
+            return;
+        };
+        let mut values = self.values.write().unwrap_or_else(|e| e.into_inner());
+        values.retain(|(of, life, _)| *of != runtime.id() && !life.has_stopped());
+    }
+
     /// The values of the runtimes that still run.
     pub fn running(&self) -> Vec<T> {
         let values = self.values.read().unwrap_or_else(|e| e.into_inner());

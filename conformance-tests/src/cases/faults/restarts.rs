@@ -41,18 +41,33 @@ pub(crate) async fn acquire_riding_out(
     name: &LockName,
     options: &dlock_api::LockOptions,
 ) -> Result<dlock_api::LockGuard, Failure> {
-    ctx.within("the same client's lock after the restart", async {
+    // The answers while it retries: a timeout says which it kept getting, or that the acquire
+    // itself never returned.
+    let answers = std::sync::Mutex::new((0_u32, None::<dlock_api::LockError>));
+    let riding = ctx.within("the same client's lock after the restart", async {
         loop {
             match client.acquire(name, options).await {
                 Ok(guard) => return Ok(guard),
                 Err(e) if e.is_retryable() => {
+                    if let Ok(mut answers) = answers.lock() {
+                        answers.0 = answers.0.saturating_add(1);
+                        answers.1 = Some(e);
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 Err(e) => return Err(Failure::from(e)),
             }
         }
-    })
-    .await?
+    });
+    match riding.await {
+        Ok(outcome) => outcome,
+        Err(Failure(timed_out)) => {
+            let (count, last) = answers.into_inner().unwrap_or_default();
+            Err(Failure(format!(
+                "{timed_out}, after {count} retryable answers, the last {last:?}"
+            )))
+        }
+    }
 }
 
 /// Stops the case's own server (with `SIGKILL` when `crash`, else cleanly) and starts it again.
