@@ -270,20 +270,34 @@ impl RawLock for EtcdLock {
     }
 
     /// A linearizable read of the name's oldest key (the holder: the queue is ordered by create
-    /// revision) and of how many keys the name has (the rest wait), then the holder's lease's
-    /// time to live.
+    /// revision) and of how many keys the name has (the rest wait), and of the whole line where
+    /// readers may hold or wait; then the holder's lease's time to live.
     async fn inspect(&self, name: &LockName) -> Result<Inspection> {
         let inner = &self.inner;
         let (oldest, count) = inner
             .read_oldest(&NameKeys::new(&inner.config.prefix, name))
             .await?;
         let keys = usize::try_from(count).unwrap_or(0);
-        let Some(holder) = oldest else {
-            return Ok(Inspection::free(Some(keys)));
+        let Some(mut holder) = oldest else {
+            return Ok(Inspection::free(Some(keys)).with_readers(0, 0));
         };
+        let (mut keys, mut readers, mut waiting_readers) = (keys, 0, 0);
+        if keys > 1 || crate::queue::readers_in(std::slice::from_ref(&holder)).0 > 0 {
+            // Readers may hold or wait: only the whole line tells them from writers.
+            let line = inner
+                .read_line(&NameKeys::new(&inner.config.prefix, name))
+                .await?;
+            let Some(first) = line.first() else {
+                return Ok(Inspection::free(Some(0)).with_readers(0, 0));
+            };
+            holder = first.clone();
+            keys = line.len();
+            (readers, waiting_readers) = crate::queue::readers_in(&line);
+        }
         let token = u64::try_from(holder.create_revision()).ok();
         let held = Inspection::held(token.map(FencingToken::new))
-            .with_waiters(keys.saturating_sub(1))
+            .with_waiters(keys.saturating_sub(readers.max(1)))
+            .with_readers(readers, waiting_readers)
             .with_holder(format!("lease {:016x}", holder.lease()));
         let lease = holder.lease();
         if lease == 0 {

@@ -43,6 +43,14 @@ fn is_reader(kv: &KeyValue) -> bool {
     kv.value() == READER
 }
 
+/// How many of a name's keys, oldest first, are readers that hold (every reader before the
+/// first other key), and how many readers wait behind another key.
+pub(crate) fn readers_in(line: &[KeyValue]) -> (usize, usize) {
+    let holding = line.iter().take_while(|kv| is_reader(kv)).count();
+    let waiting = line.iter().skip(holding).filter(|kv| is_reader(kv)).count();
+    (holding, waiting)
+}
+
 /// The limit a key was put with (see [`claim_value`]; a reader's is a lock's); a value no dlock
 /// client writes reads as 0, which no acquire asks, so such a key is a mismatch to every
 /// acquire.
@@ -113,6 +121,22 @@ impl Inner {
             .await?;
         let count = response.count();
         Ok((response.take_kvs().into_iter().next(), count))
+    }
+
+    /// A linearizable read of every key of `name`, oldest first: an inspection that tells the
+    /// readers that hold from those that wait.
+    pub(crate) async fn read_line(&self, keys: &NameKeys) -> Result<Vec<KeyValue>> {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let range = keys.range.clone();
+        let mut response = self
+            .idempotent(|mut client| {
+                let (range, options) = (range.clone(), options.clone());
+                async move { client.get(range, Some(options)).await }
+            })
+            .await?;
+        Ok(response.take_kvs())
     }
 
     /// Reads the queue as seen from our key: the highest key created at or below our revision

@@ -10,11 +10,14 @@ use crate::driver::open_connection;
 use crate::error::{map_err, timed_out};
 use crate::key::AdvisoryKey;
 
-/// The granted row's backend pid and the number of rows waiting, for one advisory key in this
-/// database (advisory locks of other databases are other locks).
+/// A granted row's backend pid, the number of rows waiting, and of those granted and waiting
+/// in shared mode (readers), for one advisory key in this database (advisory locks of other
+/// databases are other locks).
 const HOLDER_AND_WAITERS: &str = "SELECT \
      min(pid) FILTER (WHERE granted), \
-     count(*) FILTER (WHERE NOT granted) \
+     count(*) FILTER (WHERE NOT granted), \
+     count(*) FILTER (WHERE granted AND mode = 'ShareLock'), \
+     count(*) FILTER (WHERE NOT granted AND mode = 'ShareLock') \
      FROM pg_locks WHERE locktype = 'advisory' \
      AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3";
@@ -47,15 +50,19 @@ impl Inspector {
             })
             .await?;
         let holder: Option<i32> = row.try_get(0).map_err(map_err)?;
-        let waiting: i64 = row.try_get(1).map_err(map_err)?;
-        let waiters = usize::try_from(waiting).unwrap_or(0);
+        let count = |column: usize| -> Result<usize> {
+            let counted: i64 = row.try_get(column).map_err(map_err)?;
+            Ok(usize::try_from(counted).unwrap_or(0))
+        };
+        let (waiters, readers, waiting_readers) = (count(1)?, count(2)?, count(3)?);
         // The fence sequence is shared by every name: the holder's token is not on the server.
-        Ok(match holder {
+        let inspection = match holder {
             Some(pid) => Inspection::held(None)
                 .with_waiters(waiters)
                 .with_holder(format!("pid {pid}")),
             None => Inspection::free(Some(waiters)),
-        })
+        };
+        Ok(inspection.with_readers(readers, waiting_readers))
     }
 
     /// How many permits of the name of key `key` are held now, as `pg_locks` says: its slots

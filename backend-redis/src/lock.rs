@@ -571,8 +571,9 @@ impl RawLock for RedisLock {
         }
     }
 
-    /// One read-only script: the lock key's owner and PTTL, the fence counter (the holder's
-    /// token) and the live waiters in the queue.
+    /// One read-only script: the lock key's owner and PTTL (the readers' mark and the last
+    /// reader's lease while readers hold), the fence counter (the holder's token), the live
+    /// readers, and the live waiters in the queue with the readers among them.
     async fn inspect(&self, name: &LockName) -> Result<Inspection> {
         let inner = &self.inner;
         let view = crate::node::inspect_on(
@@ -582,7 +583,7 @@ impl RawLock for RedisLock {
             inner.config.command_timeout,
         )
         .await?;
-        Ok(match view.holder {
+        let inspection = match view.holder {
             Some(owner) => {
                 let held = Inspection::held(view.fence.map(FencingToken::new))
                     .with_waiters(view.waiters)
@@ -593,7 +594,8 @@ impl RawLock for RedisLock {
                 }
             }
             None => Inspection::free(Some(view.waiters)),
-        })
+        };
+        Ok(inspection.with_readers(view.readers, view.waiting_readers))
     }
 
     async fn try_grant(

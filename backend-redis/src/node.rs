@@ -101,6 +101,11 @@ pub struct NodeView {
     pub fence: Option<u64>,
     /// Live waiters in the name's queue on this node (only the single-node backend queues).
     pub waiters: usize,
+    /// Readers sharing the name while their leases last (the reader-writer lock of
+    /// `RedisLock`; Redlock has none); 0 while a writer holds it.
+    pub readers: usize,
+    /// How many of the [`waiters`](Self::waiters) wait to read.
+    pub waiting_readers: usize,
 }
 
 /// Runs the inspect script for `keys` on `conn`.
@@ -114,19 +119,35 @@ pub(crate) async fn inspect_on(
         .run_script(
             timeout,
             script,
-            &[&keys.lock, &keys.fence, &keys.queue, &keys.waiters],
+            &[
+                &keys.lock,
+                &keys.fence,
+                &keys.queue,
+                &keys.waiters,
+                &keys.permits(),
+            ],
             &[],
         )
         .await?;
+    let count = |n: &i64| usize::try_from(*n).unwrap_or(0);
     match reply.as_slice() {
-        [holder, Value::Int(pttl), fence, Value::Int(waiters)] => {
+        [
+            holder,
+            Value::Int(pttl),
+            fence,
+            Value::Int(waiters),
+            Value::Int(readers),
+            Value::Int(waiting_readers),
+        ] => {
             let holder = text(holder).unwrap_or_default();
             let fence = text(fence).unwrap_or_default();
             Ok(NodeView {
                 holder: (!holder.is_empty()).then(|| holder.to_owned()),
                 pttl: u64::try_from(*pttl).ok().map(Duration::from_millis),
                 fence: fence.parse().ok(),
-                waiters: usize::try_from(*waiters).unwrap_or(0),
+                waiters: count(waiters),
+                readers: count(readers),
+                waiting_readers: count(waiting_readers),
             })
         }
         other => Err(LockError::unexpected(

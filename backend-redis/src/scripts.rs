@@ -714,29 +714,39 @@ if head == me then return 1 end
 return 0
 ";
 
-/// Inspect (read only). KEYS: lock, fence, queue, waiters.
+/// Inspect (read only). KEYS: lock, fence, queue, waiters, readers.
 ///
-/// Returns `{holder, pttl, fence, waiters}`: the holder's owner value (`''` when free; without
-/// its queue mark, as is the fence), its
-/// PTTL (`-2` free, `-1` a key without TTL), the name's fence counter (the holder's token: a
-/// grant sets the lock and raises the fence in one script; `''` when the name never had one),
-/// and how many queued waiters are live (presence deadline not passed). On a node without the
-/// queue (Redlock's) the last is 0.
-pub(crate) const INSPECT: &str = r"
+/// Returns `{holder, pttl, fence, waiters, readers, waiting readers}`: the holder's owner value
+/// (`''` when free; without its queue mark, as is the fence; the readers' mark while readers
+/// hold), its PTTL (`-2` free, `-1` a key without TTL), the name's fence counter (the holder's
+/// token: a grant sets the lock and raises the fence in one script; `''` when the name never
+/// had one), how many queued waiters are live (presence deadline not passed), how many readers'
+/// leases are live while the readers' mark holds, and how many of the live waiters are readers.
+/// On a node without the queue (Redlock's) the waiters are 0.
+pub(crate) const INSPECT: &str = concat!(
+    r"
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local live = 0
+local live, live_readers = 0, 0
 for _, owner in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
   local entry = redis.call('HGET', KEYS[4], owner)
   if entry and tonumber(string.match(entry, '^(%d+):') or '0') > now_ms then
     live = live + 1
+    if string.sub(entry, -2) == ':r' then live_readers = live_readers + 1 end
   end
 end
 local holder = redis.call('GET', KEYS[1]) or ''
 if string.sub(holder, -1) == '+' then holder = string.sub(holder, 1, -2) end
+local readers = 0
+if holder == ",
+    readers_mark!(),
+    r" then
+  readers = redis.call('ZCOUNT', KEYS[5], '(' .. now_ms, '+inf')
+end
 return {holder, redis.call('PTTL', KEYS[1]),
-  string.match(redis.call('GET', KEYS[2]) or '', '^%d*'), live}
-";
+  string.match(redis.call('GET', KEYS[2]) or '', '^%d*'), live, readers, live_readers}
+"
+);
 
 pub(crate) mod election;
 

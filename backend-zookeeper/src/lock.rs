@@ -391,18 +391,20 @@ impl RawLock for ZkLock {
             rounds = rounds.saturating_add(1);
             // No node: nobody has queued (or the server removed the empty container).
             let Some(children) = list_synced(&client, &parent, timeout).await? else {
-                return Ok(Inspection::free(Some(0)));
+                return Ok(Inspection::free(Some(0)).with_readers(0, 0));
             };
             let queue = queue(&children);
             let Some((_, first)) = queue.first() else {
-                return Ok(Inspection::free(Some(0)));
+                return Ok(Inspection::free(Some(0)).with_readers(0, 0));
             };
             let path = format!("{parent}/{first}");
             match timed(timeout, client.check_stat(&path)).await? {
                 Some(stat) => {
                     let token = u64::try_from(stat.czxid).ok().map(FencingToken::new);
+                    let (readers, waiting_readers) = crate::names::readers(&queue);
                     return Ok(Inspection::held(token)
                         .with_waiters(queue.len().saturating_sub(holders(&queue)))
+                        .with_readers(readers, waiting_readers)
                         .with_holder(format!("session {:#x}", stat.ephemeral_owner)));
                 }
                 // Released since the listing: look again, a few times under churn.

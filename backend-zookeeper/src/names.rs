@@ -174,6 +174,18 @@ pub(crate) fn holders(queue: &[(i64, &str)]) -> usize {
     same.min(usize::try_from(limit).unwrap_or(usize::MAX))
 }
 
+/// How many readers hold the name (its first nodes, while they are readers') and how many
+/// readers' nodes wait behind another.
+pub(crate) fn readers(queue: &[(i64, &str)]) -> (usize, usize) {
+    let holding = queue.iter().take_while(|(_, c)| is_reader(c)).count();
+    let waiting = queue
+        .iter()
+        .skip(holding)
+        .filter(|(_, c)| is_reader(c))
+        .count();
+    (holding, waiting)
+}
+
 /// The sequence number ZooKeeper appended to a queue node's name (its trailing digits), if the
 /// child is a queue node (`…-lock-<digits>`).
 pub(crate) fn sequence(child: &str) -> Option<i64> {

@@ -157,6 +157,8 @@ fn to_json(shown: &str, at: &str, session: bool, seen: &[Seen<'_>]) -> String {
                 "remaining_ms": state.remaining.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 "waiters": state.waiters,
                 "holder": state.holder,
+                "readers": state.readers,
+                "waiting_readers": state.waiting_readers,
             });
             if let Some((held, of)) = permits {
                 lock["permits"] = serde_json::json!({ "held": held, "of": of });
@@ -173,8 +175,20 @@ fn to_json(shown: &str, at: &str, session: bool, seen: &[Seen<'_>]) -> String {
     .to_string()
 }
 
+/// `free`, `held` (by a writer, or the one holder of a lock), or `read by N` while readers
+/// share the name.
+fn state_of(state: &Inspection) -> String {
+    match state.readers {
+        Some(readers) if state.held && readers > 0 => format!("read by {readers}"),
+        _ if state.held => "held".to_owned(),
+        _ => "free".to_owned(),
+    }
+}
+
 /// A header line, then one aligned line per name: `-` where a free lock has nothing to show,
-/// `unknown` where the backend cannot know, `session` for a lease without a TTL. Semaphores get
+/// `unknown` where the backend cannot know, `session` for a lease without a TTL. Readers show in
+/// the state (`read by 2`) and the waiters who wait to read beside their count (`3 (2 to
+/// read)`). Semaphores get
 /// a `PERMITS` column, `held/of`; a token, lease and holder are then those of one of the holders.
 fn to_table(shown: &str, at: &str, session: bool, seen: &[Seen<'_>]) -> String {
     let semaphores = seen.iter().any(|(_, _, permits)| permits.is_some());
@@ -192,17 +206,19 @@ fn to_table(shown: &str, at: &str, session: bool, seen: &[Seen<'_>]) -> String {
             } else {
                 absent(state.remaining.map(|d| format!("{:.3}s", d.as_secs_f64())))
             };
-            let mut row = vec![
-                name.to_string(),
-                if state.held { "held" } else { "free" }.to_owned(),
-            ];
+            let mut row = vec![name.to_string(), state_of(state)];
             if semaphores {
                 row.push(permits.map_or_else(unknown, |(held, of)| format!("{held}/{of}")));
             }
             row.extend([
                 absent(state.token.map(|t| t.to_string())),
                 lease,
-                state.waiters.map_or_else(unknown, |n| n.to_string()),
+                state
+                    .waiters
+                    .map_or_else(unknown, |n| match state.waiting_readers {
+                        Some(readers) if readers > 0 => format!("{n} ({readers} to read)"),
+                        _ => n.to_string(),
+                    }),
                 absent(state.holder.clone()),
             ]);
             row
@@ -279,6 +295,42 @@ mod tests {
             session.lines().nth(2).unwrap().contains(" session "),
             "{session}"
         );
+    }
+
+    #[test]
+    fn the_table_shows_readers_and_the_waiters_who_wait_to_read() {
+        let (shared, written) = (name("config"), name("schema"));
+        let seen = [
+            (
+                &shared,
+                Inspection::held(Some(FencingToken::new(9)))
+                    .with_waiters(1)
+                    .with_readers(2, 0),
+                None,
+            ),
+            (
+                &written,
+                Inspection::held(Some(FencingToken::new(4)))
+                    .with_waiters(3)
+                    .with_readers(0, 2),
+                None,
+            ),
+        ];
+        let table = to_table("memory", "now", false, &seen);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[2].starts_with("config") && lines[2].contains(" read by 2 "),
+            "{table}"
+        );
+        assert!(lines[2].contains(" 1 "), "{table}");
+        assert!(
+            lines[3].contains(" held ") && lines[3].contains(" 3 (2 to read) "),
+            "{table}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&to_json("memory", "now", false, &seen)).unwrap();
+        assert_eq!(json["locks"][0]["readers"], 2);
+        assert_eq!(json["locks"][1]["waiting_readers"], 2);
     }
 
     /// A backend that keeps the trait's default `inspect`.

@@ -33,8 +33,17 @@ pub struct Inspection {
     /// and only its first waits at the server, so this counts waiting clients, not tasks.
     pub waiters: Option<usize>,
     /// The holder as the server names it, opaque: the owner value (Redis, Redlock), the
-    /// connection id (MySQL), the backend pid (Postgres), the lease id (etcd).
+    /// connection id (MySQL), the backend pid (Postgres), the lease id (etcd). While readers
+    /// share the name, one of them (Redis names the readers' shared mark, `#readers`).
     pub holder: Option<String>,
+    /// How many readers share the name now
+    /// ([`read`](crate::DistributedLock::read)): 0 when a writer holds it or it is free; `None`
+    /// where the backend has no readers or the server cannot tell. While readers hold, `held`
+    /// is true, and the token, lease and holder are those of one of them.
+    pub readers: Option<usize>,
+    /// How many of the [`waiters`](Self::waiters) wait to read; the others wait to write (to
+    /// take the lock). `None` where the backend has no readers or the server cannot tell.
+    pub waiting_readers: Option<usize>,
 }
 
 impl Inspection {
@@ -47,6 +56,8 @@ impl Inspection {
             remaining: None,
             waiters,
             holder: None,
+            readers: None,
+            waiting_readers: None,
         }
     }
 
@@ -59,6 +70,8 @@ impl Inspection {
             remaining: None,
             waiters: None,
             holder: None,
+            readers: None,
+            waiting_readers: None,
         }
     }
 
@@ -73,6 +86,14 @@ impl Inspection {
     #[must_use]
     pub fn with_waiters(mut self, waiters: usize) -> Self {
         self.waiters = Some(waiters);
+        self
+    }
+
+    /// With how many readers share the name now, and how many of its waiters wait to read.
+    #[must_use]
+    pub fn with_readers(mut self, readers: usize, waiting_readers: usize) -> Self {
+        self.readers = Some(readers);
+        self.waiting_readers = Some(waiting_readers);
         self
     }
 

@@ -1,11 +1,15 @@
 //! Holder inspection ([`DistributedLock::inspect`]): what the server says about a name follows
-//! a hold, its waiters and the hand-off, field by field where the backend reports it.
+//! a hold, its waiters and the hand-off, field by field where the backend reports it; on a
+//! reader-writer lock, the readers that share it and the modes its waiters wait in.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_api::{DistributedLock, Inspection, LeaseKind, LockName, LockOptions};
+use dlock_api::{
+    DistributedLock, DistributedLockExt, Inspection, LeaseKind, LockName, LockOptions,
+};
 
+use super::reader_writer::{granted, spawn_read, spawn_write, waiting};
 use crate::{CaseResult, Ctx, Failure, ensure};
 
 /// The lease the case asks for: long enough to see time left, short of any backend's maximum.
@@ -111,5 +115,57 @@ pub async fn follows_a_hand_off(ctx: Ctx) -> CaseResult {
         !seen.held && seen.waiters.is_none_or(|n| n == 0)
     })
     .await?;
+    Ok(())
+}
+
+/// A writer holds while two readers and then a writer wait, each on a client of its own: the
+/// server counts no readers holding and two of the three waiters as readers. The writer leaves:
+/// both readers share the name, counted as two readers, and the writer still waits, counted as
+/// the one waiter and no reader. They leave: the writer holds, with no readers. A backend with
+/// readers and inspection reports both counts (what `dlock status` shows).
+pub async fn counts_readers_and_waiting_modes(ctx: Ctx) -> CaseResult {
+    let locks = ctx.client().await?;
+    let name = ctx.name("rw");
+    let first = locks
+        .try_write(&name, &waiting(&ctx))
+        .await?
+        .ok_or_else(|| Failure(format!("{name} was not free")))?;
+    let mut readers = Vec::new();
+    for queued in 1..=2 {
+        readers.push(spawn_read(&ctx.client().await?, &name, waiting(&ctx)));
+        ctx.until_waiting(&*locks, &name, queued).await?;
+    }
+    let writer = spawn_write(&ctx.client().await?, &name, waiting(&ctx));
+    let seen = until(&ctx, &*locks, &name, "three waiters", |seen| {
+        seen.waiters == Some(3)
+    })
+    .await?;
+    ensure!(
+        seen.held && seen.readers == Some(0) && seen.waiting_readers == Some(2),
+        "a writer holds, two readers and a writer wait: {seen:?}"
+    );
+    first.release().await?;
+    let mut shares = Vec::new();
+    for reader in readers {
+        shares.push(granted(&ctx, "a waiting reader after the writer left", reader).await?);
+    }
+    let seen = until(&ctx, &*locks, &name, "two readers holding", |seen| {
+        seen.readers == Some(2) && seen.waiters == Some(1)
+    })
+    .await?;
+    ensure!(
+        seen.held && seen.waiting_readers == Some(0),
+        "two readers hold and a writer waits: {seen:?}"
+    );
+    for share in shares {
+        share.release().await?;
+    }
+    let next = granted(&ctx, "the writer after the readers left", writer).await?;
+    let seen = locks.inspect(&name).await?;
+    ensure!(
+        seen.held && seen.readers == Some(0) && seen.waiting_readers == Some(0),
+        "the writer holds alone: {seen:?}"
+    );
+    next.release().await?;
     Ok(())
 }

@@ -420,6 +420,10 @@ static CASES: &[Case] = &[
     ),
     case!(reader_writer::cancel_storm_leaves_nothing, READER_WRITER),
     case!(reader_writer::refusals_hold_nothing, NONE),
+    case!(
+        inspect::counts_readers_and_waiting_modes,
+        READER_WRITER_QUEUE
+    ),
     case!(close::frees_every_name_at_once, NONE),
     case!(
         close::frozen_server_reports_what_it_could_not_release,

@@ -20,7 +20,7 @@ fn outlasting(ctx: &Ctx) -> LockOptions {
 }
 
 /// `outlasting`, waiting up to the bound.
-fn waiting(ctx: &Ctx) -> LockOptions {
+pub(crate) fn waiting(ctx: &Ctx) -> LockOptions {
     outlasting(ctx).with_wait_timeout(ctx.timing().bound)
 }
 
@@ -36,7 +36,7 @@ async fn share(
         .ok_or_else(|| Failure("a reader was refused while only readers held".into()))
 }
 
-fn spawn_read(
+pub(crate) fn spawn_read(
     client: &Arc<dyn DistributedLock>,
     name: &LockName,
     opts: LockOptions,
@@ -45,7 +45,7 @@ fn spawn_read(
     tokio::spawn(async move { client.read(&name, &opts).await })
 }
 
-fn spawn_write(
+pub(crate) fn spawn_write(
     client: &Arc<dyn DistributedLock>,
     name: &LockName,
     opts: LockOptions,
@@ -55,7 +55,7 @@ fn spawn_write(
 }
 
 /// The guard a spawned read or write returned, within the bound.
-async fn granted(
+pub(crate) async fn granted(
     ctx: &Ctx,
     what: &str,
     task: JoinHandle<dlock_api::Result<LockGuard>>,

@@ -279,18 +279,19 @@ impl RawLock for MemoryLock {
         }
     }
 
-    /// The store's holder (its token, the lease it has left, its hold id as `hold N`) and the
-    /// number of queued waiters.
+    /// The store's holder (its token, the lease it has left, its hold id as `hold N`), how
+    /// many readers share the name, and the number of queued waiters and readers among them.
     async fn inspect(&self, name: &LockName) -> Result<Inspection> {
         self.reachable()?;
-        let (holder, waiting) = self.store.inspect(name);
-        Ok(match holder {
+        let seen = self.store.inspect(name);
+        let inspection = match seen.holder {
             Some((id, token, expires_at)) => Inspection::held(Some(FencingToken::new(token)))
                 .with_remaining(expires_at.saturating_duration_since(Instant::now()))
-                .with_waiters(waiting)
+                .with_waiters(seen.waiters)
                 .with_holder(format!("hold {id}")),
-            None => Inspection::free(Some(waiting)),
-        })
+            None => Inspection::free(Some(seen.waiters)),
+        };
+        Ok(inspection.with_readers(seen.readers, seen.waiting_readers))
     }
 
     async fn try_grant(

@@ -65,6 +65,16 @@ struct Holder {
     state: Weak<LeaseState>,
 }
 
+/// What [`Store::inspect`] saw of a name: its newest holder's hold id, token and lease end;
+/// how many readers hold it; how many wait, and how many of those to read.
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    pub(super) holder: Option<(u64, u64, Instant)>,
+    pub(super) readers: usize,
+    pub(super) waiters: usize,
+    pub(super) waiting_readers: usize,
+}
+
 #[derive(Debug)]
 struct Waiter {
     id: u64,
@@ -441,12 +451,12 @@ impl Store {
     /// Who holds `name` (its hold id and token, and when its lease ends) and how many wait
     /// behind it. A hold offered to the first waiter is that waiter's: it no longer counts as
     /// waiting.
-    pub(super) fn inspect(&self, name: &LockName) -> (Option<(u64, u64, Instant)>, usize) {
+    pub(super) fn inspect(&self, name: &LockName) -> Seen {
         let now = Instant::now();
         let mut inner = self.lock();
         let Inner { locks, counters } = &mut *inner;
         let Some(entry) = locks.get_mut(name) else {
-            return (None, 0);
+            return Seen::default();
         };
         entry.settle(counters, now);
         // The latest grant: a lock's only holder, a semaphore's newest permit.
@@ -455,8 +465,13 @@ impl Store {
             .iter()
             .max_by_key(|h| h.token)
             .map(|h| (h.id, h.token, h.expires_at));
-        let waiting = entry.waiters.iter().filter(|w| w.offer.is_none()).count();
-        (holder, waiting)
+        let waiting = entry.waiters.iter().filter(|w| w.offer.is_none());
+        Seen {
+            holder,
+            readers: entry.holders.iter().filter(|h| h.shared).count(),
+            waiters: waiting.clone().count(),
+            waiting_readers: waiting.filter(|w| w.shared).count(),
+        }
     }
 
     /// How many hold `name` now (offers to waiters included: each is that waiter's place).
