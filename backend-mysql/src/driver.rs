@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, Waited};
+use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, TriedAll, Waited};
 use dlock_api::{Leader, LockError, LockName};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
@@ -16,6 +16,8 @@ use crate::election::LeaderSql;
 use crate::error::{is_connection_error, map_err};
 use crate::sql::{Cmd, FENCE_RETENTION, Fence, HELLO, Reply, Sql, exec, raise_sequence};
 use crate::tls;
+
+mod set;
 
 impl MySqlConfig {
     /// The sqlx connect options of every connection dlock opens: the server (or its socket), the user, TLS as
@@ -235,6 +237,15 @@ impl SessionDriver for MySqlDriver {
             Reply::Acquired(token) => Ok(token),
             other => Err(unexpected(other)),
         }
+    }
+
+    async fn try_lock_all(
+        &self,
+        conn: &mut MySqlConnection,
+        names: &[LockName],
+        keys: &[Arc<str>],
+    ) -> Result<TriedAll, DriverError> {
+        self.try_set(conn, names, keys).await
     }
 
     async fn wait_lock(

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dlock_api::raw::{Grant, Holdings, RawLock, SessionPool};
+use dlock_api::raw::{Grant, GrantedAtOnce, Holdings, RawLock, SessionPool};
 use dlock_api::{Capabilities, Fencing, Inspection, KeyMapper, LockName, LockOptions, Result};
 use tokio::time::Instant;
 
@@ -184,6 +184,17 @@ impl RawLock for MySqlLock {
         _options: &LockOptions,
     ) -> Result<Option<Grant>> {
         self.pool.try_grant(name, &self.raw_key(name), limit).await
+    }
+
+    /// Every name's `GET_LOCK` on one pooled connection, in one statement where the fence
+    /// allows (see the crate docs, *Several locks at once*).
+    async fn try_grant_at_once(
+        &self,
+        names: &[LockName],
+        _options: &LockOptions,
+    ) -> Result<GrantedAtOnce> {
+        let keys: Vec<_> = names.iter().map(|name| self.raw_key(name)).collect();
+        self.pool.try_grant_all(names, &keys).await
     }
 
     async fn wait_grant(

@@ -115,6 +115,24 @@ impl Sql {
         }
     }
 
+    /// One statement that tries `count` keys (each a `?`) without waiting and draws a token
+    /// for each granted one, as a single attempt's statement does: `GET_LOCK` alone without
+    /// fencing, `IF(GET_LOCK, NEXTVAL, NULL)` on the MariaDB sequence; `None` for the counter
+    /// rows, which one statement cannot return a token per row of.
+    pub(crate) fn try_all(&self, fence: Fence, count: usize) -> Option<String> {
+        let one = match fence {
+            Fence::Off => "GET_LOCK(?, 0)".to_owned(),
+            Fence::Sequence => format!("IF(GET_LOCK(?, 0) = 1, NEXTVAL({}), NULL)", self.sequence),
+            Fence::Row => return None,
+        };
+        Some(format!("SELECT {}", vec![one; count].join(", ")))
+    }
+
+    /// `RELEASE_LOCK` of `count` keys (each a `?`) in one statement.
+    pub(crate) fn release_all(count: usize) -> String {
+        format!("SELECT {}", vec!["RELEASE_LOCK(?)"; count].join(", "))
+    }
+
     /// The session settings every connection starts with.
     pub(crate) fn init(config: &MySqlConfig) -> String {
         let wait = config.session_timeout.as_secs().max(1);
@@ -200,7 +218,7 @@ pub(crate) enum Reply {
 
 const ER_NO_SUCH_TABLE: u16 = 1146;
 /// MariaDB's "Unknown SEQUENCE".
-const ER_UNKNOWN_SEQUENCES: u16 = 4091;
+pub(crate) const ER_UNKNOWN_SEQUENCES: u16 = 4091;
 
 async fn acquire_once(
     conn: &mut MySqlConnection,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::permits_mismatch;
-use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, Waited};
+use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, TriedAll, Waited};
 use dlock_api::{Leader, LockError, LockName, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
@@ -20,6 +20,8 @@ use crate::fence::Fence;
 use crate::key::{RawKey, limit_key, slot_key};
 use crate::sql::{self, Sql};
 use crate::tls;
+
+mod set;
 
 /// The most permits a semaphore has here. Each permit attempt carries every slot's key and
 /// probes them in one statement, a refusal and `count_permits` look up as many keys in
@@ -268,6 +270,15 @@ impl SessionDriver for PgDriver {
             }
             (None, _) => Ok(None),
         }
+    }
+
+    async fn try_lock_all(
+        &self,
+        conn: &mut PgConnection,
+        _names: &[LockName],
+        keys: &[RawKey],
+    ) -> std::result::Result<TriedAll, DriverError> {
+        self.try_set(conn, keys).await
     }
 
     async fn try_permit(

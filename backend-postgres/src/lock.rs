@@ -4,7 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use dlock_api::raw::{Claim, Grant, Holdings, RawLock, SessionPool, acquire_by, try_acquire_by};
+use dlock_api::raw::{
+    Claim, Grant, GrantedAtOnce, Holdings, RawLock, SessionPool, acquire_by, try_acquire_by,
+};
 use dlock_api::{
     Capabilities, Fencing, Inspection, KeyMapper, LockGuard, LockName, LockOptions, Result,
 };
@@ -245,6 +247,20 @@ impl RawLock for PostgresLock {
         let key = AdvisoryKey::Name(name.clone());
         let claim = Claim::new(limit, options);
         self.pool.try_claim(name, &key.raw(), claim).await
+    }
+
+    /// Every name's advisory lock on one pooled session, in one statement (see the crate
+    /// docs, *Several locks at once*).
+    async fn try_grant_at_once(
+        &self,
+        names: &[LockName],
+        _options: &LockOptions,
+    ) -> Result<GrantedAtOnce> {
+        let keys: Vec<_> = names
+            .iter()
+            .map(|name| AdvisoryKey::Name(name.clone()).raw())
+            .collect();
+        self.pool.try_grant_all(names, &keys).await
     }
 
     async fn wait_grant(

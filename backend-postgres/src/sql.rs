@@ -17,6 +17,7 @@ pub(crate) struct Sql {
     try_pair: String,
     wait_int: String,
     wait_pair: String,
+    try_all: String,
 }
 
 impl Sql {
@@ -54,6 +55,7 @@ impl Sql {
             try_pair: try_lock("$1, $2"),
             wait_int: wait("$1", "$2"),
             wait_pair: wait("$1, $2", "$3"),
+            try_all: try_all(token),
         }
     }
 
@@ -78,6 +80,34 @@ impl Sql {
             RawKey::Pair(a, b) => sqlx::query(&self.wait_pair).bind(a).bind(b).bind(timeout),
         }
     }
+}
+
+/// One attempt at every 64-bit key of `keys` on this session: see [`try_all`].
+pub(crate) fn try_all_query(sql: &Sql, keys: Vec<i64>) -> Query<'_, Postgres, PgArguments> {
+    sqlx::query(&sql.try_all).bind(keys)
+}
+
+/// The statement of a set's attempt; `$1` the 64-bit keys. One row: `tokens`, a token per key
+/// when every `pg_try_advisory_lock` granted (each drawn after every grant, as a single
+/// attempt draws its own after its grant); else `NULL`, the keys this statement took are
+/// unlocked again before it ends (`undone` counts them), and `shared` says whether a refused
+/// key is held in share mode only, by a semaphore's permits (a shared attempt of its own,
+/// given back at once), which a single attempt refuses as a mismatch rather than busy. The
+/// answers are subqueries over the first step's row, so they run after it and only when
+/// their `CASE` reaches them.
+fn try_all(token: &str) -> String {
+    format!(
+        "SELECT CASE WHEN every THEN ARRAY(SELECT {token} FROM unnest(taken) OFFSET 0) END AS tokens, \
+         CASE WHEN NOT every THEN (SELECT count(*) FROM unnest(taken) AS t(k) \
+         WHERE pg_advisory_unlock(k)) END AS undone, \
+         CASE WHEN NOT every THEN (SELECT coalesce(bool_or(CASE WHEN pg_try_advisory_lock_shared(k) \
+         THEN pg_advisory_unlock_shared(k) ELSE false END), false) FROM unnest(refused) AS r(k)) \
+         END AS shared \
+         FROM (SELECT bool_and(got) AS every, coalesce(array_agg(k) FILTER (WHERE got), '{{}}') AS taken, \
+         array_agg(k) FILTER (WHERE NOT got) AS refused \
+         FROM (SELECT k, pg_try_advisory_lock(k) AS got FROM unnest($1::bigint[]) AS u(k) \
+         OFFSET 0) a) g"
+    )
 }
 
 /// One attempt at a permit of the 64-bit key `key` of a semaphore of `permits`, trying the

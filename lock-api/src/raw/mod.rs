@@ -155,7 +155,9 @@ pub use lease::{RawLease, RenewedBy, spawn_release};
 pub use local_queue::{LocalQueue, Turn};
 pub use owner::random_owner;
 pub use pending::PendingAcquire;
-pub use pool::{DriverError, PoolConfig, SessionDriver, SessionPool, Waited};
+pub use pool::{
+    DriverError, PoolConfig, SessionDriver, SessionPool, TriedAll, Waited, try_lock_each,
+};
 pub use recovery::WaitRecovery;
 pub use registration::{ConnectFn, Connecting, Registration, with_options};
 pub use runtime::{PerRuntime, RuntimeLife};

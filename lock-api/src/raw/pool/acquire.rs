@@ -29,7 +29,7 @@ const SHORTEST_WAIT: Duration = Duration::from_millis(1);
 
 /// The grant of `key` on `conn` (what `hold` says): the connection is the lease, nothing to
 /// renew.
-fn granted<D: SessionDriver>(
+pub(super) fn granted<D: SessionDriver>(
     core: &Arc<PoolCore<D>>,
     conn: Conn<D>,
     name: LockName,

@@ -119,7 +119,7 @@ impl<D: SessionDriver> PoolCore<D> {
     }
 
     /// Opens a connection counted already by a pick; gives the count back if it fails.
-    async fn open_counted(self: &Arc<Self>, waiting: bool) -> Result<Conn<D>> {
+    pub(super) async fn open_counted(self: &Arc<Self>, waiting: bool) -> Result<Conn<D>> {
         /// Gives the count back if the open fails or is cancelled.
         struct Counted<'a, D: SessionDriver>(&'a PoolCore<D>, bool, bool);
         impl<D: SessionDriver> Drop for Counted<'_, D> {
@@ -214,6 +214,18 @@ impl<D: SessionDriver> PoolCore<D> {
             .opened(conn.id, conn.clone(), Some((key, claim)), false);
         self.notify();
         reserved.then_some((conn, true))
+    }
+
+    /// Registers a connection opened for a set's attempt, reserving every key of `keys` there;
+    /// false (and registered idle) if someone of ours started on one of them while it opened.
+    pub(super) fn adopt_for_all(&self, conn: &Conn<D>, keys: &[D::Key]) -> bool {
+        let reserved = {
+            let mut registry = self.registry();
+            registry.opened(conn.id, conn.clone(), None, false);
+            registry.reserve_all(conn.id, keys, Claim::LOCK)
+        };
+        self.notify();
+        reserved
     }
 
     /// A connection that holds nothing, lent to one server-side wait; `Ok(None)` if none is

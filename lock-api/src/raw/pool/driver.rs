@@ -56,6 +56,21 @@ pub enum Waited {
     NotGrantedUnsure,
 }
 
+/// What one attempt at a set of keys on one connection found
+/// ([`SessionDriver::try_lock_all`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TriedAll {
+    /// Every key granted, with these fencing tokens, in the keys' order.
+    Granted(Vec<u64>),
+    /// A key is held by someone else: the attempt holds none of them any more.
+    Busy,
+    /// The attempt holds none of them, and a key's own attempt decides what it is: held in
+    /// another mode than a lock's (a semaphore's permits), say, which a single attempt
+    /// refuses with [`permits_mismatch`](crate::raw::permits_mismatch).
+    OneByOne,
+}
+
 /// The lock statements of one SQL server, for a [`SessionPool`](super::SessionPool).
 ///
 /// Every method runs one exchange on a connection the pool lent it. The pool bounds each call
@@ -90,6 +105,24 @@ pub trait SessionDriver: Debug + Send + Sync + 'static {
         name: &LockName,
         key: &Self::Key,
     ) -> Result<Option<u64>, DriverError>;
+
+    /// Takes every key of `keys` (of `names`, in the same order) on this one connection
+    /// without waiting, all or none: [`TriedAll::Granted`] with a token per key, drawn after
+    /// its grant as [`try_lock`](Self::try_lock) draws it; otherwise the driver has released
+    /// every key it took in this call. The pool runs it only on a connection that holds none of
+    /// the keys. A statement error may leave some taken: the pool then unlocks each
+    /// (owner-checked).
+    ///
+    /// The default is [`try_lock_each`]: a round trip per key; a server that can try them all
+    /// in one statement does better.
+    async fn try_lock_all(
+        &self,
+        conn: &mut Self::Conn,
+        names: &[LockName],
+        keys: &[Self::Key],
+    ) -> Result<TriedAll, DriverError> {
+        try_lock_each(self, conn, names, keys).await
+    }
 
     /// Waits on the server for `key`, for at most `wait`.
     async fn wait_lock(
@@ -263,6 +296,34 @@ pub trait SessionDriver: Debug + Send + Sync + 'static {
     /// next statement; the pool repeats it until the wait it cancels is over, and sends nothing
     /// else on the target meanwhile.
     async fn interrupt(&self, conn: &mut Self::Conn, target: u64) -> Result<(), DriverError>;
+}
+
+/// [`SessionDriver::try_lock_all`] one key after another on `conn` with the driver's
+/// [`try_lock`](SessionDriver::try_lock), a round trip each, unlocking what it took at the
+/// first busy key: the trait's default, and the fallback of a driver whose one statement does
+/// not fit every configuration.
+///
+/// # Errors
+/// The driver's, as they come; what was taken before is left to the pool's undo.
+pub async fn try_lock_each<D: SessionDriver + ?Sized>(
+    driver: &D,
+    conn: &mut D::Conn,
+    names: &[LockName],
+    keys: &[D::Key],
+) -> Result<TriedAll, DriverError> {
+    let mut tokens = Vec::with_capacity(keys.len());
+    for (name, key) in names.iter().zip(keys) {
+        match driver.try_lock(conn, name, key).await? {
+            Some(token) => tokens.push(token),
+            None => {
+                for taken in keys.iter().take(tokens.len()) {
+                    driver.unlock(conn, taken).await?;
+                }
+                return Ok(TriedAll::Busy);
+            }
+        }
+    }
+    Ok(TriedAll::Granted(tokens))
 }
 
 /// The limits and cadences of a [`SessionPool`](super::SessionPool).

@@ -69,13 +69,14 @@ mod driver;
 mod election;
 mod lease;
 mod registry;
+mod set;
 
 use std::fmt;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-pub use driver::{DriverError, PoolConfig, SessionDriver, Waited};
+pub use driver::{DriverError, PoolConfig, SessionDriver, TriedAll, Waited, try_lock_each};
 
 use crate::error::Result;
 use crate::name::LockName;
@@ -233,6 +234,29 @@ impl<D: SessionDriver> SessionPool<D> {
         claim: Claim,
     ) -> Result<Option<Grant>> {
         acquire::try_grant(&self.core(), name, key, claim, true).await
+    }
+
+    /// One attempt at every key of `keys` (for `names`, in the same order) together on one
+    /// connection, in the driver's [`try_lock_all`](SessionDriver::try_lock_all): each member a
+    /// lock of its own there, released on its own and lost with the connection as a single
+    /// [`try_grant`](Self::try_grant)'s grant is; or none. `Busy` when a key is taken (this
+    /// client's own holds answer without the server); `OneByOne` when each key's own attempt
+    /// should decide (a key in use here with another claim or on its way out, every
+    /// connection lent to a wait, or a set of more than 64 keys). Locks only (the limit 1):
+    /// semaphores and readers go one by one.
+    ///
+    /// # Errors
+    /// As [`try_grant`](Self::try_grant).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the attempt runs to completion in the background, and the locks it took
+    /// are released there; a statement error unlocks every key on the connection.
+    pub async fn try_grant_all(
+        &self,
+        names: &[LockName],
+        keys: &[D::Key],
+    ) -> Result<crate::raw::GrantedAtOnce> {
+        set::try_grant_all(&self.core(), names, keys).await
     }
 
     /// Waits for `key` (for `name`) until `deadline` (`None`: no limit): `Ok(None)` if the

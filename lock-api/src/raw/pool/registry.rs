@@ -15,6 +15,10 @@ use std::hash::Hash;
 
 use crate::raw::Claim;
 
+mod set;
+
+pub(super) use set::SetPick;
+
 /// What one connection is doing with one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Slot {
