@@ -42,6 +42,12 @@ impl LockSet {
         &self.guards
     }
 
+    /// The members' guards, in the names' order, each to hold or release on its own: the set
+    /// no longer ties them (a member lost no longer loses the others).
+    pub fn into_guards(self) -> Vec<LockGuard> {
+        self.guards
+    }
+
     /// The fencing token of `name`'s member, if `name` is in the set.
     pub fn fencing_token(&self, name: &LockName) -> Option<FencingToken> {
         self.guards

@@ -14,5 +14,6 @@ mod helpers;
 mod inspect;
 mod reader_writer;
 mod semaphore;
+mod sets;
 mod tls;
 mod unix_socket;
