@@ -12,5 +12,6 @@ mod faults;
 mod fencing;
 mod inspect;
 mod server_behaviour;
+mod sets;
 mod tls;
 mod unix_socket;
