@@ -32,6 +32,10 @@
 //!   client's own readers make its writer busy without asking the server, and its writer its
 //!   readers; a name this client uses as a semaphore of several permits refuses readers
 //!   ([`permits_mismatch`](crate::raw::permits_mismatch), a share counting as a lock's one).
+//! - **A set of locks tried together** ([`SessionPool::try_grant_all`]) reserves every key on
+//!   one connection, where the driver's [`try_lock_all`](SessionDriver::try_lock_all) takes
+//!   them all or none (one statement where the server allows); each grant is then a lock of
+//!   its own on that connection, released and lost as a single attempt's.
 //! - **A server-side wait gets a connection of its own** that holds nothing, so it never stalls
 //!   other guards' releases; after the grant that connection is shared like any. At most all
 //!   but one connection wait at once. This client's waiters for one name queue in the client
