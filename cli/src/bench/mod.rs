@@ -11,6 +11,7 @@
 mod permits;
 mod read_mostly;
 mod report;
+mod scale;
 mod set;
 
 use std::process::ExitCode;
@@ -77,6 +78,8 @@ pub struct BenchArgs {
     /// second of each and the ratio.
     #[arg(long, conflicts_with_all = ["permits", "flood", "read_mostly"])]
     set: Option<usize>,
+    #[command(flatten)]
+    scale: scale::ScaleArgs,
 }
 
 /// How many alternating slices the uncontended phase and its floors are measured in.
@@ -117,8 +120,8 @@ impl Side {
 
 /// Latency samples of one phase.
 #[derive(Default)]
-struct Samples {
-    micros: Vec<f64>,
+pub(super) struct Samples {
+    pub(super) micros: Vec<f64>,
     elapsed: Duration,
     /// What the samples cost this process, where it was measured (pairs back to back).
     cost: Option<ProcessCost>,
@@ -153,7 +156,7 @@ impl Samples {
     }
 
     /// Samples from back-to-back measurements (their sum is the phase's duration).
-    fn from_durations(samples: &[Duration]) -> Self {
+    pub(super) fn from_durations(samples: &[Duration]) -> Self {
         Self {
             micros: samples.iter().map(|d| d.as_secs_f64() * 1e6).collect(),
             elapsed: samples.iter().sum(),
@@ -161,7 +164,7 @@ impl Samples {
         }
     }
 
-    fn percentile(&self, p: f64) -> f64 {
+    pub(super) fn percentile(&self, p: f64) -> f64 {
         if self.micros.is_empty() {
             return f64::NAN;
         }
@@ -237,6 +240,9 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
     }
     if let Some(members) = args.set {
         return set::bench(&args, members, &client, &label, &run).await;
+    }
+    if args.scale.scale.is_some() {
+        return scale::bench(&args, &client, &label, &run).await;
     }
     // dlock and the raw floors run interleaved (the uncontended and many-names phases in
     // alternating slices, each side first in turn), so drift in the machine's speed over the run
@@ -457,12 +463,12 @@ fn cpu_us_per_pair(run: &Throughput) -> f64 {
 }
 
 /// `ours / floor`, to two decimals.
-fn ratio(ours: f64, floor: f64) -> f64 {
+pub(super) fn ratio(ours: f64, floor: f64) -> f64 {
     rounded(ours / floor, 2)
 }
 
 /// `value` to `places` decimals, as the report shows it.
-fn rounded(value: f64, places: i32) -> f64 {
+pub(super) fn rounded(value: f64, places: i32) -> f64 {
     let scale = 10f64.powi(places);
     (value * scale).round() / scale
 }
@@ -605,7 +611,7 @@ impl Contender for DlockContender {
     }
 }
 
-async fn handoff(
+pub(super) async fn handoff(
     clients: Vec<Arc<dyn DistributedLock>>,
     (name, holding): (LockName, Holding),
     duration: Duration,

@@ -322,7 +322,7 @@ fn row<const N: usize>(cells: [&str; N]) -> Vec<String> {
 }
 
 /// Lays `rows` out in columns: the first left-aligned, the others right-aligned.
-fn table(rows: &[Vec<String>]) -> String {
+pub(super) fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {

@@ -13,6 +13,7 @@ use dlock::BackendScheme;
 use dlock_api::{LockError, Result};
 use tokio::time::Instant;
 
+pub(crate) mod census;
 mod cost;
 #[cfg(feature = "etcd")]
 mod etcd;

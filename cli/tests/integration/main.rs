@@ -26,4 +26,5 @@ mod floor_redlock;
 mod floor_zookeeper;
 #[cfg(feature = "etcd")]
 mod rw;
+mod scale;
 mod status;
