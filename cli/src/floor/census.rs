@@ -19,6 +19,9 @@ pub(crate) struct Stored {
     pub(crate) items: u64,
     /// Bytes, where the server says.
     pub(crate) bytes: Option<u64>,
+    /// Of the items, those the server will never drop by itself (no expiry), where items can
+    /// expire and the server says how many do.
+    pub(crate) unexpiring: Option<u64>,
 }
 
 /// The readings one backend's server gives.
@@ -65,7 +68,9 @@ impl Census {
     pub(crate) fn requests_what(&self) -> &'static str {
         match *self {
             #[cfg(feature = "redis")]
-            Self::Redis(_) => "commands (INFO total_commands_processed)",
+            Self::Redis(_) => {
+                "commands (INFO total_commands_processed: each script's inner commands too)"
+            }
             #[cfg(feature = "postgres")]
             Self::Postgres(_) => "transactions (pg_stat_database, flushed within a second)",
             #[cfg(feature = "mysql")]
@@ -81,7 +86,9 @@ impl Census {
     pub(crate) fn stored_what(&self) -> &'static str {
         match *self {
             #[cfg(feature = "redis")]
-            Self::Redis(_) => "keys (DBSIZE), bytes (INFO used_memory)",
+            Self::Redis(_) => {
+                "keys (DBSIZE; INFO keyspace: those without expiry), bytes (INFO used_memory)"
+            }
             #[cfg(feature = "postgres")]
             Self::Postgres(_) => "rows in user tables + advisory locks held",
             #[cfg(feature = "mysql")]
@@ -139,7 +146,7 @@ impl Census {
             #[cfg(feature = "zookeeper")]
             Self::ZooKeeper(ref config) => Ok(Stored {
                 items: backends::zookeeper_srvr(config, "Node count:").await?,
-                bytes: None,
+                ..Stored::default()
             }),
         }
     }

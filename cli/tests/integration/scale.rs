@@ -43,7 +43,12 @@ fn scale_reports_each_phase_at_each_size_and_plots_the_curves() {
     for (entry, locks) in held.iter().zip([10, 20]) {
         assert_eq!(entry["locks"], locks, "{report}");
         assert_eq!(entry["lost"], 0, "a held lock was lost: {report}");
-        for figure in ["acquire_per_sec", "release_per_sec", "pairs_per_sec", "held_s"] {
+        for figure in [
+            "acquire_per_sec",
+            "release_per_sec",
+            "pairs_per_sec",
+            "held_s",
+        ] {
             assert!(positive(entry, figure), "no {figure}: {report}");
         }
         assert!(entry["cpu_us_per_lock_s"].is_number(), "{report}");
@@ -71,7 +76,11 @@ fn scale_reports_each_phase_at_each_size_and_plots_the_curves() {
     let drawn = std::fs::read_to_string(&svg).expect("the plot was written");
     let _ = std::fs::remove_file(&svg);
     assert!(drawn.contains("<svg"), "{drawn}");
-    for title in ["held: acquire + release", "queue: hand-off p50", "names: each used once"] {
+    for title in [
+        "held: acquire + release",
+        "queue: hand-off p50",
+        "names: each used once",
+    ] {
         assert!(drawn.contains(title), "no panel {title}");
     }
     assert!(drawn.contains("<polyline"), "no curve: {drawn}");
@@ -82,8 +91,14 @@ fn scale_runs_only_the_phases_listed_and_prints_their_tables() {
     let mut args = TINY.to_vec();
     args.extend(["--scale", "queue,names"]);
     let text = common::succeeds(&args);
-    assert!(text.starts_with("dlock bench --scale against memory"), "{text}");
-    assert!(text.contains("\nqueue: ") && text.contains("\nnames: "), "{text}");
+    assert!(
+        text.starts_with("dlock bench --scale against memory"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\nqueue: ") && text.contains("\nnames: "),
+        "{text}"
+    );
     assert!(!text.contains("\nheld: "), "{text}");
     assert!(text.contains("p50 vs 1"), "{text}");
 }

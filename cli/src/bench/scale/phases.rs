@@ -119,9 +119,10 @@ impl Bench<'_> {
         let lock_seconds = locks as f64 * held_for.as_secs_f64();
         let per_sec = |took: Duration| locks as f64 / took.as_secs_f64();
         let requests = match (requests_before, requests_after) {
-            (Some(before), Some(after)) => {
-                Some(rounded(after.0.saturating_sub(before.0) as f64 / lock_seconds, 4))
-            }
+            (Some(before), Some(after)) => Some(rounded(
+                after.0.saturating_sub(before.0) as f64 / lock_seconds,
+                4,
+            )),
             _ => None,
         };
         Ok(json!({
@@ -155,9 +156,7 @@ impl Bench<'_> {
         for waiters in sizes {
             // The holder and its waiters, dealt over the clients in turn.
             let contenders = waiters.saturating_add(1);
-            let dealt = (0..contenders)
-                .map(|i| clients[i % clients.len()].clone())
-                .collect();
+            let dealt = clients.iter().cycle().take(contenders).cloned().collect();
             let name = LockName::new(format!("{}/queue/{waiters}", self.run))?;
             let before = self.requests().await;
             let handoffs = handoff(dealt, (name, Holding::Lock), duration, hold).await?;
@@ -205,9 +204,7 @@ impl Bench<'_> {
             let cost_before = ProcessCost::now();
             let started = Instant::now();
             futures::stream::iter(&names)
-                .map(|name| async {
-                    client.acquire(name, &options).await?.release().await
-                })
+                .map(|name| async { client.acquire(name, &options).await?.release().await })
                 .buffer_unordered(TASKS)
                 .try_collect::<()>()
                 .await?;
@@ -230,8 +227,13 @@ impl Bench<'_> {
                 entry["stored_before"] = json!(before.items);
                 entry["stored_after"] = json!(after.items);
                 entry["stored_per_name"] = json!(rounded(grown / count as f64, 4));
+                if let (Some(b), Some(a)) = (before.unexpiring, after.unexpiring) {
+                    entry["unexpiring_per_name"] =
+                        json!(rounded((a as f64 - b as f64) / count as f64, 4));
+                }
                 if let (Some(b), Some(a)) = (before.bytes, after.bytes) {
-                    entry["bytes_per_name"] = json!(rounded((a as f64 - b as f64) / count as f64, 1));
+                    entry["bytes_per_name"] =
+                        json!(rounded((a as f64 - b as f64) / count as f64, 1));
                 }
             }
             entries.push(entry);

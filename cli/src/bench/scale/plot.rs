@@ -180,10 +180,15 @@ fn draw_panel(
     for line in panel.lines.iter().filter(|l| !l.points.is_empty()) {
         let colour = line.colour;
         chart
-            .draw_series(LineSeries::new(line.points.clone(), colour.stroke_width(2)).point_size(3))?
+            .draw_series(
+                LineSeries::new(line.points.clone(), colour.stroke_width(2)).point_size(3),
+            )?
             .label(line.label)
             .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x.saturating_add(20), y)], colour.stroke_width(2))
+                PathElement::new(
+                    vec![(x, y), (x.saturating_add(20), y)],
+                    colour.stroke_width(2),
+                )
             });
     }
     chart

@@ -135,6 +135,7 @@ pub(super) fn render(report: &Value) -> String {
                 "stored before",
                 "stored after",
                 "stored/name",
+                "no expiry/name",
                 "bytes/name",
             ],
             &[
@@ -146,6 +147,7 @@ pub(super) fn render(report: &Value) -> String {
                 "stored_before",
                 "stored_after",
                 "stored_per_name",
+                "unexpiring_per_name",
                 "bytes_per_name",
             ],
         ));

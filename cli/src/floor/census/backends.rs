@@ -57,9 +57,28 @@ pub(super) async fn redis_stored(config: &dlock_redis::RedisConfig) -> Result<St
         redis::cmd("DBSIZE").query_async(&mut conn),
     )
     .await?;
+    // `db0:keys=K,expires=E,avg_ttl=T`: the keys of every database, and those with an expiry.
+    let keyspace: String = bounded(
+        "redis",
+        config.connect_timeout,
+        redis::cmd("INFO").arg("keyspace").query_async(&mut conn),
+    )
+    .await?;
+    let expiring: u64 = keyspace
+        .lines()
+        .filter_map(|line| {
+            line.split("expires=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
     Ok(Stored {
         items: keys,
         bytes: Some(bytes),
+        unexpiring: Some(keys.saturating_sub(expiring)),
     })
 }
 
@@ -114,6 +133,7 @@ pub(super) async fn postgres_stored(config: &dlock_postgres::PostgresConfig) -> 
     Ok(Stored {
         items: u64::try_from(items).unwrap_or(0),
         bytes: u64::try_from(bytes).ok(),
+        unexpiring: None,
     })
 }
 
@@ -167,13 +187,20 @@ pub(super) async fn mysql_stored(config: &dlock_mysql::MySqlConfig) -> Result<St
             items = items.saturating_add(u64::try_from(rows).unwrap_or(0));
         }
     }
-    Ok(Stored { items, bytes: None })
+    Ok(Stored {
+        items,
+        ..Stored::default()
+    })
 }
 
 /// The first endpoint's `host:port`.
 #[cfg(feature = "etcd")]
 fn etcd_authority(config: &dlock_etcd::EtcdConfig) -> Result<String> {
-    let first = config.endpoint_urls().into_iter().next().unwrap_or_default();
+    let first = config
+        .endpoint_urls()
+        .into_iter()
+        .next()
+        .unwrap_or_default();
     let authority = first
         .strip_prefix("http://")
         .ok_or_else(|| LockError::unexpected("etcd", "metrics are read over plain HTTP only"))?;
@@ -210,26 +237,20 @@ pub(super) async fn etcd_stored(config: &dlock_etcd::EtcdConfig) -> Result<Store
     let counting = etcd_client::GetOptions::new()
         .with_prefix()
         .with_count_only();
-    let answer = tokio::time::timeout(
-        within,
-        client.get(config.prefix.as_bytes(), Some(counting)),
-    )
-    .await
-    .map_err(|_| LockError::command_timeout("etcd", within))?
-    .map_err(fail)?;
+    let answer = tokio::time::timeout(within, client.get(config.prefix.as_bytes(), Some(counting)))
+        .await
+        .map_err(|_| LockError::command_timeout("etcd", within))?
+        .map_err(fail)?;
     Ok(Stored {
         items: u64::try_from(answer.count()).unwrap_or(0),
-        bytes: None,
+        ..Stored::default()
     })
 }
 
 /// The number on the `field` line of the first server's `srvr` answer (the four-letter word
 /// ZooKeeper allows by default).
 #[cfg(feature = "zookeeper")]
-pub(super) async fn zookeeper_srvr(
-    config: &dlock_zookeeper::ZkConfig,
-    field: &str,
-) -> Result<u64> {
+pub(super) async fn zookeeper_srvr(config: &dlock_zookeeper::ZkConfig, field: &str) -> Result<u64> {
     let host = config.hosts.first().cloned().unwrap_or_default();
     let answer = exchange("zookeeper", &host, "srvr", config.connect_timeout).await?;
     field_value(&answer, field)
