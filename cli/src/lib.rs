@@ -14,6 +14,9 @@
 //! - `dlock bench --backend URL [--rounds N]`: acquire/release pairs, contended hand-off and many
 //!   names on one client, each against the backend's raw protocol floor (the same operations
 //!   with its driver alone) measured in the same run; medians and spreads over N rounds;
+//! - `dlock bench --backend URL --scale [held,queue,names] [--plot FILE.svg]`: the cost as the
+//!   work grows (many locks held on one client, many waiters on one name, many names used once),
+//!   against the raw floor and the server's own counters, with the curves drawn as SVG;
 //! - `dlock elect --backend URL [--value V] [--again] NAME -- CMD…`: run a command while this
 //!   process leads the election `NAME`, with `DLOCK_TERM` (also `DLOCK_FENCING_TOKEN`, the same
 //!   number) in its environment; the command is stopped when leadership is lost (exit 74), and

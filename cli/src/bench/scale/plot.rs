@@ -135,6 +135,15 @@ fn panels(report: &Value) -> Vec<Panel> {
     panels
 }
 
+/// A tick's label: whole numbers without decimals (`5000`, not `5000.0`), others as they are.
+fn tick(value: f64) -> String {
+    if value.fract() == 0.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{}", (value * 1000.0).round() / 1000.0)
+    }
+}
+
 /// Draws `report`'s curves into the SVG file `path`.
 pub(super) fn draw(report: &Value, path: &Path) -> Result<(), Box<dyn Error>> {
     let panels = panels(report);
@@ -176,6 +185,8 @@ fn draw_panel(
         .configure_mesh()
         .x_desc(panel.x)
         .y_desc(panel.y)
+        .x_label_formatter(&|x| tick(*x))
+        .y_label_formatter(&|y| tick(*y))
         .draw()?;
     for line in panel.lines.iter().filter(|l| !l.points.is_empty()) {
         let colour = line.colour;

@@ -119,6 +119,11 @@ pub(super) fn render(report: &Value) -> String {
             ],
         ));
     }
+    for entry in report["queue"].as_array().into_iter().flatten() {
+        if let Some(failed) = entry["failed"].as_str() {
+            let _ = writeln!(out, "{} waiters: {failed}", cell(entry, "waiters"));
+        }
+    }
     if report["names"].is_array() {
         out.push_str("\nnames: M distinct names, each acquired and released once\n");
         if let Some(stored) = text("server_stored") {
