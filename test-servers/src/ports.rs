@@ -1,9 +1,12 @@
 //! Free loopback ports.
 //!
-//! A port is found by binding `127.0.0.1:0` and reading what the kernel chose; the listener is then dropped and
-//! the number handed to a server. Every port handed out is remembered for the life of the process, so two servers
-//! started by parallel tests of one binary never get the same number. (Another process could still take the
-//! port in the short gap; the server then fails to bind, exits, and the start fails with its log.)
+//! A port is drawn at random below the kernel's ephemeral range (32768 and up on Linux), checked by binding
+//! it, and handed to a server. Below that range no outgoing connection takes it as its source port in the gap
+//! between the check and the server's bind: a port the kernel chose for `127.0.0.1:0` is an ephemeral one,
+//! and a parallel test's connection took such a port from a ZooKeeper about to bind it. Every port handed out
+//! is remembered for the life of the process, so two servers started by parallel tests of one binary never
+//! get the same number. (Another process could still bind the port in the gap; the server then fails to
+//! bind, exits, and the start fails with its log.)
 
 use std::collections::HashSet;
 use std::collections::hash_map::RandomState;
@@ -25,19 +28,25 @@ fn can_bind(port: u16) -> bool {
 /// Returns a loopback TCP port that is free now and that this process has not handed out before.
 ///
 /// # Errors
-/// When binding `127.0.0.1:0` fails, or no fresh port was found in many tries.
+/// When no fresh free port was found in many tries.
 pub fn free_port() -> io::Result<u16> {
-    for _ in 0..100 {
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-            .local_addr()?
-            .port();
+    let random = RandomState::new();
+    for attempt in 0u64..500 {
+        let port = FIRST_DRAWN.saturating_add((random.hash_one(attempt) % PORTS_DRAWN) as u16);
         let mut seen = handed_out();
-        if seen.get_or_insert_with(HashSet::new).insert(port) {
+        let seen = seen.get_or_insert_with(HashSet::new);
+        if !seen.contains(&port) && can_bind(port) {
+            seen.insert(port);
             return Ok(port);
         }
     }
     Err(io::Error::other("no fresh free loopback port found"))
 }
+
+/// Where [`free_port`] draws from: `PORTS_DRAWN` ports from `FIRST_DRAWN`, above the
+/// well-known and commonly configured ports, below the kernel's ephemeral range.
+const FIRST_DRAWN: u16 = 10_000;
+const PORTS_DRAWN: u64 = 22_000;
 
 /// Returns a port `p` such that both `p` and `p + offset` are free and not handed out before (Redis Cluster
 /// needs its bus port at `p + 10000`). Both are reserved. `p` is drawn at random from 10000..22000, so that `p`
