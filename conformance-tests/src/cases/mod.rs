@@ -435,6 +435,8 @@ static CASES: &[Case] = &[
     case!(multi::dropped_acquire_all_leaves_nothing, NONE),
     case!(multi::duplicates_taken_once_and_empty_refused, NONE),
     case!(multi::lost_member_loses_the_set, KILL_HOLDER),
+    case!(multi::failed_member_release_frees_the_rest, KILL_HOLDER),
+    case!(multi::refused_member_frees_the_taken_ones, SEMAPHORE),
     case!(multi::members_taken_together_are_single_locks, FENCED),
     case!(names::unicode_names_work, NONE),
     case!(names::names_are_case_sensitive, NONE),

@@ -319,3 +319,66 @@ pub async fn members_taken_together_are_single_locks(ctx: Ctx) -> CaseResult {
     }
     Ok(())
 }
+
+/// A member whose hold ends does not keep the others held (Curator's `testSomeReleasesFail`,
+/// ported): the server ends the hold of one member of a held set (killed as
+/// `killed_session_client_acquires_again` kills it). The set reads lost, its release reports the
+/// failure, and every member is free at once for another client: those the release freed, and
+/// the killed one (and any member that shared its session).
+pub async fn failed_member_release_frees_the_rest(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let names = [ctx.name("a"), ctx.name("b"), ctx.name("c")];
+    // A TTL lease short enough that the killed member's loss is seen within the bound.
+    let hold = super::lost::killable_hold(&ctx, &*a).with_wait_timeout(ctx.timing().bound);
+    let set = a.acquire_all(&names, &hold).await?;
+    ctx.require_faults()?
+        .kill_holder(&names[1])
+        .await
+        .map_err(Failure)?;
+    ctx.within("the set's loss after a member was killed", set.lost())
+        .await?;
+    let released = set.release().await;
+    ensure!(
+        released.is_err(),
+        "the release of a set with a killed member succeeded"
+    );
+    for name in &names {
+        let free = b.try_acquire(name, &LockOptions::new()).await?;
+        let free =
+            free.ok_or_else(|| Failure(format!("{name} stayed held after its set's release")))?;
+        free.release().await?;
+    }
+    Ok(())
+}
+
+/// A member that fails to lock gives back the members taken before it (Curator's
+/// `testSomeLocksFailToLock`, ported): the set's last name is in use as a semaphore of two
+/// permits, which a lock's acquire refuses with an error rather than a wait. The set answers that
+/// error at once, and the names before it are free for another client.
+pub async fn refused_member_frees_the_taken_ones(ctx: Ctx) -> CaseResult {
+    let (a, b) = (ctx.client().await?, ctx.client().await?);
+    let names = [ctx.name("a"), ctx.name("b"), ctx.name("z")];
+    let permit = b
+        .try_acquire_permit(&names[2], 2, &LockOptions::new())
+        .await?
+        .ok_or_else(|| Failure("a free semaphore refused its first permit".into()))?;
+    let wait = LockOptions::new().with_wait_timeout(ctx.timing().bound);
+    let refused = ctx
+        .within(
+            "a set with a semaphore's name",
+            a.acquire_all(&names, &wait),
+        )
+        .await?;
+    ensure!(
+        matches!(refused, Err(LockError::InvalidArgument { .. })),
+        "a set whose member is a semaphore's name returned {refused:?}"
+    );
+    for name in &names[..2] {
+        let free = b.try_acquire(name, &LockOptions::new()).await?;
+        let free =
+            free.ok_or_else(|| Failure(format!("{name} stayed held after its set was refused")))?;
+        free.release().await?;
+    }
+    permit.release().await?;
+    Ok(())
+}
