@@ -4,7 +4,15 @@ use std::time::Duration;
 
 use dlock_api::{LockError, Result};
 
-use super::{Requests, Stored};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "etcd"))]
+use super::Requests;
+#[cfg(any(
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "etcd"
+))]
+use super::Stored;
 
 /// `future` within `within`, its error as the backend's unavailability.
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
