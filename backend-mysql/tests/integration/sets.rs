@@ -30,6 +30,12 @@ async fn holders(url: &str, locks: &MySqlLock, names: &[LockName]) -> Vec<Option
     ids
 }
 
+/// Fails unless no connection holds any of `names`, as the server says.
+async fn assert_nothing_held(url: &str, locks: &MySqlLock, names: &[LockName]) {
+    let left = holders(url, locks, names).await;
+    assert!(left.iter().all(Option::is_none), "left held: {left:?}");
+}
+
 async fn eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
@@ -68,12 +74,7 @@ async fn a_free_set_is_taken_on_one_connection() {
     tokens.dedup();
     assert_eq!(tokens.len(), 4, "each member has a token of its own");
     set.release().await.unwrap();
-    assert!(
-        holders(url, &locks, &names)
-            .await
-            .iter()
-            .all(Option::is_none)
-    );
+    assert_nothing_held(url, &locks, &names).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,12 +137,7 @@ async fn each_member_is_released_alone() {
     for guard in guards {
         guard.release().await.unwrap();
     }
-    assert!(
-        holders(url, &locks, &names)
-            .await
-            .iter()
-            .all(Option::is_none)
-    );
+    assert_nothing_held(url, &locks, &names).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
