@@ -165,6 +165,35 @@ impl Inner {
         Ok(queue_from(response.kvs(), key, (revision, seen), asked))
     }
 
+    /// Whether, as a linearizable read says, our key (created at `revision`) is still there and
+    /// so is each of `nearest`, keys created before it: then at least as many keys as there are
+    /// in `nearest` are still ahead of ours. One transaction of compares on these few keys, where
+    /// a read of the line sorts every key of the name: what a waiter deep in a long line checks
+    /// against a lost watch event, so that the check costs the server the same at any length.
+    pub(crate) async fn still_behind(
+        &self,
+        key: &str,
+        revision: i64,
+        nearest: &[String],
+    ) -> Result<bool> {
+        let mut compares = vec![Compare::create_revision(key, CompareOp::Equal, revision)];
+        for ahead in nearest {
+            // A missing key's create revision reads 0.
+            compares.push(Compare::create_revision(
+                ahead.as_str(),
+                CompareOp::Greater,
+                0,
+            ));
+            compares.push(Compare::create_revision(
+                ahead.as_str(),
+                CompareOp::Less,
+                revision,
+            ));
+        }
+        let response = self.txn(Txn::new().when(compares)).await?;
+        Ok(response.succeeded())
+    }
+
     /// The acquire transaction: creates our key on `lease`, with what it asks as its value, unless
     /// it exists (a retried create finds its own key), and in the same transaction reads the
     /// newest keys of the name up to and including ours.
@@ -305,6 +334,8 @@ fn queue_from(kvs: &[KeyValue], key: &str, (revision, seen): (i64, i64), asked: 
 pub(crate) struct QueueWatch {
     pub(crate) watch: WatchHandle,
     ahead: Ahead,
+    /// The watch covers only the nearest keys ahead and ours (see [`QueueWatch::start`]).
+    nearest_only: bool,
 }
 
 /// What a waiter knows of the keys ahead of its own.
@@ -328,16 +359,58 @@ pub(crate) enum Next {
 }
 
 impl QueueWatch {
-    pub(crate) fn start(watcher: &Watcher, keys: &NameKeys, queue: Behind, asked: Claim) -> Self {
-        Self {
-            // From just after the read: no deletion can fall between.
-            watch: watcher.watch_deletions_under(&keys.range, queue.seen.saturating_add(1)),
-            ahead: Ahead {
-                keys: queue.ahead,
-                complete: queue.complete,
-                limit: usize::try_from(asked.limit).unwrap_or(usize::MAX),
-            },
+    /// Watches what `queue` says our key (`ours`) waits on. Near the head of the line (the read
+    /// showed every key ahead, and no more than [`PREDECESSORS_WATCHED`] of them keep us
+    /// waiting), one watch on the name's deletions counts them down exactly and grants without
+    /// a read. Deeper in the line, the waiter watches only the nearest `limit` keys that keep it
+    /// waiting, and its own: while those keys are there, at least `limit` are ahead of ours, so
+    /// nothing can be ours, and a release elsewhere in the line costs this waiter nothing; any
+    /// event makes it read the line again. So a release reaches the waiters near the head and
+    /// the one behind it, not the whole line (a line of 1,000 waiters on one name once made every
+    /// release an event for each of them). A semaphore of more permits than
+    /// [`PREDECESSORS_WATCHED`] keeps the name-wide watch: a permit given back by any of its
+    /// holders may be the one a waiter needs.
+    pub(crate) fn start(
+        watcher: &Watcher,
+        keys: &NameKeys,
+        (queue, ours): (Behind, &str),
+        asked: Claim,
+    ) -> Self {
+        // From just after the read: no deletion can fall between.
+        let start = queue.seen.saturating_add(1);
+        let limit = usize::try_from(asked.limit).unwrap_or(usize::MAX);
+        let near_the_head = queue.complete && queue.ahead.len() <= PREDECESSORS_WATCHED;
+        if near_the_head || limit > PREDECESSORS_WATCHED {
+            return Self {
+                watch: watcher.watch_deletions_under(&keys.range, start),
+                ahead: Ahead {
+                    keys: queue.ahead,
+                    complete: queue.complete,
+                    limit,
+                },
+                nearest_only: false,
+            };
         }
+        let mut nearest = queue.ahead;
+        nearest.truncate(limit);
+        let watch = watcher.watch_keys(nearest.iter().map(String::as_str).chain([ours]), start);
+        Self {
+            watch,
+            // Counted as a read that did not show the whole line: the first of these keys to
+            // go leaves fewer than `limit` of them, and a read decides.
+            ahead: Ahead {
+                limit: nearest.len(),
+                keys: nearest,
+                complete: false,
+            },
+            nearest_only: true,
+        }
+    }
+
+    /// The keys a watch on the nearest keys ahead waits on, when it is one: a fallback check
+    /// of the line needs to look at these alone (see [`Inner::still_behind`]).
+    pub(crate) fn nearest_watched(&self) -> Option<&[String]> {
+        self.nearest_only.then_some(self.ahead.keys.as_slice())
     }
 
     /// What one event of the watch means for us (see [`Ahead::on`]).
@@ -418,6 +491,39 @@ mod tests {
         let mut lock = ahead(&["h"], true, 1);
         assert!(matches!(lock.on(deleted(&["me", "h"]), "me"), Next::Read));
         assert!(matches!(lock.on(WatchEvent::Reread, "me"), Next::Read));
+    }
+
+    fn behind(ahead: usize, complete: bool) -> Behind {
+        Behind {
+            ahead: (0..ahead).map(|i| format!("k{i}")).collect(),
+            complete,
+            seen: 7,
+        }
+    }
+
+    fn claim(limit: u32) -> Claim {
+        Claim {
+            limit,
+            ..Claim::LOCK
+        }
+    }
+
+    #[test]
+    fn only_waiters_near_the_head_watch_the_whole_name() {
+        let watcher = Watcher::new(tokio_util::sync::CancellationToken::new());
+        let keys = NameKeys {
+            range: "p/n/".to_owned(),
+        };
+        let start = |queue, asked| QueueWatch::start(&watcher, &keys, (queue, "me"), asked);
+        // Near the head: every key ahead seen, a few of them: counted down exactly.
+        assert_eq!(start(behind(3, true), claim(1)).nearest_watched(), None);
+        // Deep in a line: the nearest key ahead (the nearest N of a semaphore of N) only.
+        let deep = start(behind(8, false), claim(1));
+        assert_eq!(deep.nearest_watched(), Some(&["k0".to_owned()][..]));
+        let deep = start(behind(8, false), claim(3));
+        assert_eq!(deep.nearest_watched().map(<[String]>::len), Some(3));
+        // A semaphore of more permits than that keeps the name-wide watch.
+        assert_eq!(start(behind(20, false), claim(20)).nearest_watched(), None);
     }
 
     #[test]

@@ -84,10 +84,12 @@ pub(crate) struct Probe {
     pub(crate) lose_deletions: AtomicBool,
 }
 
-/// One watch on one key; dropping it cancels the watch.
+/// One watch (on one key, a range, or a few keys at once); dropping it cancels the watch.
 #[derive(Debug)]
 pub(crate) struct WatchHandle {
-    id: i64,
+    /// Our ids of the server watches that feed this handle: one, or one per key of
+    /// [`Watcher::watch_keys`].
+    ids: Vec<i64>,
     commands: UnboundedSender<Command>,
     events: UnboundedReceiver<WatchEvent>,
 }
@@ -104,7 +106,9 @@ impl WatchHandle {
 
 impl Drop for WatchHandle {
     fn drop(&mut self) {
-        let _ = self.commands.send(Command::Cancel { id: self.id });
+        for &id in &self.ids {
+            let _ = self.commands.send(Command::Cancel { id });
+        }
     }
 }
 
@@ -158,28 +162,54 @@ impl Watcher {
         self.create(prefix, Scope::DeletionsUnder, start)
     }
 
+    /// Watches every event of each of `keys` from revision `start`, all reported on one
+    /// handle. Unlike one watch on a prefix, a change to a key not listed costs nothing here:
+    /// this is how a waiter deep in a line hears of the few keys it waits on only. Events of
+    /// different keys are separate server responses, so two keys deleted at one revision may
+    /// arrive in either order: only an event that makes its receiver read again is safe here.
+    pub(crate) fn watch_keys<'a>(
+        &self,
+        keys: impl IntoIterator<Item = &'a str>,
+        start: i64,
+    ) -> WatchHandle {
+        self.create_all(keys.into_iter().map(|key| (key, Scope::Key)), start)
+    }
+
     fn create(&self, key: &str, scope: Scope, start: i64) -> WatchHandle {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.create_all([(key, scope)], start)
+    }
+
+    fn create_all<'a>(
+        &self,
+        watches: impl IntoIterator<Item = (&'a str, Scope)>,
+        start: i64,
+    ) -> WatchHandle {
         let (events, receiver) = unbounded_channel();
         let commands = self
             .commands
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        if commands
-            .send(Command::Watch {
-                id,
-                key: key.as_bytes().to_vec(),
-                scope,
-                start,
-                events: events.clone(),
-            })
-            .is_err()
-        {
-            let _ = events.send(WatchEvent::Reread);
+        let mut ids = Vec::new();
+        for (key, scope) in watches {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            ids.push(id);
+            if commands
+                .send(Command::Watch {
+                    id,
+                    key: key.as_bytes().to_vec(),
+                    scope,
+                    start,
+                    events: events.clone(),
+                })
+                .is_err()
+            {
+                let _ = events.send(WatchEvent::Reread);
+                break;
+            }
         }
         WatchHandle {
-            id,
+            ids,
             commands,
             events: receiver,
         }

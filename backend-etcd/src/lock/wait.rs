@@ -133,7 +133,12 @@ impl EtcdLock {
                     return Err(dlock_api::raw::permits_mismatch(name, asked.limit, in_use));
                 }
                 Some(Queue::Behind(behind)) => {
-                    watching = Some(QueueWatch::start(&inner.watcher, &keys, behind, asked));
+                    watching = Some(QueueWatch::start(
+                        &inner.watcher,
+                        &keys,
+                        (behind, &key),
+                        asked,
+                    ));
                     reread_at = after(Instant::now(), FALLBACK_REREAD);
                 }
                 // Still waiting on the same watch.
@@ -185,6 +190,22 @@ impl EtcdLock {
                         // Out of time: take our key out of the queue before answering.
                         self.leave(&kind, &key, revision, pending).await;
                         return Ok(Waited::TimedOut);
+                    }
+                    if let Some(nearest) = queue_watch.nearest_watched() {
+                        // Deep in the line: the few keys we wait on say whether anything
+                        // changed for us, without a read of the whole line.
+                        match inner.still_behind(&key, revision, nearest).await {
+                            Ok(true) => {
+                                recovery.reached_server();
+                                reread_at = after(Instant::now(), FALLBACK_REREAD);
+                                continue;
+                            }
+                            Ok(false) => {}
+                            Err(error) => {
+                                recovery.pause_or_give_up(error, retry, deadline).await?;
+                                continue;
+                            }
+                        }
                     }
                 }
             }
