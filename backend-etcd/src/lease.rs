@@ -6,17 +6,17 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{LeaseState, RawLease, RenewedBy, Scheduled, SessionStatus};
-use dlock_api::{LockError, LockName, LostReason, Result};
+use dlock_api::raw::{LeaseState, RawLease, RenewedBy, Scheduled};
+use dlock_api::{LockError, LockName, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use crate::BACKEND;
-use crate::client::{FALLBACK_REREAD, Inner, lease_gone};
+use crate::client::{Inner, lease_gone};
 use crate::connection::{Conn, Running};
 use crate::keys::KeyClaim;
+use crate::own_key::{Carrier, OwnKey, check_held_keys, current, watch_own_key};
 use crate::session::{SessionLease, ttl_class, validity};
-use crate::watch::WatchEvent;
 
 /// The lease a key rides on.
 #[derive(Debug)]
@@ -107,13 +107,6 @@ impl LeaseKind {
     }
 }
 
-/// The kept-alive lease a key rides now: `extend` to another TTL class moves the key.
-type Carrier = Arc<Mutex<Arc<SessionLease>>>;
-
-fn current(carrier: &Carrier) -> Arc<SessionLease> {
-    carrier.lock().unwrap_or_else(|e| e.into_inner()).clone()
-}
-
 /// How long after its grant a held key gets its watch. A lock released sooner (most are) costs
 /// no watch on the stream and no task. The watch starts from the grant's revision, so a deletion
 /// meanwhile is still delivered, at most this much later than with a watch from the start.
@@ -144,6 +137,8 @@ pub(crate) struct EtcdLease {
     _watch: Option<Scheduled>,
     /// The runtime the watch on the key runs on, once started.
     watching: Running,
+    /// Fired by the client's periodic check of held keys when it found this one changed.
+    recheck: Arc<tokio::sync::Notify>,
 }
 
 impl EtcdLease {
@@ -189,6 +184,7 @@ impl EtcdLease {
                 proclaimed: AtomicBool::new(false),
                 _watch: scheduled,
                 watching: Running::default(),
+                recheck: Arc::default(),
             }
         });
         lease.inner.held.insert(&lease);
@@ -206,15 +202,20 @@ impl EtcdLease {
                 .inner
                 .watcher
                 .watch(&self.key, self.revision.saturating_add(1));
-            watch_own_key(
-                self.inner.clone(),
-                self.state.clone(),
-                self.carrier.clone(),
-                self.key.clone(),
-                self.revision,
-                watch,
-            )
+            let own = OwnKey {
+                inner: self.inner.clone(),
+                state: self.state.clone(),
+                carrier: self.carrier.clone(),
+                key: self.key.clone(),
+                revision: self.revision,
+                recheck: self.recheck.clone(),
+            };
+            watch_own_key(own, watch)
         });
+        let inner = Arc::downgrade(&self.inner);
+        self.inner
+            .held
+            .check_on(conn, move || check_held_keys(inner));
     }
 
     fn not_held(&self) -> LockError {
@@ -310,98 +311,6 @@ impl EtcdLease {
             }
         }
     }
-}
-
-/// Marks the guard lost when its key goes (its lease ended, or someone deleted it). A watch
-/// that cannot go on checks the key by reading it, and so does a timer every
-/// [`FALLBACK_REREAD`]: etcd 3.4.23 can lose a deletion event after a compaction, and a holder
-/// that believed itself holding after its key went would break exclusion.
-async fn watch_own_key(
-    inner: Arc<Inner>,
-    state: Arc<LeaseState>,
-    carrier: Option<Carrier>,
-    key: String,
-    revision: i64,
-    mut watch: crate::watch::WatchHandle,
-) {
-    let inner = Arc::downgrade(&inner);
-    let mut fallback =
-        tokio::time::interval_at(after(Instant::now(), FALLBACK_REREAD), FALLBACK_REREAD);
-    // A re-read slower than the period (a cut-off member) should not be followed by a burst.
-    fallback.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        let event = tokio::select! {
-            biased;
-            _ = state.closed() => return,
-            _ = state.lost_token().cancelled() => return,
-            event = watch.next() => Some(event),
-            _ = fallback.tick() => None,
-        };
-        if state.is_closed() {
-            // Released (the deletion is our own) or forgotten.
-            return;
-        }
-        let Some(inner) = inner.upgrade() else { return };
-        if let Some(WatchEvent::Deleted { .. }) = event {
-            key_gone(&inner, &state, carrier.as_ref().map(current)).await;
-            return;
-        }
-        let key_now = key.clone();
-        let read = inner
-            .idempotent(|mut client| {
-                let key = key_now.clone();
-                async move { client.get(key, None).await }
-            })
-            .await;
-        let rewatch = event == Some(WatchEvent::Reread);
-        match read {
-            Ok(response) => {
-                let mine = response
-                    .kvs()
-                    .first()
-                    .is_some_and(|kv| kv.create_revision() == revision);
-                if !mine {
-                    key_gone(&inner, &state, carrier.as_ref().map(current)).await;
-                    return;
-                }
-                if rewatch {
-                    let seen = response.header().map_or(revision, |h| h.revision());
-                    watch = inner.watcher.watch(&key, seen.saturating_add(1));
-                }
-            }
-            // The timer tries again; a watch that ended is re-created from our revision, so
-            // whatever it missed meanwhile is still delivered (or answered "compacted").
-            Err(_) if rewatch => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                watch = inner.watcher.watch(&key, revision.saturating_add(1));
-            }
-            Err(_) => {}
-        }
-    }
-}
-
-/// Our key is gone: marks the guard lost, saying why (the lease ended, or only the key went).
-async fn key_gone(inner: &Inner, state: &LeaseState, session: Option<Arc<SessionLease>>) {
-    if let Some(session) = &session {
-        let id = session.id;
-        let alive = inner
-            .idempotent(|client| async move { client.lease_client().time_to_live(id, None).await })
-            .await
-            .map(|r| r.ttl() > 0);
-        if matches!(alive, Ok(false)) {
-            session.end(LostReason::SessionExpired);
-        }
-    }
-    if state.is_closed() {
-        return;
-    }
-    let reason = match session.as_ref().map(|s| s.session.status()) {
-        Some(SessionStatus::Ended(reason)) => reason,
-        Some(_) => LostReason::TakenOver,
-        None if state.valid_until().is_some_and(|u| Instant::now() >= u) => LostReason::Expired,
-        None => LostReason::TakenOver,
-    };
-    state.mark_lost(reason);
 }
 
 #[dlock_api::raw::async_trait]
@@ -579,5 +488,14 @@ impl Drop for EtcdLease {
 impl crate::held::Rewatch for EtcdLease {
     fn rewatch_on(&self, conn: &Conn) {
         self.watch_on(conn);
+    }
+
+    fn watched_key(&self) -> Option<(String, i64)> {
+        let holding = !self.state.is_closed() && self.state.lost_reason().is_none();
+        holding.then(|| (self.key.clone(), self.revision))
+    }
+
+    fn recheck(&self) {
+        self.recheck.notify_one();
     }
 }

@@ -91,13 +91,19 @@
 //!   or fewer), the lock is ours once each of them has been seen deleted, with no further round
 //!   trip: no key created before ours can appear any more. (Unless our lease's validity has passed by
 //!   then, as for a waiter paused long after the last deletion happened: then a re-read decides,
-//!   and finds our key gone if the lease ended.) In a longer queue, the deletion of the last of the
-//!   keys the read showed (the nearest ones ahead) leads to a linearizable re-read (never a
-//!   serializable one: a lagging member can hide a live predecessor) that confirms our key
-//!   still exists and that no key created before it remains; until then, a live key ahead is
-//!   known, so the lock cannot be ours. A compacted watch re-reads; a slow fallback re-read every few seconds catches any
-//!   event the server lost. One watch stream per client carries every waiter's and holder's
-//!   watch.
+//!   and finds our key gone if the lease ended.) Deeper in a longer queue, a waiter watches only
+//!   the nearest key ahead of its own (the nearest `N` for a semaphore of `N` permits, up to
+//!   eight; a larger semaphore keeps the name-wide watch) and its own key, each by a watch of its
+//!   own: while those keys are there the lock cannot be ours, and any event of them leads to a
+//!   linearizable re-read (never a serializable one: a lagging member can hide a live
+//!   predecessor) that confirms our key still exists and that no key created before it remains.
+//!   So a release reaches the waiters near the head and the one behind it, not every waiter of
+//!   the line (1,000 waiters on one name each answering every release overwhelmed the server).
+//!   A compacted watch re-reads; a slow fallback check every few seconds catches any event the
+//!   server lost (deep in a line, a compare of the watched keys, whose cost does not grow with the
+//!   line, where a read of the line sorts every key of the name). One watch stream per client
+//!   carries every waiter's and holder's watch, and one periodic transaction per 64 held keys
+//!   checks every key the client holds.
 //! - **Semaphores** ([`acquire_permit`](dlock_api::DistributedLock::acquire_permit)) are the
 //!   same line: a key holds one of the name's N permits while fewer than N keys of the name
 //!   have a lower create revision, so the permits go in FIFO order and a permit is a lease like
@@ -264,6 +270,7 @@ mod held;
 mod keys;
 mod lease;
 mod lock;
+mod own_key;
 mod queue;
 mod session;
 mod watch;
