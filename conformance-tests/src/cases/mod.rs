@@ -19,6 +19,7 @@ pub mod reader_writer;
 pub mod recovery;
 pub mod renewal;
 pub mod runtime;
+pub mod scale;
 pub mod semaphore;
 pub mod waiting;
 
@@ -230,6 +231,8 @@ static CASES: &[Case] = &[
     case!(exclusion::purchase_10_registrations_create_one, NONE),
     case!(exclusion::same_client_is_not_reentrant, NONE),
     case!(exclusion::thousand_names_held_at_once, NONE),
+    case!(scale::ten_thousand_held_locks_are_all_kept, NONE),
+    case!(scale::thousand_waiters_are_all_served_in_turn, NONE),
     case!(waiting::try_acquire_on_held_returns_none, NONE),
     case!(waiting::acquire_times_out_within_bound, NONE),
     case!(waiting::release_wakes_waiter, NONE),
