@@ -267,7 +267,11 @@ impl Redlock {
                     Ok(NodeAttempt::Taken { token }) => taken.push((slot.index, token)),
                     Ok(NodeAttempt::Busy { holder, pttl }) => busy.push((slot.index, holder, pttl)),
                     Ok(other) => failures.push(format!("{}: {other:?}", slot.addr())),
-                    Err(error) => failures.push(format!("{}: {error}", slot.addr())),
+                    Err(error) => failures.push(format!(
+                        "{}: {}",
+                        slot.addr(),
+                        dlock_api::error_chain(&error)
+                    )),
                 }
                 taken.len() >= quorum
             },
@@ -551,7 +555,11 @@ impl RawLock for Redlock {
         for (slot, reply) in inner.slots.iter().zip(replies) {
             match reply {
                 Ok(view) => views.push(view),
-                Err(error) => failures.push(format!("{}: {error}", slot.addr())),
+                Err(error) => failures.push(format!(
+                    "{}: {}",
+                    slot.addr(),
+                    dlock_api::error_chain(&error)
+                )),
             }
         }
         quorum_view(&views, failures, inner.config.quorum())

@@ -19,7 +19,7 @@ const CLIENTS: usize = 8;
 /// before the next starts), so arrival order is known without one inspection per waiter.
 const GROUPS: usize = 10;
 /// Acquires and releases in flight at once, as a batch job would run them.
-const IN_FLIGHT: usize = 64;
+const IN_FLIGHT: usize = 16;
 
 /// One client takes 10,000 locks and keeps every one through three renewal intervals (on TTL
 /// backends each is renewed three times; on session backends the session keeps them all), then
