@@ -22,6 +22,8 @@ pub(crate) struct Inner {
     pub(crate) timer: dlock_api::raw::GuardTimer,
     /// The guards this client holds, which `close` releases.
     pub(crate) holdings: dlock_api::raw::Holdings,
+    /// This client's waiters per name, of which only the first waits at the nodes.
+    pub(crate) waiters: dlock_api::raw::LocalQueue,
 }
 
 /// The handler of node `node`'s messages and lost connections: it hands them to the waiters'

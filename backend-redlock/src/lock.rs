@@ -113,6 +113,7 @@ impl Redlock {
                 stats: Counters::default(),
                 timer: dlock_api::raw::GuardTimer::new(),
                 holdings: dlock_api::raw::Holdings::default(),
+                waiters: dlock_api::raw::LocalQueue::new(),
             }),
         })
     }
@@ -591,6 +592,13 @@ impl RawLock for Redlock {
         let keys = Arc::new(self.keys(name));
         let quorum = inner.config.quorum();
         let ttl = options.ttl();
+        // One waiter per client and name at the nodes: a release wakes every waiter that
+        // listens, and each answers with a round, so the others wait their turn here (a line of
+        // 1,000 waiters over a few clients made every release a thousand rounds, and their
+        // first rounds, all at once, timed out).
+        let Some(_turn) = inner.waiters.turn(name, deadline).await else {
+            return Ok(None);
+        };
         // The first round fails fast: a deployment without a quorum is an error, not a wait.
         match self.round(name, &keys, options, RoundKind::First).await {
             Round::Granted(grant) => return Ok(Some(grant)),
