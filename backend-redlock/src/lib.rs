@@ -97,7 +97,9 @@
 //!   no write-back is needed. A first attempt advances the counter of every node it reaches,
 //!   whether it takes the lock there or not: tokens skip the values of busy attempts, and the
 //!   nodes stay in step as long as every attempt reaches them all.
-//! - **Waiting**: a busy acquire subscribes to the name's channel `PREFIX:{NAME}:released` on
+//! - **Waiting**: a client's waiters for one name line up in the client first (`raw::LocalQueue`),
+//!   and only the first of them waits at the nodes: a release wakes one waiter per client, not
+//!   every task that waits. That waiter subscribes to the name's channel `PREFIX:{NAME}:released` on
 //!   every node (once per name per client) and waits until nodes that **announced a release**,
 //!   together with the nodes its attempt found free, make a quorum: one announcement lost with a
 //!   node does not strand it, and one early message does not send it racing the nodes while the
