@@ -130,9 +130,16 @@ impl Inner {
     /// The client to make a request with: the connection's, made again on this runtime if the
     /// one it was made on has shut down.
     pub(crate) async fn client(&self) -> Result<Client> {
-        match self.connection.live() {
+        self.client_with(Client::clone).await
+    }
+
+    /// What `pick` takes of [`client`](Self::client): one service client
+    /// (`Client::kv_client`) costs an eighth of the whole client's clone, which clones each of
+    /// its eight services' channels.
+    pub(crate) async fn client_with<C>(&self, pick: fn(&Client) -> C) -> Result<C> {
+        match self.connection.live_with(pick) {
             Some(client) => Ok(client),
-            None => self.reconnect().await,
+            None => self.reconnect().await.map(|client| pick(&client)),
         }
     }
 
@@ -147,7 +154,7 @@ impl Inner {
     /// caller leaves either the old connection, which the next caller replaces, or all of this.
     async fn reconnect(&self) -> Result<Client> {
         let _one = self.reconnecting.lock().await;
-        if let Some(client) = self.connection.live() {
+        if let Some(client) = self.connection.live_with(Client::clone) {
             return Ok(client);
         }
         let timeout = self.config.connect_timeout;
@@ -178,11 +185,13 @@ impl Inner {
     /// Runs a transaction that is safe to retry (its retry finds what the first try did), as
     /// [`idempotent`](Self::idempotent) runs a request.
     pub(crate) async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.idempotent(|mut client| {
-            let txn = txn.clone();
-            async move { client.txn(txn).await }
-        })
-        .await
+        let (response, _) = self
+            .idempotent_resent_with(Client::kv_client, |mut kv| {
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await?;
+        Ok(response)
     }
 
     /// Runs an idempotent request, retried (perhaps on another member: the client's balancer
@@ -198,16 +207,30 @@ impl Inner {
     /// As [`idempotent`](Self::idempotent), and whether the answer is a retry's: an earlier
     /// try may then have been applied with its answer lost (its connection died with the
     /// runtime it ran on, say), so the answer may describe what that try did.
-    async fn idempotent_resent<T, F, Fut>(&self, mut call: F) -> Result<(T, bool)>
+    async fn idempotent_resent<T, F, Fut>(&self, call: F) -> Result<(T, bool)>
     where
         F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.idempotent_resent_with(Client::clone, call).await
+    }
+
+    /// As [`idempotent_resent`](Self::idempotent_resent), calling with what `pick` takes of
+    /// the client ([`client_with`](Self::client_with)).
+    async fn idempotent_resent_with<C, T, F, Fut>(
+        &self,
+        pick: fn(&Client) -> C,
+        mut call: F,
+    ) -> Result<(T, bool)>
+    where
+        F: FnMut(C) -> Fut,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let timeout = self.command_timeout();
         let give_up = after(Instant::now(), timeout.saturating_mul(3));
         let mut attempt: u32 = 0;
         loop {
-            let error = match self.client().await {
+            let error = match self.client_with(pick).await {
                 Ok(client) => match tokio::time::timeout(timeout, call(client)).await {
                     Ok(Ok(value)) => return Ok((value, attempt > 0)),
                     Ok(Err(e)) if is_unavailable(&e) => map_err(e),
@@ -337,9 +360,9 @@ impl Inner {
                 .and_then([TxnOp::delete(key, None)]),
         };
         let (response, resent) = self
-            .idempotent_resent(|mut client| {
+            .idempotent_resent_with(Client::kv_client, |mut kv| {
                 let txn = txn.clone();
-                async move { client.txn(txn).await }
+                async move { kv.txn(txn).await }
             })
             .await?;
         // A resent delete that finds the key gone: the first one landed.

@@ -80,10 +80,11 @@ impl Connection {
         self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// The client, unless its runtime has stopped.
-    pub(crate) fn live(&self) -> Option<Client> {
+    /// What `pick` takes of the client (the client itself, or one of its service clients),
+    /// unless its runtime has stopped.
+    pub(crate) fn live_with<C>(&self, pick: fn(&Client) -> C) -> Option<C> {
         let conn = self.0.read().unwrap_or_else(|e| e.into_inner());
-        (!conn.has_stopped()).then(|| conn.client.clone())
+        (!conn.has_stopped()).then(|| pick(&conn.client))
     }
 
     pub(crate) fn set(&self, conn: Conn) {
