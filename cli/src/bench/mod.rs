@@ -9,10 +9,12 @@
 //! as the median over the rounds, with their spread (min–max).
 
 mod permits;
+mod profile;
 mod read_mostly;
 mod report;
 mod scale;
 mod set;
+mod verdict;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -80,6 +82,12 @@ pub struct BenchArgs {
     set: Option<usize>,
     #[command(flatten)]
     scale: scale::ScaleArgs,
+    /// Instead of the phases above: only this side's uncontended pairs, for a profiler.
+    #[arg(long, hide = true, conflicts_with_all = ["permits", "flood", "read_mostly", "set"])]
+    profile: Option<profile::ProfileSide>,
+    /// With `--profile`: stop after this many measured pairs (after the warm-up).
+    #[arg(long, hide = true, requires = "profile")]
+    pairs: Option<u64>,
 }
 
 /// How many alternating slices the uncontended phase and its floors are measured in.
@@ -153,6 +161,12 @@ impl Samples {
             json["cpu_us_per_op"] = json!(rounded(cost.cpu_us_per(operations), 1));
             json["context_switches_per_op"] = json!(rounded(cost.switches_per(operations), 2));
         }
+    }
+
+    /// This process's CPU µs per sample, where measured.
+    fn cpu_per_op(&self) -> Option<f64> {
+        self.cost
+            .map(|cost| cost.cpu_us_per(self.micros.len() as u64))
     }
 
     /// Samples from back-to-back measurements (their sum is the phase's duration).
@@ -240,6 +254,9 @@ pub(super) async fn bench(args: BenchArgs) -> Result<ExitCode, LockError> {
     }
     if let Some(members) = args.set {
         return set::bench(&args, members, &client, &label, &run).await;
+    }
+    if let Some(side) = args.profile {
+        return profile::bench(&args, side, &client, &run).await;
     }
     if args.scale.scale.is_some() {
         return scale::bench(&args, &client, &label, &run).await;
@@ -565,6 +582,20 @@ impl Round {
         if let Some(fenced) = &self.fenced_floor {
             json["ratios"]["uncontended_throughput_vs_fenced_floor"] =
                 json!(ratio(uncontended.per_sec(), fenced.per_sec()));
+        }
+        for (samples, key) in [
+            (Some(floor), "uncontended_cpu_vs_floor"),
+            (
+                self.fenced_floor.as_ref(),
+                "uncontended_cpu_vs_fenced_floor",
+            ),
+        ] {
+            if let (Some(ours), Some(theirs)) = (
+                uncontended.cpu_per_op(),
+                samples.and_then(Samples::cpu_per_op),
+            ) {
+                json["ratios"][key] = json!(ratio(ours, theirs));
+            }
         }
         json
     }

@@ -313,6 +313,9 @@ impl Report<'_> {
                 );
             }
         }
+        if let Some(verdict) = super::verdict::verdict(self.figures) {
+            let _ = writeln!(out, "{verdict}");
+        }
         out
     }
 }

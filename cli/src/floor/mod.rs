@@ -7,6 +7,7 @@
 //! here, written once, and `dlock bench` runs dlock's own phases through the same loops.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dlock::BackendScheme;
@@ -281,6 +282,19 @@ impl Floors {
     }
 }
 
+/// The most pairs a measurement takes after its warm-up (`dlock bench --profile --pairs`).
+static PAIR_LIMIT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The warm-up, in operations, of a measurement that warms up for a time, under a pair limit.
+const FIXED_WARM_UP: u32 = 50;
+
+/// Stops every later measurement after `pairs` measured operations, whatever its duration, and
+/// warms each up with a fixed number of operations (not for a time): two runs then differ by
+/// exactly the difference of their `pairs`.
+pub(crate) fn limit_pairs(pairs: u64) {
+    PAIR_LIMIT.store(pairs, Ordering::Relaxed);
+}
+
 /// How a measurement warms up before its samples count.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum WarmUp {
@@ -317,7 +331,13 @@ async fn measure(
     duration: Duration,
     mut op: impl AsyncFnMut() -> Result<Duration>,
 ) -> Result<Measured> {
+    let limited = PAIR_LIMIT.load(Ordering::Relaxed) != u64::MAX;
     match warm_up {
+        WarmUp::For(_) if limited => {
+            for _ in 0..FIXED_WARM_UP {
+                op().await?;
+            }
+        }
         WarmUp::Rounds(rounds) => {
             for _ in 0..rounds {
                 op().await?;
@@ -333,7 +353,8 @@ async fn measure(
     let mut latencies = Vec::with_capacity(4096);
     let before = ProcessCost::now();
     let until = dlock_api::raw::time::after(Instant::now(), duration);
-    while Instant::now() < until {
+    let limit = PAIR_LIMIT.load(Ordering::Relaxed);
+    while Instant::now() < until && (latencies.len() as u64) < limit {
         latencies.push(op().await?);
     }
     Ok(Measured {

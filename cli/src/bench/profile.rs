@@ -1,0 +1,69 @@
+//! `dlock bench --profile dlock|floor|fenced-floor --pairs N`: one side's uncontended pairs
+//! alone, a fixed number of them, for a profiler (`valgrind --tool=callgrind`, `perf record`) to
+//! count what one pair costs the client: two runs with different `--pairs` differ by exactly that
+//! many pairs, so the difference of their counts (instructions, allocations, tasks spawned,
+//! timers armed) divided by it is one pair's, with connecting and warming up cancelled out.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
+
+use super::BenchArgs;
+use crate::floor::{self, Floors, Measured, WarmUp};
+
+/// Which side's pairs `--profile` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum ProfileSide {
+    /// dlock's acquire and release.
+    Dlock,
+    /// The backend driver's plain pair.
+    Floor,
+    /// The driver's pair that also takes a fencing token, where the backend has one.
+    FencedFloor,
+}
+
+pub(super) async fn bench(
+    args: &BenchArgs,
+    side: ProfileSide,
+    client: &Arc<dyn DistributedLock>,
+    run: &str,
+) -> Result<ExitCode, LockError> {
+    let pairs = args.pairs.unwrap_or(u64::MAX);
+    floor::limit_pairs(pairs);
+    // With a count, the duration only bounds a run that cannot reach it.
+    let duration = match args.pairs {
+        Some(_) => args.duration.max(Duration::from_secs(3600)),
+        None => args.duration,
+    };
+    let measured: Measured = match side {
+        ProfileSide::Dlock => {
+            let name = LockName::new(format!("{run}/profile"))?;
+            let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(10));
+            floor::sample(WarmUp::Rounds(50), duration, async || {
+                client.acquire(&name, &opts).await?.release().await
+            })
+            .await?
+        }
+        ProfileSide::Floor | ProfileSide::FencedFloor => {
+            let Some(floors) = Floors::for_url(&args.backend.url()?)? else {
+                return Err(LockError::invalid("--profile", "this backend has no floor"));
+            };
+            let measured = match side {
+                ProfileSide::Floor => Some(floors.pairs(duration).await?),
+                _ => floors.fenced_pairs(duration).await?,
+            };
+            measured.ok_or_else(|| {
+                LockError::invalid("--profile", "this backend has no fenced floor")
+            })?
+        }
+    };
+    let done = measured.latencies.len() as u64;
+    println!(
+        "{side:?}: {done} pairs, CPU {:.1} µs/pair, {:.2} context switches/pair",
+        measured.cost.cpu_us_per(done),
+        measured.cost.switches_per(done)
+    );
+    Ok(ExitCode::SUCCESS)
+}
