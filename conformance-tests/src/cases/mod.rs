@@ -140,6 +140,10 @@ const EXTEND_KILL_HOLDER: Needs = Needs {
     ttl_lease: true,
     ..KILL_HOLDER
 };
+const EXTEND_KILL_HOLDER_LOST: Needs = Needs {
+    lost_signal: true,
+    ..EXTEND_KILL_HOLDER
+};
 const KILL_HOLDER_LOST: Needs = Needs {
     lost_signal: true,
     ..KILL_HOLDER
@@ -256,6 +260,11 @@ static CASES: &[Case] = &[
     case!(fencing::stale_write_rejected_by_gate, FENCED_TTL),
     case!(renewal::keeps_lock_past_ttl_and_stops_at_release, EXTEND),
     case!(renewal::extend_moves_the_deadline, EXTEND),
+    case!(renewal::many_held_locks_all_kept, EXTEND),
+    case!(
+        renewal::one_lost_lock_in_a_batch_loses_only_its_guard,
+        EXTEND_KILL_HOLDER_LOST
+    ),
     case!(renewal::extend_refused_where_unsupported, NO_EXTEND),
     case!(renewal::max_hold_time_releases, NONE),
     case!(lost::fires_when_lease_ends_without_renewal, TTL),

@@ -1,6 +1,7 @@
 //! What a backend's hold on one lock can do ([`RawLease`]), who renews it ([`RenewedBy`]), and
 //! the background release of a dropped guard.
 
+use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,6 +72,36 @@ pub trait RawLease: Debug + Send + Sync + 'static {
     fn guard_timer(&self) -> Option<&super::GuardTimer> {
         None
     }
+
+    /// Where this lease's renewals may go together with those of the client's other leases
+    /// that come due at the same tick, and this lease as the batch will see it (the backend
+    /// downcasts it to its own lease type). Only leases with a
+    /// [`guard_timer`](Self::guard_timer) are renewed in batches. The default (`None`) renews
+    /// each lease by its own [`extend`](Self::extend), still from the timer's one task per tick.
+    fn renewal_batch(&self) -> Option<(Arc<dyn RenewBatch>, &(dyn Any + Send + Sync))> {
+        None
+    }
+}
+
+/// Renews many leases of one client in one exchange with the server: what
+/// [`RawLease::renewal_batch`] returns. The timer groups the leases due at one tick by the
+/// batch they name (the same `Arc`) and hands each group over in one call.
+#[async_trait]
+pub trait RenewBatch: Send + Sync + 'static {
+    /// Extends each lease in `leases` (as [`RawLease::renewal_batch`] gave it) to its TTL,
+    /// answering in the same order what that lease's [`extend`](RawLease::extend) would have.
+    /// The answers must number as many as the leases: a lease left unanswered counts as a
+    /// failed renewal.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped when every lease of the batch has run out of validity: it must leave nothing
+    /// half done that a later renewal or release would trip over (an owner-checked extend
+    /// sent or not is either way harmless).
+    async fn extend_batch(
+        &self,
+        leases: &[(&(dyn Any + Send + Sync), Duration)],
+    ) -> Vec<Result<Instant>>;
 }
 
 /// Releases `lease` in the background: what dropping an unreleased guard does.

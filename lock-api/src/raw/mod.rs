@@ -39,8 +39,10 @@
 //!   request; [`RenewedBy::Guard`] makes the watchdog call [`RawLease::extend`] every renewal
 //!   interval and move the deadline to the validity it returns. Such a backend keeps one
 //!   [`GuardTimer`] per client (a task per runtime) and returns it from
-//!   [`RawLease::guard_timer`]: a guard's watchdog task then starts only when its first renewal
-//!   comes due, so the many locks released before that cost no task at all.
+//!   [`RawLease::guard_timer`]: the timer's one task then renews every guard of the client, the
+//!   locks released before their first renewal cost no task at all, and at each tick the
+//!   renewals due within a small slack go to the server together, in one exchange where the
+//!   lease names a [`RenewBatch`] ([`RawLease::renewal_batch`]).
 //! - **Session** (MySQL, Postgres): the state has no deadline; the connection is the lease
 //!   ([`RenewedBy::Session`]). Every guard on one connection shares its [`Session`]
 //!   ([`LeaseState::on_session`]); the connection's keepalive ends that session when the
@@ -151,7 +153,7 @@ pub use engine::{
 };
 pub use held_watch::{HeldCheck, HeldWatchTiming, start_watch_after, watch_held};
 pub use holdings::Holdings;
-pub use lease::{RawLease, RenewedBy, spawn_release};
+pub use lease::{RawLease, RenewBatch, RenewedBy, spawn_release};
 pub use local_queue::{LocalQueue, Turn};
 pub use owner::random_owner;
 pub use pending::PendingAcquire;

@@ -1,6 +1,5 @@
-//! [`GuardTimer`]: one task per client that starts a guard's background work (its watchdog, a
-//! watch on its key) when it comes due, instead of a task per guard from the moment it is
-//! granted.
+//! [`GuardTimer`]: one task per client that renews its guards and starts their other
+//! background work (a watch on the key) when it comes due, instead of a task per guard.
 //!
 //! Most locks are released long before their first renewal (a third of the TTL: 10 s by
 //! default). A task spawned per guard costs a spawn, two wake-ups and, on a multi-thread runtime,
@@ -8,8 +7,12 @@
 //! and release pair. With a timer, a grant is one map insertion and a release one removal, under
 //! a lock nobody holds for long; the timer task is woken only when a grant comes due earlier than
 //! the timer next looks, which it never does when every lock has the same TTL.
+//!
+//! Renewals stay on the timer for as long as the guard is held: at each tick the task takes
+//! every renewal due within a small slack and renews them together (`watchdog.rs`), so many held
+//! locks cost one task, one timer and one exchange with the server per tick, not one per lock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -20,19 +23,20 @@ use tokio::time::{Instant, sleep_until};
 
 use super::runtime::PerRuntime;
 use super::time::after;
+use super::watchdog::{MAX_SLACK, Renewing, renew_due};
 
 /// With nothing scheduled, how soon after a grant the timer looks again anyway: grants that keep
 /// coming (each released before it comes due) then always find a look planned before they are
 /// due and need no wake-up. A timer that saw no grant for this long sleeps until the next one.
 const LINGER: Duration = Duration::from_secs(1);
 
-/// Starts the background work of one client's guards when it comes due.
+/// Starts the background work of one client's guards when it comes due, and renews them.
 ///
 /// A backend keeps one per client. Returned from
-/// [`RawLease::guard_timer`](super::RawLease::guard_timer), it starts the shared watchdog of a
-/// guard that renews its own lease ([`RenewedBy::Guard`](super::RenewedBy::Guard)) only at its
-/// first renewal; a backend may also [`schedule`](Self::schedule) its own per-guard work (a watch
-/// on the held key, started a moment after the grant, so a lock released sooner never costs one).
+/// [`RawLease::guard_timer`](super::RawLease::guard_timer), it renews every guard that renews
+/// its own lease ([`RenewedBy::Guard`](super::RenewedBy::Guard)), the renewals due at one tick
+/// together; a backend may also [`schedule`](Self::schedule) its own per-guard work (a watch on
+/// the held key, started a moment after the grant, so a lock released sooner never costs one).
 ///
 /// Each runtime that schedules has a task of its own ([`PerRuntime`]), so a guard's background
 /// work runs on the runtime that took the guard: another runtime that ends (a parallel
@@ -43,7 +47,7 @@ pub struct GuardTimer {
     shared: PerRuntime<Arc<Shared>>,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     state: Mutex<State>,
     wake: Notify,
     /// Set when the `GuardTimer` is dropped: the task ends.
@@ -52,9 +56,18 @@ struct Shared {
 
 type Start = Box<dyn FnOnce() + Send>;
 
+/// What comes due: a start that runs once, or a guard's renewal, which comes back after each.
+enum Due {
+    Start(Start),
+    Renew(Box<Renewing>),
+}
+
 #[derive(Default)]
 struct State {
-    due: BTreeMap<(Instant, u64), Start>,
+    due: BTreeMap<(Instant, u64), Due>,
+    /// Where a renewal taken from `due` at least once is now, by id: its new due time, or
+    /// `None` while it is being renewed. Its [`Scheduled`] still names the first key.
+    moved: HashMap<u64, Option<Instant>>,
     next_id: u64,
     /// When the task will next look without being woken (`None`: only when woken).
     looks_at: Option<Instant>,
@@ -64,8 +77,8 @@ struct State {
     running: bool,
 }
 
-/// A start scheduled on a [`GuardTimer`], cancelled when dropped (the guard let go first): keep
-/// it with the guard's lease.
+/// A start or renewal scheduled on a [`GuardTimer`], cancelled when dropped (the guard let go
+/// first): keep it with the guard's lease.
 #[must_use = "dropping it cancels the start"]
 pub struct Scheduled {
     shared: Weak<Shared>,
@@ -92,6 +105,16 @@ impl GuardTimer {
     }
 
     fn schedule_boxed(&self, at: Instant, start: Start) -> Option<Scheduled> {
+        self.schedule_due(at, Due::Start(start))
+    }
+
+    /// Renews (or ends at its maximum hold) a guard from `at` on, until the returned handle is
+    /// dropped or the guard is closed or lost.
+    pub(crate) fn schedule_renewal(&self, at: Instant, renewing: Renewing) -> Option<Scheduled> {
+        self.schedule_due(at, Due::Renew(Box::new(renewing)))
+    }
+
+    fn schedule_due(&self, at: Instant, due: Due) -> Option<Scheduled> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let shared = self.shared.get_or_make(|_| {
             Arc::new(Shared {
@@ -103,18 +126,9 @@ impl GuardTimer {
         let mut state = shared.lock();
         let key = (at, state.next_id);
         state.next_id = state.next_id.wrapping_add(1);
-        state.due.insert(key, start);
+        state.due.insert(key, due);
         state.busy = true;
-        if !state.running {
-            state.running = true;
-            state.looks_at = Some(at);
-            drop(state);
-            runtime.spawn(run(shared.clone()));
-        } else if state.looks_at.is_none_or(|looks_at| at < looks_at) {
-            state.looks_at = Some(at);
-            drop(state);
-            shared.wake.notify_one();
-        }
+        shared.look_by(state, at, &runtime);
         Some(Scheduled {
             shared: Arc::downgrade(&shared),
             key,
@@ -152,6 +166,48 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Makes sure the task looks by `at`: starts it if it is not running, wakes it if it
+    /// sleeps past `at`.
+    fn look_by(
+        self: &Arc<Self>,
+        mut state: MutexGuard<'_, State>,
+        at: Instant,
+        runtime: &tokio::runtime::Handle,
+    ) {
+        if !state.running {
+            state.running = true;
+            state.looks_at = Some(at);
+            drop(state);
+            runtime.spawn(run(self.clone()));
+        } else if state.looks_at.is_none_or(|looks_at| at < looks_at) {
+            state.looks_at = Some(at);
+            drop(state);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Puts a renewal back after its turn, due at `at`, unless its guard let go meanwhile
+    /// (its [`Scheduled`] was dropped while it was being renewed).
+    pub(crate) fn requeue(self: &Arc<Self>, id: u64, at: Instant, renewing: Box<Renewing>) {
+        let mut state = self.lock();
+        match state.moved.get_mut(&id) {
+            Some(moved) => *moved = Some(at),
+            None => {
+                drop(state);
+                return;
+            }
+        }
+        state.due.insert((at, id), Due::Renew(renewing));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.look_by(state, at, &runtime);
+        }
+    }
+
+    /// Forgets a renewal that ended (its guard was closed or lost).
+    pub(crate) fn finished(&self, id: u64) {
+        self.lock().moved.remove(&id);
+    }
 }
 
 impl fmt::Debug for Scheduled {
@@ -165,8 +221,15 @@ impl fmt::Debug for Scheduled {
 impl Drop for Scheduled {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.upgrade() {
+            let mut state = shared.lock();
+            let mut removed = state.due.remove(&self.key);
+            if removed.is_none() {
+                if let Some(Some(at)) = state.moved.remove(&self.key.1) {
+                    removed = state.due.remove(&(at, self.key.1));
+                }
+            }
             // Dropped outside the lock: a start may hold the last reference to a client.
-            let removed = shared.lock().due.remove(&self.key);
+            drop(state);
             drop(removed);
         }
     }
@@ -183,6 +246,32 @@ impl Drop for Running {
     }
 }
 
+/// Takes what is due at `now` from `state`: the starts due, and the renewals due within their
+/// slack, each renewal marked as being renewed.
+fn take_due(state: &mut State, now: Instant) -> (Vec<Start>, Vec<(u64, Box<Renewing>)>) {
+    let ready: Vec<(Instant, u64)> = state
+        .due
+        .range(..(after(now, MAX_SLACK), u64::MAX))
+        .filter(|&(&(at, _), due)| match due {
+            Due::Start(_) => at <= now,
+            Due::Renew(renewing) => renewing.ready(now),
+        })
+        .map(|(&key, _)| key)
+        .collect();
+    let (mut starts, mut renewals) = (Vec::new(), Vec::new());
+    for key in ready {
+        match state.due.remove(&key) {
+            Some(Due::Start(start)) => starts.push(start),
+            Some(Due::Renew(renewing)) => {
+                state.moved.insert(key.1, None);
+                renewals.push((key.1, renewing));
+            }
+            None => {}
+        }
+    }
+    (starts, renewals)
+}
+
 async fn run(shared: Arc<Shared>) {
     let running = Running(shared);
     let shared = &running.0;
@@ -194,20 +283,23 @@ async fn run(shared: Arc<Shared>) {
         tokio::pin!(notified);
         notified.as_mut().enable();
         let now = Instant::now();
-        let (starts, looks_at) = {
+        let (starts, renewals, looks_at) = {
             let mut state = shared.lock();
-            let later = state.due.split_off(&(now, u64::MAX));
-            let starts = std::mem::replace(&mut state.due, later);
+            let (starts, renewals) = take_due(&mut state, now);
             state.looks_at = match state.due.keys().next() {
                 Some(&(at, _)) => Some(at.min(after(now, LINGER))),
                 None if state.busy => Some(after(now, LINGER)),
                 None => None,
             };
             state.busy = false;
-            (starts, state.looks_at)
+            (starts, renewals, state.looks_at)
         };
-        for (_, start) in starts {
+        for start in starts {
             start();
+        }
+        if !renewals.is_empty() {
+            // One task for the tick's renewals, so a slow server delays no start or later tick.
+            tokio::spawn(renew_due(Arc::downgrade(shared), renewals));
         }
         match looks_at {
             Some(at) => {
