@@ -137,7 +137,11 @@ pub async fn many_held_locks_all_kept(ctx: Ctx) -> CaseResult {
         .buffer_unordered(32)
         .try_collect::<Vec<_>>();
     let guards = ctx
-        .within_for("acquiring the locks", ctx.timing().bound.saturating_mul(4), acquire)
+        .within_for(
+            "acquiring the locks",
+            ctx.timing().bound.saturating_mul(4),
+            acquire,
+        )
         .await??;
     // Waiting out the TTL is the behaviour under test, not a timing assumption.
     sleep(ttl.saturating_mul(3)).await;
@@ -163,8 +167,12 @@ pub async fn many_held_locks_all_kept(ctx: Ctx) -> CaseResult {
         .map(|guard| async move { guard.release().await })
         .buffer_unordered(32)
         .try_collect::<Vec<_>>();
-    ctx.within_for("releasing the locks", ctx.timing().bound.saturating_mul(4), release)
-        .await??;
+    ctx.within_for(
+        "releasing the locks",
+        ctx.timing().bound.saturating_mul(4),
+        release,
+    )
+    .await??;
     Ok(())
 }
 

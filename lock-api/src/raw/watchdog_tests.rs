@@ -116,7 +116,11 @@ async fn many_guards_renew_in_a_few_batches_and_one_refusal_loses_one_guard() {
         if number == 7 {
             assert_eq!(state.lost_reason(), Some(crate::LostReason::TakenOver));
         } else {
-            assert!(state.is_held(), "guard {number} lost: {:?}", state.lost_reason());
+            assert!(
+                state.is_held(),
+                "guard {number} lost: {:?}",
+                state.lost_reason()
+            );
         }
     }
 }
@@ -134,5 +138,8 @@ async fn a_released_guard_is_renewed_no_more() {
     let after_release = client.renewed.load(Ordering::SeqCst) - before;
     assert!(kept.is_held());
     // Only the kept guard's renewals (about three in a TTL) were counted.
-    assert!(after_release <= 4, "{after_release} renewals after one of two guards let go");
+    assert!(
+        after_release <= 4,
+        "{after_release} renewals after one of two guards let go"
+    );
 }
