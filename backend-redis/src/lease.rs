@@ -1,6 +1,7 @@
 //! `RedisLease`: owner-checked release and extend of one held lock, semaphore permit or reader's
 //! share.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
-use dlock_api::raw::{RawLease, Scheduled};
+use dlock_api::raw::{RawLease, RenewBatch, Scheduled};
 use dlock_api::{FencingToken, LockError, LockName, Result};
 use tokio::time::Instant;
 
@@ -32,9 +33,9 @@ pub(crate) enum Hold {
 pub(crate) struct RedisLease {
     inner: Arc<Inner>,
     name: LockName,
-    keys: Arc<LockKeys>,
-    owner: Arc<str>,
-    hold: Hold,
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) owner: Arc<str>,
+    pub(crate) hold: Hold,
     /// Whether this lease has (or may have) written the name's leader record: set before its
     /// first proclaim is sent, after which its renewals keep the record as long as the lock
     /// and its release ends it (`scripts/election.rs`).
@@ -60,6 +61,13 @@ impl RedisLease {
             hold,
             proclaimed: AtomicBool::new(false),
             _watch: watch,
+        }
+    }
+
+    /// The answer of an extend or release that found the lock no longer this lease's.
+    pub(crate) fn not_held(&self) -> LockError {
+        LockError::NotHeld {
+            name: self.name.to_string(),
         }
     }
 
@@ -357,6 +365,10 @@ impl RawLease for RedisLease {
 
     fn guard_timer(&self) -> Option<&dlock_api::raw::GuardTimer> {
         Some(&self.inner.timer)
+    }
+
+    fn renewal_batch(&self) -> Option<(Arc<dyn RenewBatch>, &(dyn Any + Send + Sync))> {
+        Some((self.inner.clone(), self))
     }
 }
 

@@ -199,6 +199,7 @@ mod keys;
 mod lease;
 mod lock;
 pub mod node;
+mod renew;
 mod scripts;
 mod wake;
 

@@ -40,7 +40,7 @@ use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::LockKeys;
 use crate::scripts::{
-    EXTEND, FENCE_KEEP_MS, INSPECT, NODE_ACQUIRE, NODE_LINE_CHECK, NODE_RAISE_FENCE,
+    EXTEND, EXTEND_MANY, FENCE_KEEP_MS, INSPECT, NODE_ACQUIRE, NODE_LINE_CHECK, NODE_RAISE_FENCE,
     NODE_RAISE_FENCE_HELD, NODE_RELEASE, NODE_RELEASE_ANNOUNCED, NODE_WATCH_HELD,
 };
 
@@ -55,6 +55,7 @@ pub struct Node {
     release: Script,
     release_announced: Script,
     extend: Script,
+    extend_many: Script,
     raise: Script,
     raise_held: Script,
     inspect: Script,
@@ -397,6 +398,7 @@ impl Node {
             release: Script::new(NODE_RELEASE),
             release_announced: Script::new(NODE_RELEASE_ANNOUNCED),
             extend: Script::new(EXTEND),
+            extend_many: Script::new(EXTEND_MANY),
             raise: Script::new(NODE_RAISE_FENCE),
             raise_held: Script::new(NODE_RAISE_FENCE_HELD),
             inspect: Script::new(INSPECT),
@@ -621,6 +623,42 @@ impl Node {
             .run_script(timeout, &self.extend, &[&keys.lock], &[owner, &ttl_ms])
             .await?;
         Ok(extended == 1)
+    }
+
+    /// [`extend`](Self::extend) of many locks in one script (a node holds every key): whether
+    /// each `(keys, owner)` of `locks` was extended, in order.
+    ///
+    /// # Errors
+    /// [`LockError::Unavailable`] on a timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the TTLs may or may not have been reset.
+    pub async fn extend_many(
+        &self,
+        locks: &[(&LockKeys, &str)],
+        ttl: Duration,
+        timeout: Duration,
+    ) -> Result<Vec<bool>> {
+        let ttl_ms = ttl.as_millis().max(1).to_string();
+        let names: Vec<&str> = locks.iter().map(|(keys, _)| keys.lock.as_str()).collect();
+        let args: Vec<&str> = std::iter::once(ttl_ms.as_str())
+            .chain(locks.iter().map(|&(_, owner)| owner))
+            .collect();
+        let extended: Vec<i64> = self
+            .conn
+            .run_script(timeout, &self.extend_many, &names, &args)
+            .await?;
+        if extended.len() != locks.len() {
+            return Err(LockError::unexpected(
+                crate::BACKEND,
+                format!(
+                    "extend of {} locks answered {}",
+                    locks.len(),
+                    extended.len()
+                ),
+            ));
+        }
+        Ok(extended.into_iter().map(|one| one == 1).collect())
     }
 
     /// Joins the name's waiting line on this node, or keeps `waiter`'s place in it for

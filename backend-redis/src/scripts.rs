@@ -559,6 +559,26 @@ return 0
 "
 );
 
+/// Extend of many locks at once (one tick's renewals, `renew.rs`): [`EXTEND`] for each key in
+/// turn. KEYS: the locks (on one server). ARGV: ttl_ms, then the owner of each key in order.
+/// Returns 1 or 0 per key.
+pub(crate) const EXTEND_MANY: &str = concat!(
+    r"
+local extended = {}
+for i, key in ipairs(KEYS) do
+  local holder, owner = redis.call('GET', key), ARGV[i + 1]
+  if ",
+    lua_holds!("holder", "owner"),
+    r" then
+    extended[i] = redis.call('PEXPIRE', key, ARGV[1])
+  else
+    extended[i] = 0
+  end
+end
+return extended
+"
+);
+
 /// Starts a holder's watch. KEYS: lock, fence. ARGV: owner, client id.
 ///
 /// If the caller holds the lock, marks the fence with `!CLIENT` (see the module docs; a mark
@@ -764,6 +784,7 @@ pub(crate) struct Scripts {
     pub(crate) release_uncontended: Script,
     pub(crate) cancel: Script,
     pub(crate) extend: Script,
+    pub(crate) extend_many: Script,
     pub(crate) watch_held: Script,
     pub(crate) inspect: Script,
     pub(crate) acquire_permit: Script,
@@ -801,6 +822,7 @@ impl Scripts {
             release_uncontended: Script::new(release_uncontended),
             cancel: Script::new(CANCEL),
             extend: Script::new(EXTEND),
+            extend_many: Script::new(EXTEND_MANY),
             watch_held: Script::new(WATCH_HELD),
             inspect: Script::new(INSPECT),
             acquire_permit: Script::new(permits::ACQUIRE_PERMIT),
