@@ -1,5 +1,6 @@
 //! `RedlockLease`: release on every node, extend on a quorum.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -7,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
-use dlock_api::raw::{RawLease, Scheduled, Session};
+use dlock_api::raw::{RawLease, RenewBatch, Scheduled, Session};
 use dlock_api::{LockError, LockName, LostReason, Result};
 use dlock_redis::LockKeys;
 use tokio::time::Instant;
@@ -20,8 +21,8 @@ use crate::release::release_on;
 pub(crate) struct RedlockLease {
     inner: Arc<Inner>,
     name: LockName,
-    keys: Arc<LockKeys>,
-    owner: Arc<str>,
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) owner: Arc<str>,
     /// The validity obtained by the grant or the last extend that reached a quorum.
     valid_until: Mutex<Instant>,
     /// Suspended while renewals fail and validity remains; ends with `RenewalFailed` when the
@@ -63,9 +64,67 @@ impl RedlockLease {
         }
     }
 
-    fn valid_until(&self) -> Instant {
+    pub(crate) fn valid_until(&self) -> Instant {
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// An extend's outcome from how many nodes `extended` it and found it `gone`: with a quorum
+    /// in time the new validity is `started + ttl - drift`; when a quorum can no longer be
+    /// reached it is `NotHeld`; otherwise `Unavailable`, and a renewed guard is suspended until
+    /// the validity it still has. A failure deletes nothing.
+    pub(crate) fn conclude(
+        &self,
+        round: Extended,
+        (extended, gone): (usize, usize),
+        failed: &[String],
+    ) -> Result<Instant> {
+        let config = &self.inner.config;
+        let (n, quorum) = (self.inner.slots.len(), config.quorum());
+        let Extended {
+            started,
+            current,
+            ttl,
+        } = round;
+        if extended >= quorum && Instant::now() < current {
+            let valid_until = after(started, ttl.saturating_sub(config.drift_for(ttl)));
+            *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = valid_until;
+            self.session.resume();
+            return Ok(valid_until);
+        }
+        if gone > n.saturating_sub(quorum) {
+            return Err(LockError::NotHeld {
+                name: self.name.to_string(),
+            });
+        }
+        if self.renewed {
+            self.session
+                .suspend_with(current, LostReason::RenewalFailed);
+        }
+        Err(LockError::unavailable_because(
+            BACKEND,
+            format!(
+                "extend of `{}` reached {extended} of {n} nodes, {quorum} needed ({})",
+                self.name,
+                failed.join("; ")
+            ),
+        ))
+    }
+
+    /// The answer of an extend begun when the validity had already run out.
+    pub(crate) fn out_of_validity(&self) -> LockError {
+        LockError::Lost {
+            name: self.name.to_string(),
+            reason: LostReason::RenewalFailed,
+        }
+    }
+}
+
+/// One extend round of a lease: when it started, the validity it started with, the TTL asked.
+#[derive(Clone, Copy)]
+pub(crate) struct Extended {
+    pub(crate) started: Instant,
+    pub(crate) current: Instant,
+    pub(crate) ttl: Duration,
 }
 
 #[async_trait]
@@ -144,15 +203,12 @@ impl RawLease for RedlockLease {
     /// the validity it still has.
     async fn extend(&self, ttl: Duration) -> Result<Instant> {
         let config = &self.inner.config;
-        let (n, quorum) = (self.inner.slots.len(), config.quorum());
+        let quorum = config.quorum();
         let started = Instant::now();
         let current = self.valid_until();
         let left = current.saturating_duration_since(started);
         if left.is_zero() {
-            return Err(LockError::Lost {
-                name: self.name.to_string(),
-                reason: LostReason::RenewalFailed,
-            });
+            return Err(self.out_of_validity());
         }
         let timeout = config.node_timeout_for(ttl).min(left);
         // Decided at a quorum's yes, like a grant: the new validity counts from before the
@@ -176,33 +232,23 @@ impl RawLease for RedlockLease {
             |_, _| {},
         )
         .await;
-        if extended >= quorum && Instant::now() < current {
-            let valid_until = after(started, ttl.saturating_sub(config.drift_for(ttl)));
-            *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = valid_until;
-            self.session.resume();
-            return Ok(valid_until);
-        }
-        if gone > n.saturating_sub(quorum) {
-            return Err(LockError::NotHeld {
-                name: self.name.to_string(),
-            });
-        }
-        if self.renewed {
-            self.session
-                .suspend_with(current, LostReason::RenewalFailed);
-        }
-        Err(LockError::unavailable_because(
-            BACKEND,
-            format!(
-                "extend of `{}` reached {extended} of {n} nodes, {quorum} needed ({})",
-                self.name,
-                failed.join("; ")
-            ),
-        ))
+        self.conclude(
+            Extended {
+                started,
+                current,
+                ttl,
+            },
+            (extended, gone),
+            &failed,
+        )
     }
 
     fn guard_timer(&self) -> Option<&dlock_api::raw::GuardTimer> {
         Some(&self.inner.timer)
+    }
+
+    fn renewal_batch(&self) -> Option<(Arc<dyn RenewBatch>, &(dyn Any + Send + Sync))> {
+        Some((self.inner.clone(), self))
     }
 }
 

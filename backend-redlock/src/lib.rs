@@ -178,6 +178,7 @@ mod line;
 mod lock;
 mod nodes;
 mod release;
+mod renew;
 mod wake;
 
 pub use config::{DEFAULT_PORT, RedlockConfig};
