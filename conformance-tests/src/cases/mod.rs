@@ -260,7 +260,6 @@ static CASES: &[Case] = &[
     case!(fencing::stale_write_rejected_by_gate, FENCED_TTL),
     case!(renewal::keeps_lock_past_ttl_and_stops_at_release, EXTEND),
     case!(renewal::extend_moves_the_deadline, EXTEND),
-    case!(renewal::many_held_locks_all_kept, EXTEND),
     case!(
         renewal::one_lost_lock_in_a_batch_loses_only_its_guard,
         EXTEND_KILL_HOLDER_LOST

@@ -115,67 +115,6 @@ pub async fn extend_refused_where_unsupported(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
-/// How many locks [`many_held_locks_all_kept`] holds on one client: enough that the client's
-/// renewals come due together and go to the server in batches.
-const MANY: usize = 2_000;
-
-/// A client holding many renewed locks keeps every one through several renewal intervals
-/// (renewed together, a batch per tick where the backend batches), and releases them all.
-pub async fn many_held_locks_all_kept(ctx: Ctx) -> CaseResult {
-    use futures::{StreamExt, TryStreamExt};
-    let (a, b) = (ctx.client().await?, ctx.client().await?);
-    let ttl = ctx.timing().short_ttl;
-    let opts = LockOptions::new()
-        .with_ttl(ttl)
-        .with_renewal(Renewal::auto());
-    let names: Vec<_> = (0..MANY).map(|i| ctx.name(&format!("many/{i}"))).collect();
-    let acquire = futures::stream::iter(names.iter().cloned())
-        .map(|name| {
-            let (a, opts) = (a.clone(), opts.clone());
-            async move { a.acquire(&name, &opts).await }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<_>>();
-    let guards = ctx
-        .within_for(
-            "acquiring the locks",
-            ctx.timing().bound.saturating_mul(4),
-            acquire,
-        )
-        .await??;
-    // Waiting out the TTL is the behaviour under test, not a timing assumption.
-    sleep(ttl.saturating_mul(3)).await;
-    let lost: Vec<_> = guards
-        .iter()
-        .filter(|guard| !guard.is_held())
-        .map(|guard| (guard.name().clone(), guard.lost_reason()))
-        .collect();
-    ensure!(
-        lost.is_empty(),
-        "{} of {MANY} renewed guards were lost, the first {:?}",
-        lost.len(),
-        lost.first()
-    );
-    for name in names.iter().step_by(MANY / 8) {
-        let busy = b.try_acquire(name, &LockOptions::new()).await?;
-        ensure!(
-            busy.is_none(),
-            "another client acquired {name} of a renewed batch after 3 TTLs"
-        );
-    }
-    let release = futures::stream::iter(guards)
-        .map(|guard| async move { guard.release().await })
-        .buffer_unordered(32)
-        .try_collect::<Vec<_>>();
-    ctx.within_for(
-        "releasing the locks",
-        ctx.timing().bound.saturating_mul(4),
-        release,
-    )
-    .await??;
-    Ok(())
-}
-
 /// When the lock of one guard among many renewed together is gone from the server, that guard
 /// alone is lost: the others' renewals, sent with its own, keep theirs.
 pub async fn one_lost_lock_in_a_batch_loses_only_its_guard(ctx: Ctx) -> CaseResult {

@@ -25,7 +25,7 @@ const IN_FLIGHT: usize = 16;
 /// backends each is renewed three times; on session backends the session keeps them all), then
 /// releases each as its owner: none is lost, suspended or released by anyone else meanwhile.
 pub async fn ten_thousand_held_locks_are_all_kept(ctx: Ctx) -> CaseResult {
-    let client = ctx.client().await?;
+    let (client, other) = (ctx.client().await?, ctx.client().await?);
     // Long enough that renewing every lock once per interval is light work even on a busy
     // machine; the case is about none of them being dropped, not about a short lease.
     let ttl = ctx.timing().short_ttl.saturating_mul(3);
@@ -37,7 +37,7 @@ pub async fn ten_thousand_held_locks_are_all_kept(ctx: Ctx) -> CaseResult {
         .within_for(
             "10,000 acquires",
             ctx.timing().bound.saturating_mul(4),
-            futures::stream::iter(names)
+            futures::stream::iter(names.clone())
                 .map(|name| {
                     let (client, options) = (client.clone(), options.clone());
                     async move { client.acquire(&name, &options).await }
@@ -60,6 +60,14 @@ pub async fn ten_thousand_held_locks_are_all_kept(ctx: Ctx) -> CaseResult {
         not_held.is_empty(),
         "after three renewal intervals, some of the 10,000 locks are not held (first few: {not_held:?})"
     );
+    // The server agrees: another client finds them taken (a sample of them, spread).
+    for name in names.iter().step_by(HELD / 16) {
+        let taken = other.try_acquire(name, &LockOptions::new()).await?;
+        ensure!(
+            taken.is_none(),
+            "another client acquired {name}, one of 10,000 held, after three renewal intervals"
+        );
+    }
     let released: Vec<()> = ctx
         .within_for(
             "10,000 releases",
