@@ -9,11 +9,10 @@
 //! once on the multiplexed connection.
 
 use std::any::Any;
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use dlock_api::raw::time::after;
-use dlock_api::raw::{RawLease, RenewBatch, async_trait};
+use dlock_api::raw::{RawLease, RenewBatch, async_trait, batch_answers, batch_groups};
 use dlock_api::{LockError, Result};
 use futures::future::join_all;
 use tokio::time::Instant;
@@ -24,62 +23,69 @@ use crate::lease::{Hold, RedisLease};
 /// The most keys one renewal script takes: a few hundred microseconds of the server's time.
 const CHUNK: usize = 512;
 
+/// How many renewals that each need a script of their own are in flight at once.
+const SINGLES_IN_FLIGHT: usize = 64;
+
 #[async_trait]
 impl RenewBatch for Inner {
     async fn extend_batch(
         &self,
         leases: &[(&(dyn Any + Send + Sync), Duration)],
     ) -> Vec<Result<Instant>> {
-        // By TTL, each a list of (position, lease) that one script may renew together.
-        let mut together: BTreeMap<u128, Vec<(usize, &RedisLease)>> = BTreeMap::new();
-        let mut alone = Vec::new();
-        for (index, &(lease, ttl)) in leases.iter().enumerate() {
-            match lease.downcast_ref::<RedisLease>() {
-                Some(lease)
-                    if !self.conn.is_cluster()
-                        && matches!(lease.hold, Hold::Lock { .. })
-                        && !lease.proclaimed() =>
-                {
-                    together
-                        .entry(ttl.as_millis().max(1))
-                        .or_default()
-                        .push((index, lease));
-                }
-                lease => alone.push((index, lease, ttl)),
+        let together = batch_groups::<RedisLease>(leases, CHUNK, |lease| {
+            !self.conn.is_cluster()
+                && matches!(lease.hold, Hold::Lock { .. })
+                && !lease.proclaimed()
+        });
+        let mut grouped = vec![false; leases.len()];
+        for &(index, _) in together.iter().flat_map(|(_, chunk)| chunk) {
+            if let Some(grouped) = grouped.get_mut(index) {
+                *grouped = true;
             }
         }
-        let chunks = together
+        let scripts = join_all(
+            together
+                .iter()
+                .map(|(ttl, chunk)| self.extend_many(*ttl, chunk)),
+        );
+        let alone: Vec<(usize, &(dyn Any + Send + Sync), Duration)> = leases
             .iter()
-            .flat_map(|(&ttl_ms, locks)| locks.chunks(CHUNK).map(move |chunk| (ttl_ms, chunk)));
-        let scripts = join_all(chunks.map(|(ttl_ms, chunk)| self.extend_many(ttl_ms, chunk)));
-        let singles = join_all(alone.iter().map(|&(index, lease, ttl)| async move {
-            let answer = match lease {
-                Some(lease) => lease.extend(ttl).await,
-                None => Err(LockError::unavailable_because(
-                    crate::BACKEND,
-                    "a lease of another client was given to this client's renewal",
-                )),
-            };
-            (index, answer)
-        }));
-        let (scripts, singles) = futures::join!(scripts, singles);
-        let mut answers: Vec<Option<Result<Instant>>> = leases.iter().map(|_| None).collect();
-        for (index, answer) in scripts.into_iter().flatten().chain(singles) {
-            if let Some(slot) = answers.get_mut(index) {
-                *slot = Some(answer);
+            .enumerate()
+            .filter(|(index, _)| !grouped.get(*index).copied().unwrap_or(false))
+            .map(|(index, &(lease, ttl))| (index, lease, ttl))
+            .collect();
+        // A bounded number in flight: a Cluster's whole tick at once (thousands of scripts)
+        // would queue the client's acquires behind it past their command timeout.
+        let singles = async {
+            let mut answered = Vec::with_capacity(alone.len());
+            for chunk in alone.chunks(SINGLES_IN_FLIGHT) {
+                answered.extend(
+                    join_all(chunk.iter().map(|&(index, lease, ttl)| async move {
+                        let answer = match lease.downcast_ref::<RedisLease>() {
+                            Some(lease) => lease.extend(ttl).await,
+                            None => Err(LockError::unavailable_because(
+                                crate::BACKEND,
+                                "a lease of another client was given to this client's renewal",
+                            )),
+                        };
+                        (index, answer)
+                    }))
+                    .await,
+                );
             }
-        }
-        answers
-            .into_iter()
-            .map(|answer| {
-                answer.unwrap_or_else(|| {
-                    Err(LockError::unavailable_because(
-                        crate::BACKEND,
-                        "the renewal script gave no answer for this lock",
-                    ))
-                })
-            })
-            .collect()
+            answered
+        };
+        let (scripts, singles) = futures::join!(scripts, singles);
+        batch_answers(
+            leases.len(),
+            scripts.into_iter().flatten().chain(singles),
+            || {
+                LockError::unavailable_because(
+                    crate::BACKEND,
+                    "the renewal script gave no answer for this lock",
+                )
+            },
+        )
     }
 }
 
@@ -87,12 +93,11 @@ impl Inner {
     /// Extends `locks` to `ttl_ms` by one script: each lock's answer, by its position.
     async fn extend_many(
         &self,
-        ttl_ms: u128,
+        ttl: Duration,
         locks: &[(usize, &RedisLease)],
     ) -> Vec<(usize, Result<Instant>)> {
         let sent = Instant::now();
-        let ttl = Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(u64::MAX));
-        let ttl_ms = ttl_ms.to_string();
+        let ttl_ms = ttl.as_millis().max(1).to_string();
         let names: Vec<&str> = locks
             .iter()
             .map(|(_, lease)| lease.keys.lock.as_str())

@@ -3,11 +3,10 @@
 //! [`RenewBatch`], which the shared watchdog calls with every renewal due at once.
 
 use std::any::Any;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_api::raw::{RenewBatch, async_trait};
+use dlock_api::raw::{RenewBatch, async_trait, batch_answers, batch_groups};
 use dlock_api::{LockError, Result};
 use dlock_redis::LockKeys;
 use futures::future::join_all;
@@ -27,33 +26,19 @@ impl RenewBatch for Inner {
         &self,
         leases: &[(&(dyn Any + Send + Sync), Duration)],
     ) -> Vec<Result<Instant>> {
-        let mut by_ttl: BTreeMap<Duration, Vec<(usize, &RedlockLease)>> = BTreeMap::new();
-        for (index, &(lease, ttl)) in leases.iter().enumerate() {
-            if let Some(lease) = lease.downcast_ref::<RedlockLease>() {
-                by_ttl.entry(ttl).or_default().push((index, lease));
-            }
-        }
-        let rounds = by_ttl
-            .iter()
-            .flat_map(|(&ttl, locks)| locks.chunks(CHUNK).map(move |chunk| (ttl, chunk)));
-        let answered = join_all(rounds.map(|(ttl, chunk)| self.extend_round(ttl, chunk))).await;
-        let mut answers: Vec<Option<Result<Instant>>> = leases.iter().map(|_| None).collect();
-        for (index, answer) in answered.into_iter().flatten() {
-            if let Some(slot) = answers.get_mut(index) {
-                *slot = Some(answer);
-            }
-        }
-        answers
-            .into_iter()
-            .map(|answer| {
-                answer.unwrap_or_else(|| {
-                    Err(LockError::unavailable_because(
-                        BACKEND,
-                        "a lease of another client was given to this client's renewal",
-                    ))
-                })
-            })
-            .collect()
+        let groups = batch_groups::<RedlockLease>(leases, CHUNK, |_| true);
+        let answered = join_all(
+            groups
+                .iter()
+                .map(|(ttl, chunk)| self.extend_round(*ttl, chunk)),
+        )
+        .await;
+        batch_answers(leases.len(), answered.into_iter().flatten(), || {
+            LockError::unavailable_because(
+                BACKEND,
+                "a lease of another client was given to this client's renewal",
+            )
+        })
     }
 }
 

@@ -104,6 +104,52 @@ pub trait RenewBatch: Send + Sync + 'static {
     ) -> Vec<Result<Instant>>;
 }
 
+/// The leases of a [`RenewBatch::extend_batch`] call that downcast to `L`, grouped by TTL and cut
+/// into groups of at most `most`: what one renewal script may extend together. Each lease keeps
+/// its position in the call, for [`batch_answers`]; the others (`None` from `pick`) are left out.
+pub fn batch_groups<'a, L: 'static>(
+    leases: &'a [(&'a (dyn Any + Send + Sync), Duration)],
+    most: usize,
+    pick: impl Fn(&'a L) -> bool,
+) -> Vec<(Duration, Vec<(usize, &'a L)>)> {
+    let mut by_ttl: std::collections::BTreeMap<Duration, Vec<(usize, &'a L)>> =
+        std::collections::BTreeMap::new();
+    for (index, &(lease, ttl)) in leases.iter().enumerate() {
+        if let Some(lease) = lease.downcast_ref::<L>().filter(|&lease| pick(lease)) {
+            by_ttl.entry(ttl).or_default().push((index, lease));
+        }
+    }
+    by_ttl
+        .into_iter()
+        .flat_map(|(ttl, group)| {
+            group
+                .chunks(most.max(1))
+                .map(|chunk| (ttl, chunk.to_vec()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// A batch's answers in the order of its `count` leases, from `(position, answer)` pairs in any
+/// order; a lease no pair answers gets `unanswered()` (a failed renewal, as the
+/// [`RenewBatch`] contract says).
+pub fn batch_answers(
+    count: usize,
+    answered: impl IntoIterator<Item = (usize, Result<Instant>)>,
+    unanswered: impl Fn() -> crate::LockError,
+) -> Vec<Result<Instant>> {
+    let mut answers: Vec<Option<Result<Instant>>> = (0..count).map(|_| None).collect();
+    for (index, answer) in answered {
+        if let Some(slot) = answers.get_mut(index) {
+            *slot = Some(answer);
+        }
+    }
+    answers
+        .into_iter()
+        .map(|answer| answer.unwrap_or_else(|| Err(unanswered())))
+        .collect()
+}
+
 /// Releases `lease` in the background: what dropping an unreleased guard does.
 ///
 /// It never blocks (async drop does not exist, and `block_on` in `Drop` can deadlock a
