@@ -35,6 +35,14 @@ pub trait Harness: Send + Sync + 'static {
         Timing::default()
     }
 
+    /// How many waiters `scale::thousand_waiters_are_all_served_in_turn` lines up on one name:
+    /// 1,000 by default. A deployment whose test client cannot keep that many waiters within its
+    /// command timeout on a loaded two-core machine (a debug build's Redis Cluster client) says
+    /// less, and why.
+    fn line_at_scale(&self) -> usize {
+        1_000
+    }
+
     /// What is left on the server of `names`: locks held, waiters queued (not what a backend keeps
     /// by design, such as fencing counters). Empty means clean. The runner calls it after every
     /// case, with every name the case used, until it is empty or the timing's bound passes, so a

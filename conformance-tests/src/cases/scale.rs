@@ -11,8 +11,6 @@ use crate::{CaseResult, Ctx, Failure, ensure};
 
 /// How many locks the held case keeps on one client.
 const HELD: usize = 10_000;
-/// How many waiters line up in the queue case.
-const WAITERS: usize = 1_000;
 /// Over how many clients the waiters are dealt.
 const CLIENTS: usize = 8;
 /// In how many groups the waiters of a FIFO backend arrive (each group counted by the server
@@ -86,8 +84,8 @@ pub async fn ten_thousand_held_locks_are_all_kept(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
-/// A thousand waiters on one name, over eight clients, behind one holder: each is served once
-/// and none is left behind. Where the backend promises `fifo` (and can count its waiters), they
+/// A thousand waiters on one name (the harness's [`line_at_scale`](crate::Harness::line_at_scale)),
+/// over eight clients, behind one holder: each is served once and none is left behind. Where the backend promises `fifo` (and can count its waiters), they
 /// arrive in ten groups, each counted by the server before the next starts, and no waiter is
 /// served before one of an earlier group.
 pub async fn thousand_waiters_are_all_served_in_turn(ctx: Ctx) -> CaseResult {
@@ -108,7 +106,9 @@ pub async fn thousand_waiters_are_all_served_in_turn(ctx: Ctx) -> CaseResult {
     let served: Arc<Mutex<Vec<usize>>> = Arc::default();
     let mut waiters = tokio::task::JoinSet::new();
     let groups = if ordered { GROUPS } else { 1 };
-    let per_group = WAITERS.checked_div(groups).unwrap_or(WAITERS);
+    let waiters_asked = ctx.harness().line_at_scale();
+    let per_group = waiters_asked.checked_div(groups).unwrap_or(waiters_asked);
+    let line = per_group.saturating_mul(groups);
     for group in 0..groups {
         for i in 0..per_group {
             let client =
@@ -132,7 +132,7 @@ pub async fn thousand_waiters_are_all_served_in_turn(ctx: Ctx) -> CaseResult {
     }
     first.release().await?;
     let outcomes = ctx
-        .within_for("a line of 1,000 waiters", bound.saturating_mul(4), async {
+        .within_for("the line of waiters", bound.saturating_mul(4), async {
             let mut outcomes = Vec::new();
             while let Some(joined) = waiters.join_next().await {
                 outcomes.push(joined);
@@ -145,8 +145,8 @@ pub async fn thousand_waiters_are_all_served_in_turn(ctx: Ctx) -> CaseResult {
     }
     let served = served.lock().unwrap_or_else(|e| e.into_inner()).clone();
     ensure!(
-        served.len() == WAITERS,
-        "{} of {WAITERS} waiters were served",
+        served.len() == line,
+        "{} of {line} waiters were served",
         served.len()
     );
     if let Some(at) = served.windows(2).position(|pair| pair[1] < pair[0]) {
