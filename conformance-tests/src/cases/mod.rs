@@ -231,12 +231,14 @@ macro_rules! case {
 }
 
 static CASES: &[Case] = &[
+    // First, while no fault case runs beside them: a harness's fault (Redis kills every
+    // subscribed client) would reach their thousands of waiters and holders too.
+    case!(scale::thousand_waiters_are_all_served_in_turn, NONE),
+    case!(scale::ten_thousand_held_locks_are_all_kept, NONE),
     case!(exclusion::coupon_100_tasks_leave_zero, NONE),
     case!(exclusion::purchase_10_registrations_create_one, NONE),
     case!(exclusion::same_client_is_not_reentrant, NONE),
     case!(exclusion::thousand_names_held_at_once, NONE),
-    case!(scale::ten_thousand_held_locks_are_all_kept, NONE),
-    case!(scale::thousand_waiters_are_all_served_in_turn, NONE),
     case!(waiting::try_acquire_on_held_returns_none, NONE),
     case!(waiting::acquire_times_out_within_bound, NONE),
     case!(waiting::release_wakes_waiter, NONE),
