@@ -38,7 +38,16 @@ pub async fn ten_thousand_held_locks_are_all_kept(ctx: Ctx) -> CaseResult {
             futures::stream::iter(names.clone())
                 .map(|name| {
                     let (client, options) = (client.clone(), options.clone());
-                    async move { client.acquire(&name, &options).await }
+                    async move {
+                        // A fault case beside this one may end a connection mid-acquire (or a
+                        // loaded machine miss a node's timeout): a batch job asks again.
+                        match client.acquire(&name, &options).await {
+                            Err(error) if error.is_retryable() => {
+                                client.acquire(&name, &options).await
+                            }
+                            answer => answer,
+                        }
+                    }
                 })
                 .buffer_unordered(IN_FLIGHT)
                 .try_collect(),
