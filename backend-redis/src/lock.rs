@@ -100,6 +100,17 @@ impl RedisLock {
         LockKeys::new(&self.inner.config.prefix, name)
     }
 
+    /// The recovery of one wait: it rides out a lost connection for this long before it gives
+    /// up with `Unavailable`.
+    fn wait_recovery(&self) -> WaitRecovery {
+        let config = &self.inner.config;
+        WaitRecovery::new(
+            config
+                .connect_timeout
+                .max(config.command_timeout.saturating_mul(3)),
+        )
+    }
+
     /// How long a waiter stays in the queue without refreshing: a waiter that vanished is skipped
     /// by releases after this long. Waiters refresh every third of it.
     fn presence(&self) -> Duration {
@@ -386,15 +397,14 @@ impl RedisLock {
         name: &LockName,
         options: &LockOptions,
         deadline: Option<Instant>,
-        keys: Arc<LockKeys>,
-        mut owner: Arc<str>,
+        (keys, mut owner): (Arc<LockKeys>, Arc<str>),
+        mut recovery: WaitRecovery,
     ) -> Result<Option<Grant>> {
         let timeout = self.inner.config.command_timeout;
         let mut waiting = self
             .inner
             .hub
-            .register(&self.inner.conn, &keys.channel, &owner, timeout)
-            .await?;
+            .register(&self.inner.conn, &keys.channel, &owner, timeout);
         // From here the server may queue us or grant us the lock: a dropped wait must undo both.
         let mut pending = self.arm_cleanup(&keys, &owner, LOCK);
         let refresh = self.presence().checked_div(3).unwrap_or_default();
@@ -406,12 +416,6 @@ impl RedisLock {
         // socket of a paused process.) A grant with a token no higher was made before the server
         // ran the attempt, which found the lock not ours: that grant has already ended.
         let mut last_busy: Option<(Instant, u64)> = None;
-        let config = &self.inner.config;
-        let mut recovery = WaitRecovery::new(
-            config
-                .connect_timeout
-                .max(config.command_timeout.saturating_mul(3)),
-        );
         let mut reply_lost = false;
         loop {
             if std::mem::take(&mut reply_lost) {
@@ -419,8 +423,7 @@ impl RedisLock {
                 waiting = self
                     .inner
                     .hub
-                    .register(&self.inner.conn, &keys.channel, &owner, timeout)
-                    .await?;
+                    .register(&self.inner.conn, &keys.channel, &owner, timeout);
                 pending.disarm();
                 pending = self.arm_cleanup(&keys, &owner, LOCK);
                 last_busy = None;
@@ -631,13 +634,25 @@ impl RawLock for RedisLock {
             return Box::pin(self.wait_permit(name, share, options, deadline)).await;
         }
         let keys = Arc::new(self.keys(name));
-        let owner = owner_token();
-        if let Some(grant) = self.attempt_first(name, &keys, &owner, options).await? {
-            return Ok(Some(grant));
-        }
+        let mut recovery = self.wait_recovery();
+        let owner = loop {
+            let owner = owner_token();
+            match self.attempt_first(name, &keys, &owner, options).await {
+                Ok(Some(grant)) => return Ok(Some(grant)),
+                Ok(None) => break owner,
+                // The first attempt is a step of the wait too: a connection killed under it is
+                // ridden out. Its lost reply's cleanup undoes what the server did for that owner,
+                // so the next try is a new owner.
+                Err(error) => {
+                    recovery
+                        .pause_or_give_up(error, options.retry(), deadline)
+                        .await?;
+                }
+            }
+        };
         // Boxed: the wait is a large future, and most acquires never get here. In place it would
         // make every acquire's future (which the trait boxes) as large, to be moved and freed.
-        Box::pin(self.wait_queued(name, options, deadline, keys, owner)).await
+        Box::pin(self.wait_queued(name, options, deadline, (keys, owner), recovery)).await
     }
 
     async fn count_permits(&self, name: &LockName) -> Result<u32> {

@@ -1,9 +1,10 @@
 //! Pub/sub on lock channels: one subscription per name per client, shared by all its waiters and
 //! by the holders that watch their lock.
 //!
-//! A waiter registers (subscribing the name's channel if it is the first, and its owner token for
-//! grants), then re-checks the lock, so an announcement between its failed attempt and its
-//! subscription is not missed. A release either grants the lock to one waiter (`granted OWNER
+//! A waiter registers its owner token for grants, and before each attempt makes sure the name's
+//! channel is subscribed (the first waiter of the name subscribes; after a lost connection, the
+//! next one does again), so an announcement between its failed attempt and its subscription is
+//! not missed. A release either grants the lock to one waiter (`granted OWNER
 //! TOKEN`: only that waiter is woken, and it already holds the lock) or announces it free (every
 //! local waiter of the name is woken to try). A lost connection wakes every waiter, so none sleeps
 //! through an announcement it could not hear; waiters also re-check when they refresh their
@@ -261,28 +262,27 @@ impl Wakeups {
         Ok(observing)
     }
 
-    /// Registers `owner` as a waiter on `channel`, subscribing if needed; returns once the
-    /// subscription is live.
-    pub(crate) async fn register(
+    /// Registers `owner` as a waiter on `channel`. It is not subscribed yet: the waiter calls
+    /// [`Waiting::ensure_subscribed`] before each attempt, where a connection killed under the
+    /// subscribe is ridden out with the rest of the wait.
+    pub(crate) fn register(
         self: &Arc<Self>,
         conn: &Conn,
         channel: &str,
         owner: &str,
         timeout: Duration,
-    ) -> Result<Waiting> {
+    ) -> Waiting {
         let listening = self.listen(conn, channel, timeout);
         let grant = Arc::new(Grant::default());
         self.grants
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(owner.to_owned(), grant.clone());
-        let waiting = Waiting {
+        Waiting {
             listening,
             owner: owner.to_owned(),
             grant,
-        };
-        waiting.ensure_subscribed().await?;
-        Ok(waiting)
+        }
     }
 }
 

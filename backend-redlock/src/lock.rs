@@ -599,10 +599,19 @@ impl RawLock for Redlock {
         let Some(_turn) = inner.waiters.turn(name, deadline).await else {
             return Ok(None);
         };
-        // The first round fails fast: a deployment without a quorum is an error, not a wait.
+        // A first round without a quorum (nodes down, or a connection killed under it) is
+        // ridden out as any later round's is: only a quorum that stays unreachable for the
+        // connect timeout ends the wait, with the error.
+        // The failure being ridden out: since when, and the last error, which a deadline that
+        // comes meanwhile ends the wait with (an outage reads as one, never as `Timeout`).
+        let mut unavailable: Option<(Instant, LockError)> = None;
         match self.round(name, &keys, options, RoundKind::First).await {
             Round::Granted(grant) => return Ok(Some(grant)),
-            Round::Failed(error) => return Err(error),
+            Round::Failed(error) if !error.is_retryable() => return Err(error),
+            Round::Failed(error) => {
+                tracing::debug!(lock = %name, %error, "redlock: first round failed; retrying");
+                unavailable = Some((Instant::now(), error));
+            }
             Round::Busy { .. } => {}
         }
         let mut waiting = inner.hub.register(&keys.channel, inner.slots.len());
@@ -610,12 +619,14 @@ impl RawLock for Redlock {
             .config
             .node_timeout_for(ttl)
             .max(inner.config.command_timeout.min(Duration::from_millis(100)));
-        let mut unavailable_since: Option<Instant> = None;
         let mut line = Line::new(inner.clone(), keys.clone());
         let node_timeout = inner.config.node_timeout_for(ttl);
         loop {
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
+                return match unavailable {
+                    Some((_, error)) => Err(error),
+                    None => Ok(None),
+                };
             }
             // Subscribed before the attempt, and announcements counted from just before it, so a
             // release during the attempt is not missed.
@@ -643,14 +654,16 @@ impl RawLock for Redlock {
             let round_took = round_started.elapsed();
             let wake_at = match round {
                 Round::Granted(grant) => return Ok(Some(grant)),
+                Round::Failed(error) if !error.is_retryable() => return Err(error),
                 Round::Failed(error) => {
                     // Ride out a quorum that is unreachable for a while, up to the connect
                     // timeout.
-                    let since = *unavailable_since.get_or_insert_with(Instant::now);
+                    let since = unavailable.map_or_else(Instant::now, |(since, _)| since);
                     if since.elapsed() >= inner.config.connect_timeout {
                         return Err(error);
                     }
                     tracing::debug!(lock = %name, %error, "redlock: round failed; retrying");
+                    unavailable = Some((since, error));
                     after(
                         Instant::now(),
                         self.retry_delay().max(Duration::from_millis(1)),
@@ -662,7 +675,7 @@ impl RawLock for Redlock {
                     split,
                     gate,
                 } => {
-                    unavailable_since = None;
+                    unavailable = None;
                     if split {
                         let retry_at = after(Instant::now(), self.retry_delay());
                         line.check(retry_at, node_timeout).await;

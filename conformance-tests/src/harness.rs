@@ -294,7 +294,8 @@ pub trait Faults: Send + Sync {
     /// Ends, from the server side, the connections of clients **waiting** for `name` (as `KILL`,
     /// `pg_terminate_backend`, `CLIENT KILL` or a network reset would), leaving its holder alone
     /// where the backend allows. Waits (within the timing's bound) until a waiter shows on the
-    /// server first; returns how many connections it ended.
+    /// server first; returns how many connections it ended. The case that calls it runs alone,
+    /// so a harness that cannot single out `name`'s waiters may end every waiting connection.
     async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
         let _ = name;
         Err("this harness cannot kill waiters".into())

@@ -21,6 +21,23 @@ fn trial_name(case: &Case) -> String {
     format!("conformance::{}", case.id)
 }
 
+/// Cases take turns here: most share it, and a case whose fault may reach past its own clients
+/// (a harness that cannot tell one case's waiting connections from another's kills them all)
+/// has it alone, so the fault lands on nobody else's wait.
+static BESIDE_OTHERS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Runs `trial` in `case`'s turn: alone if its fault may reach other cases, else beside them.
+fn in_turn<T>(case: &Case, trial: impl FnOnce() -> T) -> T {
+    use crate::harness::Fault;
+    if case.needs.fault == Some(Fault::KillWaiters) {
+        let _alone = BESIDE_OTHERS.write().unwrap_or_else(|e| e.into_inner());
+        trial()
+    } else {
+        let _beside = BESIDE_OTHERS.read().unwrap_or_else(|e| e.into_inner());
+        trial()
+    }
+}
+
 async fn run_case(case: &Case, ctx: Ctx) -> Result<(), Failure> {
     // A hung case must fail, not hang the suite: every case's own waits are far shorter.
     let limit = ctx.timing().bound.saturating_mul(4);
@@ -117,9 +134,7 @@ where
                 *case,
             );
             Trial::test(trial_name(&case), move || {
-                handle
-                    .block_on(run_case(&case, ctx))
-                    .map_err(|f| f.0.into())
+                in_turn(&case, || handle.block_on(run_case(&case, ctx))).map_err(|f| f.0.into())
             })
         })
         .chain(std::iter::once(long_trial(&runtime, &harness)))
@@ -167,9 +182,7 @@ pub fn main_per_case<H: Harness>(
             let (case, run) = (*case, run.clone());
             Trial::test(trial_name(&case), move || {
                 let ctx = Ctx::new(Arc::new(setup()), case.id, run);
-                runtime()
-                    .block_on(run_case(&case, ctx))
-                    .map_err(|f| f.0.into())
+                in_turn(&case, || runtime().block_on(run_case(&case, ctx))).map_err(|f| f.0.into())
             })
         })
         .collect();

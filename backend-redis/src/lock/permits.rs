@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_api::raw::Grant;
 use dlock_api::raw::time::after;
-use dlock_api::raw::{Grant, WaitRecovery};
 use dlock_api::{LockError, LockName, LockOptions, Result};
 use tokio::time::{Instant, sleep_until};
 
@@ -193,32 +193,33 @@ impl RedisLock {
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
         let keys = Arc::new(self.keys(name));
-        let mut owner = owner_token();
-        if let PermitAttempt::Granted(grant) = self
-            .attempt_permit(name, &keys, &owner, share, options, false)
-            .await?
-        {
-            return Ok(Some(grant));
-        }
-        let config = &self.inner.config;
-        let waiting = self
-            .inner
-            .hub
-            .register(
-                &self.inner.conn,
-                &keys.channel,
-                &owner,
-                config.command_timeout,
-            )
-            .await?;
+        let mut recovery = self.wait_recovery();
+        let mut owner = loop {
+            let owner = owner_token();
+            match self
+                .attempt_permit(name, &keys, &owner, share, options, false)
+                .await
+            {
+                Ok(PermitAttempt::Granted(grant)) => return Ok(Some(grant)),
+                Ok(PermitAttempt::Busy { .. }) => break owner,
+                // Ridden out as the lock's first attempt is (`wait_grant`): the next try is a
+                // new owner, the lost reply's cleanup undoing what the server did for this one.
+                Err(error) => {
+                    recovery
+                        .pause_or_give_up(error, options.retry(), deadline)
+                        .await?;
+                }
+            }
+        };
+        let waiting = self.inner.hub.register(
+            &self.inner.conn,
+            &keys.channel,
+            &owner,
+            self.inner.config.command_timeout,
+        );
         // From here the server may queue us or grant us a permit: a dropped wait undoes both.
         let mut pending = self.arm_cleanup(&keys, &owner, share.hold());
         let refresh = self.presence().checked_div(3).unwrap_or_default();
-        let mut recovery = WaitRecovery::new(
-            config
-                .connect_timeout
-                .max(config.command_timeout.saturating_mul(3)),
-        );
         loop {
             let notified = waiting.notified();
             tokio::pin!(notified);

@@ -200,7 +200,8 @@ impl Faults for RedisHarness {
     /// Once a waiter is queued for `name`, `CLIENT KILL`s the connections of waiting clients, as
     /// a proxy or network reset would: those with a channel subscription (a dlock client
     /// subscribes only while one of its tasks waits). Clients that only hold locks keep their
-    /// connections, so cases running beside this one are not disturbed.
+    /// connections. The server cannot say whose subscription is for `name`, so every waiting
+    /// client's goes: the suite runs this case alone.
     async fn kill_waiters(&self, name: &LockName) -> std::result::Result<usize, String> {
         let config = RedisConfig::from_url(self.url()).map_err(text)?;
         let keys = LockKeys::new(&config.prefix, name);

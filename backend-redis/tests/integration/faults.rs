@@ -247,6 +247,62 @@ async fn a_waiter_whose_connection_resets_mid_request_keeps_waiting() {
     guard.release().await.unwrap();
 }
 
+/// A waiter whose connection is reset under its *first* attempt (the reply held back, then the
+/// connection closed, as a `CLIENT KILL` of a busy server's clients would) is still a waiter:
+/// it asks again on a new connection and takes the lock, or a permit, when a holder lets go.
+/// Before, the first attempt's error ended the acquire with `Unavailable: broken pipe`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_first_attempt_is_reset_keeps_waiting() {
+    let redis = server();
+    for permits in [1, 2] {
+        let proxy = FaultProxy::start(redis.addr()).unwrap();
+        let waiter = RedisLock::connect_url(&format!("redis://{}", proxy.addr()))
+            .await
+            .unwrap();
+        let holder = RedisLock::connect_url(&redis.url()).await.unwrap();
+        let lock = name(&format!("reset-first-attempt-{permits}"));
+        let mut held = Vec::new();
+        for _ in 0..permits {
+            held.push(
+                holder
+                    .acquire_permit(&lock, permits, &short_ttl())
+                    .await
+                    .unwrap(),
+            );
+        }
+        proxy.set_mode(ProxyMode::HoldReplies);
+        let waiting = {
+            let lock = lock.clone();
+            tokio::spawn(async move {
+                let wait = LockOptions::new().with_wait_timeout(BOUND);
+                waiter.acquire_permit(&lock, permits, &wait).await
+            })
+        };
+        dlock_conformance::wait_for::within(BOUND, "the first attempt in flight", async {
+            while proxy.held_bytes() == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        proxy.reset();
+        proxy.heal();
+        held.pop().unwrap().release().await.unwrap();
+        let taken = timeout(BOUND, waiting)
+            .await
+            .expect("the waiter is still waiting")
+            .unwrap();
+        let permit = taken.unwrap_or_else(|e| {
+            panic!(
+                "{permits} permit(s): the waiter gave up after its first attempt was reset: {e:?}"
+            )
+        });
+        permit.release().await.unwrap();
+        for rest in held {
+            rest.release().await.unwrap();
+        }
+    }
+}
+
 /// A failover in the middle of a partition: a client reaching a Sentinel deployment through
 /// proxies of its own (every Sentinel, the primary and the replica, announced addresses mapped
 /// with `nat_map`) holds a lock that has reached the replica, and is cut off; the Sentinels

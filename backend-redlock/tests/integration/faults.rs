@@ -1,9 +1,10 @@
 //! Redlock under faults on five nodes of its own per test: a minority killed (still acquires), a
-//! majority killed (fails fast, nothing left held), two nodes frozen during an acquire (granted
-//! and released on the live nodes' answers, no key left in the end), a failed renewal
-//! (nothing deleted, suspended, then lost), a grant's key on every node although the grant is
-//! decided at the quorum, every subset of nodes clogged by a foreign value,
-//! many clients contending for one name, a replicated node refused, and nodes whose clocks jump.
+//! majority killed (fails within the connect timeout, nothing left held), two nodes frozen
+//! during an acquire (granted and released on the live nodes' answers, no key left in the
+//! end), a failed renewal (nothing deleted, suspended, then lost), a grant's key on every node
+//! although the grant is decided at the quorum, every subset of nodes clogged by a foreign
+//! value, many clients contending for one name, a replicated node refused, and nodes whose
+//! clocks jump.
 
 use crate::common;
 

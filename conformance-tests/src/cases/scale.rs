@@ -38,16 +38,7 @@ pub async fn ten_thousand_held_locks_are_all_kept(ctx: Ctx) -> CaseResult {
             futures::stream::iter(names.clone())
                 .map(|name| {
                     let (client, options) = (client.clone(), options.clone());
-                    async move {
-                        // A fault case beside this one may end a connection mid-acquire (or a
-                        // loaded machine miss a node's timeout): a batch job asks again.
-                        match client.acquire(&name, &options).await {
-                            Err(error) if error.is_retryable() => {
-                                client.acquire(&name, &options).await
-                            }
-                            answer => answer,
-                        }
-                    }
+                    async move { client.acquire(&name, &options).await }
                 })
                 .buffer_unordered(IN_FLIGHT)
                 .try_collect(),
@@ -112,7 +103,7 @@ pub async fn thousand_waiters_are_all_served_in_turn(ctx: Ctx) -> CaseResult {
         .with_ttl(ctx.timing().short_ttl.saturating_mul(3))
         .with_wait_timeout(bound.saturating_mul(4));
     let first = holder.acquire(&name, &options).await?;
-    let served: Arc<Mutex<Vec<Option<usize>>>> = Arc::default();
+    let served: Arc<Mutex<Vec<usize>>> = Arc::default();
     let mut waiters = tokio::task::JoinSet::new();
     let groups = if ordered { GROUPS } else { 1 };
     let waiters_asked = ctx.harness().line_at_scale();
@@ -124,20 +115,8 @@ pub async fn thousand_waiters_are_all_served_in_turn(ctx: Ctx) -> CaseResult {
                 clients[group.saturating_mul(per_group).saturating_add(i) % CLIENTS].clone();
             let (name, options, served) = (name.clone(), options.clone(), served.clone());
             waiters.spawn(async move {
-                let (guard, asked_again) = match client.acquire(&name, &options).await {
-                    Ok(guard) => (guard, false),
-                    // Another case's fault may end this waiter's connection (the Redis harness
-                    // kills every subscribed client); the waiter asks again, as a user would,
-                    // and joins the line anew.
-                    Err(error) if error.is_retryable() => {
-                        (client.acquire(&name, &options).await?, true)
-                    }
-                    Err(error) => return Err(error),
-                };
-                served
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((!asked_again).then_some(group));
+                let guard = client.acquire(&name, &options).await?;
+                served.lock().unwrap_or_else(|e| e.into_inner()).push(group);
                 guard.release().await
             });
         }
@@ -170,8 +149,6 @@ pub async fn thousand_waiters_are_all_served_in_turn(ctx: Ctx) -> CaseResult {
         "{} of {line} waiters were served",
         served.len()
     );
-    // A waiter that asked again says nothing of its first arrival.
-    let served: Vec<usize> = served.into_iter().flatten().collect();
     if let Some(at) = served.windows(2).position(|pair| pair[1] < pair[0]) {
         return Err(Failure(format!(
             "a waiter of group {} was served after one of group {}, which arrived later (served #{at} and #{})",
