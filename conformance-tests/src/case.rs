@@ -136,6 +136,9 @@ impl Needs {
                 Some(faults) if !faults.supports(fault) => {
                     return Some(match fault {
                         Fault::KillHolder => "harness cannot kill a holder",
+                        Fault::KillOneHold => {
+                            "harness cannot end one hold alone (its kill ends a lease or session the client's holds share)"
+                        }
                         Fault::KillWaiters => "harness cannot kill waiting connections",
                         Fault::SuspendSession => "harness cannot suspend a client's session",
                         Fault::OwnServer => "harness cannot start a server of a case's own",

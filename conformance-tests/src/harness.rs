@@ -76,6 +76,8 @@ pub trait Harness: Send + Sync + 'static {
 pub enum Fault {
     /// [`Faults::kill_holder`].
     KillHolder,
+    /// [`Faults::kill_one_hold`].
+    KillOneHold,
     /// [`Faults::kill_waiters`].
     KillWaiters,
     /// [`Faults::session_client`].
@@ -290,6 +292,13 @@ pub trait Faults: Send + Sync {
     /// Ends the current holder's hold on `name` from the server side, as a crashed server, a
     /// killed connection (`KILL`, `pg_terminate_backend`) or an expired session would.
     async fn kill_holder(&self, name: &LockName) -> std::result::Result<(), String>;
+
+    /// Ends the current holder's hold on `name` only: the same client's other holds stay (the
+    /// lock's key deleted, where [`kill_holder`](Self::kill_holder) may end a lease or session
+    /// all of them share). By default, `kill_holder`, for harnesses whose kill ends one hold.
+    async fn kill_one_hold(&self, name: &LockName) -> std::result::Result<(), String> {
+        self.kill_holder(name).await
+    }
 
     /// Ends, from the server side, the connections of clients **waiting** for `name` (as `KILL`,
     /// `pg_terminate_backend`, `CLIENT KILL` or a network reset would), leaving its holder alone

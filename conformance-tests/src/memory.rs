@@ -91,7 +91,7 @@ impl SessionControl for MemorySession {
 impl Faults for MemoryHarness {
     fn supports(&self, fault: Fault) -> bool {
         match fault {
-            Fault::KillHolder | Fault::SuspendSession => true,
+            Fault::KillHolder | Fault::KillOneHold | Fault::SuspendSession => true,
             Fault::TaskWorkers => self.task_workers,
             _ => false,
         }

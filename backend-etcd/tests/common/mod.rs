@@ -145,6 +145,8 @@ impl Faults for EtcdHarness {
     fn supports(&self, fault: Fault) -> bool {
         match fault {
             Fault::KillHolder => true,
+            // The holder's key deleted, its lease (which the client's other keys share) kept.
+            Fault::KillOneHold => true,
             // One member only: the cluster has its own leader-change tests.
             Fault::OwnServer => self.deployment.url_var() == SINGLE_URL_VAR,
             // One member: through its own server's proxy; a cluster: a proxy per member.
@@ -200,6 +202,16 @@ impl Faults for EtcdHarness {
     /// when the holder's keep-alives stop: every key on that lease goes.
     async fn kill_holder(&self, name: &LockName) -> std::result::Result<(), String> {
         revoke_holder(self.url(), name).await.map(drop)
+    }
+
+    async fn kill_one_hold(&self, name: &LockName) -> std::result::Result<(), String> {
+        let mut client = raw_client(self.url()).await?;
+        let queue = queue_keys(&mut client, self.url(), name).await?;
+        let holder = queue
+            .first()
+            .ok_or_else(|| format!("{name} has no holder"))?;
+        client.delete(holder.key(), None).await.map_err(text)?;
+        Ok(())
     }
 }
 

@@ -136,7 +136,8 @@ impl Faults for RedisHarness {
 
     fn supports(&self, fault: Fault) -> bool {
         match fault {
-            Fault::KillHolder | Fault::KillWaiters => true,
+            // The lock key deleted: the client's other locks stay.
+            Fault::KillHolder | Fault::KillOneHold | Fault::KillWaiters => true,
             // A deployment of the case's own, crashed, restarted and frozen whole.
             Fault::OwnServer => true,
             // Sentinel and Cluster: each member behind a proxy (see `proxied`).

@@ -120,6 +120,7 @@ impl Faults for RedlockHarness {
         matches!(
             fault,
             Fault::KillHolder
+                | Fault::KillOneHold
                 | Fault::KillWaiters
                 | Fault::Amnesia
                 | Fault::AmnesiaMitigated

@@ -144,6 +144,10 @@ const EXTEND_KILL_HOLDER_LOST: Needs = Needs {
     lost_signal: true,
     ..EXTEND_KILL_HOLDER
 };
+const EXTEND_KILL_ONE_HOLD_LOST: Needs = Needs {
+    fault: Some(Fault::KillOneHold),
+    ..EXTEND_KILL_HOLDER_LOST
+};
 const KILL_HOLDER_LOST: Needs = Needs {
     lost_signal: true,
     ..KILL_HOLDER
@@ -264,7 +268,7 @@ static CASES: &[Case] = &[
     case!(renewal::extend_moves_the_deadline, EXTEND),
     case!(
         renewal::one_lost_lock_in_a_batch_loses_only_its_guard,
-        EXTEND_KILL_HOLDER_LOST
+        EXTEND_KILL_ONE_HOLD_LOST
     ),
     case!(renewal::extend_refused_where_unsupported, NO_EXTEND),
     case!(renewal::max_hold_time_releases, NONE),

@@ -136,18 +136,12 @@ pub async fn one_lost_lock_in_a_batch_loses_only_its_guard(ctx: Ctx) -> CaseResu
     let mut guards = ctx.within("acquiring the locks", acquire).await??;
     let victim = guards.remove(HELD / 2);
     ctx.require_faults()?
-        .kill_holder(victim.name())
+        .kill_one_hold(victim.name())
         .await
         .map_err(Failure)?;
     let reason = ctx
         .within("the guard whose lock was killed to be lost", victim.lost())
         .await?;
-    if reason == LostReason::SessionExpired {
-        // The kill ended the lease or session the client's guards share (etcd revokes the
-        // holder's lease): every guard on it goes with it, as it should, and no batch of
-        // renewals is left to tell apart.
-        return Ok(());
-    }
     // Two more renewal rounds of the others, the first of which had the killed lock with them.
     sleep(ttl.saturating_mul(2)).await;
     let lost: Vec<_> = guards
