@@ -102,6 +102,8 @@ enum Side {
     Dlock,
     Floor,
     FencedFloor,
+    /// The crate a user would pick instead of dlock ([`Ops::peer_pair`]).
+    Peer,
 }
 
 impl Side {
@@ -112,6 +114,9 @@ impl Side {
             sides.push(Self::Floor);
             if floors.ops().fenced_pair.is_some() {
                 sides.push(Self::FencedFloor);
+            }
+            if floors.ops().peer_pair.is_some() {
+                sides.push(Self::Peer);
             }
         }
         sides
@@ -307,6 +312,8 @@ struct Round {
     floor: Option<Samples>,
     /// The floor's pairs with a fencing token, where the plain floor takes none.
     fenced_floor: Option<Samples>,
+    /// The peer's pairs, where one is measured.
+    peer: Option<Samples>,
     handoff: Samples,
     handoff_floor: Option<Samples>,
     /// Leadership passed on by resignation, where the backend has elections.
@@ -321,6 +328,7 @@ struct Parallel {
     ours: Throughput,
     floor: Option<Throughput>,
     fenced_floor: Option<Throughput>,
+    peer: Option<Throughput>,
 }
 
 /// One round: every phase of dlock with its floors, the hand-off followed by its floor, the
@@ -339,6 +347,7 @@ async fn measure(
     let mut uncontended = Samples::default();
     let mut floor: Option<Samples> = None;
     let mut fenced_floor: Option<Samples> = None;
+    let mut peer: Option<Samples> = None;
     for slice_no in 0..SLICES {
         for side in Side::rotated(&sides, slice_no) {
             let measured = match (side, floors) {
@@ -354,6 +363,7 @@ async fn measure(
                 (Side::FencedFloor, Some(floors)) => {
                     (&mut fenced_floor, floors.fenced_pairs(slice).await?)
                 }
+                (Side::Peer, Some(floors)) => (&mut peer, floors.peer_pairs(slice).await?),
                 (_, None) => continue,
             };
             if let (samples, Some(pairs)) = measured {
@@ -402,6 +412,7 @@ async fn measure(
         uncontended,
         floor,
         fenced_floor,
+        peer,
         handoff,
         handoff_floor,
         election_handoff,
@@ -433,6 +444,7 @@ async fn many_names(
         ours: Throughput::default(),
         floor: None,
         fenced_floor: None,
+        peer: None,
     };
     for slice_no in 0..MANY_SLICES {
         for side in Side::rotated(sides, slice_no) {
@@ -449,6 +461,10 @@ async fn many_names(
                 (Side::FencedFloor, Some(floors)) => (
                     &mut measured.fenced_floor,
                     floors.fenced_parallel(tasks, slice).await?,
+                ),
+                (Side::Peer, Some(floors)) => (
+                    &mut measured.peer,
+                    floors.peer_parallel(tasks, slice).await?,
                 ),
                 (_, None) => continue,
             };
@@ -537,6 +553,11 @@ impl Round {
                     entry["fenced_floor_cpu_us_per_op"] = json!(cpu_us_per_pair(&fenced));
                     entry["vs_fenced_floor"] = json!(ratio(run.ours.per_sec(), fenced.per_sec()));
                 }
+                if let Some(peer) = run.peer {
+                    entry["peer_ops_per_sec"] = json!(peer.per_sec().round());
+                    entry["peer_cpu_us_per_op"] = json!(cpu_us_per_pair(&peer));
+                    entry["vs_peer"] = json!(ratio(run.ours.per_sec(), peer.per_sec()));
+                }
                 entry
             })
             .collect();
@@ -561,6 +582,16 @@ impl Round {
             });
             fenced.cost_fields(&mut json["raw_fenced_floor"]);
         }
+        if let (Some(op), Some(peer)) = (ops.peer_pair, &self.peer) {
+            json["peer"] = json!({
+                "op": op,
+                "ops_per_sec": peer.per_sec().round(),
+                "p50_us": peer.percentile(50.0).round(),
+                "p99_us": peer.percentile(99.0).round(),
+                "samples": peer.micros.len(),
+            });
+            peer.cost_fields(&mut json["peer"]);
+        }
         json["raw_handoff_floor"] = json!({
             "op": ops.handoff,
             "p50_us": hf.percentile(50.0).round(),
@@ -583,12 +614,17 @@ impl Round {
             json["ratios"]["uncontended_throughput_vs_fenced_floor"] =
                 json!(ratio(uncontended.per_sec(), fenced.per_sec()));
         }
+        if let Some(peer) = &self.peer {
+            json["ratios"]["uncontended_throughput_vs_peer"] =
+                json!(ratio(uncontended.per_sec(), peer.per_sec()));
+        }
         for (samples, key) in [
             (Some(floor), "uncontended_cpu_vs_floor"),
             (
                 self.fenced_floor.as_ref(),
                 "uncontended_cpu_vs_fenced_floor",
             ),
+            (self.peer.as_ref(), "uncontended_cpu_vs_peer"),
         ] {
             if let (Some(ours), Some(theirs)) = (
                 uncontended.cpu_per_op(),

@@ -193,6 +193,7 @@ impl Report<'_> {
         for (at, what) in [
             ("/raw_floor", "raw floor"),
             ("/raw_fenced_floor", "raw fenced floor"),
+            ("/peer", "peer"),
         ] {
             if self.has(at) {
                 rows.push(pairs_row(
@@ -230,12 +231,16 @@ impl Report<'_> {
         );
         let floor = self.has("/raw_parallel_floor");
         let fenced = self.has("/parallel_names/0/vs_fenced_floor");
+        let peer = self.has("/parallel_names/0/vs_peer");
         let mut header = vec!["many names, one client", "dlock pairs/s"];
         if floor {
             header.extend(["raw floor pairs/s", "dlock / floor"]);
         }
         if fenced {
             header.extend(["fenced floor pairs/s", "dlock / fenced"]);
+        }
+        if peer {
+            header.extend(["peer pairs/s", "dlock / peer"]);
         }
         header.push("dlock CPU µs/pair");
         if floor {
@@ -263,6 +268,10 @@ impl Report<'_> {
             if fenced {
                 line.push(whole(&at("fenced_floor_ops_per_sec")));
                 line.push(self.fig(&at("vs_fenced_floor"), Unit::Ratio));
+            }
+            if peer {
+                line.push(whole(&at("peer_ops_per_sec")));
+                line.push(self.fig(&at("vs_peer"), Unit::Ratio));
             }
             line.push(self.fig(&at("cpu_us_per_op"), Unit::Decimals(1)));
             if floor {
@@ -296,6 +305,14 @@ impl Report<'_> {
                     out,
                     "uncontended throughput = {} the fenced floor",
                     ratio("/ratios/uncontended_throughput_vs_fenced_floor")
+                );
+            }
+            if self.has("/ratios/uncontended_throughput_vs_peer") {
+                let _ = writeln!(
+                    out,
+                    "uncontended throughput = {} the peer ({})",
+                    ratio("/ratios/uncontended_throughput_vs_peer"),
+                    text("/peer/op").split(':').next().unwrap_or_default()
                 );
             }
             let _ = write!(
@@ -489,5 +506,36 @@ mod tests {
         assert!(fenced.contains("= 0.91x the fenced floor"), "{fenced}");
         assert!(fenced.contains("dlock / fenced"), "{fenced}");
         assert!(fenced.contains("0.97x"), "{fenced}");
+    }
+
+    #[test]
+    fn the_peer_has_its_row_column_and_ratio_only_where_it_was_measured() {
+        let run = Run {
+            label: "redlock(test)",
+            duration: Duration::from_secs(1),
+            rounds: 1,
+            waiters: 4,
+            hold: Duration::from_millis(2),
+        };
+        let mut figures = round(100.0, 10, 0.9, 1000.0);
+        let without = Report {
+            figures: &figures,
+            spread: None,
+        }
+        .render(&run);
+        assert!(!without.contains("peer"), "{without}");
+
+        figures["peer"] = json!({"op": "rslock 0.10: lock + unlock", "ops_per_sec": 80.0});
+        figures["ratios"]["uncontended_throughput_vs_peer"] = json!(1.25);
+        figures["parallel_names"][0]["vs_peer"] = json!(1.31);
+        let with = Report {
+            figures: &figures,
+            spread: None,
+        }
+        .render(&run);
+        assert!(with.contains("peer: rslock 0.10: lock + unlock"), "{with}");
+        assert!(with.contains("= 1.25x the peer (rslock 0.10)"), "{with}");
+        assert!(with.contains("dlock / peer"), "{with}");
+        assert!(with.contains("1.31x"), "{with}");
     }
 }

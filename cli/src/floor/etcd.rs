@@ -400,6 +400,7 @@ impl Protocol for Etcd {
             fenced_pair: None,
             handoff: "guarded delete, then the waiter's watch (from the read's revision + 1) fires",
             client: "one client (one channel)".to_owned(),
+            peer_pair: None,
         }
     }
 

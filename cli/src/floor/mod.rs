@@ -26,6 +26,8 @@ mod postgres;
 mod redis;
 #[cfg(feature = "redlock")]
 mod redlock;
+#[cfg(any(feature = "redis", feature = "redlock"))]
+mod rslock;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
 
@@ -75,6 +77,9 @@ pub(crate) struct Ops {
     pub(crate) handoff: &'static str,
     /// The client the many-names floor's tasks share.
     pub(crate) client: String,
+    /// The pair of the crate a user would pick instead of dlock on this backend, where one is
+    /// measured ([`Protocol::peer_pairs`]).
+    pub(crate) peer_pair: Option<&'static str>,
 }
 
 /// One backend's raw protocol, as the floors drive it.
@@ -143,6 +148,21 @@ pub(crate) trait Protocol {
         (waiters, hold): (usize, Duration),
     ) -> Result<Option<Vec<Duration>>> {
         let _ = (permits, duration, waiters, hold);
+        Ok(None)
+    }
+
+    /// The uncontended pairs of the crate a user would pick instead of dlock on this backend
+    /// ([`Ops::peer_pair`]), on the same server, measured like [`pairs`](Self::pairs); `None`
+    /// (the default) where none is measured.
+    async fn peer_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
+        let _ = duration;
+        Ok(None)
+    }
+
+    /// [`parallel`](Self::parallel) with the peer's pairs of [`peer_pairs`](Self::peer_pairs);
+    /// `None` (the default) where none is measured.
+    async fn peer_parallel(&self, tasks: usize, duration: Duration) -> Result<Option<Throughput>> {
+        let _ = (tasks, duration);
         Ok(None)
     }
 
@@ -236,6 +256,20 @@ impl Floors {
     /// See [`Protocol::fenced_pairs`].
     pub(crate) async fn fenced_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
         each_protocol!(self, floor, _P => floor.fenced_pairs(duration).await)
+    }
+
+    /// See [`Protocol::peer_pairs`].
+    pub(crate) async fn peer_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
+        each_protocol!(self, floor, _P => floor.peer_pairs(duration).await)
+    }
+
+    /// See [`Protocol::peer_parallel`].
+    pub(crate) async fn peer_parallel(
+        &self,
+        tasks: usize,
+        duration: Duration,
+    ) -> Result<Option<Throughput>> {
+        each_protocol!(self, floor, _P => floor.peer_parallel(tasks, duration).await)
     }
 
     /// See [`Protocol::handoffs`].

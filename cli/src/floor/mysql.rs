@@ -324,6 +324,7 @@ impl Protocol for MySql {
                 "a pool of {} connections (max_connections, as dlock's own pool)",
                 self.config.max_connections
             ),
+            peer_pair: None,
         }
     }
 

@@ -296,6 +296,7 @@ impl Protocol for Postgres {
                 "a pool of {} connections (max_connections, as dlock's own pool)",
                 self.config.max_connections
             ),
+            peer_pair: None,
         }
     }
 

@@ -223,6 +223,16 @@ return redis.call('PUBLISH', ARGV[2], 'released') + 1
             Ok(Self { config, keys })
         }
 
+        fn is_cluster(&self) -> bool {
+            matches!(self.config.topology, Topology::Cluster { .. })
+        }
+
+        /// A client of the single node, or of the primary the Sentinels name.
+        async fn primary_client(&self) -> Result<redis::Client> {
+            let node = dlock_redis::driver::primary(&self.config).await?;
+            dlock_redis::driver::node_client(&self.config, &node)
+        }
+
         /// One multiplexed RESP3 connection (the primary's, behind Sentinels; the cluster's
         /// connection to every primary, in a Cluster), with its push messages sent to `push`.
         async fn connect(&self, push: Option<UnboundedSender<PushInfo>>) -> Result<Conn> {
@@ -569,7 +579,32 @@ return redis.call('PUBLISH', ARGV[2], 'released') + 1
                 ),
                 handoff: "DEL+PUBLISH, waiters race SET NX",
                 client: "one multiplexed connection".to_owned(),
+                // rslock takes a list of nodes: a single one, or the primary behind Sentinels.
+                peer_pair: (!self.is_cluster()).then_some(crate::floor::rslock::PEER_PAIR),
             }
+        }
+
+        async fn peer_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
+            if self.is_cluster() {
+                return Ok(None);
+            }
+            crate::floor::rslock::pairs(vec![self.primary_client().await?], &self.keys, duration)
+                .await
+                .map(Some)
+        }
+
+        async fn peer_parallel(
+            &self,
+            tasks: usize,
+            duration: Duration,
+        ) -> Result<Option<Throughput>> {
+            if self.is_cluster() {
+                return Ok(None);
+            }
+            let primary = vec![self.primary_client().await?];
+            crate::floor::rslock::parallel(primary, &self.keys, tasks, duration)
+                .await
+                .map(Some)
         }
 
         async fn pairs(&self, duration: Duration) -> Result<Measured> {

@@ -39,6 +39,16 @@ impl Redlock {
         Ok(Self { config, keys })
     }
 
+    /// A client of each node, in the URL's order (for the peer, which connects by itself).
+    fn node_clients(&self) -> Result<Vec<redis::Client>> {
+        let c = &self.config;
+        c.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| dlock_redis::driver::node_client(&c.node_config(i), node))
+            .collect()
+    }
+
     /// One multiplexed RESP3 connection per node, in the URL's order, each sending its push
     /// messages to `push`.
     async fn connect(
@@ -197,7 +207,20 @@ impl Protocol for Redlock {
             ),
             handoff: "parallel DEL+PUBLISH x N, subscriber's parallel SET NX x N to a quorum",
             client: "one multiplexed connection per node".to_owned(),
+            peer_pair: Some(super::rslock::PEER_PAIR),
         }
+    }
+
+    async fn peer_pairs(&self, duration: Duration) -> Result<Option<Measured>> {
+        super::rslock::pairs(self.node_clients()?, &self.keys, duration)
+            .await
+            .map(Some)
+    }
+
+    async fn peer_parallel(&self, tasks: usize, duration: Duration) -> Result<Option<Throughput>> {
+        super::rslock::parallel(self.node_clients()?, &self.keys, tasks, duration)
+            .await
+            .map(Some)
     }
 
     async fn pairs(&self, duration: Duration) -> Result<Measured> {

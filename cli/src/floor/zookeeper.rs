@@ -301,6 +301,7 @@ impl Protocol for ZooKeeper {
             fenced_pair: None,
             handoff: "delete, then the waiter's exists-watch fires and its listing answers",
             client: "one session".to_owned(),
+            peer_pair: None,
         }
     }
 
