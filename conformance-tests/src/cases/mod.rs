@@ -235,8 +235,8 @@ macro_rules! case {
 }
 
 static CASES: &[Case] = &[
-    // First, while no fault case runs beside them: a harness's fault (Redis kills every
-    // subscribed client) would reach their thousands of waiters and holders too.
+    // First: the longest cases, so that the short ones run beside them, not after them. (A
+    // fault that may reach other cases' clients runs alone: see the runner's `in_turn`.)
     case!(scale::thousand_waiters_are_all_served_in_turn, NONE),
     case!(scale::ten_thousand_held_locks_are_all_kept, NONE),
     case!(exclusion::coupon_100_tasks_leave_zero, NONE),

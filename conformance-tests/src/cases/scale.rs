@@ -84,10 +84,11 @@ pub async fn ten_thousand_held_locks_are_all_kept(ctx: Ctx) -> CaseResult {
     Ok(())
 }
 
-/// A thousand waiters on one name (the harness's [`line_at_scale`](crate::Harness::line_at_scale)),
-/// over eight clients, behind one holder: each is served once and none is left behind. Where the backend promises `fifo` (and can count its waiters), they
-/// arrive in ten groups, each counted by the server before the next starts, and no waiter is
-/// served before one of an earlier group.
+/// A thousand waiters on one name (the harness's
+/// [`line_at_scale`](crate::Harness::line_at_scale)), over eight clients, behind one holder:
+/// each is served once and none is left behind. Where the backend promises `fifo` (and can
+/// count its waiters), they arrive in ten groups, each counted by the server before the next
+/// starts, and no waiter is served before one of an earlier group.
 pub async fn thousand_waiters_are_all_served_in_turn(ctx: Ctx) -> CaseResult {
     let holder = ctx.client().await?;
     let mut clients: Vec<Arc<dyn DistributedLock>> = Vec::with_capacity(CLIENTS);
