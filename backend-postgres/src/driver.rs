@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::permits_mismatch;
-use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, TriedAll, Waited};
+use dlock_api::raw::{ChangeBell, DriverError, PoolConfig, SessionDriver, TriedAll, Waited};
 use dlock_api::{Leader, LockError, LockName, Result};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{ConnectOptions, Connection, Row};
@@ -18,6 +18,7 @@ use crate::error::{
 };
 use crate::fence::Fence;
 use crate::key::{RawKey, limit_key, slot_key};
+use crate::listen::{Listener, leader_channel};
 use crate::sql::{self, Sql};
 use crate::tls;
 
@@ -46,6 +47,8 @@ pub(crate) struct PgDriver {
     fence: Option<Fence>,
     /// The leaders table's statements; `None` with fencing off (elections need terms).
     pub(crate) leaders: Option<LeaderSql>,
+    /// Where observers hear leader changes; made with `leaders`.
+    pub(crate) listener: Option<Listener>,
     connect: PgConnectOptions,
 }
 
@@ -132,12 +135,17 @@ impl PgDriver {
         fence: Option<Fence>,
         leaders: Option<LeaderSql>,
     ) -> Result<Self> {
+        let connect = config.driver_options()?;
+        let listener = leaders
+            .as_ref()
+            .map(|_| Listener::new(connect.clone(), config.connect_timeout));
         Ok(Self {
-            connect: config.driver_options()?,
+            connect,
             config,
             sql,
             fence,
             leaders,
+            listener,
         })
     }
 
@@ -480,6 +488,16 @@ impl SessionDriver for PgDriver {
         let leaders = self.leaders()?;
         let k = int_key(key)?;
         unlock_retrying(conn, || leaders.unlock(k)).await
+    }
+
+    async fn leader_bell(&self, key: &RawKey) -> Result<Option<ChangeBell>> {
+        let Some(listener) = &self.listener else {
+            return Ok(None);
+        };
+        let RawKey::Int(k) = key else {
+            return Ok(None);
+        };
+        listener.bell(leader_channel(*k)).await.map(Some)
     }
 
     async fn ping(&self, conn: &mut PgConnection) -> std::result::Result<(), DriverError> {

@@ -5,6 +5,10 @@
 //! holds the name's advisory key, as `pg_locks` says at the moment of the read: a leader whose
 //! session ended leaves a row that reads as vacant, with nothing to clean up, and a backend
 //! that took the pid of a dead one is told apart by its start time.
+//!
+//! A write and a resignation's delete notify the name's channel (`pg_notify`, delivered at
+//! commit), which the client's observers listen on (see `listen.rs`); a dead session notifies
+//! nobody, so observers also read on a timer.
 
 use std::time::Duration;
 
@@ -15,6 +19,7 @@ use tokio::time::timeout;
 
 use crate::config::{PostgresConfig, config_error, quote_qualified_suffixed};
 use crate::error::{sqlstate, timed_out};
+use crate::listen::leader_channel;
 use crate::sql::advisory_is;
 
 /// The suffix of the leaders table's name, after the fence sequence's.
@@ -56,16 +61,18 @@ impl LeaderSql {
                  holder_start timestamptz)"
             ),
             // Written only while this backend holds the key, and never over a higher term; the
-            // row comes back only when it was written.
+            // row comes back only when it was written, and only then are observers told
+            // (channel `$5`, at commit).
             proclaim: format!(
-                "INSERT INTO {table} AS r (name, key, term, value, holder, holder_start) \
+                "WITH w AS (INSERT INTO {table} AS r (name, key, term, value, holder, holder_start) \
                  SELECT $1, $2, $3, $4, pg_backend_pid(), \
                  (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()) \
                  WHERE {} \
                  ON CONFLICT (name) DO UPDATE SET key = EXCLUDED.key, term = EXCLUDED.term, \
                  value = EXCLUDED.value, holder = EXCLUDED.holder, \
                  holder_start = EXCLUDED.holder_start WHERE r.term <= EXCLUDED.term \
-                 RETURNING true",
+                 RETURNING r.term) \
+                 SELECT true FROM w, pg_notify($5, w.term::text) AS told",
                 held_by("pg_backend_pid()", "$2")
             ),
             // A start time the reader may not see (another role's session, without
@@ -77,10 +84,13 @@ impl LeaderSql {
                 held_by("r.holder", "$2")
             ),
             // The row goes only if this backend wrote it: a successor's stays. The delete and
-            // the unlock may run in either order, since the row names its writer.
+            // the unlock may run in either order, since the row names its writer. Observers
+            // are told (channel `$2`) when a row went; a plain lock's unlock tells nobody.
             unlock: format!(
-                "WITH gone AS (DELETE FROM {table} WHERE key = $1 AND holder = pg_backend_pid()) \
-                 SELECT pg_advisory_unlock($1)"
+                "WITH gone AS (DELETE FROM {table} WHERE key = $1 AND holder = pg_backend_pid() \
+                 RETURNING term), \
+                 told AS (SELECT 1 FROM gone, pg_notify($2, gone.term::text) AS n) \
+                 SELECT pg_advisory_unlock($1), (SELECT count(*) FROM told)"
             ),
             table,
         })
@@ -128,6 +138,7 @@ impl LeaderSql {
             .bind(key)
             .bind(term)
             .bind(value)
+            .bind(leader_channel(key))
     }
 
     /// `name`'s record (key `key`), if its writer holds the key now: `(term, value)`.
@@ -141,7 +152,9 @@ impl LeaderSql {
 
     /// Unlocks the 64-bit key `key` and deletes the record this backend wrote for it.
     pub(crate) fn unlock(&self, key: i64) -> Query<'_, Postgres, PgArguments> {
-        sqlx::query(&self.unlock).bind(key)
+        sqlx::query(&self.unlock)
+            .bind(key)
+            .bind(leader_channel(key))
     }
 }
 

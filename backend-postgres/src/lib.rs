@@ -205,6 +205,7 @@ mod error;
 mod fence;
 mod inspect;
 mod key;
+mod listen;
 mod lock;
 mod pooler;
 mod sql;

@@ -205,6 +205,9 @@ impl RawLock for PostgresLock {
     }
 
     async fn shutdown(&self, _deadline: Instant) {
+        if let Some(listener) = &self.pool.driver().listener {
+            listener.close();
+        }
         self.pool.shutdown().await;
     }
 

@@ -1,15 +1,17 @@
 //! Elections on Postgres: the leaders table's row, a leader whose backend is terminated (its row
-//! reads vacant at once, with nothing cleaned up), a proclaim refused over a higher term, and a
-//! candidate whose waiting backend is terminated.
+//! reads vacant at once, with nothing cleaned up), a proclaim refused over a higher term, a
+//! candidate whose waiting backend is terminated, and the notifications observers listen for.
 
 use crate::common;
 
 use std::time::Duration;
 
 use common::{shared_url, sql, terminate_holder, terminate_waiters, unique};
-use dlock_api::{DistributedLock, LockError, LockName, LockOptions, LostReason};
+use dlock_api::{DistributedLock, LeaderEvent, LockError, LockName, LockOptions, LostReason};
 use dlock_postgres::{AdvisoryKey, PostgresLock};
+use futures::StreamExt;
 use sqlx::Row;
+use sqlx::postgres::PgListener;
 use tokio::time::timeout;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -159,4 +161,101 @@ async fn a_candidate_whose_waiting_backend_is_terminated_is_lost_not_leader() {
         "{outcome:?}"
     );
     assert_eq!(a.leader(&n).await.unwrap(), None);
+}
+
+/// The channel a name's leader changes are notified on.
+fn channel(n: &LockName) -> String {
+    format!("dlock_leader_{:016x}", dlock_api::KeyMapper::hash_i64(n))
+}
+
+/// The next notification on `heard`'s channels: its payload.
+async fn told(heard: &mut PgListener) -> String {
+    let notification = timeout(BOUND, heard.recv())
+        .await
+        .expect("a notification")
+        .unwrap();
+    notification.payload().to_owned()
+}
+
+#[tokio::test]
+async fn a_proclaim_and_a_resignation_notify_the_name_and_an_observer_listens_again_after_a_kill() {
+    let url = shared_url();
+    let locks = PostgresLock::connect_url(&url).await.unwrap();
+    let n = name("notified");
+    let mut heard = PgListener::connect(&url).await.unwrap();
+    heard.listen(&channel(&n)).await.unwrap();
+
+    let leadership = locks.campaign(&n, b"a", &wait()).await.unwrap();
+    let term = leadership.term().get().to_string();
+    assert_eq!(told(&mut heard).await, term, "the first proclaim");
+    leadership.proclaim(b"b").await.unwrap();
+    assert_eq!(told(&mut heard).await, term, "a proclaim");
+
+    let mut observer = locks.observe(&n).await.unwrap();
+    let first = timeout(BOUND, observer.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&first, LeaderEvent::Leads(leader) if leader.value() == b"b"),
+        "{first:?}"
+    );
+    // The observer's client listens on the name's channel: a session beside this test's whose
+    // last statement was that LISTEN.
+    let ours: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut heard)
+        .await
+        .unwrap();
+    let listen = format!("LISTEN \"{}\"", channel(&n));
+    let listening = |url: String, listen: String| async move {
+        let mut conn = sql(&url).await;
+        sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity WHERE query = $1 AND pid <> $2",
+        )
+        .bind(listen)
+        .bind(ours)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+    };
+    common::eventually("the observer's client to listen", || {
+        let listed = listening(url.clone(), listen.clone());
+        async move { !listed.await.is_empty() }
+    })
+    .await;
+    let first_listener = listening(url.clone(), listen.clone()).await;
+    // Its listening connection terminated, it connects and listens again, and goes on hearing.
+    let mut conn = sql(&url).await;
+    for pid in &first_listener {
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    common::eventually("the observer's client to listen again", || {
+        let listed = listening(url.clone(), listen.clone());
+        let first_listener = &first_listener;
+        async move {
+            let now = listed.await;
+            !now.is_empty() && now.iter().all(|pid| !first_listener.contains(pid))
+        }
+    })
+    .await;
+
+    leadership.resign().await.unwrap();
+    assert_eq!(told(&mut heard).await, term, "a resignation");
+    let vacant = timeout(BOUND, observer.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(vacant, LeaderEvent::Vacant);
+
+    // A plain lock's release tells nobody.
+    let guard = locks.acquire(&n, &wait()).await.unwrap();
+    guard.release().await.unwrap();
+    let quiet = timeout(Duration::from_millis(200), heard.recv()).await;
+    assert!(quiet.is_err(), "{quiet:?}");
 }

@@ -74,6 +74,8 @@
 //!   waiting writer waits behind it.
 //! - [`Subscriptions`]: a client's pub/sub subscription per channel, shared by its waiters on it;
 //!   the last to leave unsubscribes, never undoing a newer subscribe.
+//! - [`ChangeBell`]: a server's notification that a watched state may have changed, so a
+//!   reader (a leader observer) reads again at once rather than on its timer.
 //! - [`config`]: option values and URL parts parsed, and refused, the same way in every backend.
 //! - [`watch_held`]: a TTL lock's holder checking its key until the guard ends, so that a key
 //!   taken over reaches its holder as the taker announces it, not at the next renewal.
@@ -116,6 +118,7 @@
 
 mod at_once;
 pub(crate) mod background;
+mod bell;
 mod campaign;
 mod claim;
 pub mod config;
@@ -144,6 +147,7 @@ pub use crate::inspect::inspect;
 pub use crate::semaphore::permits_mismatch;
 pub use at_once::{GrantedAtOnce, try_acquire_at_once};
 pub use background::{settle, spawn_cleanup};
+pub use bell::ChangeBell;
 pub use campaign::{campaign, leader, observe};
 pub use claim::Claim;
 pub use detach::Detach;

@@ -288,6 +288,25 @@ pub trait SessionDriver: Debug + Send + Sync + 'static {
         self.unlock(conn, key).await
     }
 
+    /// A bell that rings when the leader's record of `key` may have changed (a proclaim, a
+    /// resignation, a successor's first proclaim), heard from the server as it happens, so that
+    /// observers read the record at once. Made before the observer's first read, so a change
+    /// between that read and the bell is not missed. `Ok(None)`, the default: the server tells
+    /// nobody, and observers read every [`OBSERVE_RETRY`](crate::raw::OBSERVE_RETRY). No server
+    /// rings for a connection that dies, so observers with a bell still read now and then (see
+    /// [`SessionPool::observe_leader`](super::SessionPool::observe_leader)).
+    ///
+    /// # Errors
+    /// Whatever keeps the bell from being set up (its connection, its subscribe); the observer
+    /// reads on its timer meanwhile and asks again later.
+    async fn leader_bell(
+        &self,
+        key: &Self::Key,
+    ) -> Result<Option<crate::raw::ChangeBell>, LockError> {
+        let _ = key;
+        Ok(None)
+    }
+
     /// A round trip that proves the connection (and so its locks) alive.
     async fn ping(&self, conn: &mut Self::Conn) -> Result<(), DriverError>;
 

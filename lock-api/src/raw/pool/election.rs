@@ -1,8 +1,10 @@
 //! Reading and observing a name's leader over a pool: the driver's owner-checked record, read
-//! on any connection, and a stream that reads it again on a bounded interval.
+//! on any connection, and a stream that reads it again when the driver's bell rings and on a
+//! bounded interval.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::time::{Instant, timeout};
@@ -13,6 +15,7 @@ use super::driver::{DriverError, SessionDriver};
 use crate::election::{Leader, LeaderEvent, LeaderStream, OBSERVE_RETRY};
 use crate::error::Result;
 use crate::name::LockName;
+use crate::raw::ChangeBell;
 use crate::raw::detach::Detach;
 use crate::raw::time::after;
 
@@ -88,23 +91,78 @@ async fn read_on<D: SessionDriver>(
         .map_err(|failure: DriverError| failure.error)
 }
 
+/// How often an observer with a bell reads anyway: a leader whose connection dies rings
+/// nothing, so a vacancy that no successor fills is seen within this.
+pub(crate) const READ_ANYWAY: Duration = Duration::from_secs(1);
+
+/// How long an observer whose bell could not be set up reads on its timer before asking for
+/// one again.
+const BELL_RETRY: Duration = Duration::from_secs(5);
+
+/// An observer's bell, if its driver offers one.
+enum Bell {
+    /// Ask the driver for one before the next read at or after this.
+    AskAt(Instant),
+    Have(ChangeBell),
+    /// The driver has none: read every [`OBSERVE_RETRY`].
+    NotOffered,
+}
+
 /// What an observer keeps between reads.
 struct Observer<D: SessionDriver> {
     pool: SessionPool<D>,
     name: LockName,
     key: D::Key,
-    /// Read at once the first time; after that, once per interval.
+    /// Read at once the first time; after that, on a ring or once per interval.
     first: bool,
+    bell: Bell,
     /// A read failed since the last state reported: the next state follows a `Missed`.
     missed: bool,
     ready: VecDeque<Result<LeaderEvent>>,
 }
 
-/// The leader of `name` read now and then every [`OBSERVE_RETRY`]: a session server tells
-/// nobody when a connection dies (and with it a leader), so only reading again bounds how late
-/// an observer learns it. Every read is reported (the engine drops repeats); a failed read is
+impl<D: SessionDriver> Observer<D> {
+    /// Until the next read is due: a ring of the bell, or the interval of reading without one.
+    async fn until_read_due(&mut self) {
+        match &mut self.bell {
+            Bell::Have(bell) => {
+                tokio::select! {
+                    rung = bell.rung() => if !rung {
+                        self.bell = Bell::AskAt(Instant::now());
+                    },
+                    () = tokio::time::sleep(READ_ANYWAY) => {}
+                }
+            }
+            Bell::AskAt(_) | Bell::NotOffered => tokio::time::sleep(OBSERVE_RETRY).await,
+        }
+    }
+
+    /// Sets the bell up if it is due, before the read it must not miss a change after.
+    async fn ring_me(&mut self) {
+        let Bell::AskAt(at) = self.bell else {
+            return;
+        };
+        if Instant::now() < at {
+            return;
+        }
+        self.bell = match self.pool.leader_bell(&self.key).await {
+            Ok(Some(bell)) => Bell::Have(bell),
+            Ok(None) => Bell::NotOffered,
+            Err(error) => {
+                tracing::debug!(%error, "dlock: no change bell for a leader observer; reading on a timer");
+                Bell::AskAt(after(Instant::now(), BELL_RETRY))
+            }
+        };
+    }
+}
+
+/// The leader of `name` read now, then again whenever the driver's
+/// [`leader_bell`](SessionDriver::leader_bell) rings and at least every [`READ_ANYWAY`] (a
+/// session server tells nobody when a connection dies, and with it a leader); without a bell,
+/// every [`OBSERVE_RETRY`]. Every read is reported (the engine drops repeats); a failed read is
 /// reported as the error, and the next state after it follows a [`LeaderEvent::Missed`]. The
-/// stream holds no connection between reads, so dropping it leaves nothing behind.
+/// stream holds no connection between reads, and its bell is the driver's to share, so
+/// dropping it leaves nothing behind.
 pub(super) fn observe<D: SessionDriver>(
     pool: SessionPool<D>,
     name: LockName,
@@ -115,6 +173,7 @@ pub(super) fn observe<D: SessionDriver>(
         name,
         key,
         first: true,
+        bell: Bell::AskAt(Instant::now()),
         missed: false,
         ready: VecDeque::new(),
     };
@@ -123,10 +182,10 @@ pub(super) fn observe<D: SessionDriver>(
             if let Some(item) = observer.ready.pop_front() {
                 return Some((item, observer));
             }
-            if !observer.first {
-                tokio::time::sleep(OBSERVE_RETRY).await;
+            if !std::mem::take(&mut observer.first) {
+                observer.until_read_due().await;
             }
-            observer.first = false;
+            observer.ring_me().await;
             match observer.pool.leader(&observer.name, &observer.key).await {
                 Ok(leader) => {
                     if std::mem::take(&mut observer.missed) {

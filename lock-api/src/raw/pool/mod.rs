@@ -56,8 +56,10 @@
 //! - **Elections** are locks whose holder writes a record: the driver's `proclaim` writes it
 //!   on the lease's own connection, owner-checked on the server; its `leader` reads it on any
 //!   connection and counts it only while its writer's connection holds the key. Observers read
-//!   again every [`OBSERVE_RETRY`](crate::raw::OBSERVE_RETRY), since a dead connection tells
-//!   nobody. A campaign whose wait loses its connection fails with
+//!   again when the driver's [`leader_bell`](SessionDriver::leader_bell) rings (Postgres
+//!   `NOTIFY`) and at least every second, or every
+//!   [`OBSERVE_RETRY`](crate::raw::OBSERVE_RETRY) without a bell, since a dead connection
+//!   tells nobody. A campaign whose wait loses its connection fails with
 //!   [`LockError::Lost`](crate::LockError::Lost) (`SessionExpired`) instead of waiting again.
 //! - **One set of connections per runtime.** A connection is driven by a task of the runtime
 //!   that opened it, so each tokio runtime that uses the client gets connections of its own
@@ -302,15 +304,36 @@ impl<D: SessionDriver> SessionPool<D> {
     }
 
     /// A stream of `name`'s leader (whose key is `key`): the current state first, then the
-    /// state read again every [`OBSERVE_RETRY`](crate::raw::OBSERVE_RETRY), which bounds how
-    /// late a change is seen. A session server tells nobody when a connection dies, so a dead
-    /// leader is only seen by reading again; a term that starts and ends between two reads
-    /// goes unseen. A failed read is reported as an error item, and the next state read after
-    /// it follows a [`LeaderEvent::Missed`](crate::LeaderEvent::Missed). Every state read is
-    /// reported; [`raw::observe`](crate::raw::observe) drops the repeats. The stream holds no
-    /// connection between reads: dropping it leaves nothing registered or borrowed.
+    /// state read again whenever the driver's [`leader_bell`](SessionDriver::leader_bell)
+    /// rings (a proclaim, a resignation, a successor's first proclaim, heard as it happens) and
+    /// at least every second, or without a bell every
+    /// [`OBSERVE_RETRY`](crate::raw::OBSERVE_RETRY). A session server tells nobody when a
+    /// connection dies, so a dead leader that no successor replaces is seen only by reading
+    /// again; a term that starts and ends between two reads goes unseen. A failed read is
+    /// reported as an error item, and the next state read after it follows a
+    /// [`LeaderEvent::Missed`](crate::LeaderEvent::Missed). Every state read is reported;
+    /// [`raw::observe`](crate::raw::observe) drops the repeats. The stream holds no connection
+    /// between reads: dropping it leaves nothing registered or borrowed but its share of the
+    /// driver's bell.
     pub fn observe_leader(&self, name: &LockName, key: &D::Key) -> crate::LeaderStream {
         election::observe(self.clone(), name.clone(), key.clone())
+    }
+
+    /// The driver's [`leader_bell`](SessionDriver::leader_bell) for `key`, within the connect
+    /// timeout and the command timeout together (it may open its connection and subscribe).
+    async fn leader_bell(&self, key: &D::Key) -> Result<Option<crate::raw::ChangeBell>> {
+        let config = &self.shared.config;
+        let within = config
+            .connect_timeout
+            .saturating_add(config.command_timeout);
+        tokio::time::timeout(within, self.shared.driver.leader_bell(key))
+            .await
+            .unwrap_or_else(|_| {
+                Err(crate::LockError::unavailable_because(
+                    self.shared.driver.backend(),
+                    format!("no change bell within {within:?}"),
+                ))
+            })
     }
 
     /// Whether this client holds `key`, or has an attempt on it in flight.
