@@ -22,7 +22,10 @@ use crate::listen::{Listener, leader_channel};
 use crate::sql::{self, Sql};
 use crate::tls;
 
+mod room;
 mod set;
+
+use room::FirstInLine;
 
 /// The most permits a semaphore has here. Each permit attempt carries every slot's key and
 /// probes them in one statement, a refusal and `count_permits` look up as many keys in
@@ -33,11 +36,6 @@ mod set;
 /// counter the application shards.
 pub(crate) const MAX_PERMITS: u32 = 64;
 
-/// How long a waiting permit attempt blocks on one slot before it looks at all of them again:
-/// the server wakes it at once when that slot is released (or its holder's session ends); a
-/// release of another slot is noticed within this.
-const PERMIT_RESCAN: Duration = Duration::from_millis(500);
-
 /// Session advisory locks for a [`SessionPool`](dlock_api::raw::SessionPool); tokens are drawn
 /// in the same statement, and renewed by the [`Fence`] when outside its window.
 pub(crate) struct PgDriver {
@@ -47,8 +45,10 @@ pub(crate) struct PgDriver {
     fence: Option<Fence>,
     /// The leaders table's statements; `None` with fencing off (elections need terms).
     pub(crate) leaders: Option<LeaderSql>,
-    /// Where observers hear leader changes; made with `leaders`.
-    pub(crate) listener: Option<Listener>,
+    /// Where observers hear leader changes and a semaphore's first waiter its releases.
+    pub(crate) listener: Listener,
+    /// This client's semaphore waiters first in line, for interrupts to reach.
+    first_in_line: FirstInLine,
     connect: PgConnectOptions,
 }
 
@@ -136,9 +136,7 @@ impl PgDriver {
         leaders: Option<LeaderSql>,
     ) -> Result<Self> {
         let connect = config.driver_options()?;
-        let listener = leaders
-            .as_ref()
-            .map(|_| Listener::new(connect.clone(), config.connect_timeout));
+        let listener = Listener::new(connect.clone(), config.connect_timeout);
         Ok(Self {
             connect,
             config,
@@ -146,6 +144,7 @@ impl PgDriver {
             fence,
             leaders,
             listener,
+            first_in_line: FirstInLine::default(),
         })
     }
 
@@ -308,35 +307,7 @@ impl SessionDriver for PgDriver {
         permits: u32,
         wait: Duration,
     ) -> std::result::Result<Waited, DriverError> {
-        let k = int_key(key)?;
-        // Wait on one slot (the server wakes the wait when it is released or its holder's
-        // session ends), then try them all from that one.
-        let slot = random_below(permits);
-        let ms = u64::try_from(wait.min(PERMIT_RESCAN).as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        match sql::wait_slot(slot_key(k, slot), ms)
-            .fetch_one(&mut *conn)
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
-                // The timeout may have raced the grant, leaving the slot held (a session lock
-                // outlives the failed statement): let it go before the slots are tried, where
-                // it would stack.
-                sql::unlock(RawKey::Int(slot_key(k, slot)))
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map_err(failure)?;
-            }
-            Err(e) => return Err(failure(e)),
-        }
-        Ok(
-            match self.try_permit_from(conn, name, key, permits, slot).await? {
-                Some((token, slot)) => Waited::GrantedSlot(token, slot),
-                None => Waited::NotGranted,
-            },
-        )
+        self.wait_in_line(conn, (name, key), permits, wait).await
     }
 
     async fn unlock_permit(
@@ -491,13 +462,10 @@ impl SessionDriver for PgDriver {
     }
 
     async fn leader_bell(&self, key: &RawKey) -> Result<Option<ChangeBell>> {
-        let Some(listener) = &self.listener else {
-            return Ok(None);
-        };
-        let RawKey::Int(k) = key else {
-            return Ok(None);
-        };
-        listener.bell(leader_channel(*k)).await.map(Some)
+        match (&self.leaders, key) {
+            (Some(_), RawKey::Int(k)) => self.listener.bell(leader_channel(*k)).await.map(Some),
+            _ => Ok(None),
+        }
     }
 
     async fn ping(&self, conn: &mut PgConnection) -> std::result::Result<(), DriverError> {
@@ -509,6 +477,8 @@ impl SessionDriver for PgDriver {
         conn: &mut PgConnection,
         target: u64,
     ) -> std::result::Result<(), DriverError> {
+        // A semaphore's first waiter waits between statements, where only this reaches it.
+        self.first_in_line.interrupt(target);
         let pid = i32::try_from(target).map_err(|_| {
             DriverError::statement(LockError::unexpected(
                 crate::BACKEND,

@@ -123,7 +123,10 @@ impl fmt::Display for AdvisoryKey {
 /// - the limit `N` (`pg-advisory:K#permits=N`): every holder of a semaphore of `N` holds it
 ///   shared, so the name's limit can be read (and checked) on the server;
 /// - the gate (`pg-advisory:K#gate`): taken for one statement (transaction scope) by each
-///   semaphore attempt, so the checks of two attempts on the name never interleave.
+///   semaphore attempt, so the checks of two attempts on the name never interleave;
+/// - the waiting room (`pg-advisory:K#room`): a waiting permit attempt holds it (on its own
+///   session) while it is the first in line; the others queue for it in the server's lock
+///   queue, and a release notifies only while someone holds it.
 pub(crate) fn slot_key(key: i64, slot: u32) -> i64 {
     derived(key, &slot.to_string())
 }
@@ -136,6 +139,11 @@ pub(crate) fn limit_key(key: i64, permits: u32) -> i64 {
 /// See [`slot_key`].
 pub(crate) fn gate_key(key: i64) -> i64 {
     derived(key, "gate")
+}
+
+/// See [`slot_key`].
+pub(crate) fn room_key(key: i64) -> i64 {
+    derived(key, "room")
 }
 
 fn derived(key: i64, suffix: &str) -> i64 {

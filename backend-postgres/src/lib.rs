@@ -133,12 +133,20 @@
 //! of a name on each of its sessions (advisory locks stack per session), so one client holds at
 //! most as many permits of a name as it has connections.
 //!
-//! **Waiting**: a waiter (one per client and name, the others queue in the client as for locks)
-//! blocks on the server on one slot, chosen at random, for at most 500 ms: the server wakes it
-//! the moment that slot is released or its holder's session ends; then it tries every slot.
-//! A release of another slot is found at that next try, so a waiter may wait up to 500 ms
-//! longer than needed (advisory locks cannot wait for *any* of several keys, and
-//! `LISTEN`/`NOTIFY` is not sent when a holder's session dies).
+//! **Waiting, in line**: advisory locks cannot wait for *any* of several keys, so waiters line
+//! up for the name's waiting room `K#room` instead: a waiter (one per client and name, the
+//! others queue in the client as for locks) waits for it in the server's lock queue (roughly
+//! FIFO across clients, and a cancel reaches it there), and the one holding it is first in
+//! line. That one listens on the channel `dlock_permit_K` (the client's one `LISTEN`
+//! connection, shared with leader observers), then tries every slot, and tries again when
+//! notified or every 500 ms. A release, after freeing its slot in the same statement, looks at
+//! the room: taken, it `pg_notify`s the channel; free (nobody waiting), it notifies nobody. So
+//! one release wakes one waiter, not every client's, and costs nothing when nobody waits. A
+//! holder whose session ends notifies nobody: its permit is found at the next 500 ms try. The
+//! first waiter leaves the room when granted, when its wait runs out (`wait_slice` at most, then
+//! it lines up again at the back), or when its acquire is dropped (the client's interrupt
+//! reaches it between statements, where `pg_cancel_backend` would find nothing to cancel); a
+//! connection that cannot give the room back is closed, which gives it back.
 //!
 //! **Fencing**: each permit's token is drawn in the statement that took its slot, from the
 //! same sequences as a lock's, so it is above every earlier grant's of the name.

@@ -1,14 +1,16 @@
-//! Leader changes heard as they happen: the statements that write or delete a leader's record
-//! also `pg_notify` the name's channel, and one `LISTEN` connection per client (and runtime)
-//! hears them for all of that client's observers.
+//! Changes heard as they happen: the statements that write or delete a leader's record, and a
+//! permit's release while a waiter is first in line, also `pg_notify` the name's channel, and
+//! one `LISTEN` connection per client (and runtime) hears them for all of that client's
+//! observers and waiters.
 //!
 //! A [`Hub`] is that connection's task and the channels it listens on, shared through
-//! [`Subscriptions`]: the first observer of a name joins its channel and has the task `LISTEN`
-//! before its first read, so a change between that read and the subscribe is not missed; the
-//! last to leave has it `UNLISTEN`. Each notification rings the channel's
-//! [`ChangeBell`]s, and the observers read the record. A lost connection rings every bell (a
-//! notification may have passed unheard), and the task connects again and listens anew, ringing
-//! every bell once more when it has: observers then read what changed meanwhile.
+//! [`Subscriptions`]: the first observer (or waiter) of a name joins its channel and has the
+//! task `LISTEN` before its first read (or attempt), so a change between that read and the
+//! subscribe is not missed; the last to leave has it `UNLISTEN`. Each notification rings the
+//! channel's [`ChangeBell`]s, and the observers read the record (the waiter tries the slots).
+//! A lost connection rings every bell (a notification may have passed unheard), and the task
+//! connects again and listens anew, ringing every bell once more when it has: observers then
+//! read what changed meanwhile.
 //!
 //! The listening connection is not one of the pool's: it holds no locks and runs no statement of
 //! the lock protocol, so its end loses nothing, and dropping the client ends its task.
@@ -30,6 +32,11 @@ const RECONNECT: Duration = Duration::from_secs(1);
 pub(crate) fn leader_channel(key: i64) -> String {
     // Hex of a signed integer is its two's complement: 16 digits for every key.
     format!("dlock_leader_{key:016x}")
+}
+
+/// The channel a release of one of `key`'s permits notifies while a waiter is first in line.
+pub(crate) fn permit_channel(key: i64) -> String {
+    format!("dlock_permit_{key:016x}")
 }
 
 /// One client's listening connections, one per runtime (a connection is driven by a task of
@@ -151,7 +158,7 @@ impl Listener {
 }
 
 fn unavailable(why: &str) -> LockError {
-    LockError::unavailable_because(crate::BACKEND, format!("leader notifications: {why}"))
+    LockError::unavailable_because(crate::BACKEND, format!("notifications: {why}"))
 }
 
 /// The listening task's state.

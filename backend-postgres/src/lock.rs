@@ -205,9 +205,7 @@ impl RawLock for PostgresLock {
     }
 
     async fn shutdown(&self, _deadline: Instant) {
-        if let Some(listener) = &self.pool.driver().listener {
-            listener.close();
-        }
+        self.pool.driver().listener.close();
         self.pool.shutdown().await;
     }
 

@@ -6,6 +6,7 @@ use sqlx::postgres::{PgArguments, Postgres};
 use sqlx::query::Query;
 
 use crate::key::{self, RawKey};
+use crate::listen::permit_channel;
 
 /// The statements of one client, for both advisory key spaces.
 #[derive(Debug)]
@@ -312,14 +313,14 @@ pub(crate) fn count_held(slots: Vec<i64>, key: i64) -> Query<'static, Postgres, 
     sqlx::query(sql).bind(slots).bind(key)
 }
 
-/// Waits (under `lock_timeout`) until the slot key `$1` is free, and leaves it free: a wake-up
-/// for the attempt that follows, which takes whichever slot is free then.
-pub(crate) fn wait_slot(slot: i64, timeout_ms: u64) -> Query<'static, Postgres, PgArguments> {
+/// Waits (under `lock_timeout`) for the waiting room `$1` of a semaphore and takes it; the
+/// session's backend pid comes back, for the client to interrupt its own wait by.
+pub(crate) fn enter_room(room: i64, timeout_ms: u64) -> Query<'static, Postgres, PgArguments> {
     sqlx::query(
-        "SELECT pg_advisory_unlock($1) FROM (SELECT pg_advisory_lock($1) FROM \
+        "SELECT pg_backend_pid() FROM (SELECT pg_advisory_lock($1) FROM \
          (SELECT set_config('lock_timeout', $2, false) OFFSET 0) s OFFSET 0) l",
     )
-    .bind(slot)
+    .bind(room)
     .bind(format!("{timeout_ms}ms"))
 }
 
@@ -329,6 +330,11 @@ pub(crate) fn wait_slot(slot: i64, timeout_ms: u64) -> Query<'static, Postgres, 
 /// without the name's would let a permit join while a reader or another limit takes the
 /// name (both see the name's key free), and one holding the name's key without the limit
 /// key only makes an attempt in that instant busy.
+///
+/// Then, with the slot free, the first waiter in line is told: if the waiting room `$4` is
+/// taken (a share of it refused), `pg_notify` on its channel `$5`; a free room is taken shared
+/// and given back at once, and nobody is notified. The columns run in order, so a waiter that
+/// takes the room after the look finds the slot free on its next attempt.
 pub(crate) fn unlock_permit(
     slot: i64,
     key: i64,
@@ -336,11 +342,15 @@ pub(crate) fn unlock_permit(
 ) -> Query<'static, Postgres, PgArguments> {
     sqlx::query(
         "SELECT pg_advisory_unlock($1), pg_advisory_unlock_shared($3), \
-         pg_advisory_unlock_shared($2)",
+         pg_advisory_unlock_shared($2), \
+         CASE WHEN pg_try_advisory_lock_shared($4) THEN pg_advisory_unlock_shared($4) \
+         ELSE (SELECT false FROM pg_notify($5, '') AS told) END",
     )
     .bind(slot)
     .bind(key)
     .bind(limit)
+    .bind(key::room_key(key))
+    .bind(permit_channel(key))
 }
 
 /// Undoes whatever a failed or unwanted permit attempt left on its session: any of the slots

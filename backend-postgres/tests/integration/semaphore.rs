@@ -1,6 +1,7 @@
 //! Semaphores on Postgres: what a permit holds on the server, a killed session giving its permit
-//! back to a waiter of another client, and refusals of another limit (or a lock) between
-//! clients that leave nothing held.
+//! back to a waiter of another client, refusals of another limit (or a lock) between clients
+//! that leave nothing held, and the waiters' line: served in turn, woken by releases, and left
+//! by a waiter that is dropped.
 
 use crate::common;
 
@@ -11,7 +12,7 @@ use common::{
     names_both, sql, unique,
 };
 use dlock_api::{DistributedLock, LockName, LockOptions, LostReason};
-use dlock_postgres::AdvisoryKey;
+use dlock_postgres::{AdvisoryKey, PostgresLock};
 use sqlx::Row;
 use tokio::time::timeout;
 
@@ -217,4 +218,149 @@ async fn two_limits_racing_for_a_free_name_never_hold_together() {
             permit.release().await.unwrap();
         }
     }
+}
+
+/// The applications (`application_name`) of the sessions at the name's waiting room: the one
+/// holding it (first in line), then those queued for it.
+async fn room(name: &LockName) -> (Vec<String>, Vec<String>) {
+    let k = dlock_api::KeyMapper::hash_i64(name);
+    let room = LockName::new(format!("pg-advisory:{k}#room")).unwrap();
+    let (classid, objid, objsubid) = AdvisoryKey::Name(room).pg_locks_ids();
+    let mut conn = sql(&common::shared_url()).await;
+    let rows = sqlx::query(
+        "SELECT l.granted, a.application_name FROM pg_locks l JOIN pg_stat_activity a \
+         USING (pid) WHERE l.locktype = 'advisory' AND l.classid = $1::bigint::oid \
+         AND l.objid = $2::bigint::oid AND l.objsubid = $3",
+    )
+    .bind(i64::from(classid))
+    .bind(i64::from(objid))
+    .bind(objsubid)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let of = |granted: bool| {
+        rows.iter()
+            .filter(|r| r.get::<bool, _>(0) == granted)
+            .map(|r| r.get::<String, _>(1))
+            .collect()
+    };
+    (of(true), of(false))
+}
+
+/// Waits until `app`'s waiter holds the name's waiting room and `queued` wait for it.
+async fn first_in_line(n: &LockName, app: &str, queued: &[&str]) {
+    eventually("the waiters in line", || async move {
+        let (first, mut behind) = room(n).await;
+        behind.sort();
+        first == [app] && behind == queued
+    })
+    .await;
+}
+
+fn permit_channel(n: &LockName) -> String {
+    format!("dlock_permit_{:016x}", dlock_api::KeyMapper::hash_i64(n))
+}
+
+type Waiting = tokio::task::JoinHandle<dlock_api::Result<dlock_api::LockGuard>>;
+
+/// `holder` takes both permits of `n`; then `first` and `second` wait for one, in that order,
+/// and are in line (`apps`: their applications).
+async fn both_taken_and_two_in_line(
+    (holder, first, second): (&PostgresLock, &PostgresLock, &PostgresLock),
+    n: &LockName,
+    apps: [&str; 2],
+) -> (dlock_api::LockGuard, dlock_api::LockGuard, Waiting, Waiting) {
+    let now = LockOptions::new();
+    let take = || holder.try_acquire_permit(n, 2, &now);
+    let held = (
+        take().await.unwrap().unwrap(),
+        take().await.unwrap().unwrap(),
+    );
+    let waiting = |client: &PostgresLock| {
+        let (client, n) = (client.clone(), n.clone());
+        tokio::spawn(async move { client.acquire_permit(&n, 2, &wait()).await })
+    };
+    let first_waits = waiting(first);
+    first_in_line(n, apps[0], &[]).await;
+    let second_waits = waiting(second);
+    first_in_line(n, apps[0], &[apps[1]]).await;
+    (held.0, held.1, first_waits, second_waits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_three_clients_are_served_in_line_each_woken_by_a_release() {
+    let apps = [
+        unique("semline-a"),
+        unique("semline-b"),
+        unique("semline-c"),
+    ];
+    let (a, b, c) = (
+        client(&apps[0]).await,
+        client(&apps[1]).await,
+        client(&apps[2]).await,
+    );
+    let n = name("line");
+    let mut heard = sqlx::postgres::PgListener::connect(&common::shared_url())
+        .await
+        .unwrap();
+    heard.listen(&permit_channel(&n)).await.unwrap();
+    let (first, second, b_waits, c_waits) =
+        both_taken_and_two_in_line((&a, &b, &c), &n, [&apps[1], &apps[2]]).await;
+
+    // A release while someone is first in line notifies; the first in line takes the permit,
+    // and the next steps up.
+    first.release().await.unwrap();
+    timeout(BOUND, heard.recv())
+        .await
+        .expect("a notification")
+        .unwrap();
+    let for_b = timeout(BOUND, b_waits).await.unwrap().unwrap().unwrap();
+    first_in_line(&n, &apps[2], &[]).await;
+    second.release().await.unwrap();
+    let for_c = timeout(BOUND, c_waits).await.unwrap().unwrap().unwrap();
+    assert!(for_b.fencing_token() < for_c.fencing_token());
+    assert_eq!(room(&n).await, (vec![], vec![]), "nobody is left in line");
+
+    // With nobody in line, a release tells nobody.
+    while timeout(Duration::from_millis(100), heard.recv())
+        .await
+        .is_ok()
+    {}
+    for_b.release().await.unwrap();
+    for_c.release().await.unwrap();
+    let quiet = timeout(Duration::from_millis(200), heard.recv()).await;
+    assert!(quiet.is_err(), "{quiet:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_waiter_dropped_leaves_the_line_to_the_next() {
+    let apps = [
+        unique("semdrop-a"),
+        unique("semdrop-b"),
+        unique("semdrop-c"),
+    ];
+    // b's server-side waits last longer than `eventually` waits: only the interrupt can end
+    // its turn in time.
+    let patient = common::with_options(
+        &common::shared_url(),
+        &format!("application_name={}&wait_slice=120s", apps[1]),
+    );
+    let (a, b, c) = (
+        client(&apps[0]).await,
+        PostgresLock::connect_url(&patient).await.unwrap(),
+        client(&apps[2]).await,
+    );
+    let n = name("dropped");
+    let (held, other, b_waits, c_waits) =
+        both_taken_and_two_in_line((&a, &b, &c), &n, [&apps[1], &apps[2]]).await;
+    // The first waiter waits between statements, where no cancel reaches it: its client's
+    // interrupt does, and it leaves the room.
+    b_waits.abort();
+    first_in_line(&n, &apps[2], &[]).await;
+    held.release().await.unwrap();
+    let permit = timeout(BOUND, c_waits).await.unwrap().unwrap().unwrap();
+    assert_eq!(a.count_permits(&n).await.unwrap(), 2, "c's and a's other");
+    permit.release().await.unwrap();
+    other.release().await.unwrap();
+    assert_eq!(b.count_permits(&n).await.unwrap(), 0);
 }
