@@ -1,8 +1,6 @@
 //! Postgres's raw floors, with sqlx alone: prepared `pg_try_advisory_lock` +
 //! `pg_advisory_unlock` on a held connection, and a blocking `pg_advisory_lock` handed on by
-//! the server. A semaphore's floors take one of N slot advisory locks with its fencing token
-//! (`nextval` after the slot, in the same statement), trying the slots from a random one on,
-//! and a waiter blocks on one slot for at most 500 ms before it tries them all again.
+//! the server. A semaphore's floors are in [`permits`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +16,10 @@ use crate::floor::{
     FreeList, Measured, Ops, Pairs, Protocol, Throughput, WarmUp, contend_for_last_permit, many,
     sample,
 };
+
+mod permits;
+
+use permits::{PermitContender, Slots, create_sequence, drop_sequence};
 
 const BACKEND: &str = "postgres";
 
@@ -83,185 +85,6 @@ async fn pair(conn: &mut PgConnection, key: i64, within: Duration) -> Result<()>
         ));
     }
     Ok(())
-}
-
-/// How long a waiting permit attempt blocks on one slot before it tries them all again, as
-/// dlock's waiter does.
-const PERMIT_RESCAN: &str = "500ms";
-
-/// `lock_not_available`: a blocking advisory lock ran into its `lock_timeout`.
-const LOCK_NOT_AVAILABLE: &str = "55P03";
-
-/// How long a lock's wait (one permit) blocks before it asks again, as dlock's `wait_slice`.
-const LOCK_WAIT: &str = "10s";
-
-/// The slots of a semaphore of this run, and the sequence its tokens come from. One permit is
-/// a lock, which dlock takes with the lock's statements (a try, and a blocking wait that keeps
-/// the lock), each with its token: so does the floor.
-struct Slots {
-    keys: Vec<i64>,
-    /// The statement of one attempt: the first slot of `$1` free, then the token.
-    take: String,
-    /// One permit's wait: `pg_advisory_lock($1)` under `lock_timeout = $2`, then the token.
-    wait_lock: String,
-}
-
-impl Slots {
-    /// `permits` random slot keys, the tokens drawn from `sequence`.
-    fn new(permits: u32, sequence: &str) -> Self {
-        let slot = if permits == 1 {
-            "CASE WHEN pg_try_advisory_lock(($1::bigint[])[1]) THEN ($1::bigint[])[1] END"
-        } else {
-            "(SELECT k FROM unnest($1::bigint[]) AS u(k) WHERE pg_try_advisory_lock(k) LIMIT 1)"
-        };
-        Self {
-            keys: (0..permits).map(|_| rand::random()).collect(),
-            // The token is drawn after the slot is taken, and only then: `OFFSET 0` keeps the
-            // planner from flattening the subquery, `LIMIT 1` stops at the first slot taken.
-            take: format!(
-                "SELECT slot, CASE WHEN slot IS NOT NULL THEN nextval('{sequence}') END AS token \
-                 FROM (SELECT {slot} AS slot OFFSET 0) t"
-            ),
-            wait_lock: format!(
-                "SELECT nextval('{sequence}') AS token FROM (SELECT pg_advisory_lock($1) FROM \
-                 (SELECT set_config('lock_timeout', $2, false) OFFSET 0) s OFFSET 0) l"
-            ),
-        }
-    }
-
-    /// One attempt on `conn`, the slots tried from slot `first` on: the slot taken, if any.
-    async fn take(
-        &self,
-        conn: &mut PgConnection,
-        first: usize,
-        within: Duration,
-    ) -> Result<Option<i64>> {
-        let mut order = self.keys.clone();
-        let start = first.checked_rem(order.len()).unwrap_or(0);
-        order.rotate_left(start);
-        let (slot, _token): (Option<i64>, Option<i64>) = timeout(
-            within,
-            sqlx::query_as(&self.take).bind(order).fetch_one(&mut *conn),
-        )
-        .await
-        .map_err(|_| timed_out(within))?
-        .map_err(failed)?;
-        Ok(slot)
-    }
-
-    /// A random slot's index.
-    fn random(&self) -> usize {
-        rand::random_range(0..self.keys.len().max(1))
-    }
-}
-
-/// `pg_advisory_unlock(slot)`, which must have been held.
-async fn unlock_slot(conn: &mut PgConnection, slot: i64, within: Duration) -> Result<()> {
-    if !ask(conn, "SELECT pg_advisory_unlock($1)", slot, within).await? {
-        return Err(LockError::unexpected(
-            BACKEND,
-            "a floor's slot was not held",
-        ));
-    }
-    Ok(())
-}
-
-/// The unlogged sequence a run's permit tokens come from (`CREATE UNLOGGED SEQUENCE`, as
-/// dlock's fast fence; a plain one before PostgreSQL 15), dropped by [`drop_sequence`].
-async fn create_sequence(conn: &mut PgConnection, within: Duration) -> Result<String> {
-    let name = format!("dlock_bench_fence_{}", std::process::id());
-    for create in ["CREATE UNLOGGED SEQUENCE", "CREATE SEQUENCE"] {
-        let created = timeout(
-            within,
-            sqlx::raw_sql(&format!("{create} IF NOT EXISTS {name}")).execute(&mut *conn),
-        )
-        .await
-        .map_err(|_| timed_out(within))?;
-        if created.is_ok() {
-            return Ok(name);
-        }
-    }
-    Err(LockError::unexpected(
-        BACKEND,
-        "the floor's fence sequence could not be made",
-    ))
-}
-
-async fn drop_sequence(conn: &mut PgConnection, name: &str, within: Duration) -> Result<()> {
-    timeout(
-        within,
-        sqlx::raw_sql(&format!("DROP SEQUENCE IF EXISTS {name}")).execute(&mut *conn),
-    )
-    .await
-    .map_err(|_| timed_out(within))?
-    .map_err(failed)
-    .map(drop)
-}
-
-/// One connection contending for a slot: an attempt at every slot; while none is free,
-/// `pg_advisory_lock` on a random one under a 500 ms `lock_timeout` (the server wakes it when
-/// that slot is released), let go at once, and an attempt from that slot on. One permit is
-/// a lock: its wait blocks and keeps the lock, with the token.
-struct PermitContender {
-    conn: PgConnection,
-    slots: Arc<Slots>,
-    held: Option<i64>,
-    within: Duration,
-}
-
-impl Contender for PermitContender {
-    async fn lock(&mut self) -> Result<()> {
-        let mut first = self.slots.random();
-        loop {
-            if let Some(slot) = self.slots.take(&mut self.conn, first, self.within).await? {
-                self.held = Some(slot);
-                return Ok(());
-            }
-            first = self.slots.random();
-            let key = self.slots.keys[first];
-            let one = self.slots.keys.len() == 1;
-            let (statement, timeout) = match one {
-                true => (self.slots.wait_lock.as_str(), LOCK_WAIT),
-                false => (
-                    "SELECT pg_advisory_unlock($1) FROM (SELECT pg_advisory_lock($1) FROM \
-                     (SELECT set_config('lock_timeout', $2, false) OFFSET 0) s OFFSET 0) l",
-                    PERMIT_RESCAN,
-                ),
-            };
-            let waited = sqlx::query(statement)
-                .bind(key)
-                .bind(timeout)
-                .execute(&mut self.conn)
-                .await;
-            if one && waited.is_ok() {
-                self.held = Some(key);
-                return Ok(());
-            }
-            match waited {
-                Ok(_) => {}
-                Err(sqlx::Error::Database(e))
-                    if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
-                {
-                    // The timeout may have raced the grant (a session lock outlives the failed
-                    // statement): let it go, as dlock does, before the slots are tried.
-                    sqlx::query("SELECT pg_advisory_unlock($1)")
-                        .bind(key)
-                        .execute(&mut self.conn)
-                        .await
-                        .map_err(failed)?;
-                }
-                Err(e) => return Err(failed(e)),
-            }
-        }
-    }
-
-    async fn unlock(&mut self) -> Result<()> {
-        let slot = self
-            .held
-            .take()
-            .ok_or_else(|| LockError::unexpected(BACKEND, "released a slot it never took"))?;
-        unlock_slot(&mut self.conn, slot, self.within).await
-    }
 }
 
 /// Pairs through a pool as large as dlock's: each takes a connection, runs its pair and gives
@@ -352,7 +175,7 @@ impl Protocol for Postgres {
                 .ok_or_else(|| {
                     LockError::unexpected(BACKEND, "the floor's random slots were all taken")
                 })?;
-            unlock_slot(&mut conn, slot, within).await
+            slots.release(&mut conn, slot, within).await
         })
         .await;
         drop_sequence(&mut conn, &sequence, within).await?;
@@ -372,6 +195,7 @@ impl Protocol for Postgres {
         let mut parked = self.connect().await?;
         let sequence = create_sequence(&mut parked, within).await?;
         let slots = Arc::new(Slots::new(permits, &sequence));
+        let options = self.config.connect_options()?;
         // Slot i from slot i on: advisory locks stack per session, so an attempt from slot 0
         // each time would take slot 0 again and again.
         for i in 0..slots.keys.len().saturating_sub(1) {
@@ -380,12 +204,7 @@ impl Protocol for Postgres {
             }
         }
         let samples = contend_for_last_permit(waiters, duration, hold, async || {
-            Ok(PermitContender {
-                conn: self.connect().await?,
-                slots: slots.clone(),
-                held: None,
-                within,
-            })
+            PermitContender::new(self.connect().await?, slots.clone(), &options, within).await
         })
         .await;
         drop_sequence(&mut parked, &sequence, within).await?;
