@@ -39,11 +39,11 @@ pub(crate) fn permit_channel(key: i64) -> String {
     format!("dlock_permit_{key:016x}")
 }
 
-/// One client's listening connections, one per runtime (a connection is driven by a task of
-/// the runtime that opened it).
+/// One client's listening connections, one per runtime: a connection's socket belongs to the
+/// runtime that opened it, so each runtime's task connects (and reconnects) for itself.
 #[derive(Debug)]
 pub(crate) struct Listener {
-    pool: PgPool,
+    options: PgConnectOptions,
     within: Duration,
     hubs: PerRuntime<Arc<Hub>>,
 }
@@ -83,17 +83,8 @@ impl Listener {
     /// A listener that connects with `options` when the first bell is asked for, bounding a
     /// connect and a `LISTEN` by `within` each.
     pub(crate) fn new(options: PgConnectOptions, within: Duration) -> Self {
-        // sqlx's listener reconnects through a pool; one connection, kept for as long as it
-        // lives, is all it uses.
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .max_lifetime(None)
-            .idle_timeout(None)
-            .acquire_timeout(within)
-            .connect_lazy_with(options);
         Self {
-            pool,
+            options,
             within,
             hubs: PerRuntime::new(),
         }
@@ -145,8 +136,17 @@ impl Listener {
     fn start(&self) -> Arc<Hub> {
         let (commands, received) = mpsc::unbounded_channel();
         let channels = Arc::new(Subscriptions::new());
+        // sqlx's listener connects through a pool; one connection, kept for as long as it
+        // lives, is all it uses.
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .acquire_timeout(self.within)
+            .connect_lazy_with(self.options.clone());
         let task = Task {
-            pool: self.pool.clone(),
+            pool,
             within: self.within,
             channels: channels.clone(),
             listener: None,

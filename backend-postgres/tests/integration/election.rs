@@ -259,3 +259,45 @@ async fn a_proclaim_and_a_resignation_notify_the_name_and_an_observer_listens_ag
     let quiet = timeout(Duration::from_millis(200), heard.recv()).await;
     assert!(quiet.is_err(), "{quiet:?}");
 }
+
+/// How many sessions last ran `listen`.
+async fn sessions_that_ran(url: &str, listen: &str) -> i64 {
+    let mut conn = sql(url).await;
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE query = $1")
+        .bind(listen)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+}
+
+#[test]
+fn each_runtime_that_uses_a_client_listens_on_a_connection_of_its_own() {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let (first, second) = (runtime(), runtime());
+    let url = shared_url();
+    let n = name("runtimes");
+    let locks = first.block_on(PostgresLock::connect_url(&url)).unwrap();
+    // An observer on each runtime: a socket belongs to the runtime that opened it.
+    let observe = |on: &tokio::runtime::Runtime| {
+        let (locks, n) = (locks.clone(), n.clone());
+        on.spawn(async move {
+            let mut changes = locks.observe(&n).await.unwrap();
+            while changes.next().await.is_some() {}
+        })
+    };
+    let observers = [observe(&first), observe(&second)];
+    let listen = format!("LISTEN \"{}\"", channel(&n));
+    first.block_on(common::eventually("both runtimes to listen", || {
+        let (url, listen) = (&url, &listen);
+        async move { sessions_that_ran(url, listen).await == 2 }
+    }));
+    for observer in observers {
+        observer.abort();
+    }
+}
