@@ -342,6 +342,36 @@ impl SessionDriver for PgDriver {
         }
     }
 
+    async fn wait_lock_as_leader(
+        &self,
+        conn: &mut PgConnection,
+        name: &LockName,
+        key: &RawKey,
+        wait: Duration,
+        value: &[u8],
+    ) -> std::result::Result<(Waited, bool), DriverError> {
+        let (Some(leaders), Some(fence), RawKey::Int(k)) = (&self.leaders, &self.fence, key) else {
+            return Ok((self.wait_lock(conn, key, wait).await?, false));
+        };
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+        let waiting = leaders.wait_leading((name.as_str(), *k), ms, value, fence.kept_below());
+        match waiting.fetch_one(&mut *conn).await {
+            Ok(row) => {
+                let drawn: i64 = row.try_get(0).map_err(failure)?;
+                let wrote: bool = row.try_get(1).map_err(failure)?;
+                let token = self.settle(conn, drawn).await?;
+                Ok((
+                    Waited::Granted(token),
+                    wrote && token == drawn.unsigned_abs(),
+                ))
+            }
+            Err(e) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                Ok((Waited::NotGrantedUnsure, false))
+            }
+            Err(e) => Err(self.leaders_failure(e)),
+        }
+    }
+
     async fn unlock(
         &self,
         conn: &mut PgConnection,

@@ -37,6 +37,10 @@ pub(crate) struct LeaderSql {
     proclaim: String,
     leader: String,
     unlock: String,
+    /// A candidate's wait that writes the record with its grant; see [`with_grant`].
+    ///
+    /// [`with_grant`]: Self::with_grant
+    wait_leading: String,
 }
 
 impl LeaderSql {
@@ -92,8 +96,51 @@ impl LeaderSql {
                  told AS (SELECT 1 FROM gone, pg_notify($2, gone.term::text) AS n) \
                  SELECT pg_advisory_unlock($1), (SELECT count(*) FROM told)"
             ),
+            wait_leading: String::new(),
             table,
         })
+    }
+
+    /// These statements, with a candidate's wait whose grant draws its token with `draw` (the
+    /// fence's SQL) and writes the record in the same statement: `pg_advisory_lock($1)` under
+    /// `lock_timeout = $2`, the token, then name `$3`'s record of value `$4` with that token as
+    /// the term (if it is above 0 and below `$6`, the tokens the client keeps as drawn, and no
+    /// higher term is there), and the notification on channel `$5`. One row: the token, and
+    /// whether the record was written.
+    pub(crate) fn with_grant(mut self, draw: &str) -> Self {
+        let table = &self.table;
+        self.wait_leading = format!(
+            "WITH g AS (SELECT {draw} AS token FROM (SELECT pg_advisory_lock($1) FROM \
+             (SELECT set_config('lock_timeout', $2, false) OFFSET 0) s OFFSET 0) l), \
+             w AS (INSERT INTO {table} AS r (name, key, term, value, holder, holder_start) \
+             SELECT $3, $1, g.token, $4, pg_backend_pid(), \
+             (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()) \
+             FROM g WHERE g.token > 0 AND g.token < $6 \
+             ON CONFLICT (name) DO UPDATE SET key = EXCLUDED.key, term = EXCLUDED.term, \
+             value = EXCLUDED.value, holder = EXCLUDED.holder, \
+             holder_start = EXCLUDED.holder_start WHERE r.term <= EXCLUDED.term \
+             RETURNING r.term) \
+             SELECT g.token, (SELECT count(*) FROM w, pg_notify($5, w.term::text) AS told) > 0 \
+             FROM g"
+        );
+        self
+    }
+
+    /// The candidate's wait of [`with_grant`](Self::with_grant) on key `key` for `name`.
+    pub(crate) fn wait_leading<'q>(
+        &'q self,
+        (name, key): (&'q str, i64),
+        timeout_ms: u64,
+        value: &'q [u8],
+        kept_below: i64,
+    ) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(&self.wait_leading)
+            .bind(key)
+            .bind(format!("{timeout_ms}ms"))
+            .bind(name)
+            .bind(value)
+            .bind(leader_channel(key))
+            .bind(kept_below)
     }
 
     /// The leaders table's name, quoted.

@@ -118,6 +118,14 @@ impl Fence {
         format!("nextval('{}')", sequence.replace('\'', "''"))
     }
 
+    /// Tokens below this (and above 0) are [`settle`](Self::settle)d as drawn, as far as this
+    /// client knows now: a statement that writes its token elsewhere writes only such a one.
+    pub(crate) fn kept_below(&self) -> i64 {
+        self.window
+            .as_ref()
+            .map_or(i64::MAX, |window| window.limit.load(Ordering::Relaxed))
+    }
+
     /// The token for a lock the statement just granted with `drawn`: `drawn` itself when it is
     /// good, else a renewed one (the caller holds the lock meanwhile; an error leaves it to the
     /// caller to unlock).

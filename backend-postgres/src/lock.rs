@@ -70,8 +70,8 @@ impl PostgresLock {
         } else {
             None
         };
-        let leaders = if config.fencing {
-            let leaders = LeaderSql::new(&config)?;
+        let leaders = if let Some(fence) = &fence {
+            let leaders = LeaderSql::new(&config)?.with_grant(&fence.draw_sql());
             if config.create_fence {
                 leaders.create(&mut conn, config.command_timeout).await?;
             }

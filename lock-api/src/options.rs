@@ -29,8 +29,9 @@ pub struct LockOptions {
     renewal: Renewal,
     max_hold: Option<Duration>,
     retry: RetryPolicy,
-    /// Set by the engine for a campaign's wait (see [`is_campaign`](Self::is_campaign)).
-    campaign: bool,
+    /// Set by the engine for a campaign's wait, with the value the candidate publishes (see
+    /// [`is_campaign`](Self::is_campaign)).
+    campaign: Option<std::sync::Arc<[u8]>>,
     /// Set by the engine for a reader's claim (see [`is_shared`](Self::is_shared)).
     shared: bool,
 }
@@ -43,7 +44,7 @@ impl Default for LockOptions {
             renewal: Renewal::Auto { interval: None },
             max_hold: None,
             retry: RetryPolicy::default(),
-            campaign: false,
+            campaign: None,
             shared: false,
         }
     }
@@ -70,12 +71,21 @@ impl LockOptions {
     /// after its place was lost could be a second leader (etcd-io/etcd #19597), and the caller
     /// decides whether to stand again.
     pub fn is_campaign(&self) -> bool {
-        self.campaign
+        self.campaign.is_some()
     }
 
-    /// These options, for a campaign's wait.
-    pub(crate) fn for_campaign(mut self) -> Self {
-        self.campaign = true;
+    /// The value a campaign's candidate publishes once it leads, for a backend whose grant can
+    /// write the leader's record itself (in the grant's own statement, with the grant's token
+    /// as the term), so that a new leader needs no round trip of its own before it leads. The
+    /// engine publishes it after the grant all the same; a backend that wrote it with the grant
+    /// answers that publish without a second write. `None` outside a campaign.
+    pub fn campaign_value(&self) -> Option<&[u8]> {
+        self.campaign.as_deref()
+    }
+
+    /// These options, for the wait of a campaign that publishes `value`.
+    pub(crate) fn for_campaign(mut self, value: &[u8]) -> Self {
+        self.campaign = Some(value.into());
         self
     }
 

@@ -245,19 +245,27 @@ pub async fn sql(url: &str) -> PgConnection {
 
 /// The pid holding `key`, from `pg_locks`.
 pub async fn holder_pid(url: &str, key: &AdvisoryKey) -> Option<i32> {
+    pids_at(url, key, true).await.first().copied()
+}
+
+/// The pids holding (`granted`) or waiting for `key`, from `pg_locks`.
+pub async fn pids_at(url: &str, key: &AdvisoryKey, granted: bool) -> Vec<i32> {
     let (classid, objid, objsubid) = key.pg_locks_ids();
     let mut conn = sql(url).await;
     sqlx::query(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted = $4 \
          AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = $3",
     )
     .bind(i64::from(classid))
     .bind(i64::from(objid))
     .bind(objsubid)
-    .fetch_optional(&mut conn)
+    .bind(granted)
+    .fetch_all(&mut conn)
     .await
     .expect("pg_locks query")
+    .iter()
     .map(|r| r.get(0))
+    .collect()
 }
 
 /// Terminates every backend waiting for `key`; returns how many.

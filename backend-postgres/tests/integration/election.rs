@@ -301,3 +301,50 @@ fn each_runtime_that_uses_a_client_listens_on_a_connection_of_its_own() {
         observer.abort();
     }
 }
+
+#[tokio::test]
+async fn a_waiting_candidate_writes_its_record_with_its_grant() {
+    let url = shared_url();
+    let (a, b) = (
+        PostgresLock::connect_url(&url).await.unwrap(),
+        PostgresLock::connect_url(&url).await.unwrap(),
+    );
+    let n = name("granted-record");
+    // A client's first grant reserves its window of fencing tokens; its record waits for a
+    // token from the window, so b takes one first.
+    b.acquire(&name("warm-up"), &wait())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let first = a.campaign(&n, b"a", &wait()).await.unwrap();
+    let candidate = {
+        let (b, n) = (b.clone(), n.clone());
+        tokio::spawn(async move { b.campaign(&n, b"b", &wait()).await })
+    };
+    // The candidate waits at the server, in the statement that will also write its record.
+    let key = AdvisoryKey::Name(n.clone());
+    common::eventually("the candidate to wait at the server", || {
+        let (url, key) = (&url, &key);
+        async move { common::pids_at(url, key, false).await.len() == 1 }
+    })
+    .await;
+    first.resign().await.unwrap();
+    let second = timeout(BOUND, candidate).await.unwrap().unwrap().unwrap();
+    let (_, term, value, holder, _) = row(&url, &n).await.expect("the new leader's row");
+    assert_eq!(
+        (term.unsigned_abs(), value.as_slice()),
+        (second.term().get(), &b"b"[..])
+    );
+    // No statement of its own followed the grant: the holder's last statement was its wait.
+    let mut conn = sql(&url).await;
+    let last: String = sqlx::query_scalar("SELECT query FROM pg_stat_activity WHERE pid = $1")
+        .bind(holder)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(last.starts_with("WITH g AS"), "{last}");
+    second.resign().await.unwrap();
+    assert!(row(&url, &n).await.is_none());
+}

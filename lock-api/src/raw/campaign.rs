@@ -31,7 +31,7 @@ pub async fn campaign<B: RawLock + ?Sized>(
         return Err(unsupported(backend.backend()));
     }
     check_value(value)?;
-    let guard = acquire(backend, name, &options.clone().for_campaign()).await?;
+    let guard = acquire(backend, name, &options.clone().for_campaign(value)).await?;
     if let Err(error) = guard.publish(value).await {
         let _ = guard.release().await;
         return Err(error);

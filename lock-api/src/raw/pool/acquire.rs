@@ -36,16 +36,14 @@ pub(super) fn granted<D: SessionDriver>(
     key: D::Key,
     token: u64,
     hold: Hold,
+    record: Option<Arc<[u8]>>,
 ) -> Grant {
     let state = Arc::new(LeaseState::on_session(None, conn.guards.clone()));
-    let lease = Arc::new(PoolLease::new(
-        core.clone(),
-        conn,
-        key,
-        hold,
-        name.clone(),
-        state.clone(),
-    ));
+    let lease = PoolLease::new(core.clone(), conn, key, hold, name.clone(), state.clone());
+    let lease = Arc::new(match record {
+        Some(value) => lease.with_record(token, value),
+        None => lease,
+    });
     Grant::new(
         name,
         FencingToken::new(token),
@@ -114,7 +112,7 @@ async fn try_on<D: SessionDriver>(
                 return Err(core.unavailable("the connection closed right after the grant"));
             }
             let hold = Hold::granted(claim, slot);
-            Ok(Some(granted(&core, conn, name, key, token, hold)))
+            Ok(Some(granted(&core, conn, name, key, token, hold, None)))
         }
         Ok(None) => {
             drop(guard);
@@ -211,9 +209,8 @@ pub(super) async fn wait_grant<D: SessionDriver>(
         let task = Detach::new(wait_on(
             core.clone(),
             conn,
-            name.clone(),
-            key.clone(),
-            claim,
+            (name.clone(), key.clone()),
+            (claim, options.campaign_value().map(Arc::from)),
             wait,
             attempt,
         ));
@@ -249,16 +246,21 @@ pub(super) async fn wait_grant<D: SessionDriver>(
     }
 }
 
-/// One server-side wait on `conn`, lent to it; in a task of its own.
+/// One server-side wait on `conn`, lent to it; in a task of its own. A candidate's wait
+/// (`leading`: the value it publishes) may write the leader's record with its grant, and is
+/// undone with it.
 async fn wait_on<D: SessionDriver>(
     core: Arc<PoolCore<D>>,
     conn: Conn<D>,
-    name: LockName,
-    key: D::Key,
-    claim: Claim,
+    (name, key): (LockName, D::Key),
+    (claim, leading): (Claim, Option<Arc<[u8]>>),
     wait: Duration,
     attempt: Arc<Attempt>,
 ) -> Result<Option<Grant>> {
+    let undone = Hold {
+        leader: leading.is_some(),
+        ..Hold::any(claim)
+    };
     let command_timeout = core.config.command_timeout;
     let limit = wait.saturating_add(command_timeout);
     let mut guard = conn.conn.lock().await;
@@ -268,7 +270,10 @@ async fn wait_on<D: SessionDriver>(
         return Ok(None);
     }
     let outcome = match core.conn_mut(&mut guard) {
-        Ok(c) => Ok(timeout(limit, core.wait_on_conn(c, &name, &key, claim, wait)).await),
+        Ok(c) => {
+            let waiting = core.wait_on_conn(c, (&name, &key), claim, wait, leading.as_deref());
+            Ok(timeout(limit, waiting).await)
+        }
         Err(closed) => Err(closed),
     };
     let (cancelled, interrupting) = attempt.finish();
@@ -286,19 +291,20 @@ async fn wait_on<D: SessionDriver>(
             "a cancelled wait could not be interrupted",
         );
     }
-    let reply = reply.map(|waited| match waited {
-        Waited::Granted(token) => Ok((token, None)),
-        Waited::GrantedSlot(token, slot) => Ok((token, Some(slot))),
+    let reply = reply.map(|(waited, wrote)| match waited {
+        Waited::Granted(token) => Ok((token, None, wrote)),
+        Waited::GrantedSlot(token, slot) => Ok((token, Some(slot), false)),
         not_granted => Err(not_granted),
     });
     match reply {
-        Ok(Ok((token, slot))) if !cancelled && !conn.is_dead() => {
+        Ok(Ok((token, slot, wrote))) if !cancelled && !conn.is_dead() => {
             drop(guard);
             if !core.wait_done(&conn, Some((&key, claim))) {
                 return Err(core.unavailable("the connection closed right after the grant"));
             }
             let hold = Hold::granted(claim, slot);
-            Ok(Some(granted(&core, conn, name, key, token, hold)))
+            let record = leading.filter(|_| wrote);
+            Ok(Some(granted(&core, conn, name, key, token, hold, record)))
         }
         Ok(Err(Waited::NotGranted)) => {
             drop(guard);
@@ -307,7 +313,7 @@ async fn wait_on<D: SessionDriver>(
         }
         Ok(_) => {
             // Granted to nobody who wants it, or maybe granted as the wait failed.
-            core.undo(&conn, &mut guard, &key, claim).await;
+            core.undo_hold(&conn, &mut guard, &key, undone).await;
             drop(guard);
             core.wait_done(&conn, None);
             Ok(None)
@@ -315,7 +321,7 @@ async fn wait_on<D: SessionDriver>(
         Err(failure) => {
             if !failure.broken {
                 // The lock may have been granted before the statement failed.
-                core.undo(&conn, &mut guard, &key, claim).await;
+                core.undo_hold(&conn, &mut guard, &key, undone).await;
             }
             drop(guard);
             core.wait_done(&conn, None);

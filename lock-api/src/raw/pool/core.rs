@@ -317,23 +317,33 @@ impl<D: SessionDriver> PoolCore<D> {
     }
 
     /// The driver's server-side wait for `claim`.
+    ///
+    /// A candidate's wait (`leading`: the value it publishes) goes through the driver's
+    /// [`wait_lock_as_leader`](SessionDriver::wait_lock_as_leader); the second value says
+    /// whether its grant wrote the leader's record too.
     pub(super) async fn wait_on_conn(
         &self,
         c: &mut D::Conn,
-        name: &LockName,
-        key: &D::Key,
+        (name, key): (&LockName, &D::Key),
         claim: Claim,
         wait: Duration,
-    ) -> std::result::Result<super::driver::Waited, DriverError> {
-        if claim.shared {
+        leading: Option<&[u8]>,
+    ) -> std::result::Result<(super::driver::Waited, bool), DriverError> {
+        let waited = if claim.shared {
             self.driver.wait_lock_shared(c, name, key, wait).await
-        } else if claim.limit <= 1 {
-            self.driver.wait_lock(c, key, wait).await
-        } else {
+        } else if claim.limit > 1 {
             self.driver
                 .wait_permit(c, name, key, claim.limit, wait)
                 .await
-        }
+        } else if let Some(value) = leading {
+            return self
+                .driver
+                .wait_lock_as_leader(c, name, key, wait, value)
+                .await;
+        } else {
+            self.driver.wait_lock(c, key, wait).await
+        };
+        waited.map(|waited| (waited, false))
     }
 
     /// The driver's unlock of what `hold` says (owner-checked): true if it was held.
@@ -432,9 +442,21 @@ impl<D: SessionDriver> PoolCore<D> {
         key: &D::Key,
         claim: Claim,
     ) {
+        self.undo_hold(conn, guard, key, Hold::any(claim)).await;
+    }
+
+    /// [`undo`](Self::undo) of what `hold` says: a candidate's grant that may have written the
+    /// leader's record is undone with the record.
+    pub(super) async fn undo_hold(
+        &self,
+        conn: &Connection<D>,
+        guard: &mut Option<D::Conn>,
+        key: &D::Key,
+        hold: Hold,
+    ) {
         let Some(c) = guard.as_mut() else { return };
         let limit = self.config.command_timeout;
-        let outcome = timeout(limit, self.unlock_on(c, key, Hold::any(claim))).await;
+        let outcome = timeout(limit, self.unlock_on(c, key, hold)).await;
         if self.settle(conn, guard, limit, outcome).is_err() {
             self.close(conn, guard, "could not undo an unwanted grant");
         }

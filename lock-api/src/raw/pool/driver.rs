@@ -274,6 +274,25 @@ pub trait SessionDriver: Debug + Send + Sync + 'static {
         )))
     }
 
+    /// [`wait_lock`](Self::wait_lock) for a campaign's candidate: on a grant, the same statement
+    /// also writes `value` as the leader's record of `name`, with the grant's token as the term,
+    /// as [`proclaim`](Self::proclaim) would (never over a higher term), so the new leader needs
+    /// no round trip of its own before it leads. Returns the wait's outcome and whether the
+    /// record was written with the token it returns (a token changed after the statement, by a
+    /// fence's renewal say, is not: the pool then proclaims as usual). Nothing is written unless
+    /// granted. The default waits with `wait_lock` and writes nothing.
+    async fn wait_lock_as_leader(
+        &self,
+        conn: &mut Self::Conn,
+        name: &LockName,
+        key: &Self::Key,
+        wait: Duration,
+        value: &[u8],
+    ) -> Result<(Waited, bool), DriverError> {
+        let _ = (name, value);
+        Ok((self.wait_lock(conn, key, wait).await?, false))
+    }
+
     /// Releases `key` as [`unlock`](Self::unlock) does, and deletes the leader's record this
     /// connection wrote for it (only if its writer is this connection: a successor's record
     /// stays): what the pool runs instead of `unlock` for a lease that proclaimed. Without it a

@@ -1,8 +1,8 @@
 //! [`PoolLease`]: one lock held on one pool connection, released on that connection.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -30,6 +30,9 @@ pub(super) struct PoolLease<D: SessionDriver> {
     done: AtomicBool,
     /// Set once a proclaim was sent: the release then clears the leader's record too.
     proclaimed: AtomicBool,
+    /// The record the grant's own statement wrote (term, value), which the campaign's first
+    /// proclaim finds there instead of writing it again.
+    written_at_grant: Mutex<Option<(u64, Arc<[u8]>)>>,
 }
 
 impl<D: SessionDriver> PoolLease<D> {
@@ -50,7 +53,19 @@ impl<D: SessionDriver> PoolLease<D> {
             state,
             done: AtomicBool::new(false),
             proclaimed: AtomicBool::new(false),
+            written_at_grant: Mutex::new(None),
         }
+    }
+
+    /// This lease, whose grant wrote the leader's record `value` with the term `term`: its
+    /// release clears the record, and a first proclaim of the same term and value is done.
+    pub(super) fn with_record(self, term: u64, value: Arc<[u8]>) -> Self {
+        self.proclaimed.store(true, Ordering::Release);
+        *self
+            .written_at_grant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((term, value));
+        self
     }
 
     /// What the release undoes: the grant, and the leader's record once one may be written.
@@ -129,6 +144,14 @@ impl<D: SessionDriver> RawLease for PoolLease<D> {
         }
         if self.conn.is_dead() {
             return Err(self.lost());
+        }
+        let written = self
+            .written_at_grant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if written.is_some_and(|(at, by)| at == term.get() && *by == *value) {
+            return Ok(());
         }
         // Before the statement: were its reply lost, the record may be there all the same.
         self.proclaimed.store(true, Ordering::Release);

@@ -127,7 +127,9 @@ async fn try_all_on<D: SessionDriver>(
                 .into_iter()
                 .zip(keys)
                 .zip(tokens)
-                .map(|((name, key), token)| granted(&core, conn.clone(), name, key, token, hold))
+                .map(|((name, key), token)| {
+                    granted(&core, conn.clone(), name, key, token, hold, None)
+                })
                 .collect();
             Ok(GrantedAtOnce::Taken(grants))
         }
