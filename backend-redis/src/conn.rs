@@ -416,12 +416,8 @@ impl Conn {
         keys: &[&str],
         args: &[&[u8]],
     ) -> Result<T> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(args);
-        self.send_script(timeout, script, &cmd).await
+        self.send_script(timeout, script, &evalsha(script, keys, args))
+            .await
     }
 
     /// Runs a plain command, or a pipeline of them (in one write, its replies in one vector).
@@ -574,15 +570,22 @@ impl Request for redis::Pipeline {
 /// `EVALSHA sha numkeys keys.. args..`, written straight into one command buffer: the driver's
 /// `ScriptInvocation` copies every key and argument into a vector of its own first, which on the
 /// acquire and release path cost more allocations than the rest of the client together.
-fn evalsha(script: &Script, keys: &[&str], args: &[&str]) -> Cmd {
-    let data: usize = keys.iter().chain(args).map(|text| text.len()).sum();
+fn evalsha<A: AsRef<[u8]>>(script: &Script, keys: &[&str], args: &[A]) -> Cmd {
+    let data = keys
+        .iter()
+        .map(|key| key.len())
+        .chain(args.iter().map(|arg| arg.as_ref().len()))
+        .fold(0usize, usize::saturating_add);
     let mut cmd = Cmd::with_capacity(
         keys.len().saturating_add(args.len()).saturating_add(3),
         data.saturating_add(64),
     );
     cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
-    for text in keys.iter().chain(args) {
-        cmd.arg(*text);
+    for key in keys {
+        cmd.arg(*key);
+    }
+    for arg in args {
+        cmd.arg(arg.as_ref());
     }
     cmd
 }

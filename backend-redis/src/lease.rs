@@ -3,8 +3,8 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -40,6 +40,9 @@ pub(crate) struct RedisLease {
     /// first proclaim is sent, after which its renewals keep the record as long as the lock
     /// and its release ends it (`scripts/election.rs`).
     proclaimed: AtomicBool,
+    /// The term and value of the record the grant wrote (a campaign's), until the first
+    /// proclaim, which then need not write it again.
+    written_at_grant: Mutex<Option<(u64, Arc<[u8]>)>>,
     /// The start of the watch on the held lock (`held.rs`), until it comes due.
     _watch: Option<Scheduled>,
 }
@@ -60,8 +63,21 @@ impl RedisLease {
             owner,
             hold,
             proclaimed: AtomicBool::new(false),
+            written_at_grant: Mutex::new(None),
             _watch: watch,
         }
+    }
+
+    /// This lease, whose grant wrote the leader record `value` with the term `term`: its
+    /// renewals keep the record and its release ends it, and a first proclaim of the same term
+    /// and value is done.
+    pub(crate) fn with_record(self, term: u64, value: Arc<[u8]>) -> Self {
+        self.proclaimed.store(true, Ordering::SeqCst);
+        *self
+            .written_at_grant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some((term, value));
+        self
     }
 
     /// The answer of an extend or release that found the lock no longer this lease's.
@@ -327,6 +343,14 @@ impl RawLease for RedisLease {
                 backend: crate::BACKEND,
                 operation: "elections on a semaphore's permit or a reader's share",
             });
+        }
+        let written = self
+            .written_at_grant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if written.is_some_and(|(at, by)| at == term.get() && *by == *value) {
+            return Ok(());
         }
         // Before the script is sent: once it may have run, renewal and release must keep and
         // end the record.

@@ -83,7 +83,11 @@
 //!   earlier term and lock of the name). Its value lives in the **leader record**
 //!   `PREFIX:{NAME}:leader`, `OWNER TERM VALUE`, written by one script only while the lock key
 //!   holds the leader's owner value, and given the lock key's remaining lease plus a second; the
-//!   leader's renewals extend both in one script. `leader` is one read-only script: the record
+//!   leader's renewals extend both in one script. The grant writes a candidate's first record
+//!   itself, so a campaign costs the lock's round trips and no more: a campaign's first attempt
+//!   is the full acquire, which writes the record when it takes a free name, and a waiting
+//!   candidate's queue entry carries its value (`DEADLINE:TTL=VALUE=`), so the release that
+//!   hands it the lock writes its record in the same script. `leader` is one read-only script: the record
 //!   counts only if its owner holds the lock key now, so a record an earlier holder left is
 //!   never reported. Leadership ends with the lock: a resignation (its release deletes the
 //!   record in the same script), a lease that runs out (a crashed leader's key expires), or a

@@ -46,6 +46,9 @@ struct Held {
     token: i64,
     valid_until: Instant,
     hold: Hold,
+    /// The value of the leader record the grant wrote with the token as its term (a campaign's
+    /// grant), which the lease's first proclaim need not write again.
+    record: Option<Arc<[u8]>>,
 }
 
 enum Attempt {
@@ -141,14 +144,18 @@ impl RedisLock {
                 ),
                 Hold::Permit => None,
             };
-            RedisLease::new(
+            let lease = RedisLease::new(
                 self.inner.clone(),
                 name.clone(),
                 keys.clone(),
                 owner.clone(),
                 held.hold,
                 watch,
-            )
+            );
+            match held.record {
+                Some(value) => lease.with_record(held.token as u64, value),
+                None => lease,
+            }
         });
         Grant::new(
             name.clone(),
@@ -170,6 +177,14 @@ impl RedisLock {
         owner: &Arc<str>,
         options: &LockOptions,
     ) -> Result<Option<Grant>> {
+        if options.is_campaign() {
+            // The full acquire writes a candidate's leader record with its grant, which saves
+            // the campaign's proclaim a round trip. Boxed, as below.
+            return match Box::pin(self.attempt(name, keys, owner, options, false)).await? {
+                Attempt::Granted(grant) => Ok(Some(grant)),
+                Attempt::Busy { .. } => Ok(None),
+            };
+        }
         let ttl_ms = ttl_ms(options);
         let (reply, started, pending) = self
             .send_acquire(
@@ -177,7 +192,7 @@ impl RedisLock {
                 keys,
                 owner,
                 &[&keys.lock, &keys.fence],
-                &[owner, &ttl_ms],
+                &[owner.as_bytes(), ttl_ms.as_bytes()],
                 options.ttl(),
             )
             .await?;
@@ -201,6 +216,7 @@ impl RedisLock {
                         token,
                         valid_until: after(started, options.ttl()),
                         hold: Hold::Lock { uncontended: true },
+                        record: None,
                     },
                 )
                 .await
@@ -247,13 +263,15 @@ impl RedisLock {
                     &reader_watchers,
                 ],
                 &[
-                    owner,
-                    &ttl_ms,
-                    if enqueue { "1" } else { "0" },
-                    &presence_ms,
-                    &keys.channel,
-                    &self.inner.held_by.prefix,
-                ],
+                    owner.as_bytes(),
+                    ttl_ms.as_bytes(),
+                    if enqueue { b"1" } else { b"0" },
+                    presence_ms.as_bytes(),
+                    keys.channel.as_bytes(),
+                    self.inner.held_by.prefix.as_bytes(),
+                    // A candidate's: its grant writes its leader record (ARGV[7]).
+                    options.campaign_value().unwrap_or_default(),
+                ][..if options.is_campaign() { 7 } else { 6 }],
                 options.ttl(),
             )
             .await?;
@@ -276,6 +294,7 @@ impl RedisLock {
                     token,
                     valid_until,
                     hold: LOCK,
+                    record: campaign_record(options),
                 };
                 self.granted(pending, name, keys, owner, held)
                     .await
@@ -317,7 +336,7 @@ impl RedisLock {
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
         key_names: &[&str],
-        args: &[&str],
+        args: &[&[u8]],
         ttl: Duration,
     ) -> Result<(redis::Value, Instant, PendingAcquire)> {
         let started = Instant::now();
@@ -325,7 +344,7 @@ impl RedisLock {
         let reply = self
             .inner
             .conn
-            .run_script(self.inner.config.command_timeout, script, key_names, args)
+            .run_script_bytes(self.inner.config.command_timeout, script, key_names, args)
             .await;
         match reply {
             Ok(reply) => Ok((reply, started, pending)),
@@ -449,6 +468,9 @@ impl RedisLock {
                             token: token as i64,
                             valid_until,
                             hold: LOCK,
+                            // A candidate's entry in the queue carries its value, and the release
+                            // that granted it the lock wrote its record.
+                            record: campaign_record(options),
                         },
                     )));
                 }
@@ -528,6 +550,11 @@ const LOCK: Hold = Hold::Lock { uncontended: false };
 /// in use with `in_use`.
 fn in_use_as(name: &LockName, asked: u32, in_use: u64) -> LockError {
     dlock_api::raw::permits_mismatch(name, asked, u32::try_from(in_use).unwrap_or(u32::MAX))
+}
+
+/// The leader record a grant under `options` writes: a campaign's value ([`Held::record`]).
+fn campaign_record(options: &LockOptions) -> Option<Arc<[u8]>> {
+    options.campaign_value().map(Arc::from)
 }
 
 /// The lease the acquire scripts set, in whole milliseconds (at least 1: `PX 0` is an error).

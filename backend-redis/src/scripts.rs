@@ -3,7 +3,8 @@
 //!
 //! Keys of one name (all in one hash slot): `lock` (value: the holder's owner token, TTL: the
 //! lease), `fence` (the last fencing token), `queue` (a list of waiting owners, first in line
-//! first), `waiters` (a hash: owner → `PRESENCE_DEADLINE_MS:TTL_MS`).
+//! first), `waiters` (a hash: owner → `PRESENCE_DEADLINE_MS:TTL_MS`, then `:r` for a reader, or
+//! `=VALUE=` for an election's candidate, whose grant writes its leader record, `scripts/election.rs`).
 //!
 //! **Hand-off by grant.** A release does not just free the lock and let waiters race: it gives the
 //! lock to the first *live* waiter in the queue (one whose presence deadline has not passed), raises
@@ -240,6 +241,15 @@ macro_rules! lua_blocked_by_waiters_ahead {
     };
 }
 
+/// How long a leader record outlives the lease it was written or renewed under, in ms: the
+/// record is set with the lock key's PTTL plus this, in the same script, so it never ends
+/// before the lease it belongs to.
+macro_rules! leader_margin_ms {
+    () => {
+        "1000"
+    };
+}
+
 /// `grant_next`, for the scripts that free a lock: defined only once the script knows somebody
 /// is queued, so that a release with nobody waiting makes no closure.
 macro_rules! lua_grant_helper {
@@ -256,16 +266,18 @@ end
 -- Gives the free lock to the first live waiter, starting with `head` (already popped), and tells
 -- it; or, if that waiter is a reader, wakes the readers queued before the next writer; or, if
 -- the queue held only waiters whose presence lapsed, announces the lock free (one of them may
--- still be alive and re-queue) and takes the queue mark off the fence.
+-- still be alive and re-queue) and takes the queue mark off the fence. A candidate's grant also
+-- writes its leader record (`OWNER TERM VALUE`, as a proclaim would), so it leads with no
+-- further round trip; observers read again on the `granted` message.
 local function grant_next(head, lock, fence, queue, waiters, channel)
   local t = redis.call('TIME')
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   while head do
     local entry = redis.call('HGET', waiters, head)
     if entry then
-      local deadline, ttl, reader = string.match(entry, '^(%d+):(%d+)(.*)$')
+      local deadline, ttl, rest = string.match(entry, '^(%d+):(%d+)(.*)$')
       if tonumber(deadline) > now_ms then
-        if reader ~= '' then
+        if rest == ':r' then
           -- Readers come in by their own acquire, every one queued before the next writer
           -- together: the head goes back, the fence keeps its mark, and all are woken.
           redis.call('LPUSH', queue, head)
@@ -274,8 +286,17 @@ local function grant_next(head, lock, fence, queue, waiters, channel)
         end
         redis.call('HDEL', waiters, head)
         redis.call('SET', lock, head, 'PX', ttl)
-        local token = raise_fence(fence, queue, t, redis.call('EXISTS', queue) == 1)
-        redis.call('PUBLISH', channel, 'granted ' .. head .. ' ' .. string.format('%.0f', token))
+        local token = string.format('%.0f', raise_fence(fence, queue, t, redis.call('EXISTS', queue) == 1))
+        if string.byte(rest, 1) == 61 then
+          -- The record key is the lock key's `:leader` (`LockKeys::leader`): not passed in, as
+          -- a release cannot know whether its next waiter campaigns; it shares the lock key's
+          -- hash tag, so it is in the slot the script runs on.
+          redis.call('SET', lock .. ':leader', head .. ' ' .. token .. ' ' .. string.sub(rest, 2, -2),
+            'PX', tonumber(ttl) + ",
+            leader_margin_ms!(),
+            r")
+        end
+        redis.call('PUBLISH', channel, 'granted ' .. head .. ' ' .. token)
         return
       end
       redis.call('HDEL', waiters, head)
@@ -347,7 +368,10 @@ return now
 
 /// Acquire. KEYS: lock, fence, queue, waiters, readers (the name's lease set), reader watchers.
 /// ARGV: owner, ttl_ms, enqueue (`0`/`1`), presence_ms, channel, the watch channels' prefix
-/// (`PREFIX:held-by:`).
+/// (`PREFIX:held-by:`), and for an election's candidate its value.
+///
+/// A candidate's grant writes its leader record (as [`election::PROCLAIM`] would), and its queue
+/// entry carries the value, so that a release granting it the lock writes the record too.
 ///
 /// Returns `{1, token, pttl}` when the caller holds the lock (taken now, held already, or granted
 /// to it by a release whose message may still be on its way), `{-1, N, 0}` when the name is a
@@ -404,6 +428,13 @@ if not holder then
     lua_take_token!(),
     lua_tell_watchers!("ARGV[6]"),
     r"
+    if ARGV[7] then
+      redis.call('SET', lock .. ':leader', owner .. ' ' .. string.format('%.0f', token) .. ' ' .. ARGV[7],
+        'PX', tonumber(ARGV[2]) + ",
+    leader_margin_ms!(),
+    r")
+      redis.call('PUBLISH', ARGV[5], 'leader ' .. string.format('%.0f', token))
+    end
     return {1, token, tonumber(ARGV[2])}
   end
   -- Free with a live waiter first (its holder expired rather than released): wake it.
@@ -411,8 +442,10 @@ if not holder then
 end
 local last = redis.call('GET', fence) or '0'
 if ARGV[3] == '1' then
+  local queued_as = ARGV[2]
+  if ARGV[7] then queued_as = ARGV[2] .. '=' .. ARGV[7] .. '=' end
 ",
-    lua_join_queue!("tonumber(ARGV[4])", "ARGV[2]"),
+    lua_join_queue!("tonumber(ARGV[4])", "queued_as"),
     r"
 end
 return {0, wait_ms or redis.call('PTTL', lock), tonumber(string.match(last, '^%d+'))}

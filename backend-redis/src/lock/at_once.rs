@@ -117,6 +117,7 @@ impl RedisLock {
                     token,
                     valid_until,
                     hold: Hold::Lock { uncontended: true },
+                    record: None,
                 },
             ));
         }

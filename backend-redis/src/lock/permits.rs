@@ -84,15 +84,20 @@ impl RedisLock {
         let (script, args) = match share {
             Share::Permits(_) => (
                 &scripts.acquire_permit,
-                [owner, ttl_ms.as_str(), &limit, &presence_ms],
+                [
+                    owner.as_bytes(),
+                    ttl_ms.as_bytes(),
+                    limit.as_bytes(),
+                    presence_ms.as_bytes(),
+                ],
             ),
             Share::Reader => (
                 &scripts.acquire_read,
                 [
-                    owner,
-                    ttl_ms.as_str(),
-                    &presence_ms,
-                    &self.inner.held_by.prefix,
+                    owner.as_bytes(),
+                    ttl_ms.as_bytes(),
+                    presence_ms.as_bytes(),
+                    self.inner.held_by.prefix.as_bytes(),
                 ],
             ),
         };
@@ -137,6 +142,7 @@ impl RedisLock {
                     token,
                     valid_until: after(started, options.ttl()),
                     hold: share.hold(),
+                    record: None,
                 };
                 self.granted(pending, name, keys, owner, held)
                     .await

@@ -8,15 +8,6 @@
 //! Each script that changes what a read would answer publishes `leader` on the name's channel
 //! (the one waiters listen on), so observers read again.
 
-/// How long a leader record outlives the lease it was written or renewed under, in ms: the
-/// record is set with the lock key's PTTL plus this, in the same script, so it never ends
-/// before the lease it belongs to.
-macro_rules! leader_margin_ms {
-    () => {
-        "1000"
-    };
-}
-
 /// Whether the leader record `record` (nil when there is none) is the owner `owner`'s.
 macro_rules! lua_record_of {
     ($record:literal, $owner:literal) => {

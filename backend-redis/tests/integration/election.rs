@@ -338,3 +338,152 @@ async fn an_observer_sees_a_living_leader_whose_key_went_go_before_its_lease_end
     );
     drop(leadership);
 }
+
+/// The commands the server ran, as `MONITOR` shows them (one line each, arguments quoted), up to
+/// the marker `ECHO` the test sends when it has seen what it wants.
+struct Monitor {
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::TcpStream>>,
+}
+
+impl Monitor {
+    async fn start(server: &dlock_test_servers::RedisServer) -> Self {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
+        stream.write_all(b"MONITOR\r\n").await.unwrap();
+        let mut lines = tokio::io::BufReader::new(stream).lines();
+        assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("+OK"));
+        Self { lines }
+    }
+
+    /// Every line up to the `ECHO marker` sent now on `conn`.
+    async fn until_now(
+        &mut self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        marker: &str,
+    ) -> Vec<String> {
+        let _: String = redis::cmd("ECHO")
+            .arg(marker)
+            .query_async(conn)
+            .await
+            .unwrap();
+        let quoted = format!("\"ECHO\" \"{marker}\"");
+        let mut seen = Vec::new();
+        dlock_conformance::wait_for::within(BOUND, "the marker in the monitor", async {
+            while let Some(line) = self.lines.next_line().await.unwrap() {
+                if line.contains(&quoted) {
+                    return;
+                }
+                seen.push(line);
+            }
+            panic!("the monitor's connection closed");
+        })
+        .await;
+        seen
+    }
+}
+
+/// A candidate's grant writes its leader record in the same script (the full acquire when the
+/// name is free, the release that hands it the lock when it waited), so a campaign sends its
+/// value with no script of the leader record's own (`PROCLAIM` passes the record's key): the
+/// record is there, with the grant's token as its term, as the campaign returns. A later
+/// proclaim still writes, and the resignation still ends the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_leads_with_the_record_its_grant_wrote() {
+    let server = server();
+    let mut conn = raw(&server).await;
+    let mut monitor = Monitor::start(&server).await;
+    let (a, b) = (
+        RedisLock::connect_url(&server.url()).await.unwrap(),
+        RedisLock::connect_url(&server.url()).await.unwrap(),
+    );
+    let name = LockName::new("election/written-at-grant").unwrap();
+    let keys = a.keys(&name);
+    let proclaims_of = |lines: &[String], value: &str| {
+        lines
+            .iter()
+            // A script's own commands show as sent by `lua`: only what a client sent counts.
+            .filter(|line| !line.contains(" lua] "))
+            .filter(|line| line.contains(value) && line.contains(&format!("\"{}\"", keys.leader())))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+
+    let first = a
+        .campaign(&name, b"first-candidate", &LockOptions::new())
+        .await
+        .unwrap();
+    let said = b.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(
+        (said.term(), said.value()),
+        (first.term(), &b"first-candidate"[..])
+    );
+    let lines = monitor.until_now(&mut conn, "first-granted").await;
+    assert!(
+        lines.iter().any(|line| line.contains("first-candidate")),
+        "the value went with no script: {lines:#?}"
+    );
+    let written_by_script = |lines: &[String], value: &str| {
+        lines.iter().any(|line| {
+            line.contains(" lua] \"SET\"") && line.contains(&keys.leader()) && line.contains(value)
+        })
+    };
+    assert!(written_by_script(&lines, "first-candidate"), "{lines:#?}");
+    let proclaims = proclaims_of(&lines, "first-candidate");
+    assert!(
+        proclaims.is_empty(),
+        "a free name's campaign proclaimed apart: {proclaims:#?}"
+    );
+
+    let waiting = tokio::spawn(async move {
+        let leadership = b
+            .campaign(&name, b"second-candidate", &LockOptions::new())
+            .await
+            .unwrap();
+        (b, name, leadership)
+    });
+    until("the second candidate to queue", || {
+        let mut conn = conn.clone();
+        let waiters = keys.waiters.clone();
+        async move {
+            let queued: i64 = redis::cmd("HLEN")
+                .arg(&waiters)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            queued == 1
+        }
+    })
+    .await;
+    let first_term = first.term();
+    first.resign().await.unwrap();
+    let (b, name, second) = dlock_conformance::wait_for::within(BOUND, "the hand-over", waiting)
+        .await
+        .unwrap();
+    assert!(second.term() > first_term);
+    let said = a.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(
+        (said.term(), said.value()),
+        (second.term(), &b"second-candidate"[..])
+    );
+    let lines = monitor.until_now(&mut conn, "second-granted").await;
+    assert!(written_by_script(&lines, "second-candidate"), "{lines:#?}");
+    let proclaims = proclaims_of(&lines, "second-candidate");
+    assert!(
+        proclaims.is_empty(),
+        "the waiting candidate proclaimed apart: {proclaims:#?}"
+    );
+
+    // A later value is written by its own proclaim, and the resignation ends the record.
+    second.proclaim(b"second-later").await.unwrap();
+    let said = a.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(
+        (said.term(), said.value()),
+        (second.term(), &b"second-later"[..])
+    );
+    second.resign().await.unwrap();
+    assert_eq!(b.leader(&name).await.unwrap(), None);
+    assert!(
+        !exists(&mut conn, &keys.leader()).await,
+        "a resigned leader's record stayed"
+    );
+}
