@@ -13,8 +13,10 @@ use sqlx::{ConnectOptions, Connection, Executor, Row};
 use crate::BACKEND;
 use crate::config::{MySqlConfig, config_error};
 use crate::election::LeaderSql;
-use crate::error::{is_connection_error, map_err};
-use crate::sql::{Cmd, FENCE_RETENTION, Fence, HELLO, Reply, Sql, exec, raise_sequence};
+use crate::error::{error_number, is_connection_error, map_err};
+use crate::sql::{
+    Cmd, ER_UNKNOWN_SEQUENCES, FENCE_RETENTION, Fence, HELLO, Reply, Sql, exec, raise_sequence,
+};
 use crate::tls;
 
 mod set;
@@ -152,6 +154,9 @@ impl MySqlDriver {
         reply.map(drop)
     }
 }
+
+/// `KILL QUERY` ended the statement.
+const ER_QUERY_INTERRUPTED: u16 = 1317;
 
 fn failure(error: sqlx::Error) -> DriverError {
     if is_connection_error(&error) {
@@ -303,6 +308,39 @@ impl SessionDriver for MySqlDriver {
             .proclaim(conn, key, term, value)
             .await
             .map_err(failure)
+    }
+
+    /// On MariaDB's fencing sequence, one statement waits, draws the token and writes the
+    /// record (`LeaderSql::wait_leading`); the counter row (MySQL) takes its own statement for
+    /// the token, so there the record is proclaimed after the grant.
+    async fn wait_lock_as_leader(
+        &self,
+        conn: &mut MySqlConnection,
+        _name: &LockName,
+        key: &Arc<str>,
+        wait: Duration,
+        value: &[u8],
+    ) -> Result<(Waited, bool), DriverError> {
+        let leaders = match &self.leaders {
+            Some(leaders) if self.fence() == Fence::Sequence => leaders,
+            _ => return Ok((self.wait_lock(conn, key, wait).await?, false)),
+        };
+        match leaders.wait_leading(conn, key, wait, value).await {
+            Ok(Some(token)) => Ok((Waited::Granted(token), true)),
+            // 0 rows: timed out, or interrupted (`KILL QUERY`) in `GET_LOCK`: not granted.
+            Ok(None) => Ok((Waited::NotGranted, false)),
+            // Interrupted with the lock maybe granted (the statement ends on the kill after
+            // `GET_LOCK` returned, and rolls back the record but not the session's lock).
+            Err(e) if error_number(&e) == Some(ER_QUERY_INTERRUPTED) => {
+                Ok((Waited::NotGrantedUnsure, false))
+            }
+            // The sequence went since this connection raised it: the lock's own statement
+            // makes it again, and the record is proclaimed after the grant.
+            Err(e) if error_number(&e) == Some(ER_UNKNOWN_SEQUENCES) => {
+                Ok((self.wait_lock(conn, key, wait).await?, false))
+            }
+            Err(e) => Err(failure(e)),
+        }
     }
 
     async fn leader(

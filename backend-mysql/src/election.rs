@@ -20,6 +20,8 @@ const ER_NO_SUCH_TABLE: u16 = 1146;
 pub(crate) struct LeaderSql {
     create: String,
     proclaim: String,
+    /// A waiting candidate's lock, token and record in one statement (MariaDB's sequence).
+    grant: String,
     leader: String,
     forget: String,
     /// Create the table when a write finds it missing.
@@ -47,6 +49,20 @@ impl LeaderSql {
                  AND NOT EXISTS (SELECT 1 FROM {table} AS newer WHERE newer.name = ? AND newer.term > ?) \
                  ON DUPLICATE KEY UPDATE value = VALUES(value), holder = VALUES(holder), \
                  term = VALUES(term)"
+            ),
+            // `GET_LOCK` sits in the `WHERE` of an `INSERT … SELECT … FROM DUAL` (as the counter
+            // row's acquire, `sql.rs`): the select list, and so `NEXTVAL`, is evaluated only once
+            // granted, so terms rise in grant order, and `LAST_INSERT_ID(expr)` brings the token
+            // back in the OK packet. A token drawn after the grant is above every term written
+            // before, so, unlike a proclaim, no newer row can be there. Parameters: key, value,
+            // key, wait seconds.
+            grant: format!(
+                "INSERT INTO {table} (name, term, value, holder) \
+                 SELECT ?, LAST_INSERT_ID(NEXTVAL({sequence})), ?, CONNECTION_ID() FROM DUAL \
+                 WHERE GET_LOCK(?, ?) = 1 \
+                 ON DUPLICATE KEY UPDATE value = VALUES(value), holder = VALUES(holder), \
+                 term = VALUES(term)",
+                sequence = config.quoted_sequence()
             ),
             // Parameters: key, key.
             leader: format!(
@@ -98,6 +114,44 @@ impl LeaderSql {
             .bind(key)
             .bind(key)
             .bind(term)
+            .execute(conn)
+            .await
+    }
+
+    /// Waits up to `wait` for `key` and, once granted, draws its token from the fencing sequence
+    /// `NEXTVAL` and writes `value` as the record under it, in one statement: the token, or
+    /// `None` if the wait ran out (or was interrupted). Creates a missing table first when
+    /// `create_table` allows (the table is opened before `GET_LOCK` runs, so a missing one
+    /// never leaves a lock behind).
+    pub(crate) async fn wait_leading(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &str,
+        wait: std::time::Duration,
+        value: &[u8],
+    ) -> sqlx::Result<Option<u64>> {
+        let done = match self.grant_once(&mut *conn, key, wait, value).await {
+            Err(e) if self.create_table && error_number(&e) == Some(ER_NO_SUCH_TABLE) => {
+                self.create(&mut *conn).await?;
+                self.grant_once(&mut *conn, key, wait, value).await?
+            }
+            other => other?,
+        };
+        Ok((done.rows_affected() > 0).then(|| done.last_insert_id()))
+    }
+
+    async fn grant_once(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &str,
+        wait: std::time::Duration,
+        value: &[u8],
+    ) -> sqlx::Result<sqlx::mysql::MySqlQueryResult> {
+        sqlx::query(&self.grant)
+            .bind(key)
+            .bind(value)
+            .bind(key)
+            .bind(wait.as_secs_f64())
             .execute(conn)
             .await
     }

@@ -119,3 +119,75 @@ async fn a_proclaim_over_a_higher_term_is_not_held_and_writes_nothing() {
     assert_eq!(value, b"newer");
     let _ = leadership.resign().await;
 }
+
+/// The connection waiting in `GET_LOCK` for `key`, once there is one (only one may wait).
+async fn waiting_connection(conn: &mut sqlx::MySqlConnection, key: &str) -> u64 {
+    let waiters = tokio::time::timeout(BOUND, async {
+        loop {
+            let waiters = common::lock_waiters(&mut *conn, key).await.unwrap();
+            if !waiters.is_empty() {
+                return waiters;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the candidate to wait at the server");
+    assert_eq!(waiters.len(), 1, "{waiters:?}");
+    waiters[0]
+}
+
+/// How many prepared statements the connection `id` has run to their end, by
+/// performance_schema's summary of its thread.
+async fn executed(conn: &mut sqlx::MySqlConnection, id: u64) -> u64 {
+    sqlx::query_scalar(
+        "SELECT CAST(s.COUNT_STAR AS UNSIGNED) \
+         FROM performance_schema.events_statements_summary_by_thread_by_event_name s \
+         JOIN performance_schema.threads t ON t.THREAD_ID = s.THREAD_ID \
+         WHERE t.PROCESSLIST_ID = ? AND s.EVENT_NAME = 'statement/com/Execute'",
+    )
+    .bind(id)
+    .fetch_one(conn)
+    .await
+    .unwrap()
+}
+
+/// On MariaDB's fencing sequence, a candidate that waits takes the lock, draws its term and
+/// writes its row in one statement: when its campaign returns, the row is there with its term
+/// and value, and the new leader ran no statement after that wait (no proclaim of its own).
+#[tokio::test]
+async fn a_waiting_candidate_writes_its_row_with_its_grant() {
+    let harness = MySqlHarness::shared();
+    let url = harness.url();
+    let (a, b) = (
+        MySqlLock::connect_url(url).await.unwrap(),
+        MySqlLock::connect_url(url).await.unwrap(),
+    );
+    let n = name("granted-row");
+    let key = a.key(&n);
+    let first = a.campaign(&n, b"a", &wait()).await.unwrap();
+    let candidate = {
+        let (b, n) = (b.clone(), n.clone());
+        tokio::spawn(async move { b.campaign(&n, b"b", &wait()).await })
+    };
+    let mut conn = raw(url).await;
+    let waiter = waiting_connection(&mut conn, &key).await;
+    // The statement in progress is counted once it ends.
+    let before = executed(&mut conn, waiter).await;
+    first.resign().await.unwrap();
+    let second = tokio::time::timeout(BOUND, candidate)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let (term, value, writer) = row(url, &key).await.expect("the new leader's row");
+    assert_eq!((term, value.as_slice()), (second.term().get(), &b"b"[..]));
+    assert_eq!((writer, holder(url, &key).await), (waiter, Some(waiter)));
+    assert_eq!(
+        executed(&mut conn, waiter).await,
+        before + 1,
+        "the new leader ran a statement of its own after the one that waited"
+    );
+    second.resign().await.unwrap();
+    assert!(row(url, &key).await.is_none());
+}
