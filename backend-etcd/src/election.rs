@@ -1,6 +1,10 @@
-//! Elections on the lock's queue: the leader is the name's oldest key, its value a record
-//! beside the queue (`PREFIX/ENCODED0`, see [`NameKeys::leader_key`]) that the leader's key
-//! puts on its own lease; observers watch the name's keys and the record in one watch.
+//! Elections on the lock's queue: the leader is the name's oldest key, its value the one that
+//! key was put with as a candidate (`lead:VALUE`), until the leader proclaims another: that goes
+//! in a record beside the queue (`PREFIX/ENCODED0`, see [`NameKeys::leader_key`]) that the
+//! leader's key puts on its own lease. A candidate's key carries its value from its creation,
+//! so the revision that makes it the oldest (its predecessor's deletion) is the one that makes
+//! it lead with its value, with no write after its grant. Observers watch the name's keys and
+//! the record in one watch, so a hand-over reaches them as that one revision.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -12,7 +16,7 @@ use futures::StreamExt;
 
 use crate::client::Inner;
 use crate::keys::NameKeys;
-use crate::queue::oldest_key;
+use crate::queue::{candidate_value, oldest_key};
 use crate::watch::{WatchEvent, WatchHandle};
 
 /// The leader record of the name whose queue holds `key` (`PREFIX/ENCODED/LEASE-SLOT`): the
@@ -43,16 +47,18 @@ fn decode(record: &[u8]) -> Option<(i64, &[u8])> {
 }
 
 /// The leader a read shows: the record, if its term is the oldest key's create revision (the
-/// key that holds the name); a record left by an earlier term, or a holder that has not
-/// published yet, is nobody.
+/// key that holds the name: a proclaim after its grant); else the campaign value that key was
+/// put with, at that term; else nobody (a record left by an earlier term, a plain lock's key).
 fn leader_from(oldest: Option<&KeyValue>, record: Option<&KeyValue>) -> Option<Leader> {
-    let holder = oldest?.create_revision();
-    let (term, value) = decode(record?.value())?;
-    if term != holder {
-        return None;
-    }
+    let oldest = oldest?;
+    let holder = oldest.create_revision();
+    let proclaimed = record
+        .and_then(|record| decode(record.value()))
+        .filter(|&(term, _)| term == holder)
+        .map(|(_, value)| value);
+    let value = proclaimed.or_else(|| candidate_value(oldest))?;
     Some(Leader::new(
-        FencingToken::new(u64::try_from(term).ok()?),
+        FencingToken::new(u64::try_from(holder).ok()?),
         value,
     ))
 }

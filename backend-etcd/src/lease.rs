@@ -130,9 +130,12 @@ pub(crate) struct EtcdLease {
     released: AtomicBool,
     /// How many may hold the name: 1 for a lock (and a campaign), which alone may proclaim.
     limit: u32,
-    /// A leader record was put for this key: it goes with the key's release, and moves with it
-    /// to another lease.
+    /// A leader record was put for this key, or the key led with its campaign value from its
+    /// grant: a record goes with the key's release, and moves with it to another lease.
     proclaimed: AtomicBool,
+    /// The campaign value the key carried when granted, which it leads with at its own term:
+    /// the campaign's first proclaim of it needs no write.
+    led_with: Mutex<Option<Arc<[u8]>>>,
     /// The watch's start, until it comes due (dropped with the lease).
     _watch: Option<Scheduled>,
     /// The runtime the watch on the key runs on, once started.
@@ -182,6 +185,7 @@ impl EtcdLease {
                 released: AtomicBool::new(false),
                 limit,
                 proclaimed: AtomicBool::new(false),
+                led_with: Mutex::new(None),
                 _watch: scheduled,
                 watching: Running::default(),
                 recheck: Arc::default(),
@@ -218,6 +222,14 @@ impl EtcdLease {
             .check_on(conn, move || check_held_keys(inner));
     }
 
+    /// The key was granted carrying the campaign value `value`: it leads with it already, so
+    /// the lease is a leader's (its release clears any record too) and a first proclaim of the
+    /// same value at its term is done.
+    pub(crate) fn led_at_grant(&self, value: Arc<[u8]>) {
+        self.proclaimed.store(true, Ordering::SeqCst);
+        *self.led_with.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+    }
+
     fn not_held(&self) -> LockError {
         LockError::NotHeld {
             name: self.name.to_string(),
@@ -231,7 +243,9 @@ impl EtcdLease {
         Ok(self.inner.txn(txn).await?.succeeded())
     }
 
-    /// What moves the key onto lease `to`: the key, and its leader record if it put one.
+    /// What moves the key onto lease `to`: the key, and the name's leader record if the key is
+    /// a leader's (a record there that an earlier term left moves too, still ignored, and goes
+    /// with this key's release).
     fn moves_to(&self, to: i64) -> Vec<TxnOp> {
         let mut ops = vec![move_to_lease(&self.key, to)];
         if self.proclaimed.load(Ordering::SeqCst) {
@@ -376,6 +390,8 @@ impl RawLease for EtcdLease {
     /// Puts the leader record `term:value` beside the name's queue, on the key's lease, if the
     /// key is still ours (one transaction comparing its create revision): a key that exists
     /// after its grant is the name's oldest, so it still holds. The record goes with the lease.
+    /// The campaign's own first proclaim, of the value its key carried, writes nothing: the key
+    /// has named that value at this term since it became the oldest.
     async fn proclaim(&self, term: dlock_api::FencingToken, value: &[u8]) -> Result<()> {
         if self.limit != 1 {
             return Err(LockError::Unsupported {
@@ -385,6 +401,14 @@ impl RawLease for EtcdLease {
         }
         if i64::try_from(term.get()).ok() != Some(self.revision) {
             return Err(self.not_held());
+        }
+        let led_with = self
+            .led_with
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if led_with.is_some_and(|carried| *carried == *value) {
+            return Ok(());
         }
         // No move between leases meanwhile: the record rides the lease the key rides.
         let _one_move = self.moving.lock().await;

@@ -174,16 +174,21 @@ impl EtcdLock {
         (pending, created)
     }
 
+    /// The grant of our key, created at `revision`; a candidate's key that `leads_with` its
+    /// campaign value led with it from the moment it held.
     fn grant(
         &self,
         (name, limit): (&LockName, u32),
         kind: Kind,
-        claim: Arc<KeyClaim>,
+        (claim, leads_with): (Arc<KeyClaim>, Option<Arc<[u8]>>),
         revision: i64,
     ) -> Grant {
         let token = FencingToken::new(u64::try_from(revision).unwrap_or(0));
         let (lease, state, renewed_by) =
             EtcdLease::start(self.inner.clone(), name, kind, claim, (revision, limit));
+        if let Some(value) = leads_with {
+            lease.led_at_grant(value);
+        }
         Grant::new(name.clone(), token, lease, state, renewed_by)
     }
 
@@ -410,13 +415,14 @@ impl EtcdLock {
                     } else {
                         // "Fewer than N keys" (or "no writer's key") is no compare etcd has:
                         // join the line, and leave it again when the answer is not a grant.
-                        inner.create(&keys, claim.key(), id, asked).await.map(
-                            |(revision, queue)| match queue {
+                        inner
+                            .create(&keys, claim.key(), id, (asked, None))
+                            .await
+                            .map(|(revision, queue)| match queue {
                                 Queue::First => Tried::Held(revision),
                                 Queue::Mismatch(in_use) => Tried::Joined(revision, Some(in_use)),
                                 Queue::Behind(_) | Queue::Gone => Tried::Joined(revision, None),
-                            },
-                        )
+                            })
                     };
                     let _ = created.send(result.is_ok());
                     result
@@ -428,7 +434,7 @@ impl EtcdLock {
             };
             let result = match create.await {
                 Ok(Tried::Held(revision)) => {
-                    let grant = self.grant((name, asked.limit), kind, claim, revision);
+                    let grant = self.grant((name, asked.limit), kind, (claim, None), revision);
                     pending.disarm();
                     Ok(Some(grant))
                 }

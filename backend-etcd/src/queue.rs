@@ -4,8 +4,10 @@
 //! a lower create revision; a reader's key holds while no key but readers' is older. Each key's
 //! value carries what it was put for.
 
+use std::sync::Arc;
+
 use dlock_api::raw::Claim;
-use dlock_api::{LockError, Result};
+use dlock_api::{LockError, LockOptions, Result};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
@@ -25,16 +27,51 @@ const PREDECESSORS_WATCHED: usize = 8;
 /// The value of a reader's key.
 const READER: &[u8] = b"read";
 
+/// What starts the value of a candidate's key, before its campaign value: no limit (digits)
+/// and no reader's value starts so, and a byte of the value is never taken for one.
+const CANDIDATE: &[u8] = b"lead:";
+
 /// The value a key is put with: the name's limit, empty for a lock (one permit), as every key
 /// was before semaphores, so a lock's key costs no byte more and no allocation; `read` for a
-/// reader's.
-pub(crate) fn claim_value(asked: Claim) -> Vec<u8> {
+/// reader's; `lead:VALUE` for a campaign's candidate (a lock's claim that `leads_with` its
+/// campaign value), so that the key names its leader's value from the revision it becomes the
+/// oldest, and a new leader leads with no write of its own after its grant.
+pub(crate) fn claim_value(asked: Claim, leads_with: Option<&[u8]>) -> Vec<u8> {
     if asked.shared {
         READER.to_vec()
     } else if asked.limit == 1 {
-        Vec::new()
+        match leads_with {
+            Some(value) => [CANDIDATE, value].concat(),
+            None => Vec::new(),
+        }
     } else {
         asked.limit.to_string().into_bytes()
+    }
+}
+
+/// The campaign value an acquire with `options` puts in its key: a campaign's, on a lock's
+/// claim only (a permit or a reader's share never leads).
+pub(crate) fn leads_with(asked: Claim, options: &LockOptions) -> Option<Arc<[u8]>> {
+    options
+        .campaign_value()
+        .filter(|_| asked == Claim::LOCK)
+        .map(Arc::from)
+}
+
+/// The campaign value a candidate's key carries; `None` for any other key.
+pub(crate) fn candidate_value(kv: &KeyValue) -> Option<&[u8]> {
+    kv.value().strip_prefix(CANDIDATE)
+}
+
+/// The limit a key's value says (see [`limit_of`]).
+fn limit_in(value: &[u8]) -> u32 {
+    match value {
+        [] | READER => 1,
+        value if value.starts_with(CANDIDATE) => 1,
+        value => std::str::from_utf8(value)
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(0),
     }
 }
 
@@ -51,17 +88,11 @@ pub(crate) fn readers_in(line: &[KeyValue]) -> (usize, usize) {
     (holding, waiting)
 }
 
-/// The limit a key was put with (see [`claim_value`]; a reader's is a lock's); a value no dlock
-/// client writes reads as 0, which no acquire asks, so such a key is a mismatch to every
-/// acquire.
+/// The limit a key was put with (see [`claim_value`]; a reader's and a candidate's are a
+/// lock's); a value no dlock client writes reads as 0, which no acquire asks, so such a key is a
+/// mismatch to every acquire.
 pub(crate) fn limit_of(kv: &KeyValue) -> u32 {
-    match kv.value() {
-        [] | READER => 1,
-        value => std::str::from_utf8(value)
-            .ok()
-            .and_then(|text| text.parse().ok())
-            .unwrap_or(0),
-    }
+    limit_in(kv.value())
 }
 
 /// How many keys a queue read asks for: ours, and the ones ahead of it a waiter tracks, at
@@ -194,15 +225,16 @@ impl Inner {
         Ok(response.succeeded())
     }
 
-    /// The acquire transaction: creates our key on `lease`, with what it asks as its value, unless
-    /// it exists (a retried create finds its own key), and in the same transaction reads the
-    /// newest keys of the name up to and including ours.
+    /// The acquire transaction: creates our key on `lease`, with what it asks (and the campaign
+    /// value it `leads_with`) as its value, unless it exists (a retried create finds its own
+    /// key), and in the same transaction reads the newest keys of the name up to and including
+    /// ours.
     pub(crate) async fn create(
         &self,
         keys: &NameKeys,
         key: &str,
         lease: i64,
-        asked: Claim,
+        (asked, leads_with): (Claim, Option<&[u8]>),
     ) -> Result<(i64, Queue)> {
         let newest = GetOptions::new()
             .with_prefix()
@@ -213,7 +245,7 @@ impl Inner {
             .and_then([
                 TxnOp::put(
                     key,
-                    claim_value(asked),
+                    claim_value(asked, leads_with),
                     Some(PutOptions::new().with_lease(lease)),
                 ),
                 TxnOp::get(keys.range.clone(), Some(newest)),
@@ -261,7 +293,7 @@ impl Inner {
             .when([Compare::create_revision(keys.range.clone(), CompareOp::Equal, 0).with_prefix()])
             .and_then([TxnOp::put(
                 key,
-                claim_value(Claim::LOCK),
+                claim_value(Claim::LOCK, None),
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([
@@ -469,6 +501,32 @@ mod tests {
         WatchEvent::Deleted {
             keys: keys.iter().map(|k| k.as_bytes().into()).collect(),
         }
+    }
+
+    #[test]
+    fn a_candidates_key_is_a_locks_and_carries_its_value() {
+        let lock = Claim::LOCK;
+        let put = claim_value(lock, Some(b"host:1"));
+        assert_eq!(put, b"lead:host:1");
+        assert_eq!(put.strip_prefix(CANDIDATE), Some(&b"host:1"[..]));
+        assert_eq!(limit_in(&put), 1);
+        assert_eq!(limit_in(&claim_value(lock, Some(b""))), 1);
+        // Keys put before candidates carried values read as they always did.
+        assert_eq!(claim_value(lock, None), b"");
+        assert_eq!(
+            (limit_in(b""), limit_in(b"read"), limit_in(b"3")),
+            (1, 1, 3)
+        );
+        assert_eq!(limit_in(b"junk"), 0);
+        // Only a lock's claim carries a value: a permit's key says its limit, a reader's `read`.
+        assert_eq!(claim_value(claim(3), Some(b"v")), b"3");
+        let reader = Claim {
+            shared: true,
+            ..Claim::LOCK
+        };
+        assert_eq!(claim_value(reader, Some(b"v")), READER);
+        let options = LockOptions::new();
+        assert!(leads_with(lock, &options).is_none());
     }
 
     #[test]

@@ -134,7 +134,14 @@ impl EtcdLock {
             Ok(SetTried::Taken(revision)) => {
                 let grants = members
                     .into_iter()
-                    .map(|m| self.grant((m.name, Claim::LOCK.limit), m.kind, m.claim, revision))
+                    .map(|m| {
+                        self.grant(
+                            (m.name, Claim::LOCK.limit),
+                            m.kind,
+                            (m.claim, None),
+                            revision,
+                        )
+                    })
                     .collect();
                 pending.into_iter().for_each(PendingAcquire::disarm);
                 Ok(GrantedAtOnce::Taken(grants))
@@ -191,7 +198,7 @@ impl Inner {
             .iter()
             .map(|(_, key, lease)| {
                 let lease = PutOptions::new().with_lease(*lease);
-                TxnOp::put(key.as_str(), claim_value(Claim::LOCK), Some(lease))
+                TxnOp::put(key.as_str(), claim_value(Claim::LOCK, None), Some(lease))
             })
             .collect();
         let reads: Vec<TxnOp> = puts

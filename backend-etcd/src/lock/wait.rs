@@ -101,10 +101,14 @@ impl EtcdLock {
         let inner = &self.inner;
         let key = claim.key().to_owned();
         let (pending, created) = self.arm(&kind, &claim);
+        let leads_with = crate::queue::leads_with(asked, options);
         let create = {
             let (inner, keys, claim, id) = (inner.clone(), keys.clone(), claim.clone(), kind.id());
+            let put = leads_with.clone();
             Detach::new(async move {
-                let result = inner.create(&keys, claim.key(), id, asked).await;
+                let result = inner
+                    .create(&keys, claim.key(), id, (asked, put.as_deref()))
+                    .await;
                 let _ = created.send(result.is_ok());
                 result
             })
@@ -120,7 +124,8 @@ impl EtcdLock {
         loop {
             match queue.take() {
                 Some(Queue::First) => {
-                    let grant = self.grant((name, asked.limit), kind, claim, revision);
+                    let grant =
+                        self.grant((name, asked.limit), kind, (claim, leads_with), revision);
                     pending.disarm();
                     return Ok(Waited::Granted(grant));
                 }

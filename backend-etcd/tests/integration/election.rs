@@ -1,4 +1,5 @@
-//! etcd-specific election faults: a candidate whose lease is revoked while it waits
+//! etcd-specific elections: a candidate's key that carries its value into the hand-over, and
+//! faults: a candidate whose lease is revoked while it waits
 //! (etcd-io/etcd #19597), a proclaim after the leader's lease was revoked, a deposed leader's
 //! proclaim beside its successor's record, the record following its key to another lease, what
 //! a resignation leaves, and an observer whose watch is cut off and whose history is compacted
@@ -79,6 +80,100 @@ fn leads(event: &LeaderEvent, term: FencingToken, value: &[u8]) -> bool {
     matches!(event, LeaderEvent::Leads(l) if l.term() == term && l.value() == value)
 }
 
+/// A candidate's queue key carries its campaign value, so the deletion of the key ahead of it
+/// makes it lead with that value in the same revision: `leader()` names it at its term, an
+/// observer goes from the old leader to the new one without a `Vacant` between, and neither
+/// leader's campaign wrote the record (whether the name was free or not). A later proclaim
+/// writes the record as before, and what is shown follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_candidates_key_leads_with_its_value_at_the_hand_over() {
+    let etcd = dlock_test_servers::shared_etcd();
+    let url = common::etcd_url(&etcd.endpoints());
+    let (a, b) = (
+        EtcdLock::connect_url(&url).await.unwrap(),
+        EtcdLock::connect_url(&url).await.unwrap(),
+    );
+    let name = name("value-in-key");
+    let mut raw = common::raw_client(&url).await.unwrap();
+    let first = a.campaign(&name, b"first", &wait()).await.unwrap();
+    assert!(
+        record(&mut raw, &url, &name).await.is_none(),
+        "a campaign on a free name wrote the record"
+    );
+    let said = b.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!((said.term(), said.value()), (first.term(), &b"first"[..]));
+    let mut changes = b.observe(&name).await.unwrap();
+    next_matching("the first leader", &mut changes, |e| {
+        leads(e, first.term(), b"first")
+    })
+    .await;
+
+    let candidate = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.campaign(&name, b"second", &wait()).await })
+    };
+    let waiting = until_keys(&mut raw, &url, &name, 2).await[1].clone();
+    assert_eq!(waiting.value(), b"lead:second", "the waiting key's value");
+    // While it waits it leads nothing: the first leader is still the one shown.
+    let said = a.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!((said.term(), said.value()), (first.term(), &b"first"[..]));
+
+    let first_term = first.term();
+    first.resign().await.unwrap();
+    let second = within("the candidate's campaign", candidate)
+        .await
+        .unwrap()
+        .unwrap();
+    let term = u64::try_from(waiting.create_revision()).unwrap();
+    assert_eq!(second.term(), FencingToken::new(term));
+    assert!(second.term() > first_term);
+    assert!(
+        record(&mut raw, &url, &name).await.is_none(),
+        "the new leader's campaign wrote the record"
+    );
+    let said = a.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!((said.term(), said.value()), (second.term(), &b"second"[..]));
+    let (_, seen) = next_matching("the new leader", &mut changes, |e| {
+        leads(e, second.term(), b"second")
+    })
+    .await;
+    assert!(
+        !seen.iter().any(|e| e.contains("Vacant")),
+        "the hand-over showed nobody leading between the two: {seen:?}"
+    );
+
+    second.proclaim(b"second-again").await.unwrap();
+    let kept = record(&mut raw, &url, &name).await.expect("the record");
+    assert_eq!(
+        kept.value(),
+        format!("{term}:second-again").as_bytes(),
+        "a later proclaim writes the record"
+    );
+    let said = a.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(
+        (said.term(), said.value()),
+        (second.term(), &b"second-again"[..])
+    );
+    next_matching("the proclaimed value", &mut changes, |e| {
+        leads(e, second.term(), b"second-again")
+    })
+    .await;
+
+    second.resign().await.unwrap();
+    assert!(record(&mut raw, &url, &name).await.is_none());
+    assert!(
+        common::queue_keys(&mut raw, &url, &name)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(a.leader(&name).await.unwrap(), None);
+    next_matching("nobody leading", &mut changes, |e| {
+        *e == LeaderEvent::Vacant
+    })
+    .await;
+}
+
 /// etcd-io/etcd #19597: a candidate's lease is revoked while it waits (its queue key goes with
 /// it). It is never told it leads: its campaign fails with `Lost` while the leader still holds,
 /// `leader()` and an observer name only the leader meanwhile, and once the leader resigns nobody
@@ -150,7 +245,9 @@ async fn proclaim_after_the_lease_was_revoked_is_refused() {
     let url = common::etcd_url(&etcd.endpoints());
     let a = EtcdLock::connect_url(&url).await.unwrap();
     let name = name("revoked-leader");
-    let leadership = a.campaign(&name, b"before", &wait()).await.unwrap();
+    let leadership = a.campaign(&name, b"campaign", &wait()).await.unwrap();
+    // The campaign's value rides its key; a proclaim puts the record.
+    leadership.proclaim(b"before").await.unwrap();
     let mut raw = common::raw_client(&url).await.unwrap();
     let kept = record(&mut raw, &url, &name).await.expect("the record");
     assert_eq!(
@@ -177,7 +274,9 @@ async fn proclaim_after_the_lease_was_revoked_is_refused() {
 
 /// A deposed leader whose key an operator deleted (its lease lives on, and so does its record,
 /// which now names a term that does not hold) while a successor leads: `leader()` names the
-/// successor only, and the deposed leader's proclaim is refused without touching the record.
+/// successor only (by the value its key carried, the stale record beside it), the deposed
+/// leader's proclaim is refused without touching the record, and the successor's proclaim
+/// replaces it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deposed_leaders_proclaim_never_replaces_its_successors_record() {
     let etcd = dlock_test_servers::shared_etcd();
@@ -188,6 +287,7 @@ async fn a_deposed_leaders_proclaim_never_replaces_its_successors_record() {
     );
     let name = name("deposed");
     let old = a.campaign(&name, b"old", &wait()).await.unwrap();
+    old.proclaim(b"old-record").await.unwrap();
     let mut raw = common::raw_client(&url).await.unwrap();
     let key = until_keys(&mut raw, &url, &name, 1).await[0].key().to_vec();
     raw.delete(key, None).await.unwrap();
@@ -206,8 +306,22 @@ async fn a_deposed_leaders_proclaim_never_replaces_its_successors_record() {
     );
     let said = a.leader(&name).await.unwrap().expect("a leader");
     assert_eq!((said.term(), said.value()), (new.term(), &b"new"[..]));
+    let stale = record(&mut raw, &url, &name).await.expect("the record");
+    assert_eq!(
+        stale.value(),
+        format!("{}:old-record", old.term().get()).as_bytes()
+    );
+    new.proclaim(b"new-record").await.unwrap();
+    let said = a.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(
+        (said.term(), said.value()),
+        (new.term(), &b"new-record"[..])
+    );
     let kept = record(&mut raw, &url, &name).await.expect("the record");
-    assert_eq!(kept.value(), format!("{}:new", new.term().get()).as_bytes());
+    assert_eq!(
+        kept.value(),
+        format!("{}:new-record", new.term().get()).as_bytes()
+    );
     new.resign().await.unwrap();
     drop(old);
 }
@@ -222,6 +336,7 @@ async fn the_record_follows_its_key_and_goes_with_the_resignation() {
     let name = name("record-moves");
     let options = wait().with_ttl(Duration::from_secs(3));
     let leadership = a.campaign(&name, b"moving", &options).await.unwrap();
+    leadership.proclaim(b"recorded").await.unwrap();
     let mut raw = common::raw_client(&url).await.unwrap();
     let before = until_keys(&mut raw, &url, &name, 1).await[0].lease();
     assert_eq!(record(&mut raw, &url, &name).await.unwrap().lease(), before);
