@@ -59,7 +59,8 @@
 //!   `SessionExpired`. An acquire with `Renewal::Off` gets a lease of its own that nobody keeps
 //!   alive: it ends at its TTL unless extended.
 //! - **Keys.** `PREFIX/NAME/LEASE-SLOT`, its value the name's limit of permits (empty for a
-//!   lock, as every key was before semaphores): the name percent-encoded (so `/` in a name can never
+//!   lock, as every key was before semaphores; `read` for a reader's, `lead:VALUE` for a
+//!   campaign's candidate, see *Elections*): the name percent-encoded (so `/` in a name can never
 //!   make one name's range cover another's), the lease in hex, and the first slot the client
 //!   does not use for that name and lease (two tasks of one client never share a key). A key is
 //!   named again only once it is known gone, so acquire after acquire reuses the same few keys:
@@ -120,7 +121,8 @@
 //!   joins the line and leaves it again when it is not granted (two writes when busy: "fewer
 //!   than N keys" is no compare a transaction has).
 //! - **One limit per name.** Each key's value is the limit it was put with. A read that shows a
-//!   key ahead of ours with another limit (a lock counts as one) refuses the acquire with
+//!   key ahead of ours with another limit (a lock, a reader's and a candidate's key count as
+//!   one) refuses the acquire with
 //!   `InvalidArgument` naming both numbers, after deleting our key (owner-checked by its create
 //!   revision) so nothing is left. Every read that grants shows every key ahead of ours, so two
 //!   keys that were ever in the line together never hold by two limits; an acquire behind a
@@ -171,23 +173,33 @@
 //!
 //! ## Elections
 //! A [`campaign`](dlock_api::DistributedLock::campaign) acquires the name as a lock, so a
-//! candidate queues, waits, renews and is lost exactly as a lock's holder is; then it publishes
-//! its value.
+//! candidate queues, waits, renews and is lost exactly as a lock's holder is; its queue key
+//! carries its value, so it leads with it from the revision its key becomes the oldest.
 //! - **Term**: the leader key's create revision, i.e. the grant's fencing token: above every
 //!   earlier term and lock of the name, across restarts and leader changes.
-//! - **Where the value lives**: one record per name, `PREFIX/ENCODED0` (the name's range with its
-//!   final `/` raised to `0`, which is where etcd's prefix range of the queue ends: no name's
-//!   queue read ever sees it, and `[PREFIX/ENCODED/, PREFIX/ENCODED0]` holds this name's keys and
-//!   record and nothing of another name's). Its value is `TERM:VALUE`. It is put **on the
-//!   leader key's own lease**, in one transaction *if the key still has its create revision*,
-//!   so a leader whose key went (lease revoked or expired, or deleted by someone) is refused
-//!   with `NotHeld` and can never overwrite a later term's record. An `extend` that moves the key
-//!   to another lease moves the record with it in the same transaction.
+//! - **Where the value lives**: first in the candidate's own queue key, put as `lead:VALUE`
+//!   (a lock's key in every other respect). When the key ahead of it goes, that one revision
+//!   makes the candidate the leader with its value: the campaign's publication after its grant
+//!   writes nothing, so a hand-over costs what a lock's does (the candidate's wait ends on the
+//!   deletion, with no round trip after it), and a campaign on a free name is its one acquire
+//!   transaction. A value proclaimed later goes in one record per name, `PREFIX/ENCODED0` (the
+//!   name's range with its final `/` raised to `0`, which is where etcd's prefix range of the
+//!   queue ends: no name's queue read ever sees it, and `[PREFIX/ENCODED/, PREFIX/ENCODED0]`
+//!   holds this name's keys and record and nothing of another name's). Its value is
+//!   `TERM:VALUE`. It is put **on the leader key's own lease**, in one transaction *if the key
+//!   still has its create revision*, so a leader whose key went (lease revoked or expired, or
+//!   deleted by someone) is refused with `NotHeld` and can never overwrite a later term's
+//!   record. An `extend` that moves the key to another lease keeps its value, and moves the
+//!   record with it in the same transaction.
 //! - **Who leads**: [`leader`](dlock_api::DistributedLock::leader) is one transaction of two
 //!   reads (linearizable): the name's oldest key and the record. The record counts only if its
-//!   term is that key's create revision; a record left by an earlier term, or a holder that has
-//!   not published yet (a plain lock, a campaign between its grant and its publication), is
-//!   nobody.
+//!   term is that key's create revision (a proclaim since the grant); else the value that key
+//!   carried as a candidate, at its create revision; else nobody (a plain lock's key, with a
+//!   record left by an earlier term or none). A candidate's key that is the oldest is shown
+//!   leading before its campaign has heard of its grant, as its key holds the name from that
+//!   revision; one whose campaign gave up at that moment (cancelled, timed out, or its session
+//!   ended on this client first) is shown until its key is deleted, by that campaign's cleanup
+//!   or with its lease, though its campaign never returns a leadership.
 //! - **What ends leadership**: a resignation (its key and record deleted in one transaction,
 //!   guarded by the key's create revision), or the lease ending (revoked, or expired when this
 //!   client stops keeping it alive: both key and record go with it), or the key deleted by
@@ -201,7 +213,9 @@
 //!   made again from the revision after its last event, with nothing missed; a watch whose
 //!   history was compacted meanwhile, or a read that failed, yields `Missed` then the state now
 //!   (after a failed read: one error item, then a try every `OBSERVE_RETRY`). Dropping the stream
-//!   cancels its watch on the server.
+//!   cancels its watch on the server. A hand-over is one revision (the old leader's key and
+//!   record deleted, the candidate's key now the oldest with its value): observers go from one
+//!   leader to the next without a `Vacant` between.
 //! - **A candidate whose lease ends while it waits** (etcd-io/etcd #19597) is never told it
 //!   leads: its queue key went with the lease, a waiter is granted only at a revision where its
 //!   own key exists, and a campaign whose key went fails with `Lost` (`SessionExpired`) at once;
@@ -212,8 +226,12 @@
 //!   without resigning leaves its key and record until its lease ends (its TTL after its last
 //!   keep-alive), then nothing; a dropped leadership is resigned in the background, as a
 //!   dropped guard is released. A record whose key was deleted by someone else stays on the
-//!   still-live lease until that lease ends or its client leads the name again, ignored meanwhile,
-//!   one per name at most. A semaphore's permit cannot proclaim (`Unsupported`).
+//!   still-live lease until that lease ends or a later leader of the name proclaims or resigns,
+//!   ignored meanwhile, one per name at most. A semaphore's permit cannot proclaim (`Unsupported`).
+//! - **Older clients**: a dlock client from before candidates' keys carried their value reads
+//!   `lead:VALUE` as an unknown limit, so its acquire or campaign behind such a key is refused
+//!   (`InvalidArgument`), and its `leader()` shows nobody for a leader that has not proclaimed
+//!   since its grant: upgrade every client of an election's names together.
 //!
 //! ## Connecting
 //! `etcd://[user:password@]host[:port][,host[:port]…][/prefix][?option=value…]`, or `etcds://`
