@@ -9,6 +9,14 @@
 //! A write and a resignation's delete notify the name's channel (`pg_notify`, delivered at
 //! commit), which the client's observers listen on (see `listen.rs`); a dead session notifies
 //! nobody, so observers also read on a timer.
+//!
+//! The statements that write or delete a record commit without waiting for the WAL flush
+//! ([`ASYNC_COMMIT`]): a record counts only while its writer's session holds the key, and a
+//! crash that could lose the last commits ends every session, so no record read after it
+//! counts whether its write or delete survived. On a hand-over the new leader's write waits for
+//! the resignation's delete of the same row to commit, and then commits itself: two flushes
+//! between a resignation and the new leader's return, on a disk that syncs slowly most of the
+//! hand-over.
 
 use std::time::Duration;
 
@@ -29,6 +37,11 @@ pub(crate) const LEADERS_SUFFIX: &str = "_leaders";
 /// migration yet).
 pub(crate) const UNDEFINED_TABLE: &str = "42P01";
 
+/// `SET LOCAL synchronous_commit = off` as an expression, for a statement's select list: its
+/// transaction commits without waiting for the flush. Only for statements whose writes need not
+/// survive a crash (the records); never one that draws a token from the durable sequence.
+const ASYNC_COMMIT: &str = "set_config('synchronous_commit', 'off', true)";
+
 /// The statements of one client's leaders table.
 #[derive(Debug)]
 pub(crate) struct LeaderSql {
@@ -36,7 +49,6 @@ pub(crate) struct LeaderSql {
     create: String,
     proclaim: String,
     leader: String,
-    unlock: String,
     /// A candidate's wait that writes the record with its grant; see [`with_grant`].
     ///
     /// [`with_grant`]: Self::with_grant
@@ -70,31 +82,22 @@ impl LeaderSql {
             proclaim: format!(
                 "WITH w AS (INSERT INTO {table} AS r (name, key, term, value, holder, holder_start) \
                  SELECT $1, $2, $3, $4, pg_backend_pid(), \
-                 (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()) \
+                 (SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid())) \
                  WHERE {} \
                  ON CONFLICT (name) DO UPDATE SET key = EXCLUDED.key, term = EXCLUDED.term, \
                  value = EXCLUDED.value, holder = EXCLUDED.holder, \
                  holder_start = EXCLUDED.holder_start WHERE r.term <= EXCLUDED.term \
                  RETURNING r.term) \
-                 SELECT true FROM w, pg_notify($5, w.term::text) AS told",
+                 SELECT true FROM w, pg_notify($5, w.term::text) AS told, {ASYNC_COMMIT} AS a",
                 held_by("pg_backend_pid()", "$2")
             ),
             // A start time the reader may not see (another role's session, without
             // `pg_read_all_stats`) does not count against the row.
             leader: format!(
                 "SELECT r.term, r.value FROM {table} r WHERE r.name = $1 AND {} \
-                 AND coalesce((SELECT s.backend_start = r.holder_start FROM pg_stat_activity s \
-                 WHERE s.pid = r.holder), true)",
+                 AND coalesce((SELECT s.backend_start = r.holder_start \
+                 FROM pg_stat_get_activity(r.holder) s), true)",
                 held_by("r.holder", "$2")
-            ),
-            // The row goes only if this backend wrote it: a successor's stays. The delete and
-            // the unlock may run in either order, since the row names its writer. Observers
-            // are told (channel `$2`) when a row went; a plain lock's unlock tells nobody.
-            unlock: format!(
-                "WITH gone AS (DELETE FROM {table} WHERE key = $1 AND holder = pg_backend_pid() \
-                 RETURNING term), \
-                 told AS (SELECT 1 FROM gone, pg_notify($2, gone.term::text) AS n) \
-                 SELECT pg_advisory_unlock($1), (SELECT count(*) FROM told)"
             ),
             wait_leading: String::new(),
             table,
@@ -106,22 +109,26 @@ impl LeaderSql {
     /// `lock_timeout = $2`, the token, then name `$3`'s record of value `$4` with that token as
     /// the term (if it is above 0 and below `$6`, the tokens the client keeps as drawn, and no
     /// higher term is there), and the notification on channel `$5`. One row: the token, and
-    /// whether the record was written.
-    pub(crate) fn with_grant(mut self, draw: &str) -> Self {
+    /// whether the record was written. `unlogged_draw`: the token comes from the unlogged
+    /// sequence, below a reservation already committed, so the statement may commit
+    /// asynchronously as the other record writes do; a token from the durable sequence must be
+    /// flushed before it is returned.
+    pub(crate) fn with_grant(mut self, draw: &str, unlogged_draw: bool) -> Self {
         let table = &self.table;
+        let commit = if unlogged_draw { ASYNC_COMMIT } else { "true" };
         self.wait_leading = format!(
             "WITH g AS (SELECT {draw} AS token FROM (SELECT pg_advisory_lock($1) FROM \
              (SELECT set_config('lock_timeout', $2, false) OFFSET 0) s OFFSET 0) l), \
              w AS (INSERT INTO {table} AS r (name, key, term, value, holder, holder_start) \
              SELECT $3, $1, g.token, $4, pg_backend_pid(), \
-             (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()) \
+             (SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid())) \
              FROM g WHERE g.token > 0 AND g.token < $6 \
              ON CONFLICT (name) DO UPDATE SET key = EXCLUDED.key, term = EXCLUDED.term, \
              value = EXCLUDED.value, holder = EXCLUDED.holder, \
              holder_start = EXCLUDED.holder_start WHERE r.term <= EXCLUDED.term \
              RETURNING r.term) \
-             SELECT g.token, (SELECT count(*) FROM w, pg_notify($5, w.term::text) AS told) > 0 \
-             FROM g"
+             SELECT g.token, (SELECT count(*) FROM w, pg_notify($5, w.term::text) AS told) > 0, \
+             {commit} FROM g"
         );
         self
     }
@@ -197,11 +204,35 @@ impl LeaderSql {
         sqlx::query(&self.leader).bind(name).bind(key)
     }
 
-    /// Unlocks the 64-bit key `key` and deletes the record this backend wrote for it.
-    pub(crate) fn unlock(&self, key: i64) -> Query<'_, Postgres, PgArguments> {
-        sqlx::query(&self.unlock)
-            .bind(key)
-            .bind(leader_channel(key))
+    /// A leader's resignation on the 64-bit key `key`: deletes the record this backend wrote
+    /// for it, and commits, then unlocks the key.
+    pub(crate) fn resign(&self, key: i64) -> Resign {
+        // The row goes only if this backend wrote it: a successor's stays. Observers are told
+        // when a row went. The delete commits before the unlock (one message of two
+        // transactions, `COMMIT` between them), so the successor, granted at the unlock,
+        // writes its record over a delete already committed: in one transaction with the
+        // unlock, the successor's write would wait for that commit. Every value is a number
+        // or made of one, as the simple-query protocol takes no parameters.
+        let table = &self.table;
+        let channel = leader_channel(key);
+        Resign(format!(
+            "WITH gone AS (DELETE FROM {table} WHERE key = {key} AND holder = pg_backend_pid() \
+             RETURNING term) \
+             SELECT count(*) FROM gone, pg_notify('{channel}', gone.term::text) AS told, \
+             {ASYNC_COMMIT} AS a; \
+             COMMIT; \
+             SELECT pg_advisory_unlock({key})"
+        ))
+    }
+}
+
+/// A leader's resignation: several statements in one message ([`LeaderSql::resign`]), whose
+/// last row says whether the key was held.
+pub(crate) struct Resign(String);
+
+impl Resign {
+    pub(crate) fn sql(&self) -> &str {
+        &self.0
     }
 }
 

@@ -118,6 +118,12 @@ impl Fence {
         format!("nextval('{}')", sequence.replace('\'', "''"))
     }
 
+    /// Whether [`draw_sql`](Self::draw_sql) draws from the unlogged sequence (below a committed
+    /// reservation), not the durable one.
+    pub(crate) fn draws_unlogged(&self) -> bool {
+        self.window.is_some()
+    }
+
     /// Tokens below this (and above 0) are [`settle`](Self::settle)d as drawn, as far as this
     /// client knows now: a statement that writes its token elsewhere writes only such a one.
     pub(crate) fn kept_below(&self) -> i64 {

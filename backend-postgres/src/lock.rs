@@ -71,7 +71,8 @@ impl PostgresLock {
             None
         };
         let leaders = if let Some(fence) = &fence {
-            let leaders = LeaderSql::new(&config)?.with_grant(&fence.draw_sql());
+            let leaders =
+                LeaderSql::new(&config)?.with_grant(&fence.draw_sql(), fence.draws_unlogged());
             if config.create_fence {
                 leaders.create(&mut conn, config.command_timeout).await?;
             }
