@@ -352,15 +352,22 @@ impl SessionDriver for MySqlDriver {
         self.leaders()?.leader(conn, key).await.map_err(failure)
     }
 
-    /// The record goes first, while this connection still holds the key, so no successor's
-    /// record can be there yet; then the lock.
+    /// The lock first, alone, as a lock's release: the successor is granted at once, not a
+    /// delete (and its commit) later. Meanwhile the row counts for nobody, as its writer no
+    /// longer holds the key; it goes (only if still this connection's: a successor's stays)
+    /// before this connection can take the key again, or the row would count once more.
     async fn unlock_leader(
         &self,
         conn: &mut MySqlConnection,
         key: &Arc<str>,
     ) -> Result<bool, DriverError> {
-        self.leaders()?.forget(conn, key).await.map_err(failure)?;
-        self.unlock(conn, key).await
+        let leaders = self.leaders()?;
+        let unlocked = self.unlock(conn, key).await?;
+        match leaders.forget(conn, key).await {
+            Ok(()) => Ok(unlocked),
+            // Closing the connection is what keeps its row from counting again.
+            Err(e) => Err(DriverError::broken(map_err(e))),
+        }
     }
 
     async fn ping(&self, conn: &mut MySqlConnection) -> Result<(), DriverError> {

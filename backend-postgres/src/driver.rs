@@ -3,7 +3,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::xact::BoxFuture;
 use async_trait::async_trait;
 use dlock_api::raw::permits_mismatch;
 use dlock_api::raw::{ChangeBell, DriverError, PoolConfig, SessionDriver, TriedAll, Waited};
@@ -492,7 +491,17 @@ impl SessionDriver for PgDriver {
     ) -> std::result::Result<bool, DriverError> {
         let leaders = self.leaders()?;
         let k = int_key(key)?;
-        unlock_retrying(conn, || leaders.resign(k)).await
+        // The unlock first, alone, as a lock's release: the successor is granted at once, and
+        // its write finds the row unlocked (a delete first, in the unlock's transaction, would
+        // make that write wait for its commit). Meanwhile the row counts for nobody, as its
+        // writer no longer holds the key; it goes before this connection can take the key
+        // again, or the row would count once more.
+        let unlocked = unlock_retrying(conn, || sql::unlock(RawKey::Int(k))).await?;
+        match leaders.forget(k).execute(&mut *conn).await {
+            Ok(_) => Ok(unlocked),
+            // Closing the connection is what keeps its row from counting again.
+            Err(e) => Err(DriverError::broken(map_err(e))),
+        }
     }
 
     async fn leader_bell(&self, key: &RawKey) -> Result<Option<ChangeBell>> {
@@ -539,59 +548,18 @@ fn wait_failed(error: sqlx::Error) -> std::result::Result<Waited, DriverError> {
     }
 }
 
-/// An unlock, as the server runs it: whether the lock was held.
-pub(crate) trait Unlocking: Send {
-    fn unlocked<'c>(self, conn: &'c mut PgConnection) -> BoxFuture<'c, sqlx::Result<bool>>
-    where
-        Self: 'c;
-}
-
-/// A statement whose first column says whether the lock was held.
-impl Unlocking for sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    fn unlocked<'c>(self, conn: &'c mut PgConnection) -> BoxFuture<'c, sqlx::Result<bool>>
-    where
-        Self: 'c,
-    {
-        Box::pin(async move { self.fetch_one(conn).await?.try_get(0) })
-    }
-}
-
-/// A message of statements whose last row's first column says whether the lock was held.
-impl Unlocking for crate::election::Resign {
-    fn unlocked<'c>(self, conn: &'c mut PgConnection) -> BoxFuture<'c, sqlx::Result<bool>>
-    where
-        Self: 'c,
-    {
-        Box::pin(async move { last_row_says(conn, self.sql()).await })
-    }
-}
-
-/// The first column of the last row `sql` (statements in one message) returns.
-async fn last_row_says(conn: &mut PgConnection, sql: &str) -> sqlx::Result<bool> {
-    use futures::TryStreamExt;
-    // Row by row rather than `fetch_all`, whose future the compiler cannot prove `Send` for
-    // every lifetime of the connection here.
-    let mut results = sqlx::raw_sql(sql).fetch_many(conn);
-    let mut last = None;
-    while let Some(result) = results.try_next().await? {
-        if let sqlx::Either::Right(row) = result {
-            last = Some(row);
-        }
-    }
-    last.ok_or(sqlx::Error::RowNotFound)?.try_get(0)
-}
-
-/// Runs an unlock. A cancel request is a signal the server may act on late: one that lands on
-/// this statement (ours, for a wait that just ended) is retried.
-async fn unlock_retrying<U: Unlocking>(
+/// Runs an unlock statement whose first column says whether the lock was held. A cancel
+/// request is a signal the server may act on late: one that lands on this statement (ours, for
+/// a wait that just ended) is retried.
+async fn unlock_retrying<'q>(
     conn: &mut PgConnection,
-    unlock: impl Fn() -> U,
+    query: impl Fn() -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
 ) -> std::result::Result<bool, DriverError> {
     let mut attempts: u32 = 0;
     loop {
         attempts = attempts.saturating_add(1);
-        match unlock().unlocked(&mut *conn).await {
-            Ok(unlocked) => return Ok(unlocked),
+        match query().fetch_one(&mut *conn).await {
+            Ok(row) => return row.try_get::<bool, _>(0).map_err(failure),
             Err(e) if attempts < 3 && sqlstate(&e).as_deref() == Some(QUERY_CANCELED) => {}
             Err(e) => return Err(failure(e)),
         }

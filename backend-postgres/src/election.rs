@@ -49,6 +49,7 @@ pub(crate) struct LeaderSql {
     create: String,
     proclaim: String,
     leader: String,
+    forget: String,
     /// A candidate's wait that writes the record with its grant; see [`with_grant`].
     ///
     /// [`with_grant`]: Self::with_grant
@@ -98,6 +99,12 @@ impl LeaderSql {
                  AND coalesce((SELECT s.backend_start = r.holder_start \
                  FROM pg_stat_get_activity(r.holder) s), true)",
                 held_by("r.holder", "$2")
+            ),
+            forget: format!(
+                "WITH gone AS (DELETE FROM {table} WHERE key = $1 AND holder = pg_backend_pid() \
+                 RETURNING term) \
+                 SELECT count(*) FROM gone, pg_notify($2, gone.term::text) AS told, \
+                 {ASYNC_COMMIT} AS a"
             ),
             wait_leading: String::new(),
             table,
@@ -204,35 +211,13 @@ impl LeaderSql {
         sqlx::query(&self.leader).bind(name).bind(key)
     }
 
-    /// A leader's resignation on the 64-bit key `key`: deletes the record this backend wrote
-    /// for it, and commits, then unlocks the key.
-    pub(crate) fn resign(&self, key: i64) -> Resign {
-        // The row goes only if this backend wrote it: a successor's stays. Observers are told
-        // when a row went. The delete commits before the unlock (one message of two
-        // transactions, `COMMIT` between them), so the successor, granted at the unlock,
-        // writes its record over a delete already committed: in one transaction with the
-        // unlock, the successor's write would wait for that commit. Every value is a number
-        // or made of one, as the simple-query protocol takes no parameters.
-        let table = &self.table;
-        let channel = leader_channel(key);
-        Resign(format!(
-            "WITH gone AS (DELETE FROM {table} WHERE key = {key} AND holder = pg_backend_pid() \
-             RETURNING term) \
-             SELECT count(*) FROM gone, pg_notify('{channel}', gone.term::text) AS told, \
-             {ASYNC_COMMIT} AS a; \
-             COMMIT; \
-             SELECT pg_advisory_unlock({key})"
-        ))
-    }
-}
-
-/// A leader's resignation: several statements in one message ([`LeaderSql::resign`]), whose
-/// last row says whether the key was held.
-pub(crate) struct Resign(String);
-
-impl Resign {
-    pub(crate) fn sql(&self) -> &str {
-        &self.0
+    /// Deletes the record this backend wrote for the 64-bit key `key` (only if it wrote it: a
+    /// successor's stays), telling observers when a row went. A resignation runs it right after
+    /// the key's unlock (`unlock_leader`).
+    pub(crate) fn forget(&self, key: i64) -> Query<'_, Postgres, PgArguments> {
+        sqlx::query(&self.forget)
+            .bind(key)
+            .bind(leader_channel(key))
     }
 }
 

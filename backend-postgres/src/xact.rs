@@ -21,7 +21,7 @@ use crate::config::quote_qualified;
 use crate::error::{LOCK_NOT_AVAILABLE, map_err, sqlstate};
 use crate::key::{AdvisoryKey, RawKey};
 
-pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 const SAVEPOINT: &str = "dlock_lock_wait";
 
