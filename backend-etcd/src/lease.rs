@@ -135,7 +135,7 @@ pub(crate) struct EtcdLease {
     proclaimed: AtomicBool,
     /// The campaign value the key carried when granted, which it leads with at its own term:
     /// the campaign's first proclaim of it needs no write.
-    led_with: Mutex<Option<Arc<[u8]>>>,
+    led_with: dlock_api::raw::RecordAtGrant,
     /// The watch's start, until it comes due (dropped with the lease).
     _watch: Option<Scheduled>,
     /// The runtime the watch on the key runs on, once started.
@@ -185,7 +185,7 @@ impl EtcdLease {
                 released: AtomicBool::new(false),
                 limit,
                 proclaimed: AtomicBool::new(false),
-                led_with: Mutex::new(None),
+                led_with: dlock_api::raw::RecordAtGrant::default(),
                 _watch: scheduled,
                 watching: Running::default(),
                 recheck: Arc::default(),
@@ -227,7 +227,7 @@ impl EtcdLease {
     /// same value at its term is done.
     pub(crate) fn led_at_grant(&self, value: Arc<[u8]>) {
         self.proclaimed.store(true, Ordering::SeqCst);
-        *self.led_with.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+        self.led_with.wrote(self.revision.unsigned_abs(), value);
     }
 
     fn not_held(&self) -> LockError {
@@ -402,12 +402,7 @@ impl RawLease for EtcdLease {
         if i64::try_from(term.get()).ok() != Some(self.revision) {
             return Err(self.not_held());
         }
-        let led_with = self
-            .led_with
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if led_with.is_some_and(|carried| *carried == *value) {
+        if self.led_with.answers(term, value) {
             return Ok(());
         }
         // No move between leases meanwhile: the record rides the lease the key rides.

@@ -3,13 +3,13 @@
 
 use std::any::Any;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock_api::raw::time::after;
-use dlock_api::raw::{RawLease, RenewBatch, Scheduled};
+use dlock_api::raw::{RawLease, RecordAtGrant, RenewBatch, Scheduled};
 use dlock_api::{FencingToken, LockError, LockName, Result};
 use tokio::time::Instant;
 
@@ -42,7 +42,7 @@ pub(crate) struct RedisLease {
     proclaimed: AtomicBool,
     /// The term and value of the record the grant wrote (a campaign's), until the first
     /// proclaim, which then need not write it again.
-    written_at_grant: Mutex<Option<(u64, Arc<[u8]>)>>,
+    written_at_grant: RecordAtGrant,
     /// The start of the watch on the held lock (`held.rs`), until it comes due.
     _watch: Option<Scheduled>,
 }
@@ -63,7 +63,7 @@ impl RedisLease {
             owner,
             hold,
             proclaimed: AtomicBool::new(false),
-            written_at_grant: Mutex::new(None),
+            written_at_grant: RecordAtGrant::default(),
             _watch: watch,
         }
     }
@@ -73,10 +73,7 @@ impl RedisLease {
     /// and value is done.
     pub(crate) fn with_record(self, term: u64, value: Arc<[u8]>) -> Self {
         self.proclaimed.store(true, Ordering::SeqCst);
-        *self
-            .written_at_grant
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some((term, value));
+        self.written_at_grant.wrote(term, value);
         self
     }
 
@@ -344,12 +341,7 @@ impl RawLease for RedisLease {
                 operation: "elections on a semaphore's permit or a reader's share",
             });
         }
-        let written = self
-            .written_at_grant
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if written.is_some_and(|(at, by)| at == term.get() && *by == *value) {
+        if self.written_at_grant.answers(term, value) {
             return Ok(());
         }
         // Before the script is sent: once it may have run, renewal and release must keep and

@@ -1,6 +1,8 @@
 //! Elections through the engine: a campaign is an acquire followed by the leader's first
 //! publication, and what a backend reports to observers is filtered of repeats here, once.
 
+use std::sync::{Arc, Mutex};
+
 use futures::StreamExt;
 
 use super::engine::{RawLock, acquire};
@@ -8,6 +10,7 @@ use crate::election::{Leader, LeaderEvent, LeaderStream, Leadership, check_value
 use crate::error::Result;
 use crate::name::LockName;
 use crate::options::LockOptions;
+use crate::token::FencingToken;
 
 /// [`DistributedLock::campaign`](crate::DistributedLock::campaign) for a [`RawLock`]: the
 /// capability and the value are checked before any network call; the name is acquired as a
@@ -88,4 +91,26 @@ pub async fn observe<B: RawLock + ?Sized>(backend: &B, name: &LockName) -> Resul
             std::future::ready(report)
         })
         .boxed())
+}
+
+/// The leader record a campaign's grant wrote itself (the campaign's value, with the grant's
+/// token as its term), kept by the lease until the campaign's first proclaim, which is then
+/// already done. A backend whose grant can write the record (its acquire script or
+/// transaction, the waiting statement, or the queue entry that carries the value) saves the new
+/// leader that round trip; every other proclaim writes as usual.
+#[derive(Debug, Default)]
+pub struct RecordAtGrant(Mutex<Option<(u64, Arc<[u8]>)>>);
+
+impl RecordAtGrant {
+    /// Notes that the grant wrote `value` as the record of the term `term`.
+    pub fn wrote(&self, term: u64, value: Arc<[u8]>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((term, value));
+    }
+
+    /// Whether a proclaim of `value` under `term` is what the grant wrote; the note is
+    /// forgotten either way, so this answers yes at most once.
+    pub fn answers(&self, term: FencingToken, value: &[u8]) -> bool {
+        let written = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        written.is_some_and(|(at, by)| at == term.get() && *by == *value)
+    }
 }

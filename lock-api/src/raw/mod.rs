@@ -148,7 +148,7 @@ pub use crate::semaphore::permits_mismatch;
 pub use at_once::{GrantedAtOnce, try_acquire_at_once};
 pub use background::{settle, spawn_cleanup};
 pub use bell::ChangeBell;
-pub use campaign::{campaign, leader, observe};
+pub use campaign::{RecordAtGrant, campaign, leader, observe};
 pub use claim::Claim;
 pub use detach::Detach;
 pub use engine::{

@@ -1,8 +1,8 @@
 //! [`PoolLease`]: one lock held on one pool connection, released on that connection.
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -32,7 +32,7 @@ pub(super) struct PoolLease<D: SessionDriver> {
     proclaimed: AtomicBool,
     /// The record the grant's own statement wrote (term, value), which the campaign's first
     /// proclaim finds there instead of writing it again.
-    written_at_grant: Mutex<Option<(u64, Arc<[u8]>)>>,
+    written_at_grant: crate::raw::RecordAtGrant,
 }
 
 impl<D: SessionDriver> PoolLease<D> {
@@ -53,7 +53,7 @@ impl<D: SessionDriver> PoolLease<D> {
             state,
             done: AtomicBool::new(false),
             proclaimed: AtomicBool::new(false),
-            written_at_grant: Mutex::new(None),
+            written_at_grant: crate::raw::RecordAtGrant::default(),
         }
     }
 
@@ -61,10 +61,7 @@ impl<D: SessionDriver> PoolLease<D> {
     /// release clears the record, and a first proclaim of the same term and value is done.
     pub(super) fn with_record(self, term: u64, value: Arc<[u8]>) -> Self {
         self.proclaimed.store(true, Ordering::Release);
-        *self
-            .written_at_grant
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some((term, value));
+        self.written_at_grant.wrote(term, value);
         self
     }
 
@@ -145,12 +142,7 @@ impl<D: SessionDriver> RawLease for PoolLease<D> {
         if self.conn.is_dead() {
             return Err(self.lost());
         }
-        let written = self
-            .written_at_grant
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if written.is_some_and(|(at, by)| at == term.get() && *by == *value) {
+        if self.written_at_grant.answers(term, value) {
             return Ok(());
         }
         // Before the statement: were its reply lost, the record may be there all the same.
