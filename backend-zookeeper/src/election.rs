@@ -3,9 +3,12 @@
 //! name's node with one persistent recursive watch.
 //!
 //! - **Record.** `[term: 8 bytes, big-endian][value]`, the data of the leader's own ephemeral
-//!   node, where the term is the node's `czxid` (the grant's fencing token). A node whose data
-//!   does not start with its own `czxid` has not proclaimed (a lock's holder, or a candidate
-//!   just granted): it is reported as no leader.
+//!   node, where the term is the node's `czxid` (the grant's fencing token), written by a
+//!   proclaim. A candidate's node is created with `lead:VALUE` as its data
+//!   ([`candidate_data`]), so it leads with its campaign value from the moment it heads the
+//!   queue, the term its `czxid`, and the campaign's first proclaim writes nothing. A node
+//!   whose data is neither (a lock's holder) is reported as no leader. (A `czxid` never starts
+//!   with `l`: its first byte is the high byte of the epoch.)
 //! - **Proclaim** is a `setData` on our node guarded by the version our last write left: it
 //!   lands only while the node exists, which is while our session holds our place (the server
 //!   deletes an ended session's nodes in the same step that ends it). A node that is gone
@@ -45,12 +48,21 @@ pub(crate) fn record(czxid: i64, value: &[u8]) -> Vec<u8> {
     data
 }
 
-/// The leader a node created at `czxid` published with `data`, if it did.
+/// What starts a candidate's node's data, before its campaign value.
+const CANDIDATE: &[u8] = b"lead:";
+
+/// The data a candidate's node is created with, to lead with `value`.
+pub(crate) fn candidate_data(value: &[u8]) -> Vec<u8> {
+    [CANDIDATE, value].concat()
+}
+
+/// The leader a node created at `czxid` published with `data` (a proclaim's record, or the
+/// value its candidate created it with), if any.
 fn parse(czxid: i64, data: &[u8]) -> Option<Leader> {
-    let (term, value) = data.split_at_checked(TERM_BYTES)?;
-    if term != czxid.to_be_bytes() {
-        return None;
-    }
+    let value = match data.split_at_checked(TERM_BYTES) {
+        Some((term, value)) if term == czxid.to_be_bytes() => value,
+        _ => data.strip_prefix(CANDIDATE)?,
+    };
     let term = FencingToken::new(u64::try_from(czxid).ok()?);
     Some(Leader::new(term, value))
 }

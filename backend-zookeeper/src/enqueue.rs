@@ -23,6 +23,8 @@ pub(crate) struct Node {
     pub(crate) path: String,
     pub(crate) czxid: i64,
     pub(crate) version: i32,
+    /// The campaign value its data carries (a candidate's node, `election::candidate_data`).
+    pub(crate) leads_with: Option<Arc<[u8]>>,
 }
 
 impl Node {
@@ -42,7 +44,8 @@ enum Outcome {
 /// Puts a node of ours, queued for `claim`, in the queue under `parent`, with its
 /// cleanup armed: the node, what its create told of the nodes ahead, and the cleanup, which
 /// deletes the node unless disarmed once it is a guard's or deleted (also when the create's
-/// answer was lost).
+/// answer was lost). A candidate's node (`leads_with` its campaign value) carries the value in
+/// its data from its create, so it leads with it from the moment it heads the queue.
 ///
 /// # Cancel safety
 /// Cancel safe: dropped before it returns, the armed cleanup deletes whatever the create left.
@@ -50,12 +53,13 @@ pub(crate) async fn join_queue(
     acl: NodeAcl,
     session: &Arc<ZkSession>,
     parent: &str,
-    claim: Claim,
+    (claim, leads_with): (Claim, Option<Arc<[u8]>>),
 ) -> Result<(Node, Ahead, PendingAcquire)> {
     let marker = protected_marker(claim);
     let queued = session.queue(&marker);
     let (pending, report) = arm(session, parent, &marker, queued);
-    let (node, ahead) = enqueue_detached(acl, session, parent, &marker, report).await?;
+    let (node, ahead) =
+        enqueue_detached(acl, session, (parent, &marker), leads_with, report).await?;
     Ok((node, ahead, pending))
 }
 
@@ -89,8 +93,8 @@ async fn make_parents(
 async fn enqueue(
     acl: NodeAcl,
     session: &ZkSession,
-    parent: &str,
-    marker: &str,
+    (parent, marker): (&str, &str),
+    data: &[u8],
 ) -> std::result::Result<(Node, Ahead), (LockError, Outcome)> {
     let mut client = session
         .client()
@@ -105,9 +109,13 @@ async fn enqueue(
         attempt = attempt.saturating_add(1);
         let sent = Instant::now();
         let created = if counted {
-            timed(timeout, create_counted(&client, &path, parent, &options)).await
+            timed(
+                timeout,
+                create_counted(&client, (&path, data), parent, &options),
+            )
+            .await
         } else {
-            timed(timeout, client.create(&path, &[], &options))
+            timed(timeout, client.create(&path, data, &options))
                 .await
                 .map(|(stat, sequence)| {
                     let created = format!("{path}{sequence}");
@@ -121,6 +129,7 @@ async fn enqueue(
                     path: created,
                     czxid,
                     version: 0,
+                    leads_with: None,
                 };
                 let ahead = match children {
                     Some(1) => Ahead::Nobody,
@@ -182,12 +191,12 @@ pub(crate) enum Ahead {
 /// An operation's failure comes back as that operation's error.
 async fn create_counted(
     client: &Client,
-    path: &str,
+    (path, data): (&str, &[u8]),
     parent: &str,
     options: &zookeeper_client::CreateOptions<'_>,
 ) -> std::result::Result<(String, i64, Option<i32>), ZkError> {
     let mut writer = client.new_multi_writer();
-    writer.add_create(path, &[], options)?;
+    writer.add_create(path, data, options)?;
     writer.add_set_data(parent, &[], None)?;
     let results = writer.commit().await.map_err(ZkError::from)?;
     match results.as_slice() {
@@ -239,6 +248,7 @@ async fn find_own(
         path,
         czxid: stat.czxid,
         version: stat.version,
+        leads_with: None,
     };
     Ok(Some((node, children)))
 }
@@ -312,14 +322,21 @@ fn arm(
 async fn enqueue_detached(
     acl: NodeAcl,
     session: &Arc<ZkSession>,
-    parent: &str,
-    marker: &str,
+    (parent, marker): (&str, &str),
+    leads_with: Option<Arc<[u8]>>,
     report: oneshot::Sender<Outcome>,
 ) -> std::result::Result<(Node, Ahead), LockError> {
     let (session, parent, marker) = (session.clone(), parent.to_owned(), marker.to_owned());
     Detach::new(async move {
-        match enqueue(acl, &session, &parent, &marker).await {
-            Ok((node, ahead)) => {
+        let data = match &leads_with {
+            Some(value) => crate::election::candidate_data(value),
+            None => Vec::new(),
+        };
+        match enqueue(acl, &session, (&parent, &marker), &data).await {
+            Ok((mut node, ahead)) => {
+                // Found again after a lost answer or created now, it is the node this data
+                // was created with.
+                node.leads_with = leads_with;
                 let _ = report.send(Outcome::Created(node.clone()));
                 Ok((node, ahead))
             }

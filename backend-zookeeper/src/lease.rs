@@ -68,6 +68,9 @@ pub(crate) struct ZkLease {
     /// someone else's (a grant dropped on its way is released without a guard to close it).
     state: Arc<LeaseState>,
     released: AtomicBool,
+    /// The campaign value the node was created with, until the first proclaim, which then
+    /// need not write it (`election.rs`, *Record*).
+    created_leading_with: dlock_api::raw::RecordAtGrant,
     /// The watch's start, until it comes due (dropped with the lease).
     _watch: Option<Scheduled>,
 }
@@ -77,11 +80,19 @@ impl ZkLease {
     pub(crate) fn start(
         session: Arc<ZkSession>,
         name: &LockName,
-        path: String,
-        czxid: i64,
-        version: i32,
+        node: crate::enqueue::Node,
         state: Arc<LeaseState>,
     ) -> Self {
+        let crate::enqueue::Node {
+            path,
+            czxid,
+            version,
+            leads_with,
+        } = node;
+        let created_leading_with = dlock_api::raw::RecordAtGrant::default();
+        if let Some(value) = leads_with {
+            created_leading_with.wrote(czxid.unsigned_abs(), value);
+        }
         let watch = {
             let (weak, raw, state, path) = (
                 Arc::downgrade(&session),
@@ -103,6 +114,7 @@ impl ZkLease {
             writing: Arc::default(),
             state,
             released: AtomicBool::new(false),
+            created_leading_with,
             _watch: scheduled,
         }
     }
@@ -305,6 +317,10 @@ impl RawLease for ZkLease {
             return Err(LockError::NotHeld {
                 name: self.name.to_string(),
             });
+        }
+        if self.created_leading_with.answers(term, value) {
+            // The node's data leads with this value since its create, under this term.
+            return Ok(());
         }
         let data = crate::election::record(self.czxid, value);
         let writing = self.writing.clone().lock_owned().await;

@@ -153,18 +153,21 @@
 //! lock waiter, and the leader is the node at the head of the name's queue.
 //! - **Term**: the leader's node's `czxid`, its grant's fencing token, so every term is above
 //!   every earlier term and lock of the name.
-//! - **Value**: the data of the leader's own ephemeral node, `[term: 8 bytes, big-endian]
-//!   [value]`, written by the campaign and each
-//!   [`proclaim`](dlock_api::Leadership::proclaim) with a `setData` guarded by the node's
-//!   version. The write lands only while the node exists, that is while this session holds the
+//! - **Value**: the data of the leader's own ephemeral node. A candidate creates its node with
+//!   `lead:VALUE` as its data, so it leads with its value, the term its `czxid`, from the
+//!   moment it heads the queue: a campaign writes nothing after its grant. Each later
+//!   [`proclaim`](dlock_api::Leadership::proclaim) writes `[term: 8 bytes, big-endian]
+//!   [value]` with a `setData` guarded by the node's version. The write lands only while the node exists, that is while this session holds the
 //!   place; a deposed leader's node is gone (`NoNode`), so it can never write over its
 //!   successor's record, and is answered `NotHeld`. A permit of a semaphore does not proclaim
 //!   (`Unsupported`).
 //! - **`leader`** lists the queue after a `sync` and reads the first node's data and stat (two
 //!   round trips): a node read there is still the first, and exists only while its session
-//!   does. A head node whose data does not start with its own `czxid` (a lock's holder, or a
-//!   candidate granted a moment before its first proclaim) is reported as **no leader**
-//!   (`None`, `Vacant`), as is a semaphore's queue.
+//!   does. A head node whose data is neither a record of its own `czxid` nor a candidate's
+//!   value (a lock's holder) is reported as **no leader** (`None`, `Vacant`), as is a
+//!   semaphore's queue. A candidate whose node heads the queue as its campaign is cancelled or
+//!   times out is shown leading until its cleanup deletes the node; its campaign returns no
+//!   leadership.
 //! - **What ends leadership** is what ends the lock: a resignation or a dropped leadership
 //!   deletes the node, the session's expiry deletes it on the server (a crashed leader leads no
 //!   longer than its session timeout), and anyone else's delete loses it with `TakenOver`. A

@@ -202,14 +202,7 @@ impl ZkLock {
     fn grant(&self, name: &LockName, session: Arc<ZkSession>, node: Node) -> Grant {
         let token = FencingToken::new(u64::try_from(node.czxid).unwrap_or(0));
         let state = session.new_guard_state(&node.path, node.czxid);
-        let lease = Arc::new(ZkLease::start(
-            session,
-            name,
-            node.path,
-            node.czxid,
-            node.version,
-            state.clone(),
-        ));
+        let lease = Arc::new(ZkLease::start(session, name, node, state.clone()));
         Grant::new(name.clone(), token, lease, state, RenewedBy::Session)
     }
 
@@ -225,7 +218,12 @@ impl ZkLock {
         options: &LockOptions,
     ) -> Result<Waited> {
         let parent = self.inner.config.name_path(name);
-        let joined = join_queue(self.inner.config.acl, session, &parent, claim);
+        let joined = join_queue(
+            self.inner.config.acl,
+            session,
+            &parent,
+            (claim, leads_with(claim, options)),
+        );
         let (node, ahead, pending) = answer_by_or_unavailable(answer_by, joined).await?;
         recovery.reached_server();
         let mut listed = match ahead {
@@ -425,7 +423,8 @@ impl RawLock for ZkLock {
         limit: u32,
         options: &LockOptions,
     ) -> Result<Option<Grant>> {
-        self.try_place(name, Claim::new(limit, options)).await
+        self.try_place(name, Claim::new(limit, options), options)
+            .await
     }
 
     async fn wait_grant(
@@ -467,11 +466,22 @@ impl RawLock for ZkLock {
 impl ZkLock {
     /// One attempt at `claim` on `name` (one of its limit of places, or a reader's): join the
     /// queue, and leave it again unless the node holds.
-    async fn try_place(&self, name: &LockName, claim: Claim) -> Result<Option<Grant>> {
+    async fn try_place(
+        &self,
+        name: &LockName,
+        claim: Claim,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>> {
         let session = self.inner.session().await?;
         let parent = self.inner.config.name_path(name);
-        let (node, ahead, pending) =
-            join_queue(self.inner.config.acl, &session, &parent, claim).await?;
+        let leads_with = leads_with(claim, options);
+        let (node, ahead, pending) = join_queue(
+            self.inner.config.acl,
+            &session,
+            &parent,
+            (claim, leads_with),
+        )
+        .await?;
         let children = match ahead {
             Ahead::Nobody => {
                 let grant = self.grant(name, session, node);
@@ -607,4 +617,13 @@ async fn list_queue(session: &ZkSession, parent: &str) -> Result<Vec<String>> {
             Err(fail) => return Err(fail.into()),
         }
     }
+}
+
+/// The campaign value a node for `claim` under `options` is created with: a campaign's, on a
+/// lock's claim only (a permit or a reader's share never leads).
+fn leads_with(claim: Claim, options: &LockOptions) -> Option<Arc<[u8]>> {
+    options
+        .campaign_value()
+        .filter(|_| claim == Claim::LOCK)
+        .map(Arc::from)
 }

@@ -386,3 +386,88 @@ async fn an_observer_cut_off_reports_once_then_missed_then_the_leader() {
     );
     second.resign().await.unwrap();
 }
+
+/// The head node of `name`'s queue: its data and its version (how many writes followed its
+/// create).
+async fn head_node(
+    admin: &zookeeper_client::Client,
+    zk_url: &str,
+    hosts: &str,
+    name: &LockName,
+) -> (Vec<u8>, i32) {
+    let queue = common::queue_at(hosts, name).await;
+    let parent = ZkConfig::from_url(zk_url).unwrap().name_path(name);
+    let (data, stat) = admin
+        .get_data(&format!("{parent}/{}", queue[0].0))
+        .await
+        .unwrap();
+    (data, stat.version)
+}
+
+/// A candidate's node is created with its campaign value as its data (`lead:VALUE`), so it
+/// leads with that value, its `czxid` the term, from the moment it heads the queue: neither a
+/// campaign on a free name nor the waiting candidate that takes over writes its node after the
+/// create (version 0), yet `leader()` and an observer show each with its value at once. A later
+/// proclaim writes the record, and the resignation ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_leads_with_the_value_its_node_was_created_with() {
+    let zk = dlock_test_servers::shared_zookeeper();
+    let hosts = zk.connect_string();
+    let admin = common::raw_client(&hosts).await.unwrap();
+    let (a, b) = (
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+        ZkLock::connect_url(&zk.url()).await.unwrap(),
+    );
+    let name = name("created-leading");
+    let first = a.campaign(&name, b"first", &wait()).await.unwrap();
+    let said = b.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!((said.term(), said.value()), (first.term(), &b"first"[..]));
+    assert_eq!(
+        head_node(&admin, &zk.url(), &hosts, &name).await,
+        (b"lead:first".to_vec(), 0)
+    );
+    let mut observer = a.observe(&name).await.unwrap();
+    next_state("the first leader", &mut observer, |e| leads(e, b"first")).await;
+
+    let candidate = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.campaign(&name, b"second", &wait()).await })
+    };
+    common::until_queue(BOUND, "the candidate to queue", &hosts, &name, |q| {
+        q.len() == 2
+    })
+    .await;
+    first.resign().await.unwrap();
+    let second = within("the hand-over", candidate).await.unwrap().unwrap();
+    let (event, _) = next_state("the second leader", &mut observer, |e| {
+        matches!(e, LeaderEvent::Leads(_))
+    })
+    .await;
+    let LeaderEvent::Leads(shown) = event else {
+        unreachable!()
+    };
+    assert_eq!(
+        (shown.term(), shown.value()),
+        (second.term(), &b"second"[..])
+    );
+    assert_eq!(
+        head_node(&admin, &zk.url(), &hosts, &name).await,
+        (b"lead:second".to_vec(), 0),
+        "the new leader wrote its node after the create"
+    );
+
+    second.proclaim(b"second-later").await.unwrap();
+    next_state("the later value", &mut observer, |e| {
+        leads(e, b"second-later")
+    })
+    .await;
+    let said = a.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(
+        (said.term(), said.value()),
+        (second.term(), &b"second-later"[..])
+    );
+    assert_eq!(head_node(&admin, &zk.url(), &hosts, &name).await.1, 1);
+    second.resign().await.unwrap();
+    assert_eq!(a.leader(&name).await.unwrap(), None);
+    common::until_empty(BOUND, &hosts, &name).await;
+}
