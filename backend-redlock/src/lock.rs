@@ -27,7 +27,7 @@ use crate::held::{HeldLock, Holders, schedule_watch};
 use crate::lease::RedlockLease;
 use crate::line::Line;
 use crate::nodes::{Slot, connect_all};
-use crate::release::{release_everywhere, release_on};
+use crate::release::{release_everywhere, release_everywhere_waiting, release_on};
 use crate::wake::Hub;
 
 /// Locks over N independent Redis nodes with the Redlock algorithm.
@@ -316,9 +316,11 @@ impl Redlock {
         }
         // Not ours: release on every node at once (the nodes that answered busy hold someone
         // else's key and are left alone by the owner check; the ones that did not answer may
-        // have set ours after all).
-        drop(pending);
+        // have set ours after all), waiting for the nodes that set it.
         let free = taken.iter().fold(0u64, |mask, (i, _)| mask | (1 << i));
+        pending.disarm();
+        let_go.store(true, Ordering::SeqCst);
+        release_everywhere_waiting(inner, keys.clone(), owner, free, node_timeout).await;
         if n.saturating_sub(failures.len()) < quorum {
             return Round::Failed(LockError::unavailable_because(
                 BACKEND,
