@@ -12,7 +12,7 @@ use sqlx::{ConnectOptions, Connection, Row};
 use tokio::time::timeout;
 
 use crate::config::PostgresConfig;
-use crate::election::{LeaderSql, UNDEFINED_TABLE, leader_from};
+use crate::election::{LeaderSql, OWN_START_SETTING, UNDEFINED_TABLE, leader_from};
 use crate::error::{
     LOCK_NOT_AVAILABLE, QUERY_CANCELED, is_connection_error, map_err, sqlstate, timed_out,
 };
@@ -206,13 +206,14 @@ impl PgDriver {
     /// asynchronously (`synchronous_commit`); a blocking wait is bounded by `lock_timeout`, not
     /// a server-wide `statement_timeout`; `pg_advisory_unlock` of a key not held only warns, and
     /// dlock handles the `false` itself; the server's TCP keepalive ends a vanished client's
-    /// session; no `idle_session_timeout` (PG 14+) on a session that holds locks.
+    /// session; no `idle_session_timeout` (PG 14+) on a session that holds locks; the backend's
+    /// start time kept for the leaders table's records (see `election.rs`).
     pub(crate) async fn prepare(&self, conn: &mut PgConnection) -> Result<u64> {
         let within = self.config.command_timeout;
         let c = &self.config;
         let row = timeout(
             within,
-            sqlx::query(
+            sqlx::query(&format!(
                 "SELECT pg_backend_pid(), set_config('synchronous_commit', 'on', false), \
                  set_config('statement_timeout', '0', false), \
                  set_config('idle_in_transaction_session_timeout', '0', false), \
@@ -221,8 +222,9 @@ impl PgDriver {
                  set_config('tcp_keepalives_interval', $2, false), \
                  set_config('tcp_keepalives_count', $3, false), \
                  (SELECT set_config('idle_session_timeout', '0', false) \
-                 WHERE current_setting('server_version_num')::int >= 140000)",
-            )
+                 WHERE current_setting('server_version_num')::int >= 140000), \
+                 {OWN_START_SETTING}"
+            ))
             .bind(c.tcp_keepalives_idle.as_secs().max(1).to_string())
             .bind(c.tcp_keepalives_interval.as_secs().max(1).to_string())
             .bind(c.tcp_keepalives_count.to_string())
