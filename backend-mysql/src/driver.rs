@@ -5,10 +5,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use dlock_api::raw::time::after;
 use dlock_api::raw::{DriverError, PoolConfig, SessionDriver, TriedAll, Waited};
 use dlock_api::{Leader, LockError, LockName};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection};
 use sqlx::{ConnectOptions, Connection, Executor, Row};
+use tokio::time::Instant;
 
 use crate::BACKEND;
 use crate::config::{MySqlConfig, config_error};
@@ -157,6 +159,8 @@ impl MySqlDriver {
 
 /// `KILL QUERY` ended the statement.
 const ER_QUERY_INTERRUPTED: u16 = 1317;
+/// InnoDB rolled a statement back as a deadlock's victim.
+const ER_LOCK_DEADLOCK: u16 = 1213;
 
 fn failure(error: sqlx::Error) -> DriverError {
     if is_connection_error(&error) {
@@ -325,21 +329,36 @@ impl SessionDriver for MySqlDriver {
             Some(leaders) if self.fence() == Fence::Sequence => leaders,
             _ => return Ok((self.wait_lock(conn, key, wait).await?, false)),
         };
-        match leaders.wait_leading(conn, key, wait, value).await {
-            Ok(Some(token)) => Ok((Waited::Granted(token), true)),
-            // 0 rows: timed out, or interrupted (`KILL QUERY`) in `GET_LOCK`: not granted.
-            Ok(None) => Ok((Waited::NotGranted, false)),
-            // Interrupted with the lock maybe granted (the statement ends on the kill after
-            // `GET_LOCK` returned, and rolls back the record but not the session's lock).
-            Err(e) if error_number(&e) == Some(ER_QUERY_INTERRUPTED) => {
-                Ok((Waited::NotGrantedUnsure, false))
-            }
-            // The sequence went since this connection raised it: the lock's own statement
-            // makes it again, and the record is proclaimed after the grant.
-            Err(e) if error_number(&e) == Some(ER_UNKNOWN_SEQUENCES) => {
-                Ok((self.wait_lock(conn, key, wait).await?, false))
-            }
-            Err(e) => Err(failure(e)),
+        let until = after(Instant::now(), wait);
+        let mut left = wait;
+        loop {
+            return match leaders.wait_leading(conn, key, left, value).await {
+                Ok(Some(token)) => Ok((Waited::Granted(token), true)),
+                // 0 rows: timed out, or interrupted (`KILL QUERY`) in `GET_LOCK`: not granted.
+                Ok(None) => Ok((Waited::NotGranted, false)),
+                // Interrupted with the lock maybe granted (the statement ends on the kill after
+                // `GET_LOCK` returned, and rolls back the record but not the session's lock).
+                Err(e) if error_number(&e) == Some(ER_QUERY_INTERRUPTED) => {
+                    Ok((Waited::NotGrantedUnsure, false))
+                }
+                // InnoDB chose the record's write as a deadlock's victim (upserts of other
+                // names' rows share the index's gaps): the statement rolled back, not the lock
+                // it may have taken. The lock goes back and the wait goes on, as InnoDB asks.
+                Err(e) if error_number(&e) == Some(ER_LOCK_DEADLOCK) => {
+                    self.run(conn, &Cmd::Release { key: key.clone() }).await?;
+                    left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Ok((Waited::NotGranted, false));
+                    }
+                    continue;
+                }
+                // The sequence went since this connection raised it: the lock's own statement
+                // makes it again, and the record is proclaimed after the grant.
+                Err(e) if error_number(&e) == Some(ER_UNKNOWN_SEQUENCES) => {
+                    Ok((self.wait_lock(conn, key, left).await?, false))
+                }
+                Err(e) => Err(failure(e)),
+            };
         }
     }
 
