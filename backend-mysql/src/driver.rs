@@ -161,6 +161,10 @@ impl MySqlDriver {
 const ER_QUERY_INTERRUPTED: u16 = 1317;
 /// InnoDB rolled a statement back as a deadlock's victim.
 const ER_LOCK_DEADLOCK: u16 = 1213;
+/// InnoDB rolled a statement back after `innodb_lock_wait_timeout` waiting for a row lock.
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// A statement's row lock not granted: the statement rolled back, the transaction did not.
+const ROW_LOCK_FAILED: [u16; 2] = [ER_LOCK_DEADLOCK, ER_LOCK_WAIT_TIMEOUT];
 
 fn failure(error: sqlx::Error) -> DriverError {
     if is_connection_error(&error) {
@@ -341,10 +345,13 @@ impl SessionDriver for MySqlDriver {
                 Err(e) if error_number(&e) == Some(ER_QUERY_INTERRUPTED) => {
                     Ok((Waited::NotGrantedUnsure, false))
                 }
-                // InnoDB chose the record's write as a deadlock's victim (upserts of other
-                // names' rows share the index's gaps): the statement rolled back, not the lock
-                // it may have taken. The lock goes back and the wait goes on, as InnoDB asks.
-                Err(e) if error_number(&e) == Some(ER_LOCK_DEADLOCK) => {
+                // The record's write, granted the key, found its row locked by another
+                // transaction (a resigning leader's delete not yet committed, anyone's reader)
+                // and InnoDB rolled the statement back, as a deadlock's victim or after
+                // `innodb_lock_wait_timeout`: not the lock it took. The lock goes back (only
+                // the lock: there is no record of this grant to delete, and a delete would wait
+                // for the same row) and the wait goes on, as InnoDB asks.
+                Err(e) if error_number(&e).is_some_and(|n| ROW_LOCK_FAILED.contains(&n)) => {
                     self.run(conn, &Cmd::Release { key: key.clone() }).await?;
                     left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {

@@ -5,7 +5,10 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 
+use tokio::time::Instant;
+
 use super::engine::{RawLock, acquire};
+use super::time::after;
 use crate::election::{Leader, LeaderEvent, LeaderStream, Leadership, check_value, unsupported};
 use crate::error::Result;
 use crate::name::LockName;
@@ -15,8 +18,10 @@ use crate::token::FencingToken;
 /// [`DistributedLock::campaign`](crate::DistributedLock::campaign) for a [`RawLock`]: the
 /// capability and the value are checked before any network call; the name is acquired as a
 /// lock, and the value published under the new term before the leadership is returned. A
-/// publication that fails resigns at once (owner-checked), so a failed campaign leaves no hold
-/// behind (etcd-io/etcd #21128).
+/// publication that fails for a passing reason while the name stays held (a SQL write chosen as
+/// a deadlock's victim, a session suspended for a moment) is tried again after the options'
+/// retry delay, within the wait timeout; one that fails for good resigns at once
+/// (owner-checked), so a failed campaign leaves no hold behind (etcd-io/etcd #21128).
 ///
 /// # Errors
 /// As the trait method.
@@ -34,12 +39,25 @@ pub async fn campaign<B: RawLock + ?Sized>(
         return Err(unsupported(backend.backend()));
     }
     check_value(value)?;
+    let deadline = options
+        .wait_timeout()
+        .map(|wait| after(Instant::now(), wait));
     let guard = acquire(backend, name, &options.clone().for_campaign(value)).await?;
-    if let Err(error) = guard.publish(value).await {
-        let _ = guard.release().await;
-        return Err(error);
+    let mut attempts = 0;
+    loop {
+        let Err(error) = guard.publish(value).await else {
+            return Ok(Leadership::new(guard, value.to_vec()));
+        };
+        let wake = after(Instant::now(), options.retry().delay(attempts));
+        let in_time = deadline.is_none_or(|deadline| wake < deadline);
+        if !(error.is_retryable() && in_time && guard.is_held()) {
+            let _ = guard.release().await;
+            return Err(error);
+        }
+        tracing::debug!(%name, %error, "dlock: a new leader's first proclaim failed; trying again");
+        attempts = attempts.saturating_add(1);
+        tokio::time::sleep_until(wake).await;
     }
-    Ok(Leadership::new(guard, value.to_vec()))
 }
 
 /// [`DistributedLock::leader`](crate::DistributedLock::leader) for a [`RawLock`].
