@@ -36,9 +36,17 @@ pub(crate) fn is_connection_error(error: &sqlx::Error) -> bool {
     }
 }
 
-/// The one mapping from sqlx to dlock errors.
+/// SQLSTATEs of a statement the server rolled back for a passing reason, worth sending again on
+/// the same live connection: deadlock_detected (the statement was a deadlock's victim),
+/// serialization_failure, and lock_not_available (`lock_timeout` fired on a row lock: a
+/// connection that waited for a lock keeps that wait's `lock_timeout`).
+const TRANSIENT: [&str; 3] = ["40P01", "40001", LOCK_NOT_AVAILABLE];
+
+/// The one mapping from sqlx to dlock errors: a broken connection or a transient rollback is
+/// [`LockError::Unavailable`] (retryable), anything else [`LockError::Backend`].
 pub(crate) fn map_err(error: sqlx::Error) -> LockError {
-    if is_connection_error(&error) {
+    let transient = sqlstate(&error).is_some_and(|code| TRANSIENT.contains(&code.as_str()));
+    if is_connection_error(&error) || transient {
         LockError::unavailable(BACKEND, error)
     } else {
         LockError::backend(BACKEND, error)

@@ -251,8 +251,8 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
     /// - A dropped campaign leaves nothing behind (`election::dropped_campaign_leaves_nothing`).
     /// - The new leader's first publication of `value`, when it fails for a passing reason
     ///   ([`LockError::Unavailable`]) while the name stays held, is sent again after the
-    ///   options' retry delay, within the wait timeout; otherwise the hold is resigned and the
-    ///   error returned.
+    ///   options' retry delay, a few times within the wait timeout; otherwise the hold is
+    ///   resigned and the error returned.
     ///
     /// # Errors
     /// [`LockError::Unsupported`] on a backend without elections (see

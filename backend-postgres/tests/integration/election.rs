@@ -348,3 +348,86 @@ async fn a_waiting_candidate_writes_its_record_with_its_grant() {
     second.resign().await.unwrap();
     assert!(row(&url, &n).await.is_none());
 }
+
+/// A new leader's first proclaim (a candidate that took a free name at once) finds its row held
+/// by another transaction (`FOR SHARE`, then updated): it waits for the row, not failing, and
+/// the campaign leads with its own term and value once the other is done. (The deadlock of
+/// MariaDB's test does not arise here: Postgres lets the row's only locker update it without
+/// queueing behind the waiter.)
+#[tokio::test]
+async fn a_new_leaders_first_proclaim_waits_for_a_row_another_transaction_holds() {
+    let url = shared_url();
+    let locks = PostgresLock::connect_url(&url).await.unwrap();
+    let n = name("deadlock-proclaim");
+    // The table, then a row for the shared lock: a terminated leader's, left behind.
+    locks
+        .campaign(&n, b"earlier", &wait())
+        .await
+        .unwrap()
+        .resign()
+        .await
+        .unwrap();
+    let mut other = sql(&url).await;
+    let key = dlock_api::KeyMapper::hash_i64(&n);
+    sqlx::query(&format!(
+        "INSERT INTO {LEADERS} (name, key, term, value, holder) VALUES ($1, $2, 1, 'stale', 0) \
+         ON CONFLICT (name) DO UPDATE SET holder = 0"
+    ))
+    .bind(n.as_str())
+    .bind(key)
+    .execute(&mut other)
+    .await
+    .unwrap();
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    sqlx::query(&format!(
+        "SELECT term FROM {LEADERS} WHERE name = $1 FOR SHARE"
+    ))
+    .bind(n.as_str())
+    .fetch_one(&mut other)
+    .await
+    .unwrap();
+    let candidate = {
+        let n = n.clone();
+        tokio::spawn(async move { locks.campaign(&n, b"candidate", &wait()).await })
+    };
+    // The candidate holds the name and its proclaim waits for the row.
+    let mut watcher = sql(&url).await;
+    let give_up = tokio::time::Instant::now() + BOUND;
+    loop {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity a, pg_locks l \
+             WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted \
+             AND l.objid = ($1::bigint & 4294967295)::oid AND a.wait_event_type = 'Lock')",
+        )
+        .bind(key)
+        .fetch_one(&mut watcher)
+        .await
+        .unwrap();
+        if waiting {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the candidate's proclaim never waited for the row"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    sqlx::query(&format!(
+        "UPDATE {LEADERS} SET value = 'other' WHERE name = $1"
+    ))
+    .bind(n.as_str())
+    .execute(&mut other)
+    .await
+    .unwrap();
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    let leadership = timeout(BOUND, candidate)
+        .await
+        .expect("the candidate to lead once the row is free")
+        .unwrap()
+        .unwrap();
+    let (_, term, value, holder, _) = row(&url, &n).await.expect("the new leader's row");
+    assert_eq!(term.unsigned_abs(), leadership.term().get());
+    assert_eq!(value, b"candidate");
+    assert_eq!(Some(holder), holder_pid(&url, &n).await);
+    leadership.resign().await.unwrap();
+}

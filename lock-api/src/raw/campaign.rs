@@ -15,13 +15,20 @@ use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::token::FencingToken;
 
+/// How many times a new leader's first publication is sent. Bounded even within a long wait:
+/// the hold is kept meanwhile, and a failure that lasts (a SQL session that waits for this very
+/// name while holding the record's row, so that each attempt is a deadlock's victim again) must
+/// end in a resignation that lets the other go on, not in attempts that keep it waiting.
+const PUBLISH_ATTEMPTS: u32 = 5;
+
 /// [`DistributedLock::campaign`](crate::DistributedLock::campaign) for a [`RawLock`]: the
 /// capability and the value are checked before any network call; the name is acquired as a
 /// lock, and the value published under the new term before the leadership is returned. A
 /// publication that fails for a passing reason while the name stays held (a SQL write chosen as
 /// a deadlock's victim, a session suspended for a moment) is tried again after the options'
-/// retry delay, within the wait timeout; one that fails for good resigns at once
-/// (owner-checked), so a failed campaign leaves no hold behind (etcd-io/etcd #21128).
+/// retry delay, within the wait timeout and up to `PUBLISH_ATTEMPTS` (5) times; one that fails for
+/// good resigns at once (owner-checked), so a failed campaign leaves no hold behind
+/// (etcd-io/etcd #21128).
 ///
 /// # Errors
 /// As the trait method.
@@ -50,7 +57,8 @@ pub async fn campaign<B: RawLock + ?Sized>(
         };
         let wake = after(Instant::now(), options.retry().delay(attempts));
         let in_time = deadline.is_none_or(|deadline| wake < deadline);
-        if !(error.is_retryable() && in_time && guard.is_held()) {
+        let again = attempts.saturating_add(1) < PUBLISH_ATTEMPTS;
+        if !(error.is_retryable() && in_time && again && guard.is_held()) {
             let _ = guard.release().await;
             return Err(error);
         }
