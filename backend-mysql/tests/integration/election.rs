@@ -365,19 +365,32 @@ async fn a_new_leaders_record_write_chosen_as_a_deadlocks_victim_is_tried_again(
     first_proclaim_as_victim(url).await;
 }
 
-async fn waiting_candidate_as_victim(url: &str) {
+/// A client, a new name and its key, the leaders table there (an earlier leader came and went)
+/// and `other`, holding the name's row shared ([`share_the_row`]).
+async fn behind_a_shared_row(
+    url: &str,
+    what: &str,
+) -> (MySqlLock, LockName, String, sqlx::MySqlConnection) {
     let locks = MySqlLock::connect_url(url).await.unwrap();
-    let n = name("deadlock-waiting");
+    let n = name(what);
     let key = locks.key(&n);
-    // The leaders table.
-    locks
-        .campaign(&n, b"earlier", &wait())
-        .await
-        .unwrap()
-        .resign()
-        .await
-        .unwrap();
-    let mut other = share_the_row(url, &key).await;
+    let earlier = locks.campaign(&n, b"earlier", &wait()).await.unwrap();
+    earlier.resign().await.unwrap();
+    let other = share_the_row(url, &key).await;
+    (locks, n, key, other)
+}
+
+/// `locks`' campaign for `n` with the value `candidate`, in a task of its own.
+fn candidate(
+    locks: MySqlLock,
+    n: &LockName,
+) -> tokio::task::JoinHandle<dlock_api::Result<dlock_api::Leadership>> {
+    let n = n.clone();
+    tokio::spawn(async move { locks.campaign(&n, b"candidate", &wait()).await })
+}
+
+async fn waiting_candidate_as_victim(url: &str) {
+    let (locks, n, key, mut other) = behind_a_shared_row(url, "deadlock-waiting").await;
     // The other holds the key while the candidate starts, so the candidate's statement is the
     // one that waits in `GET_LOCK`.
     let taken: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
@@ -386,10 +399,7 @@ async fn waiting_candidate_as_victim(url: &str) {
         .await
         .unwrap();
     assert_eq!(taken, 1);
-    let candidate = {
-        let n = n.clone();
-        tokio::spawn(async move { locks.campaign(&n, b"candidate", &wait()).await })
-    };
+    let candidate = candidate(locks, &n);
     let waiter = waiting_connection(&mut raw(url).await, &key).await;
     sqlx::query_scalar::<_, i64>("SELECT RELEASE_LOCK(?)")
         .bind(&key)
@@ -401,21 +411,8 @@ async fn waiting_candidate_as_victim(url: &str) {
 }
 
 async fn first_proclaim_as_victim(url: &str) {
-    let locks = MySqlLock::connect_url(url).await.unwrap();
-    let n = name("deadlock-proclaim");
-    let key = locks.key(&n);
-    locks
-        .campaign(&n, b"earlier", &wait())
-        .await
-        .unwrap()
-        .resign()
-        .await
-        .unwrap();
-    let mut other = share_the_row(url, &key).await;
-    let candidate = {
-        let n = n.clone();
-        tokio::spawn(async move { locks.campaign(&n, b"candidate", &wait()).await })
-    };
+    let (locks, n, key, mut other) = behind_a_shared_row(url, "deadlock-proclaim").await;
+    let candidate = candidate(locks, &n);
     let give_up = tokio::time::Instant::now() + BOUND;
     let leader = loop {
         if let Some(id) = holder(url, &key).await {

@@ -360,13 +360,8 @@ async fn a_new_leaders_first_proclaim_waits_for_a_row_another_transaction_holds(
     let locks = PostgresLock::connect_url(&url).await.unwrap();
     let n = name("deadlock-proclaim");
     // The table, then a row for the shared lock: a terminated leader's, left behind.
-    locks
-        .campaign(&n, b"earlier", &wait())
-        .await
-        .unwrap()
-        .resign()
-        .await
-        .unwrap();
+    let earlier = locks.campaign(&n, b"earlier", &wait()).await.unwrap();
+    earlier.resign().await.unwrap();
     let mut other = sql(&url).await;
     let key = dlock_api::KeyMapper::hash_i64(&n);
     sqlx::query(&format!(
@@ -386,32 +381,25 @@ async fn a_new_leaders_first_proclaim_waits_for_a_row_another_transaction_holds(
     .fetch_one(&mut other)
     .await
     .unwrap();
-    let candidate = {
-        let n = n.clone();
-        tokio::spawn(async move { locks.campaign(&n, b"candidate", &wait()).await })
-    };
-    // The candidate holds the name and its proclaim waits for the row.
-    let mut watcher = sql(&url).await;
-    let give_up = tokio::time::Instant::now() + BOUND;
-    loop {
-        let waiting: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity a, pg_locks l \
-             WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted \
-             AND l.objid = ($1::bigint & 4294967295)::oid AND a.wait_event_type = 'Lock')",
-        )
-        .bind(key)
-        .fetch_one(&mut watcher)
-        .await
-        .unwrap();
-        if waiting {
-            break;
+    let campaign_of = n.clone();
+    let candidate =
+        tokio::spawn(async move { locks.campaign(&campaign_of, b"candidate", &wait()).await });
+    common::eventually("the candidate's proclaim to wait for the row", || {
+        let url = url.clone();
+        async move {
+            let mut watcher = sql(&url).await;
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity a, pg_locks l \
+                 WHERE l.pid = a.pid AND l.locktype = 'advisory' AND l.granted \
+                 AND l.objid = ($1::bigint & 4294967295)::oid AND a.wait_event_type = 'Lock')",
+            )
+            .bind(key)
+            .fetch_one(&mut watcher)
+            .await
+            .unwrap()
         }
-        assert!(
-            tokio::time::Instant::now() < give_up,
-            "the candidate's proclaim never waited for the row"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
     sqlx::query(&format!(
         "UPDATE {LEADERS} SET value = 'other' WHERE name = $1"
     ))
