@@ -288,14 +288,11 @@ async fn share_the_row(url: &str, key: &str) -> sqlx::MySqlConnection {
         .await
         .unwrap();
     other.execute(sqlx::raw_sql("BEGIN")).await.unwrap();
-    for _ in 0..20 {
-        other
-            .execute(sqlx::raw_sql(
-                "INSERT INTO dlock_test_ballast (pad) VALUES (1)",
-            ))
-            .await
-            .unwrap();
-    }
+    let ballast = format!(
+        "INSERT INTO dlock_test_ballast (pad) VALUES {}",
+        vec!["(1)"; 20].join(", ")
+    );
+    other.execute(sqlx::raw_sql(&ballast)).await.unwrap();
     let shared = format!("SELECT term FROM {LEADERS} WHERE name = ? LOCK IN SHARE MODE");
     sqlx::query(&shared)
         .bind(key)
