@@ -2,7 +2,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,7 +15,7 @@ use tokio::time::Instant;
 use crate::BACKEND;
 use crate::client::Inner;
 use crate::fanout;
-use crate::release::release_on;
+use crate::release::{LetGo, release_answered, release_on};
 
 pub(crate) struct RedlockLease {
     inner: Arc<Inner>,
@@ -33,9 +32,9 @@ pub(crate) struct RedlockLease {
     renewed: bool,
     /// The start of the takeover watch (`held.rs`), until it comes due.
     _watch: Option<Scheduled>,
-    /// Set as the release starts, before any node is asked: a grant's answer still out then
-    /// deletes the key it set (the round's late answers, `lock.rs`).
-    let_go: Arc<AtomicBool>,
+    /// Let go as the release starts, before any node is asked: a grant's answer still out then
+    /// is undone where the release missed its key (the round's late answers, `lock.rs`).
+    let_go: Arc<LetGo>,
 }
 
 impl RedlockLease {
@@ -49,7 +48,7 @@ impl RedlockLease {
         session: Arc<Session>,
         renewed: bool,
         watch: Option<Scheduled>,
-        let_go: Arc<AtomicBool>,
+        let_go: Arc<LetGo>,
     ) -> Self {
         Self {
             inner,
@@ -136,20 +135,26 @@ impl RawLease for RedlockLease {
     /// that node later. A node whose connection dropped is asked again while it comes back,
     /// up to the command timeout, so that its key does not outlive the release until its TTL.
     async fn release(&self) -> Result<()> {
-        self.let_go.store(true, Ordering::SeqCst);
+        self.let_go.let_go();
         let timeout = self.inner.config.command_timeout;
         let quorum = self.inner.config.quorum();
         let mut deleted: usize = 0;
         let mut failed: Vec<String> = Vec::new();
         // A node that missed the release is asked again in the background, while its
-        // connection comes back.
-        let retry = {
+        // connection comes back; one that answered without the key may see a late answer of
+        // the grant's round set it after all (`LetGo`).
+        let answered = {
             let (inner, keys, owner) = (self.inner.clone(), self.keys.clone(), self.owner.clone());
-            move |slot: &Arc<crate::nodes::Slot>| {
-                release_on(&inner, slot.clone(), keys.clone(), owner.clone());
+            let let_go = self.let_go.clone();
+            move |slot: &Arc<crate::nodes::Slot>, reply: &Result<bool>| match reply {
+                Ok(deleted) => release_answered(&inner, slot, (&keys, &owner), &let_go, *deleted),
+                Err(_) => {
+                    let key = (keys.clone(), owner.clone());
+                    release_on(&inner, slot.clone(), key, Some(let_go.clone()));
+                }
             }
         };
-        let retry_late = retry.clone();
+        let answered_late = answered.clone();
         fanout::until_decided(
             &self.inner.slots,
             |slot| {
@@ -157,21 +162,15 @@ impl RawLease for RedlockLease {
                 async move { slot.get()?.release(&keys, &owner, timeout).await }
             },
             |slot, reply| {
+                answered(slot, &reply);
                 match reply {
                     Ok(true) => deleted = deleted.saturating_add(1),
                     Ok(false) => {}
-                    Err(error) => {
-                        failed.push(format!("{}: {error}", slot.addr()));
-                        retry(slot);
-                    }
+                    Err(error) => failed.push(format!("{}: {error}", slot.addr())),
                 }
                 deleted >= quorum
             },
-            move |slot, reply| {
-                if reply.is_err() {
-                    retry_late(slot);
-                }
-            },
+            move |slot, reply| answered_late(slot, &reply),
         )
         .await;
         if deleted > 0 {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -27,7 +27,7 @@ use crate::held::{HeldLock, Holders, schedule_watch};
 use crate::lease::RedlockLease;
 use crate::line::Line;
 use crate::nodes::{Slot, connect_all};
-use crate::release::{release_everywhere, release_everywhere_waiting, release_on};
+use crate::release::{LetGo, release_everywhere, release_everywhere_waiting, release_on};
 use crate::wake::Hub;
 
 /// Locks over N independent Redis nodes with the Redlock algorithm.
@@ -191,13 +191,13 @@ impl Redlock {
         // round releases on every node.
         // Set once the round's keys are let go (the round failed, the acquire was dropped, the
         // guard released): an answer still out that set a key after that undoes it.
-        let let_go = Arc::new(AtomicBool::new(false));
+        let let_go = Arc::new(LetGo::default());
         let pending = {
             let (inner, keys, owner, let_go) =
                 (inner.clone(), keys.clone(), owner.clone(), let_go.clone());
             PendingAcquire::arm(move || {
-                let_go.store(true, Ordering::SeqCst);
-                release_everywhere(&inner, keys, owner)
+                let_go.let_go();
+                release_everywhere(&inner, keys, owner, &let_go)
             })
         };
         let gate = if gated {
@@ -319,8 +319,9 @@ impl Redlock {
         // have set ours after all), waiting for the nodes that set it.
         let free = taken.iter().fold(0u64, |mask, (i, _)| mask | (1 << i));
         pending.disarm();
-        let_go.store(true, Ordering::SeqCst);
-        release_everywhere_waiting(inner, keys.clone(), owner, free, node_timeout).await;
+        let_go.let_go();
+        let waited_for = (free, node_timeout);
+        release_everywhere_waiting(inner, keys.clone(), owner, &let_go, waited_for).await;
         if n.saturating_sub(failures.len()) < quorum {
             return Round::Failed(LockError::unavailable_because(
                 BACKEND,
@@ -459,28 +460,21 @@ struct Held {
     token: u64,
     valid_until: Instant,
     /// Set when the guard lets the lock go (see [`undo_late_grant`]).
-    let_go: Arc<AtomicBool>,
+    let_go: Arc<LetGo>,
 }
 
 /// What a round does with a node's answer that comes after the round was decided: a key set
-/// after its lock was let go is deleted again.
-///
-/// A node runs one connection's requests in the order they were sent, so a release normally
-/// finds the key the round's `SET` set before it. Not when the node had to load the acquire
-/// script again (it restarted, or never ran it): the `EVALSHA` fails with `NOSCRIPT`, and the
-/// `SCRIPT LOAD` and `EVALSHA` that follow are new requests, which a release sent meanwhile
-/// precedes. Left alone, that key would stay until its TTL, and on a majority it would block
-/// the name for as long.
+/// after its lock was let go, where a release missed it, is deleted again (see [`LetGo`]).
 fn undo_late_grant(
     inner: &Arc<Inner>,
     keys: &Arc<LockKeys>,
     owner: &Arc<str>,
-    let_go: &Arc<AtomicBool>,
+    let_go: &Arc<LetGo>,
 ) -> impl FnMut(&Arc<Slot>, Result<NodeAttempt>) + Send + 'static {
     let (inner, keys, owner, let_go) = (inner.clone(), keys.clone(), owner.clone(), let_go.clone());
     move |slot, reply| {
-        if matches!(reply, Ok(NodeAttempt::Taken { .. })) && let_go.load(Ordering::SeqCst) {
-            release_on(&inner, slot.clone(), keys.clone(), owner.clone());
+        if matches!(reply, Ok(NodeAttempt::Taken { .. })) && let_go.taken_late(slot.index) {
+            release_on(&inner, slot.clone(), (keys.clone(), owner.clone()), None);
         }
     }
 }

@@ -88,6 +88,10 @@ pub struct BenchArgs {
     /// With `--profile`: stop after this many measured pairs (after the warm-up).
     #[arg(long, hide = true, requires = "profile")]
     pairs: Option<u64>,
+    /// With `--profile`: instead of uncontended pairs, this many tasks sharing the client, each
+    /// on a name of its own (the many-names phase), for `--duration`.
+    #[arg(long, hide = true, requires = "profile", conflicts_with = "pairs")]
+    profile_tasks: Option<usize>,
 }
 
 /// How many alternating slices the uncontended phase and its floors are measured in.
@@ -477,10 +481,10 @@ async fn many_names(
 }
 
 /// dlock's pairs on one client, a name per task.
-struct DlockPairs {
-    client: Arc<dyn DistributedLock>,
-    names: Vec<LockName>,
-    opts: LockOptions,
+pub(super) struct DlockPairs {
+    pub(super) client: Arc<dyn DistributedLock>,
+    pub(super) names: Vec<LockName>,
+    pub(super) opts: LockOptions,
 }
 
 impl Pairs for DlockPairs {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use dlock_api::{DistributedLock, LockError, LockName, LockOptions};
 
 use super::BenchArgs;
-use crate::floor::{self, Floors, Measured, WarmUp};
+use crate::floor::{self, Floors, Measured, Throughput, WarmUp};
 
 /// Which side's pairs `--profile` runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -30,6 +30,9 @@ pub(super) async fn bench(
     client: &Arc<dyn DistributedLock>,
     run: &str,
 ) -> Result<ExitCode, LockError> {
+    if let Some(tasks) = args.profile_tasks {
+        return many_tasks(args, side, client, run, tasks).await;
+    }
     let pairs = args.pairs.unwrap_or(u64::MAX);
     floor::limit_pairs(pairs);
     // With a count, the duration only bounds a run that cannot reach it.
@@ -64,6 +67,49 @@ pub(super) async fn bench(
         "{side:?}: {done} pairs, CPU {:.1} µs/pair, {:.2} context switches/pair",
         measured.cost.cpu_us_per(done),
         measured.cost.switches_per(done)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--profile-tasks N`: one side's many-names phase alone, `tasks` tasks sharing one client for
+/// `--duration`, so that a profiler sees only that side's pairs (`strace -c -f` counts its
+/// system calls, whose number over the pairs printed is one pair's).
+async fn many_tasks(
+    args: &BenchArgs,
+    side: ProfileSide,
+    client: &Arc<dyn DistributedLock>,
+    run: &str,
+    tasks: usize,
+) -> Result<ExitCode, LockError> {
+    let run: Throughput = match side {
+        ProfileSide::Dlock => {
+            let names = (0..tasks)
+                .map(|i| LockName::new(format!("{run}/profile/{i}")))
+                .collect::<Result<_, _>>()?;
+            let pairs = Arc::new(super::DlockPairs {
+                client: client.clone(),
+                names,
+                opts: LockOptions::new(),
+            });
+            floor::many(pairs, tasks, args.duration).await?
+        }
+        ProfileSide::Floor | ProfileSide::FencedFloor => {
+            let Some(floors) = Floors::for_url(&args.backend.url()?)? else {
+                return Err(LockError::invalid("--profile", "this backend has no floor"));
+            };
+            let run = match side {
+                ProfileSide::Floor => Some(floors.parallel(tasks, args.duration).await?),
+                _ => floors.fenced_parallel(tasks, args.duration).await?,
+            };
+            run.ok_or_else(|| LockError::invalid("--profile", "this backend has no fenced floor"))?
+        }
+    };
+    println!(
+        "{side:?}, {tasks} tasks: {} pairs, {:.0} pairs/s, CPU {:.1} µs/pair, {:.2} context switches/pair",
+        run.pairs,
+        run.per_sec(),
+        run.cost.cpu_us_per(run.pairs),
+        run.cost.switches_per(run.pairs)
     );
     Ok(ExitCode::SUCCESS)
 }
