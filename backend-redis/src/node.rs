@@ -40,8 +40,8 @@ use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::keys::LockKeys;
 use crate::scripts::{
-    EXTEND, EXTEND_MANY, FENCE_KEEP_MS, INSPECT, NODE_ACQUIRE, NODE_LINE_CHECK, NODE_RAISE_FENCE,
-    NODE_RAISE_FENCE_HELD, NODE_RELEASE, NODE_RELEASE_ANNOUNCED, NODE_WATCH_HELD,
+    EXTEND, EXTEND_MANY, FENCE_KEEP_MS_ARG, INSPECT, NODE_ACQUIRE, NODE_LINE_CHECK,
+    NODE_RAISE_FENCE, NODE_RAISE_FENCE_HELD, NODE_RELEASE, NODE_RELEASE_ANNOUNCED, NODE_WATCH_HELD,
 };
 
 /// What a takeover tells a watching holder on its client's channel: `lost OWNER`.
@@ -262,29 +262,79 @@ fn acquire_pipeline(
     floor: &str,
     timed: bool,
 ) -> redis::Pipeline {
-    let mut pipe = redis::pipe();
-    pipe.cmd("SET")
-        .arg(&keys.lock)
-        .arg(owner)
-        .arg("NX")
-        .arg("PX")
-        .arg(ttl_ms)
-        .arg("GET")
-        .cmd("SET")
-        .arg(&keys.fence)
-        .arg(floor)
-        .arg("NX")
-        .arg("PX")
-        .arg(FENCE_KEEP_MS)
-        .ignore()
-        .cmd("INCR")
-        .arg(&keys.fence)
-        .cmd("GET")
-        .arg(&keys.watch);
+    let mut pipe = redis::Pipeline::with_capacity(5);
+    pipe.add_command(sized_cmd(&[
+        "SET", &keys.lock, owner, "NX", "PX", ttl_ms, "GET",
+    ]))
+    .add_command(sized_cmd(&[
+        "SET",
+        &keys.fence,
+        floor,
+        "NX",
+        "PX",
+        FENCE_KEEP_MS_ARG,
+    ]))
+    .ignore()
+    .add_command(sized_cmd(&["INCR", &keys.fence]))
+    .add_command(sized_cmd(&["GET", &keys.watch]));
     if timed {
-        pipe.cmd("PTTL").arg(&keys.lock);
+        pipe.add_command(sized_cmd(&["PTTL", &keys.lock]));
     }
     pipe
+}
+
+/// A command of `args`, its buffers sized once: the driver's `cmd(..).arg(..)` grows them an
+/// argument at a time, which cost a reallocation or two per argument.
+fn sized_cmd(args: &[&str]) -> redis::Cmd {
+    let bytes = args
+        .iter()
+        .map(|arg| arg.len())
+        .fold(0, usize::saturating_add);
+    let mut cmd = redis::Cmd::with_capacity(args.len(), bytes);
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+/// One node acquire ([`Node::try_lock`]), built once and sent to each node of a round: a round
+/// sends every node the same keys, owner, TTL and counter floor, so the commands are made once,
+/// not once per node.
+#[derive(Debug)]
+pub struct AttemptRequest {
+    ttl_ms: String,
+    floor: String,
+    /// The commands of a counting-every-attempt acquire.
+    pipeline: Option<redis::Pipeline>,
+}
+
+impl AttemptRequest {
+    /// The request of [`Node::try_lock`] with these arguments.
+    pub fn new(
+        keys: &LockKeys,
+        owner: &str,
+        ttl: Duration,
+        floor: u64,
+        counting: Counting,
+    ) -> Self {
+        let ttl_ms = ttl.as_millis().max(1).to_string();
+        let floor = floor.to_string();
+        let pipeline = match counting {
+            Counting::OnGrant => None,
+            Counting::EveryAttempt | Counting::EveryAttemptUntimed => Some(acquire_pipeline(
+                keys,
+                owner,
+                &ttl_ms,
+                &floor,
+                counting == Counting::EveryAttempt,
+            )),
+        };
+        Self {
+            ttl_ms,
+            floor,
+            pipeline,
+        }
+    }
 }
 
 impl NodeAttempt {
@@ -477,25 +527,40 @@ impl Node {
         timeout: Duration,
         counting: Counting,
     ) -> Result<NodeAttempt> {
-        let ttl_ms = ttl.as_millis().max(1).to_string();
-        let floor = floor.to_string();
-        match counting {
-            Counting::OnGrant => {
+        let request = AttemptRequest::new(keys, owner, ttl, floor, counting);
+        self.send_attempt(keys, owner, &request, timeout).await
+    }
+
+    /// [`try_lock`](Self::try_lock) with its request built already (the same for every node
+    /// of a round), for `owner` on `keys`, as the request was built.
+    ///
+    /// # Errors
+    /// As [`try_lock`](Self::try_lock).
+    ///
+    /// # Cancel safety
+    /// As [`try_lock`](Self::try_lock).
+    pub async fn send_attempt(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        request: &AttemptRequest,
+        timeout: Duration,
+    ) -> Result<NodeAttempt> {
+        match &request.pipeline {
+            None => {
                 let reply: Value = self
                     .conn
                     .run_script(
                         timeout,
                         &self.acquire,
                         &[&keys.lock, &keys.fence, &keys.watch],
-                        &[owner, &ttl_ms, &floor, &self.held_by],
+                        &[owner, &request.ttl_ms, &request.floor, &self.held_by],
                     )
                     .await?;
                 NodeAttempt::from_script(&reply)
             }
-            Counting::EveryAttempt | Counting::EveryAttemptUntimed => {
-                let timed = counting == Counting::EveryAttempt;
-                let pipe = acquire_pipeline(keys, owner, &ttl_ms, &floor, timed);
-                let replies: Vec<Value> = self.conn.query(timeout, &pipe).await?;
+            Some(pipe) => {
+                let replies: Vec<Value> = self.conn.query(timeout, pipe).await?;
                 let (attempt, mark) = NodeAttempt::from_pipeline(&replies)?;
                 if let Some(mark) = mark {
                     self.tell_lost_holder(keys, mark, timeout).await;

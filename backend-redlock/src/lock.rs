@@ -14,7 +14,7 @@ use dlock_api::{
     Capabilities, Fencing, FencingToken, Inspection, LockError, LockName, LockOptions, Result,
 };
 use dlock_redis::LockKeys;
-use dlock_redis::node::{Counting, NodeAttempt, NodeView, fence_floor};
+use dlock_redis::node::{AttemptRequest, Counting, NodeAttempt, NodeView, fence_floor};
 use futures::future::join_all;
 use rand::Rng;
 use tokio::time::{Instant, sleep_until};
@@ -244,10 +244,13 @@ impl Redlock {
         let mut taken: Vec<(usize, u64)> = Vec::new();
         let mut busy: Vec<(usize, String, Option<Duration>)> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
+        // The same commands for every node: built once.
+        let request = Arc::new(AttemptRequest::new(keys, &owner, ttl, floor, counting));
         fanout::until_decided(
             &inner.slots,
             |slot| {
                 let (slot, keys, owner) = (slot.clone(), keys.clone(), owner.clone());
+                let request = request.clone();
                 let answered = first
                     .as_ref()
                     .filter(|(index, _)| *index == slot.index)
@@ -257,7 +260,7 @@ impl Redlock {
                         Some(taken) => Ok(taken),
                         None => {
                             slot.get()?
-                                .try_lock(&keys, &owner, ttl, floor, node_timeout, counting)
+                                .send_attempt(&keys, &owner, &request, node_timeout)
                                 .await
                         }
                     }
