@@ -274,7 +274,6 @@ fn acquire_pipeline(
         "PX",
         FENCE_KEEP_MS_ARG,
     ]))
-    .ignore()
     .add_command(sized_cmd(&["INCR", &keys.fence]))
     .add_command(sized_cmd(&["GET", &keys.watch]));
     if timed {
@@ -354,19 +353,24 @@ impl NodeAttempt {
     /// The answer of [`acquire_pipeline`] ([`Counting::EveryAttempt`]), and the watch mark of
     /// the holder whose key it took over, if any.
     fn from_pipeline(replies: &[Value]) -> Result<(Self, Option<&str>)> {
+        // The fence's `SET NX` answers too, unread: a pipeline that drops a reply has the
+        // driver rebuild the vector of replies to drop it.
         match replies {
-            [Value::Nil, Value::Int(token), mark, ..] if *token > 0 => {
+            [Value::Nil, _, Value::Int(token), mark, ..] if *token > 0 => {
                 Ok((Self::taken(*token), text(mark)))
             }
             // The holder the `SET` found, and its lease read right after (`-2`: it released in
             // between; `-1`: a key without TTL, not dlock's).
             [
                 holder @ Value::BulkString(_),
+                _,
                 Value::Int(_),
                 _,
                 Value::Int(pttl),
             ] => Ok((Self::busy(holder, *pttl), None)),
-            [holder @ Value::BulkString(_), Value::Int(_), _] => Ok((Self::busy(holder, -1), None)),
+            [holder @ Value::BulkString(_), _, Value::Int(_), _] => {
+                Ok((Self::busy(holder, -1), None))
+            }
             _ => Err(unexpected_acquire(&replies)),
         }
     }
