@@ -211,3 +211,48 @@ fn spawn_release(
     });
     finished
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LetGo;
+
+    #[test]
+    fn a_late_grant_before_the_key_is_let_go_is_left_to_the_release() {
+        let let_go = LetGo::default();
+        assert!(
+            !let_go.taken_late(1),
+            "its release is still to come, after it"
+        );
+        let_go.let_go();
+        assert!(
+            !let_go.missed(1),
+            "the late grant came before the key was let go"
+        );
+    }
+
+    #[test]
+    fn a_late_grant_and_a_missed_release_meet_whichever_comes_second() {
+        let first = LetGo::default();
+        first.let_go();
+        assert!(!first.taken_late(2), "no release has missed yet");
+        assert!(first.missed(2), "the release missed the key set there");
+
+        let second = LetGo::default();
+        second.let_go();
+        assert!(!second.missed(3), "no late grant there yet");
+        assert!(second.taken_late(3), "the release already missed it");
+    }
+
+    #[test]
+    fn nodes_are_told_apart_and_a_node_past_the_tracked_is_always_undone() {
+        let let_go = LetGo::default();
+        let_go.let_go();
+        assert!(!let_go.missed(0));
+        assert!(
+            !let_go.taken_late(1),
+            "another node's miss is not this one's"
+        );
+        assert!(let_go.taken_late(64), "not tracked: undone");
+        assert!(!let_go.missed(64));
+    }
+}
