@@ -7,7 +7,8 @@
 //! - [`Node::try_lock`]: `SET lock owner NX PX ttl` and, when set, the next per-name fencing
 //!   token (the node's counter plus one); when busy, the holder and its remaining TTL. Whether a
 //!   busy attempt advances the counter too, for less work on the node, is the caller's choice
-//!   ([`Counting`]);
+//!   ([`Counting`]); a round that asks every node the same builds the request once
+//!   ([`AttemptRequest`]) and sends it to each ([`Node::send_attempt`]);
 //! - [`Node::unlock`]: delete the lock only if `owner` holds it; [`Node::release`] does the same
 //!   and announces it on the name's channel;
 //! - [`Node::extend`]: reset the TTL only if `owner` holds it;

@@ -31,7 +31,7 @@ pub(super) async fn bench(
     run: &str,
 ) -> Result<ExitCode, LockError> {
     if let Some(tasks) = args.profile_tasks {
-        return many_tasks(args, side, client, run, tasks).await;
+        return many_tasks(args, (side, tasks), client, run).await;
     }
     let pairs = args.pairs.unwrap_or(u64::MAX);
     floor::limit_pairs(pairs);
@@ -50,9 +50,7 @@ pub(super) async fn bench(
             .await?
         }
         ProfileSide::Floor | ProfileSide::FencedFloor => {
-            let Some(floors) = Floors::for_url(&args.backend.url()?)? else {
-                return Err(LockError::invalid("--profile", "this backend has no floor"));
-            };
+            let floors = floors_of(args)?;
             let measured = match side {
                 ProfileSide::Floor => Some(floors.pairs(duration).await?),
                 _ => floors.fenced_pairs(duration).await?,
@@ -76,10 +74,9 @@ pub(super) async fn bench(
 /// system calls, whose number over the pairs printed is one pair's).
 async fn many_tasks(
     args: &BenchArgs,
-    side: ProfileSide,
+    (side, tasks): (ProfileSide, usize),
     client: &Arc<dyn DistributedLock>,
     run: &str,
-    tasks: usize,
 ) -> Result<ExitCode, LockError> {
     let run: Throughput = match side {
         ProfileSide::Dlock => {
@@ -94,9 +91,7 @@ async fn many_tasks(
             floor::many(pairs, tasks, args.duration).await?
         }
         ProfileSide::Floor | ProfileSide::FencedFloor => {
-            let Some(floors) = Floors::for_url(&args.backend.url()?)? else {
-                return Err(LockError::invalid("--profile", "this backend has no floor"));
-            };
+            let floors = floors_of(args)?;
             let run = match side {
                 ProfileSide::Floor => Some(floors.parallel(tasks, args.duration).await?),
                 _ => floors.fenced_parallel(tasks, args.duration).await?,
@@ -112,4 +107,10 @@ async fn many_tasks(
         run.cost.switches_per(run.pairs)
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The backend's floors, for a profile of a floor's side.
+fn floors_of(args: &BenchArgs) -> Result<Floors, LockError> {
+    Floors::for_url(&args.backend.url()?)?
+        .ok_or_else(|| LockError::invalid("--profile", "this backend has no floor"))
 }
