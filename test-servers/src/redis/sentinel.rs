@@ -137,7 +137,12 @@ impl RedisSentinel {
     }
 
     /// Asks a Sentinel to fail over now (`SENTINEL FAILOVER`), retrying while it refuses (no good replica yet),
-    /// and waits until all Sentinels report a new primary that acts as one. Returns the new primary's address.
+    /// and waits until all Sentinels report a new primary that acts as one and the old primary has become its
+    /// replica. Returns the new primary's address.
+    ///
+    /// Until the old primary is turned into a replica it still takes writes, which the resync from the new
+    /// primary then discards: a test that wrote there in that window would see its key vanish. Returning only
+    /// once it follows leaves no such window after this call.
     ///
     /// # Errors
     /// [`ServerError::Io`] when the failover does not complete within 60 s.
@@ -160,7 +165,18 @@ impl RedisSentinel {
                 _ => thread::sleep(Duration::from_millis(200)),
             }
         }
-        self.wait_for_new_primary(old, deadline.saturating_duration_since(Instant::now()))
+        let new =
+            self.wait_for_new_primary(old, deadline.saturating_duration_since(Instant::now()))?;
+        wait_for(
+            SENTINEL_KIND,
+            "the old primary to follow the new one",
+            deadline.saturating_duration_since(Instant::now()),
+            || {
+                let role = redis_command(old, &["ROLE"]).ok()?;
+                (role.items().first()?.as_text()? == "slave").then_some(())
+            },
+        )?;
+        Ok(new)
     }
 
     /// Kills (SIGKILL) the server the Sentinels report as primary, and waits until they have promoted another
