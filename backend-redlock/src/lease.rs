@@ -147,7 +147,10 @@ impl RawLease for RedlockLease {
             let (inner, keys, owner) = (self.inner.clone(), self.keys.clone(), self.owner.clone());
             let let_go = self.let_go.clone();
             move |slot: &Arc<crate::nodes::Slot>, reply: &Result<bool>| match reply {
-                Ok(deleted) => release_answered(&inner, slot, (&keys, &owner), &let_go, *deleted),
+                Ok(deleted) => {
+                    let budget = inner.config.command_timeout;
+                    release_answered(budget, slot, (&keys, &owner), &let_go, *deleted);
+                }
                 Err(_) => {
                     let key = (keys.clone(), owner.clone());
                     release_on(&inner, slot.clone(), key, Some(let_go.clone()));

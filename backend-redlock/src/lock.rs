@@ -190,7 +190,8 @@ impl Redlock {
         // Any node may have set our key, even one whose answer was lost or late: a dropped
         // round releases on every node.
         // Set once the round's keys are let go (the round failed, the acquire was dropped, the
-        // guard released): an answer still out that set a key after that undoes it.
+        // guard released): an answer still out that set a key after that undoes it where a
+        // release missed it (`LetGo`).
         let let_go = Arc::new(LetGo::default());
         let pending = {
             let (inner, keys, owner, let_go) =

@@ -83,24 +83,8 @@ fn node_bit(index: usize) -> Option<u64> {
 
 /// What a release of one round's key on a node learnt: `deleted` it or not (`false` also when
 /// the node never answered). Where it did not and a late answer set the key there, releases it
-/// once more (untracked: that release follows the answer, so it finds the key).
+/// once more within `budget` (untracked: that release follows the answer, so it finds the key).
 pub(crate) fn release_answered(
-    inner: &Inner,
-    slot: &Arc<Slot>,
-    (keys, owner): (&Arc<LockKeys>, &Arc<str>),
-    let_go: &LetGo,
-    deleted: bool,
-) {
-    undo_where_missed(
-        inner.config.command_timeout,
-        slot,
-        (keys, owner),
-        let_go,
-        deleted,
-    );
-}
-
-fn undo_where_missed(
     budget: Duration,
     slot: &Arc<Slot>,
     (keys, owner): (&Arc<LockKeys>, &Arc<str>),
@@ -187,7 +171,7 @@ fn spawn_release(
         let _over = over;
         let answered = |deleted: bool| {
             if let Some(let_go) = &let_go {
-                undo_where_missed(budget, &slot, (&keys, &owner), let_go, deleted);
+                release_answered(budget, &slot, (&keys, &owner), let_go, deleted);
             }
         };
         let until = after(Instant::now(), budget);
