@@ -268,6 +268,7 @@ impl RawLock for EtcdLock {
             inspect: true,
             takeover_signal: true,
             max_permits: MAX_PERMITS,
+            one_limit_per_name: true,
             elections: true,
             reader_writer: true,
             ..Capabilities::TTL_LEASE

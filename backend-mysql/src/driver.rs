@@ -21,7 +21,10 @@ use crate::sql::{
 };
 use crate::tls;
 
+mod permits;
 mod set;
+
+pub(crate) use permits::{COUNT_PERMITS, MAX_PERMITS, SLOT_WAIT, SUFFIX_CHARS, semaphore_key};
 
 impl MySqlConfig {
     /// The sqlx connect options of every connection dlock opens: the server (or its socket), the user, TLS as
@@ -70,6 +73,8 @@ pub(crate) struct MySqlDriver {
     last_sweep: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// The leaders table's statements; `None` with fencing off (elections need terms).
     leaders: Option<LeaderSql>,
+    /// The semaphores' statements, built once per number of permits.
+    permit_sql: permits::PermitSql,
 }
 
 impl MySqlDriver {
@@ -82,6 +87,7 @@ impl MySqlDriver {
             config,
             fence: OnceLock::new(),
             last_sweep: std::sync::Mutex::new(None),
+            permit_sql: permits::PermitSql::default(),
         })
     }
 
@@ -302,6 +308,46 @@ impl SessionDriver for MySqlDriver {
             }
         }
         Ok(released)
+    }
+
+    /// Every slot of the semaphore `key` tried in one statement, from a random one round.
+    async fn try_permit(
+        &self,
+        conn: &mut MySqlConnection,
+        _name: &LockName,
+        key: &Arc<str>,
+        permits: u32,
+    ) -> Result<Option<(u64, u32)>, DriverError> {
+        self.attempt_permit(conn, key, permits, None).await
+    }
+
+    /// Every slot tried, then a wait on one of them for at most [`SLOT_WAIT`]: the server
+    /// wakes a waiter for its own slot only, so the pool asks again (a fresh scan) after that.
+    async fn wait_permit(
+        &self,
+        conn: &mut MySqlConnection,
+        _name: &LockName,
+        key: &Arc<str>,
+        permits: u32,
+        wait: Duration,
+    ) -> Result<Waited, DriverError> {
+        let granted = self
+            .attempt_permit(conn, key, permits, Some(wait.min(SLOT_WAIT)))
+            .await?;
+        Ok(match granted {
+            Some((token, slot)) => Waited::GrantedSlot(token, slot),
+            None => Waited::NotGranted,
+        })
+    }
+
+    async fn unlock_permit(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Arc<str>,
+        permits: u32,
+        slot: Option<u32>,
+    ) -> Result<bool, DriverError> {
+        self.release_permit(conn, key, permits, slot).await
     }
 
     async fn proclaim(

@@ -6,7 +6,10 @@ use sqlx::Row;
 use sqlx::mysql::MySqlConnection;
 use tokio::sync::Mutex;
 
-use crate::driver::MySqlDriver;
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::driver::{COUNT_PERMITS, MySqlDriver};
 use crate::error::{error_number, map_err, timed_out};
 use crate::sql::Fence;
 
@@ -30,12 +33,51 @@ pub(crate) struct Inspector {
     conn: Mutex<Option<MySqlConnection>>,
 }
 
+/// What one question on the kept connection runs.
+type Question<'c, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'c>>;
+
 impl Inspector {
     /// What the server says about `key`.
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads; a dropped call closes the connection it was using.
     pub(crate) async fn inspect(&self, driver: &MySqlDriver, key: &str) -> Result<Inspection> {
+        // A sequence's tokens are not kept per key: the holder's is not known.
+        let fenced = (driver.fence() == Fence::Row).then(|| driver.config.quoted_table());
+        self.ask(driver, |conn| {
+            let (key, fenced) = (key.to_owned(), fenced.clone());
+            Box::pin(async move { read(conn, &key, fenced.as_deref()).await })
+        })
+        .await
+    }
+
+    /// The permits held now of every semaphore of the name whose semaphore key is `base`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads; a dropped call closes the connection it was using.
+    pub(crate) async fn count_permits(&self, driver: &MySqlDriver, base: &str) -> Result<u32> {
+        self.ask(driver, |conn| {
+            let base = base.to_owned();
+            Box::pin(async move {
+                let count: i64 = sqlx::query(COUNT_PERMITS)
+                    .bind(base)
+                    .fetch_one(conn)
+                    .await
+                    .and_then(|row| row.try_get(0))
+                    .map_err(map_err)?;
+                Ok(u32::try_from(count).unwrap_or(u32::MAX))
+            })
+        })
+        .await
+    }
+
+    /// Runs `question` on the kept connection (opened on first use), within the command
+    /// timeout.
+    async fn ask<T>(
+        &self,
+        driver: &MySqlDriver,
+        question: impl for<'c> Fn(&'c mut MySqlConnection) -> Question<'c, T>,
+    ) -> Result<T> {
         let mut slot = self.conn.lock().await;
         let kept = slot.take();
         let reused = kept.is_some();
@@ -44,22 +86,19 @@ impl Inspector {
             None => driver.open().await?.0,
         };
         let within = driver.config.command_timeout;
-        // A sequence's tokens are not kept per key: the holder's is not known.
-        let fenced = (driver.fence() == Fence::Row).then(|| driver.config.quoted_table());
-        let answer =
-            match tokio::time::timeout(within, read(&mut conn, key, fenced.as_deref())).await {
-                Err(_) => return Err(timed_out(within)),
-                // A kept connection the server has closed since (a restart, a `KILL`) fails its next
-                // statement at once: ask on a new one rather than fail one inspection after a
-                // restart for a connection nobody uses any more.
-                Ok(Err(LockError::Unavailable { .. })) if reused => {
-                    conn = driver.open().await?.0;
-                    tokio::time::timeout(within, read(&mut conn, key, fenced.as_deref()))
-                        .await
-                        .map_err(|_| timed_out(within))??
-                }
-                Ok(answer) => answer?,
-            };
+        let answer = match tokio::time::timeout(within, question(&mut conn)).await {
+            Err(_) => return Err(timed_out(within)),
+            // A kept connection the server has closed since (a restart, a `KILL`) fails its next
+            // statement at once: ask on a new one rather than fail one inspection after a
+            // restart for a connection nobody uses any more.
+            Ok(Err(LockError::Unavailable { .. })) if reused => {
+                conn = driver.open().await?.0;
+                tokio::time::timeout(within, question(&mut conn))
+                    .await
+                    .map_err(|_| timed_out(within))??
+            }
+            Ok(answer) => answer?,
+        };
         *slot = Some(conn);
         Ok(answer)
     }

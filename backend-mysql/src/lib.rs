@@ -62,6 +62,38 @@
 //!   instrument the waiters are unknown. There is no remaining lease: the connection is the
 //!   lease. One connection is kept for it, opened on first use.
 //!
+//! ## Semaphores
+//! [`acquire_permit`](dlock_api::DistributedLock::acquire_permit) of a name with `N` permits
+//! (2 ≤ `N` ≤ 64; one permit is the name's lock) takes one of `N` **slot locks**, `GET_LOCK`s
+//! named `KEY N/0` to `KEY N/(N-1)`, where `KEY` is the name's key (mapped to 58 characters
+//! rather than 64, so that every slot's name fits the server's limit). At most `N` hold at
+//! once because there are `N` slots; a permit is held by its connection exactly as a lock is,
+//! so what ends it is its release (`RELEASE_LOCK` of its slot, on its own connection: a second
+//! release finds nothing and adds nothing) or the connection's end, which fires
+//! `lost(SessionClosed)` as for a lock. The client puts at most one permit of a semaphore on
+//! each of its connections, so one client holds at most `max_connections` permits of it.
+//! - **An attempt is one statement**: a `CASE` whose branches try each slot's
+//!   `GET_LOCK(slot, 0)` from a random slot round and stop at the first granted, so one slot at
+//!   most is taken; on MariaDB's fencing sequence the same branch draws the token after the
+//!   grant. On the counter table (MySQL, `fencing=table`) the semaphore's row `KEY N` gives the
+//!   token, in a second statement after the grant.
+//! - **Waiting** is that statement with one more branch, `GET_LOCK` of its first slot for up
+//!   to 100 ms: the server wakes the waiter when that slot is released, and a release of
+//!   another slot reaches it when it tries every slot again, within 100 ms. As for locks, a
+//!   client sends one waiter per semaphore to the server and queues the others.
+//! - **The number is part of the semaphore.** `GET_LOCK` has no shared mode, so nothing that
+//!   every holder of a semaphore holds can stand for the name, keep its limit, or keep its
+//!   lock out (Postgres' shared advisory locks do): that would take a check of every slot in
+//!   every lock's statement, a cost every lock would pay. So here `("backups", 3)`,
+//!   `("backups", 4)` and the lock `"backups"` are three semaphores that do not see each other,
+//!   each keeping its own limit ([`Capabilities::one_limit_per_name`] is false). Give a name one
+//!   number everywhere; `dlock run --permits N` takes it from its command line.
+//! - [`count_permits`](dlock_api::DistributedLock::count_permits) counts the used slots of every
+//!   number of the name (`IS_USED_LOCK` of each, in one statement on the inspection's
+//!   connection).
+//!
+//! [`Capabilities::one_limit_per_name`]: dlock_api::Capabilities::one_limit_per_name
+//!
 //! ## URLs
 //! `mysql://[user[:password]@]host[:port]/database[?option=value…]`; `mariadb://` is the same.
 //! The database holds the fencing sequence or table. Options (see [`MySqlConfig`]): `connect_timeout`,

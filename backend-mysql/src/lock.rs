@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::BACKEND;
 use crate::config::MySqlConfig;
-use crate::driver::MySqlDriver;
+use crate::driver::{MAX_PERMITS, MySqlDriver, SUFFIX_CHARS, semaphore_key};
 use crate::inspect::Inspector;
 
 /// The server's limit on lock names, in characters.
@@ -34,6 +34,8 @@ fn key_char(c: char) -> bool {
 pub struct MySqlLock {
     pool: SessionPool<MySqlDriver>,
     keys: Arc<KeyMapper>,
+    /// Names as semaphores' keys: shorter than a lock's by the slot suffix.
+    semaphore_keys: Arc<KeyMapper>,
     inspector: Arc<Inspector>,
 }
 
@@ -48,7 +50,11 @@ impl MySqlLock {
     /// Cancel safe: dropping it leaves nothing behind.
     pub async fn connect(config: MySqlConfig) -> Result<Self> {
         config.check()?;
-        let keys = KeyMapper::new(MAX_KEY_CHARS.saturating_sub(config.prefix.len()))
+        let budget = MAX_KEY_CHARS.saturating_sub(config.prefix.len());
+        let keys = KeyMapper::new(budget)
+            .case_insensitive()
+            .with_allowed(key_char);
+        let semaphore_keys = KeyMapper::new(budget.saturating_sub(SUFFIX_CHARS))
             .case_insensitive()
             .with_allowed(key_char);
         let driver = MySqlDriver::new(config)?;
@@ -59,6 +65,7 @@ impl MySqlLock {
         Ok(Self {
             pool,
             keys: Arc::new(keys),
+            semaphore_keys: Arc::new(semaphore_keys),
             inspector: Arc::default(),
         })
     }
@@ -82,6 +89,22 @@ impl MySqlLock {
 
     fn raw_key(&self, name: &LockName) -> Arc<str> {
         format!("{}{}", self.config().prefix, self.keys.map(name)).into()
+    }
+
+    /// The key of `name` as a semaphore's, before its number (`<key> <N>` is the semaphore of
+    /// `N` permits, `<key> <N>/<i>` its slot `i`): a lock's key mapped to six characters fewer.
+    fn semaphore_base(&self, name: &LockName) -> String {
+        format!("{}{}", self.config().prefix, self.semaphore_keys.map(name))
+    }
+
+    /// The pool's key for one of `limit` places of `name`: the lock's key for one, the
+    /// semaphore's otherwise.
+    fn claim_key(&self, name: &LockName, limit: u32) -> Arc<str> {
+        if limit > 1 {
+            semaphore_key(&self.semaphore_base(name), limit)
+        } else {
+            self.raw_key(name)
+        }
     }
 
     /// The `GET_LOCK` key of `name`: the configured prefix, then the name itself when it is at
@@ -151,6 +174,7 @@ impl RawLock for MySqlLock {
             takeover_signal: true,
             // A term is a fencing token: without fencing there is none.
             elections: self.config().fencing,
+            max_permits: MAX_PERMITS,
             ..Capabilities::SESSION_LEASE
         }
     }
@@ -176,14 +200,25 @@ impl RawLock for MySqlLock {
         Ok(self.pool.observe_leader(name, &self.raw_key(name)))
     }
 
-    /// `limit` is always 1: this backend has no semaphores (see the crate docs).
+    /// Every used slot of every semaphore the name can have (its numbers 2 to 64), in one
+    /// statement on the inspection's connection.
+    async fn count_permits(&self, name: &LockName) -> Result<u32> {
+        self.inspector
+            .count_permits(self.pool.driver(), &self.semaphore_base(name))
+            .await
+    }
+
+    /// A lock's `GET_LOCK`, or for several places one of the semaphore's slot locks (see the
+    /// crate docs, *Semaphores*).
     async fn try_grant(
         &self,
         name: &LockName,
         limit: u32,
         _options: &LockOptions,
     ) -> Result<Option<Grant>> {
-        self.pool.try_grant(name, &self.raw_key(name), limit).await
+        self.pool
+            .try_grant(name, &self.claim_key(name, limit), limit)
+            .await
     }
 
     /// Every name's `GET_LOCK` on one pooled connection, in one statement where the fence
@@ -205,7 +240,7 @@ impl RawLock for MySqlLock {
         deadline: Option<Instant>,
     ) -> Result<Option<Grant>> {
         self.pool
-            .wait_grant(name, &self.raw_key(name), limit, options, deadline)
+            .wait_grant(name, &self.claim_key(name, limit), limit, options, deadline)
             .await
     }
 }

@@ -11,7 +11,7 @@ use crate::config::MySqlConfig;
 use crate::error::error_number;
 
 /// Where this client's fencing tokens come from, decided by the server it meets first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Fence {
     /// `fencing=false`: plain `GET_LOCK`, every token 0.
     Off,
@@ -70,6 +70,9 @@ pub(crate) struct Sql {
     release: &'static str,
     /// The fencing table.
     create: String,
+    /// The next token of a key's counter row, alone (a permit's, after its slot's grant).
+    /// Parameter: the key.
+    next_token: String,
     /// Deletes up to [`SWEEP_ROWS`] counter rows whose token is older than the server's clock by
     /// more than [`FENCE_RETENTION`]. Parameter: that retention in µs.
     sweep: String,
@@ -85,7 +88,7 @@ pub(crate) const FENCE_RETENTION: Duration = Duration::from_secs(600);
 /// Rows one sweep deletes at most, so that it locks few rows, briefly.
 pub(crate) const SWEEP_ROWS: u32 = 1000;
 
-const NOW_MICROS: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED)";
+pub(crate) const NOW_MICROS: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED)";
 
 /// What a new connection asks first: its id, the server's version and clock (µs).
 pub(crate) const HELLO: &str = "SELECT CAST(CONNECTION_ID() AS SIGNED), VERSION(), \
@@ -105,6 +108,10 @@ impl Sql {
             sequence,
             acquire_plain: "SELECT GET_LOCK(?, ?)",
             release: "SELECT RELEASE_LOCK(?)",
+            next_token: format!(
+                "INSERT INTO {table} (name, token) VALUES (?, LAST_INSERT_ID({NOW_MICROS})) \
+                 ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(token + 1, {NOW_MICROS}))"
+            ),
             sweep: format!("DELETE FROM {table} WHERE token < {NOW_MICROS} - ? LIMIT {SWEEP_ROWS}"),
             create: format!(
                 "CREATE TABLE IF NOT EXISTS {table} (\
@@ -126,6 +133,21 @@ impl Sql {
             Fence::Row => return None,
         };
         Some(format!("SELECT {}", vec![one; count].join(", ")))
+    }
+
+    /// The fencing sequence, quoted.
+    pub(crate) fn sequence(&self) -> &str {
+        &self.sequence
+    }
+
+    /// See the field.
+    pub(crate) fn next_token(&self) -> &str {
+        &self.next_token
+    }
+
+    /// The fencing table's `CREATE TABLE IF NOT EXISTS`.
+    pub(crate) fn create_table(&self) -> &str {
+        &self.create
     }
 
     /// `RELEASE_LOCK` of `count` keys (each a `?`) in one statement.

@@ -26,8 +26,9 @@ mod claims;
 mod room;
 mod set;
 
+use claims::int_key;
 pub(crate) use claims::slot_keys;
-use claims::{int_key, random_below};
+use dlock_api::raw::random_below;
 use room::FirstInLine;
 
 /// The most permits a semaphore has here. Each permit attempt carries every slot's key and

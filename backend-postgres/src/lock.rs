@@ -221,6 +221,7 @@ impl RawLock for PostgresLock {
             takeover_signal: true,
             // See `MAX_PERMITS` for why so few.
             max_permits: MAX_PERMITS,
+            one_limit_per_name: true,
             // A term is a fencing token: without fencing there is none.
             elections: self.config().fencing,
             // Shared advisory locks on the name's key; see the crate docs.

@@ -595,6 +595,7 @@ impl RawLock for RedisLock {
             inspect: true,
             takeover_signal: true,
             max_permits: permits::MAX_PERMITS,
+            one_limit_per_name: true,
             elections: true,
             reader_writer: true,
             ..Capabilities::TTL_LEASE

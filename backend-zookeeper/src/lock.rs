@@ -368,6 +368,7 @@ impl RawLock for ZkLock {
             inspect: true,
             takeover_signal: true,
             max_permits: MAX_PERMITS,
+            one_limit_per_name: true,
             elections: true,
             reader_writer: true,
             ..Capabilities::SESSION_LEASE

@@ -69,6 +69,9 @@ pub struct Needs {
     pub takeover_signal: bool,
     /// Semaphores ([`Capabilities::max_permits`]) of at least 3 permits.
     pub semaphore: bool,
+    /// One limit per name kept by the server ([`Capabilities::one_limit_per_name`]): a lock
+    /// on a semaphore's name is refused.
+    pub one_limit_per_name: bool,
     /// Leader election ([`Capabilities::elections`]).
     pub election: bool,
     /// Reader-writer locks ([`Capabilities::reader_writer`]).
@@ -115,6 +118,9 @@ impl Needs {
         }
         if self.semaphore && caps.max_permits < 3 {
             return Some("backend has no semaphores (max_permits)");
+        }
+        if self.one_limit_per_name && !caps.one_limit_per_name {
+            return Some("backend's semaphores are their name and number, apart from its locks");
         }
         if self.extend && !caps.extend {
             return Some("backend cannot extend leases");

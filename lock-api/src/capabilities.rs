@@ -66,6 +66,13 @@ pub struct Capabilities {
     /// ([`DistributedLock::acquire_permit`](crate::DistributedLock::acquire_permit)); `0` where
     /// it has no semaphores.
     pub max_permits: u32,
+    /// The server keeps one limit per name: while a name is held, an acquire with another
+    /// number of permits (a lock being a semaphore of one) is refused with
+    /// [`LockError::InvalidArgument`] naming both numbers. Where it is `false` (MySQL, whose
+    /// named locks have no shared mode to keep a limit in), a semaphore is its name **and** its
+    /// number: `("backups", 3)`, `("backups", 4)` and the lock `"backups"` are three separate
+    /// things that do not see each other, each keeping its own limit.
+    pub one_limit_per_name: bool,
     /// Leader election ([`DistributedLock::campaign`](crate::DistributedLock::campaign),
     /// [`leader`](crate::DistributedLock::leader), [`observe`](crate::DistributedLock::observe)).
     pub elections: bool,
@@ -117,6 +124,7 @@ impl Capabilities {
         min_ttl: None,
         expiry_lag: Duration::ZERO,
         max_permits: 0,
+        one_limit_per_name: false,
         elections: false,
         reader_writer: false,
     };

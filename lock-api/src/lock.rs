@@ -114,11 +114,15 @@ pub trait DistributedLock: Debug + Display + Send + Sync + 'static {
     ///
     /// While a name is in use, every client must ask for the same number of permits: another
     /// number is refused, naming both. A name held as a lock is a semaphore of one permit.
+    /// A backend whose server cannot keep a limit with a name
+    /// ([`Capabilities::one_limit_per_name`] false: MySQL) takes the number as part of the
+    /// semaphore's identity instead: other numbers, and the name's lock, are other semaphores.
     ///
     /// # Behavior
     /// - At most `permits` guards hold the name at once (`semaphore::at_most_n_hold_at_once`);
     ///   the next gets `Ok(None)` (`semaphore::try_beyond_the_limit_returns_none`).
-    /// - Releasing a permit twice adds nothing (`semaphore::double_release_adds_nothing`).
+    /// - Releasing a permit that already ended adds nothing
+    ///   (`semaphore::stale_release_adds_nothing`).
     /// - Bad numbers are refused before any network call (`semaphore::bad_limits_refused`).
     ///
     /// # Errors

@@ -11,6 +11,7 @@ mod errors;
 mod faults;
 mod fencing;
 mod inspect;
+mod semaphore;
 mod server_behaviour;
 mod sets;
 mod tls;

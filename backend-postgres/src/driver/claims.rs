@@ -130,14 +130,3 @@ pub(crate) fn slot_keys(k: i64, permits: u32, first: u32) -> Vec<i64> {
         .map(|i| slot_key(k, i.saturating_add(first).checked_rem(permits).unwrap_or(0)))
         .collect()
 }
-
-/// A number in `0..n` that differs from call to call, so that attempts spread over the slots.
-pub(super) fn random_below(n: u32) -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static CALLS: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
-    let bits = u32::try_from(hasher.finish() >> 32).unwrap_or(0);
-    bits.checked_rem(n).unwrap_or(0)
-}

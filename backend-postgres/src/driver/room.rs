@@ -21,11 +21,12 @@ use sqlx::postgres::PgConnection;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::{PgDriver, failure, int_key, random_below, unlock_retrying};
+use super::{PgDriver, failure, int_key, unlock_retrying};
 use crate::error::{LOCK_NOT_AVAILABLE, QUERY_CANCELED, sqlstate};
 use crate::key::{RawKey, room_key};
 use crate::listen::permit_channel;
 use crate::sql;
+use dlock_api::raw::random_below;
 
 /// How long the first waiter in line waits for a notification before it tries the slots
 /// again: a slot whose holder's session ended is freed without one.

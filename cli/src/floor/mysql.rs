@@ -14,7 +14,14 @@ use sqlx::{Connection, Executor};
 use tokio::time::timeout;
 
 use crate::contend::{Contender, contend};
-use crate::floor::{FreeList, Measured, Ops, Pairs, Protocol, Throughput, WarmUp, many, sample};
+use crate::floor::{
+    FreeList, Measured, Ops, Pairs, Protocol, Throughput, WarmUp, contend_for_last_permit, many,
+    sample,
+};
+
+mod permits;
+
+use permits::{PermitContender, Slots};
 
 const BACKEND: &str = "mysql";
 
@@ -361,6 +368,68 @@ impl Protocol for MySql {
         }
         let (samples, _) = contend(contenders, duration, hold).await?;
         Ok(samples)
+    }
+
+    /// On one connection held throughout: a slot of `permits` taken from a random one round
+    /// with its token, and let go; one permit is the fenced lock's pair.
+    async fn permit_pairs(&self, permits: u32, duration: Duration) -> Result<Option<Measured>> {
+        if permits == 1 {
+            return self.fenced_pairs(duration).await;
+        }
+        self.with_counter(async |fenced| {
+            let within = self.config.command_timeout;
+            let mut conn = self.connect().await?;
+            let slots = Slots::new(permits, fenced);
+            let warm_up = WarmUp::For(Duration::from_millis(300).min(duration));
+            let measured = sample(warm_up, duration, async || {
+                let slot = slots
+                    .take(&mut conn, slots.random(), None, within)
+                    .await?
+                    .ok_or_else(|| {
+                        LockError::unexpected(BACKEND, "the floor's random slots were all taken")
+                    })?;
+                slots.release(&mut conn, slot, within).await
+            })
+            .await;
+            let _ = timeout(within, conn.close()).await;
+            measured
+        })
+        .await
+    }
+
+    /// `permits - 1` slots held by one more connection throughout; `waiters` connections
+    /// contend for the last one.
+    async fn permit_handoffs(
+        &self,
+        permits: u32,
+        duration: Duration,
+        (waiters, hold): (usize, Duration),
+    ) -> Result<Option<Vec<Duration>>> {
+        self.with_counter(async |fenced| {
+            let within = self.config.command_timeout;
+            let mut parked = self.connect().await?;
+            let slots = Arc::new(Slots::new(permits, fenced));
+            // Slot i from slot i round: a connection's second `GET_LOCK` of a slot it holds
+            // would stack rather than move on.
+            for i in 0..usize::try_from(permits.saturating_sub(1)).unwrap_or(0) {
+                if slots.take(&mut parked, i, None, within).await? != Some(i) {
+                    return Err(LockError::unexpected(BACKEND, "a parked slot was taken"));
+                }
+            }
+            let samples = contend_for_last_permit(waiters, duration, hold, async || {
+                Ok(PermitContender {
+                    conn: self.connect().await?,
+                    slots: slots.clone(),
+                    held: None,
+                    within,
+                })
+            })
+            .await;
+            // Closing the connection lets the parked slots go.
+            let _ = timeout(within, parked.close()).await;
+            samples
+        })
+        .await
     }
 
     /// A pool as large as dlock's own (`max_connections`), shared by the tasks: the least a

@@ -24,3 +24,19 @@ fn bench_measures_every_raw_floor_of_mysql() {
         .unwrap();
     assert!(left.trim().is_empty(), "left behind: {left}");
 }
+
+/// `dlock bench --permits 1,3`: each number of permits measured against the raw floor of one of
+/// N slot locks with its token. A waiter blocks on one slot and tries them all every 100 ms;
+/// the floor's sequences are dropped.
+#[test]
+fn bench_measures_semaphores_against_their_raw_floor() {
+    let server = MariaDb::start().unwrap_or_else(|e| panic!("{e}"));
+    common::assert_permits_measured_against_their_floor(&server.url(), "1s");
+    let left = server
+        .query(
+            "SELECT table_name FROM information_schema.tables \
+             WHERE table_name LIKE 'dlock\\_fence\\_floor%'",
+        )
+        .unwrap();
+    assert!(left.trim().is_empty(), "left behind: {left}");
+}

@@ -40,6 +40,7 @@ const NONE: Needs = Needs {
     lost_signal: false,
     takeover_signal: false,
     semaphore: false,
+    one_limit_per_name: false,
     election: false,
     reader_writer: false,
 };
@@ -163,6 +164,10 @@ const SESSION: Needs = Needs {
 const SEMAPHORE: Needs = Needs {
     semaphore: true,
     ..NONE
+};
+const SEMAPHORE_ONE_LIMIT: Needs = Needs {
+    one_limit_per_name: true,
+    ..SEMAPHORE
 };
 const SEMAPHORE_FENCED: Needs = Needs {
     fencing: true,
@@ -453,7 +458,10 @@ static CASES: &[Case] = &[
     case!(multi::duplicates_taken_once_and_empty_refused, NONE),
     case!(multi::lost_member_loses_the_set, KILL_HOLDER),
     case!(multi::failed_member_release_frees_the_rest, KILL_HOLDER),
-    case!(multi::refused_member_frees_the_taken_ones, SEMAPHORE),
+    case!(
+        multi::refused_member_frees_the_taken_ones,
+        SEMAPHORE_ONE_LIMIT
+    ),
     case!(multi::members_taken_together_are_single_locks, FENCED),
     case!(names::unicode_names_work, NONE),
     case!(names::names_are_case_sensitive, NONE),

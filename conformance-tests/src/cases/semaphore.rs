@@ -253,7 +253,9 @@ pub async fn tokens_rise(ctx: Ctx) -> CaseResult {
 
 /// No permits, more than the backend keeps, or another number than the name is in use with
 /// (a lock being a semaphore of one): refused with `InvalidArgument` before any network call,
-/// and nothing taken.
+/// and nothing taken. Where the server keeps no limit per name
+/// (`Capabilities::one_limit_per_name` false), another number and the name's lock are other
+/// semaphores, as documented: granted beside the permit, each keeping its own count.
 pub async fn bad_limits_refused(ctx: Ctx) -> CaseResult {
     let a = ctx.client().await?;
     let name = ctx.name("sem");
@@ -275,8 +277,28 @@ pub async fn bad_limits_refused(ctx: Ctx) -> CaseResult {
         .try_acquire_permit(&name, PERMITS, &opts)
         .await?
         .ok_or_else(|| Failure("a free permit was refused".into()))?;
+    if a.capabilities().one_limit_per_name {
+        other_limits_refused(a.as_ref(), &name, &opts).await?;
+    } else {
+        other_limits_apart(a.as_ref(), &name, &opts).await?;
+    }
+    held.release().await?;
+    let count = a.count_permits(&name).await?;
+    ensure!(
+        count == 0,
+        "count says {count} after the only permit went back"
+    );
+    Ok(())
+}
+
+/// Another number, and a lock, on a name held with [`PERMITS`]: refused, naming both numbers.
+async fn other_limits_refused(
+    a: &dyn dlock_api::DistributedLock,
+    name: &dlock_api::LockName,
+    opts: &LockOptions,
+) -> CaseResult {
     let more = PERMITS.saturating_add(1);
-    let other = a.try_acquire_permit(&name, more, &opts).await;
+    let other = a.try_acquire_permit(name, more, opts).await;
     match &other {
         Err(LockError::InvalidArgument { reason, .. })
             if reason.contains(&PERMITS.to_string()) && reason.contains(&more.to_string()) => {}
@@ -287,17 +309,38 @@ pub async fn bad_limits_refused(ctx: Ctx) -> CaseResult {
             )));
         }
     }
-    let as_lock = a.try_acquire(&name, &opts).await;
+    let as_lock = a.try_acquire(name, opts).await;
     ensure!(
         matches!(as_lock, Err(LockError::InvalidArgument { .. })),
         "a lock on a name in use as a semaphore of {PERMITS} answered {as_lock:?}"
     );
-    held.release().await?;
-    let count = a.count_permits(&name).await?;
+    Ok(())
+}
+
+/// Another number, and a lock, on a name held with [`PERMITS`], where a semaphore is its name
+/// and its number: each is granted as a semaphore of its own, and the count of the name is the
+/// sum of its semaphores' permits.
+async fn other_limits_apart(
+    a: &dyn dlock_api::DistributedLock,
+    name: &dlock_api::LockName,
+    opts: &LockOptions,
+) -> CaseResult {
+    let more = PERMITS.saturating_add(1);
+    let other = a
+        .try_acquire_permit(name, more, opts)
+        .await?
+        .ok_or_else(|| Failure(format!("{more} permits, a semaphore of its own, refused")))?;
+    let as_lock = a
+        .try_acquire(name, opts)
+        .await?
+        .ok_or_else(|| Failure("the name's lock, apart from its semaphores, refused".into()))?;
+    let count = a.count_permits(name).await?;
     ensure!(
-        count == 0,
-        "count says {count} after the only permit went back"
+        count == 2,
+        "count says {count} with one permit of {PERMITS} and one of {more} held"
     );
+    as_lock.release().await?;
+    other.release().await?;
     Ok(())
 }
 

@@ -273,6 +273,7 @@ impl RawLock for MemoryLock {
             inspect: true,
             takeover_signal: true,
             max_permits: MAX_PERMITS,
+            one_limit_per_name: true,
             elections: true,
             reader_writer: true,
             ..Capabilities::TTL_LEASE

@@ -159,7 +159,7 @@ pub use held_watch::{HeldCheck, HeldWatchTiming, start_watch_after, watch_held};
 pub use holdings::Holdings;
 pub use lease::{RawLease, RenewBatch, RenewedBy, batch_answers, batch_groups, spawn_release};
 pub use local_queue::{LocalQueue, Turn};
-pub use owner::random_owner;
+pub use owner::{random_below, random_owner};
 pub use pending::PendingAcquire;
 pub use pool::{
     DriverError, PoolConfig, SessionDriver, SessionPool, TriedAll, Waited, try_lock_each,

@@ -16,6 +16,15 @@ pub fn random_owner() -> String {
     std::str::from_utf8(&digits).unwrap_or_default().to_owned()
 }
 
+/// A random number in `0..n` (0 when `n` is 0): where a semaphore's attempt starts among its
+/// slots, so that attempts spread over them rather than all trying slot 0 first.
+pub fn random_below(n: u32) -> u32 {
+    if n == 0 {
+        return 0;
+    }
+    rand::random_range(0..n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::random_owner;
