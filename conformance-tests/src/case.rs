@@ -319,6 +319,67 @@ impl Ctx {
         self.within_for(what, self.timing().bound, future).await
     }
 
+    /// Awaits [`dlock_api::settle`] for at most the timing's bound in **real** time; reaching
+    /// it fails with `what`.
+    pub async fn settled(&self, what: &str) -> Result<(), Failure> {
+        let bound = self.timing().bound;
+        let started = std::time::Instant::now();
+        let settle = dlock_api::settle();
+        tokio::pin!(settle);
+        loop {
+            // Looked at between 1 ms steps of the runtime's clock rather than awaited: `settle`
+            // waits for every case's cleanups, on runtimes of their own and in real time, and a
+            // paused runtime with nothing else to do would jump its clock to the case's bound.
+            if futures::poll!(&mut settle).is_ready() {
+                return Ok(());
+            }
+            if started.elapsed() >= bound {
+                return Err(Failure(format!(
+                    "{what}: settle() did not return within {bound:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Waits (within the bound, looking every 10 ms) until `check` says yes: for what a
+    /// client's background work brings about (a cut-short acquire undone, a dropped guard
+    /// released). Not [`settle`](dlock_api::settle), which waits for every case's cleanups in
+    /// the process: under paused time, a runtime idle while another case's cleanup runs on a
+    /// runtime of its own jumps its clock to the case's bound.
+    pub async fn until<F, Fut>(&self, what: &str, mut check: F) -> Result<(), Failure>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<bool, LockError>>,
+    {
+        self.within(what, async {
+            while !check().await? {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok::<_, LockError>(())
+        })
+        .await??;
+        Ok(())
+    }
+
+    /// Waits (within the bound) until `client` can take `name` as a lock at once, and lets it
+    /// go: see [`until`](Self::until).
+    pub async fn until_free(
+        &self,
+        what: &str,
+        client: &dyn dlock_api::DistributedLock,
+        name: &dlock_api::LockName,
+    ) -> Result<(), Failure> {
+        let opts = dlock_api::LockOptions::new();
+        self.until(what, || async {
+            match client.try_acquire(name, &opts).await? {
+                Some(guard) => guard.release().await.map(|()| true),
+                None => Ok(false),
+            }
+        })
+        .await
+    }
+
     /// Waits (within the bound) until the server counts a waiter of `name`, where `client`'s
     /// backend can inspect; elsewhere returns at once (a case that uses it must hold whether the
     /// waiter has queued yet or not).

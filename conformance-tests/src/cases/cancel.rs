@@ -254,22 +254,7 @@ pub async fn settle_finishes_background_cleanup(ctx: Ctx) -> CaseResult {
         "the waiting acquire finished while the lock was held"
     );
     drop(unreleased);
-    // `settle` waits for every client's cleanups in the process, on every runtime, in real
-    // time: bounded by the runtime's clock, a paused runtime would call it late at once while
-    // another case's cleanup runs on a runtime of its own.
-    let bound = ctx.timing().bound;
-    let (ring, real_bound) = tokio::sync::oneshot::channel::<()>();
-    // A thread of its own, which nothing waits for: the runtime's shutdown does not.
-    std::thread::spawn(move || {
-        std::thread::sleep(bound);
-        let _ = ring.send(());
-    });
-    tokio::select! {
-        () = dlock_api::settle() => {}
-        _ = real_bound => {
-            return Err(Failure(format!("settle() did not return within {bound:?}")));
-        }
-    }
+    ctx.settled("the background cleanups").await?;
     let mut holder = Some(holder);
     for name in [&dropped, &raced, &queued] {
         if *name == queued

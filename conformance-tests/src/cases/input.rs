@@ -122,8 +122,7 @@ pub async fn any_options_behave(ctx: Ctx) -> CaseResult {
                 released_or_lost(guard.release().await, &opts)?;
                 // A guard lost to a tiny maximum hold is released in the background: the name
                 // is free once that is done (on a loaded machine, later than the release call).
-                ctx.within("the background releases", dlock_api::settle())
-                    .await?;
+                ctx.until_free("the background release", &*b, &name).await?;
                 let guard = ctx
                     .within("acquire on a free name", a.acquire(&name, &opts))
                     .await?

@@ -321,15 +321,9 @@ pub async fn cancel_storm_leaves_nothing(ctx: Ctx) -> CaseResult {
         }
     })
     .await?;
-    ctx.within("background cleanups", dlock_api::settle())
-        .await?;
     let fresh = ctx.client().await?;
-    let writer = fresh.try_write(&name, &LockOptions::new()).await?;
-    ensure!(writer.is_some(), "the name was still held after the storm");
-    if let Some(writer) = writer {
-        writer.release().await?;
-    }
-    Ok(())
+    ctx.until_free("the name to be free after the storm", &*fresh, &name)
+        .await
 }
 
 /// A backend without reader-writer locks refuses a reader with `Unsupported`, before any

@@ -366,11 +366,11 @@ pub async fn cancel_storm_leaves_count_zero(ctx: Ctx) -> CaseResult {
         }
     })
     .await?;
-    ctx.within("background cleanups", dlock_api::settle())
-        .await?;
     let fresh = ctx.client().await?;
-    let count = fresh.count_permits(&name).await?;
-    ensure!(count == 0, "count says {count} after the storm");
+    ctx.until("every cut-short permit to come back (count 0)", || async {
+        Ok(fresh.count_permits(&name).await? == 0)
+    })
+    .await?;
     let mut held = Vec::new();
     for _ in 0..PERMITS {
         held.push(
