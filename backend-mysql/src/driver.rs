@@ -24,7 +24,7 @@ use crate::tls;
 mod permits;
 mod set;
 
-pub(crate) use permits::{COUNT_PERMITS, MAX_PERMITS, SLOT_WAIT, SUFFIX_CHARS, semaphore_key};
+pub(crate) use permits::{COUNT_PERMITS, MAX_PERMITS, SUFFIX_CHARS, semaphore_key};
 
 impl MySqlConfig {
     /// The sqlx connect options of every connection dlock opens: the server (or its socket), the user, TLS as
@@ -318,11 +318,11 @@ impl SessionDriver for MySqlDriver {
         key: &Arc<str>,
         permits: u32,
     ) -> Result<Option<(u64, u32)>, DriverError> {
-        self.attempt_permit(conn, key, permits, None).await
+        self.try_permit_now(conn, key, permits).await
     }
 
-    /// Every slot tried, then a wait on one of them for at most [`SLOT_WAIT`]: the server
-    /// wakes a waiter for its own slot only, so the pool asks again (a fresh scan) after that.
+    /// In line for the semaphore's room, then as the first in line every slot tried with a
+    /// short wait on one (see the crate docs, *Semaphores*).
     async fn wait_permit(
         &self,
         conn: &mut MySqlConnection,
@@ -331,13 +331,7 @@ impl SessionDriver for MySqlDriver {
         permits: u32,
         wait: Duration,
     ) -> Result<Waited, DriverError> {
-        let granted = self
-            .attempt_permit(conn, key, permits, Some(wait.min(SLOT_WAIT)))
-            .await?;
-        Ok(match granted {
-            Some((token, slot)) => Waited::GrantedSlot(token, slot),
-            None => Waited::NotGranted,
-        })
+        self.wait_permit_in_line(conn, key, permits, wait).await
     }
 
     async fn unlock_permit(

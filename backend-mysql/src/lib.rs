@@ -77,10 +77,14 @@
 //!   most is taken; on MariaDB's fencing sequence the same branch draws the token after the
 //!   grant. On the counter table (MySQL, `fencing=table`) the semaphore's row `KEY N` gives the
 //!   token, in a second statement after the grant.
-//! - **Waiting** is that statement with one more branch, `GET_LOCK` of its first slot for up
-//!   to 100 ms: the server wakes the waiter when that slot is released, and a release of
-//!   another slot reaches it when it tries every slot again, within 100 ms. As for locks, a
-//!   client sends one waiter per semaphore to the server and queues the others.
+//! - **Waiting, in line**: `GET_LOCK` cannot wait for *any* of several slots, so waiters line
+//!   up for the semaphore's room, the lock `KEY N/w`, in the server's queue (they send nothing
+//!   while they wait, and a `KILL QUERY` reaches them there), and only the one holding it, the
+//!   first in line, looks at the slots: that statement with one more branch, which blocks on its
+//!   first slot (a random one) for 5 ms. The server grants it that slot the moment it is
+//!   released, and a release of another slot reaches it at its next attempt, within 5 ms. Once
+//!   granted it lets the room go, and the next in line steps up. As for locks, a client sends
+//!   one waiter per semaphore to the server and queues the others.
 //! - **The number is part of the semaphore.** `GET_LOCK` has no shared mode, so nothing that
 //!   every holder of a semaphore holds can stand for the name, keep its limit, or keep its
 //!   lock out (Postgres' shared advisory locks do): that would take a check of every slot in

@@ -126,11 +126,23 @@ async fn report(
             continue;
         };
         let held = locks.count_permits(name).await?;
-        // A semaphore's permits are counted even where no holder can be inspected.
-        let state = match locks.inspect(name).await {
-            Err(LockError::Unsupported { .. }) if held > 0 => Inspection::held(None),
-            Err(LockError::Unsupported { .. }) => Inspection::free(None),
-            inspected => inspected?,
+        let counted = || {
+            if held > 0 {
+                Inspection::held(None)
+            } else {
+                Inspection::free(None)
+            }
+        };
+        // A semaphore's permits are counted even where no holder can be inspected, and where
+        // the semaphore is apart from the name's lock (MySQL), the lock's inspection says
+        // nothing of it.
+        let state = if locks.capabilities().one_limit_per_name {
+            match locks.inspect(name).await {
+                Err(LockError::Unsupported { .. }) => counted(),
+                inspected => inspected?,
+            }
+        } else {
+            counted()
         };
         seen.push((name, state, Some((held, of))));
     }

@@ -1,4 +1,5 @@
-//! Semaphores on named locks: a permit of `N` is one of `N` slot locks `<key> <N>/<i>`.
+//! Semaphores on named locks: a permit of `N` is one of `N` slot locks `<key> <N>/<i>`, and
+//! waiters line up for the semaphore's room `<key> <N>/w`.
 //!
 //! `GET_LOCK` has no shared mode, so nothing every holder of a semaphore holds can stand for
 //! the name (see the crate docs, *Semaphores*): the number is part of the semaphore's key, and
@@ -8,9 +9,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock_api::raw::{DriverError, random_below};
+use dlock_api::raw::time::after;
+use dlock_api::raw::{DriverError, Waited, random_below};
+use sqlx::Executor;
 use sqlx::mysql::MySqlConnection;
-use sqlx::{Executor, Row};
+use tokio::time::Instant;
 
 use super::{MySqlDriver, failure};
 use crate::error::error_number;
@@ -21,12 +24,17 @@ use crate::sql::{ER_UNKNOWN_SEQUENCES, Fence, NOW_MICROS};
 pub(crate) const MAX_PERMITS: u32 = 64;
 
 /// The longest suffix a semaphore adds to a name's key: ` 64/63`. Names are mapped to keys
-/// this much shorter than a lock's, so that every slot's key fits the server's 64 characters.
+/// this much shorter than a lock's, so that every slot's key and the room's fit the server's
+/// 64 characters (with the longest prefix, 34 are left: a digest key's 32 and more).
 pub(crate) const SUFFIX_CHARS: usize = 6;
 
-/// How long a waiter blocks on one slot before it tries them all again. The server wakes a
-/// waiter only for the slot it waits on, so a release of another slot reaches it within this.
-pub(crate) const SLOT_WAIT: Duration = Duration::from_millis(100);
+/// How long the first waiter in line blocks on one slot before it tries them all again. The
+/// server wakes a waiter only for the slot it waits on, so a release of another slot reaches
+/// it within this; the other waiters block in the room's queue and send nothing.
+pub(crate) const SLOT_WAIT: Duration = Duration::from_millis(5);
+
+/// The room's suffix (`<key> <N>/w`, where the waiters wait): no longer than a slot's.
+const ROOM: &str = "w";
 
 /// A grant's value on the fencing sequence: its token times 64 plus its slot, so that one
 /// `CASE` returns both (tokens are µs since 1970, about 2^51: far from overflowing 2^63).
@@ -58,62 +66,65 @@ pub(crate) struct PermitSql {
 }
 
 impl PermitSql {
-    /// One statement that tries the `permits` slots of a semaphore from a given one round,
-    /// without waiting, and (for [`Attempt::Wait`]) then waits for the first of them. Its one
-    /// value is the slot granted (`NULL`: none); on the fencing sequence, the token drawn after
-    /// the grant shifted left by [`TOKEN_SHIFT`], plus the slot. `CASE` stops at the first
-    /// branch whose `GET_LOCK` grants, so one slot at most is taken. Parameters: the
-    /// semaphore's key, the first slot and, to wait, the wait in seconds.
+    /// One statement that tries `permits` slots (each a `?`, in the order bound) without
+    /// waiting, and (for [`Attempt::Wait`]) then waits for the first of them (bound again,
+    /// then the wait in seconds). Its one value is the position granted in that order (`NULL`:
+    /// none; -1: the wait was interrupted); on the fencing sequence, the token drawn in the
+    /// branch that granted, shifted left by [`TOKEN_SHIFT`], plus the position. `CASE` stops at
+    /// the first branch whose `GET_LOCK` grants, so one slot at most is taken.
     fn attempt(&self, permits: u32, attempt: Attempt, fence: Fence, sequence: &str) -> Arc<str> {
         let mut cache = self.attempts.lock().unwrap_or_else(|e| e.into_inner());
         cache
             .entry((permits, attempt, fence))
             .or_insert_with(|| {
-                let value = |slot: &str| match fence {
-                    Fence::Sequence => format!("NEXTVAL({sequence}) * 64 + {slot}"),
-                    Fence::Off | Fence::Row => slot.to_owned(),
+                let value = |position: u32| match fence {
+                    Fence::Sequence => format!("NEXTVAL({sequence}) * 64 + {position}"),
+                    Fence::Off | Fence::Row => position.to_string(),
                 };
-                let mut branches = String::new();
-                for i in 0..permits {
-                    let slot = format!("MOD(p.first + {i}, {permits})");
+                let mut branches: String = (0..permits)
+                    .map(|i| format!(" WHEN GET_LOCK(?, 0) = 1 THEN {}", value(i)))
+                    .collect();
+                // The wait is on the first slot: position 0. An interrupted `GET_LOCK`
+                // (`KILL QUERY`) answers NULL, told apart from a wait that ran out by -1.
+                if attempt == Attempt::Wait {
                     branches.push_str(&format!(
-                        " WHEN GET_LOCK(CONCAT(p.k, '/', {slot}), 0) = 1 THEN {}",
-                        value(&slot)
+                        " ELSE CASE GET_LOCK(?, ?) WHEN 1 THEN {} WHEN 0 THEN NULL ELSE -1 END",
+                        value(0)
                     ));
                 }
-                let params = match attempt {
-                    Attempt::Try => "SELECT ? AS k, ? AS first",
-                    Attempt::Wait => {
-                        branches.push_str(&format!(
-                            " WHEN GET_LOCK(CONCAT(p.k, '/', p.first), p.wait) = 1 THEN {}",
-                            value("p.first")
-                        ));
-                        "SELECT ? AS k, ? AS first, ? AS wait"
-                    }
-                };
-                format!("SELECT CAST(CASE{branches} END AS SIGNED) FROM ({params}) AS p").into()
+                format!("SELECT CAST(CASE{branches} END AS SIGNED)").into()
             })
             .clone()
     }
 
-    /// `RELEASE_LOCK` of every slot of a semaphore: how many this connection held (the others
-    /// are left alone: `RELEASE_LOCK` frees only the caller's). Parameter: its key.
+    /// `RELEASE_LOCK` of every slot of a semaphore (each a `?`): how many this connection held
+    /// (the others are left alone: `RELEASE_LOCK` frees only the caller's); and of its room
+    /// (one more `?`).
     fn undo(&self, permits: u32) -> Arc<str> {
         let mut cache = self.undo.lock().unwrap_or_else(|e| e.into_inner());
         cache
             .entry(permits)
             .or_insert_with(|| {
-                let each: Vec<_> = (0..permits)
-                    .map(|i| format!("COALESCE(RELEASE_LOCK(CONCAT(p.k, '/{i}')), 0)"))
-                    .collect();
+                let each =
+                    vec!["COALESCE(RELEASE_LOCK(?), 0)"; usize::try_from(permits).unwrap_or(0)];
                 format!(
-                    "SELECT CAST({} AS SIGNED) FROM (SELECT ? AS k) AS p",
+                    "SELECT CAST({} AS SIGNED), RELEASE_LOCK(?)",
                     each.join(" + ")
                 )
                 .into()
             })
             .clone()
     }
+}
+
+/// The key of slot `slot` of the semaphore `key`.
+fn slot_key(key: &str, slot: u32) -> String {
+    format!("{key}/{slot}")
+}
+
+/// The key of the semaphore `key`'s room, which its waiters line up for.
+fn room_key(key: &str) -> String {
+    format!("{key}/{ROOM}")
 }
 
 /// The permits of a name held now, of every number: each used slot of each semaphore the name
@@ -123,20 +134,97 @@ pub(crate) const COUNT_PERMITS: &str = "WITH RECURSIVE n (v) AS \
      SELECT CAST(COUNT(*) AS SIGNED) FROM n AS lim JOIN n AS slot ON slot.v <= lim.v \
      WHERE lim.v >= 1 AND IS_USED_LOCK(CONCAT(?, ' ', lim.v + 1, '/', slot.v)) IS NOT NULL";
 
-const RELEASE_SLOT: &str = "SELECT RELEASE_LOCK(CONCAT(?, '/', ?))";
-
 const ER_NO_SUCH_TABLE: u16 = 1146;
 
+/// What one attempt found.
+enum Attempted {
+    /// This token, on this slot.
+    Granted(u64, u32),
+    /// Every slot taken (and the wait, if any, ran out).
+    Busy,
+    /// The wait was interrupted (`KILL QUERY`): nothing taken.
+    Interrupted,
+}
+
 impl MySqlDriver {
-    /// One attempt at a permit of `key` (a [`semaphore_key`]), from slot `first` round: the
-    /// token and slot, or `None` when every slot is taken (and the wait, if any, ran out).
-    pub(super) async fn attempt_permit(
+    /// [`SessionDriver::try_permit`](dlock_api::raw::SessionDriver::try_permit): every slot
+    /// of `key` (a [`semaphore_key`]) tried in one statement, from a random one round.
+    pub(super) async fn try_permit_now(
         &self,
         conn: &mut MySqlConnection,
-        key: &Arc<str>,
+        key: &str,
+        permits: u32,
+    ) -> Result<Option<(u64, u32)>, DriverError> {
+        Ok(match self.attempt_permit(conn, key, permits, None).await? {
+            Attempted::Granted(token, slot) => Some((token, slot)),
+            Attempted::Busy | Attempted::Interrupted => None,
+        })
+    }
+
+    /// [`SessionDriver::wait_permit`](dlock_api::raw::SessionDriver::wait_permit): a try, then
+    /// in line for the semaphore's room (`GET_LOCK(room, wait)`: the server's queue, nothing
+    /// sent while waiting), and as the first in line, attempts that try every slot and block
+    /// on one for [`SLOT_WAIT`], until one is granted or `wait` is over; then out of the room.
+    /// Interrupted, or failed, the pool's undo ([`release_permit`](Self::release_permit) with
+    /// no slot) lets the room go with any slot.
+    pub(super) async fn wait_permit_in_line(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &str,
+        permits: u32,
+        wait: Duration,
+    ) -> Result<Waited, DriverError> {
+        if let Attempted::Granted(token, slot) =
+            self.attempt_permit(conn, key, permits, None).await?
+        {
+            return Ok(Waited::GrantedSlot(token, slot));
+        }
+        let until = after(Instant::now(), wait);
+        let room = room_key(key);
+        let entered: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+            .bind(&room)
+            .bind(wait.as_secs_f64())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(failure)?;
+        if entered != Some(1) {
+            // 0: the wait ran out; NULL: interrupted. Either way the room is not held.
+            return Ok(Waited::NotGranted);
+        }
+        let granted = loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break None;
+            }
+            match self
+                .attempt_permit(conn, key, permits, Some(left.min(SLOT_WAIT)))
+                .await?
+            {
+                Attempted::Granted(token, slot) => break Some((token, slot)),
+                Attempted::Busy => {}
+                Attempted::Interrupted => break None,
+            }
+        };
+        sqlx::query("SELECT RELEASE_LOCK(?)")
+            .bind(&room)
+            .execute(&mut *conn)
+            .await
+            .map_err(failure)?;
+        Ok(match granted {
+            Some((token, slot)) => Waited::GrantedSlot(token, slot),
+            None => Waited::NotGranted,
+        })
+    }
+
+    /// One attempt at a permit of `key`, from a random slot round, and with `wait` a wait on
+    /// that slot.
+    async fn attempt_permit(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &str,
         permits: u32,
         wait: Option<Duration>,
-    ) -> Result<Option<(u64, u32)>, DriverError> {
+    ) -> Result<Attempted, DriverError> {
         let fence = self.fence();
         let attempt = if wait.is_some() {
             Attempt::Wait
@@ -147,39 +235,59 @@ impl MySqlDriver {
             .permit_sql
             .attempt(permits, attempt, fence, self.sql.sequence());
         let first = random_below(permits);
-        let value = match run_attempt(conn, &statement, key, first, wait).await {
+        let slot_at = |position: u32| {
+            first
+                .saturating_add(position.checked_rem(permits).unwrap_or(0))
+                .checked_rem(permits)
+                .unwrap_or(0)
+        };
+        let keys: Vec<String> = (0..permits).map(|i| slot_key(key, slot_at(i))).collect();
+        let run = async |conn: &mut MySqlConnection| {
+            let mut query = sqlx::query_scalar::<_, Option<i64>>(&statement);
+            for slot in &keys {
+                query = query.bind(slot);
+            }
+            if let Some(wait) = wait {
+                query = query.bind(&keys[0]).bind(wait.as_secs_f64());
+            }
+            query.fetch_one(conn).await
+        };
+        let value = match run(&mut *conn).await {
             // The sequence is opened before any `GET_LOCK` runs, so nothing is taken: create
             // it, as a lock's acquire does, and try again.
             Err(e)
                 if self.config.create_table && error_number(&e) == Some(ER_UNKNOWN_SEQUENCES) =>
             {
-                let now = sqlx::query(&format!("SELECT {NOW_MICROS}"))
+                let now = sqlx::query_scalar::<_, u64>(&format!("SELECT {NOW_MICROS}"))
                     .fetch_one(&mut *conn)
                     .await
-                    .and_then(|row| row.try_get::<u64, _>(0))
                     .map_err(failure)?;
                 crate::sql::raise_sequence(conn, &self.sql, now, true)
                     .await
                     .map_err(failure)?;
-                run_attempt(conn, &statement, key, first, wait)
-                    .await
-                    .map_err(failure)?
+                run(&mut *conn).await.map_err(failure)?
             }
             other => other.map_err(failure)?,
         };
-        let Some(value) = value.map(i64::unsigned_abs) else {
-            return Ok(None);
+        let value = match value {
+            None => return Ok(Attempted::Busy),
+            Some(value) if value < 0 => return Ok(Attempted::Interrupted),
+            Some(value) => value.unsigned_abs(),
         };
-        match fence {
-            Fence::Off => Ok(Some((0, slot_of(value)))),
-            Fence::Sequence => Ok(Some((
+        let (token, position) = match fence {
+            Fence::Off => (0, value),
+            Fence::Sequence => (
                 value.checked_shr(TOKEN_SHIFT).unwrap_or(0),
-                slot_of(value),
-            ))),
+                value & SLOT_MASK,
+            ),
             // A counter row's token comes back only from a statement of its own; if it fails,
             // the pool undoes the slot (`unlock_permit(.., None)`).
-            Fence::Row => Ok(Some((self.permit_token(conn, key).await?, slot_of(value)))),
-        }
+            Fence::Row => (self.permit_token(conn, key).await?, value),
+        };
+        Ok(Attempted::Granted(
+            token,
+            slot_at(u32::try_from(position).unwrap_or(0)),
+        ))
     }
 
     /// The next token of the semaphore `key`'s counter row, as a lock's acquire draws its
@@ -187,9 +295,9 @@ impl MySqlDriver {
     async fn permit_token(
         &self,
         conn: &mut MySqlConnection,
-        key: &Arc<str>,
+        key: &str,
     ) -> Result<u64, DriverError> {
-        let draw = || sqlx::query(self.sql.next_token()).bind(&**key);
+        let draw = || sqlx::query(self.sql.next_token()).bind(key);
         let done = match draw().execute(&mut *conn).await {
             Err(e) if self.config.create_table && error_number(&e) == Some(ER_NO_SUCH_TABLE) => {
                 conn.execute(sqlx::raw_sql(self.sql.create_table()))
@@ -202,52 +310,38 @@ impl MySqlDriver {
         Ok(done.last_insert_id())
     }
 
-    /// Releases slot `slot` of `key` if this connection holds it, or with `None` every slot of
-    /// `key` this connection holds (what a failed attempt may have left).
+    /// Releases slot `slot` of `key` if this connection holds it; with `None`, every slot of
+    /// `key` this connection holds and its room (what a failed or cut-short attempt may have
+    /// left).
     pub(super) async fn release_permit(
         &self,
         conn: &mut MySqlConnection,
-        key: &Arc<str>,
+        key: &str,
         permits: u32,
         slot: Option<u32>,
     ) -> Result<bool, DriverError> {
-        let released = match slot {
-            Some(slot) => sqlx::query(RELEASE_SLOT)
-                .bind(&**key)
-                .bind(slot)
+        let released: Option<i64> = match slot {
+            Some(slot) => sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+                .bind(slot_key(key, slot))
                 .fetch_one(&mut *conn)
                 .await
-                .and_then(|row| row.try_get::<Option<i64>, _>(0))
                 .map_err(failure)?,
-            None => sqlx::query(&self.permit_sql.undo(permits))
-                .bind(&**key)
-                .fetch_one(&mut *conn)
-                .await
-                .and_then(|row| row.try_get::<Option<i64>, _>(0))
-                .map_err(failure)?,
+            None => {
+                let statement = self.permit_sql.undo(permits);
+                let mut query = sqlx::query_as::<_, (Option<i64>, Option<i64>)>(&statement);
+                for i in 0..permits {
+                    query = query.bind(slot_key(key, i));
+                }
+                query
+                    .bind(room_key(key))
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(failure)?
+                    .0
+            }
         };
         Ok(released.is_some_and(|n| n > 0))
     }
-}
-
-/// Runs an attempt's `statement`: its one value.
-async fn run_attempt(
-    conn: &mut MySqlConnection,
-    statement: &str,
-    key: &str,
-    first: u32,
-    wait: Option<Duration>,
-) -> sqlx::Result<Option<i64>> {
-    let mut query = sqlx::query(statement).bind(key).bind(first);
-    if let Some(wait) = wait {
-        query = query.bind(wait.as_secs_f64());
-    }
-    query.fetch_one(conn).await?.try_get(0)
-}
-
-/// The slot of an attempt's value (on the sequence, its low six bits; else the value itself).
-fn slot_of(value: u64) -> u32 {
-    u32::try_from(value & SLOT_MASK).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -255,22 +349,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_try_statement_tries_every_slot_from_the_first_round() {
+    fn an_attempt_tries_every_slot_bound_and_a_wait_blocks_on_the_first() {
         let sql = PermitSql::default();
-        let s = sql.attempt(3, Attempt::Try, Fence::Off, "`s`");
+        let s = sql.attempt(2, Attempt::Try, Fence::Off, "`s`");
         assert_eq!(
             &*s,
-            "SELECT CAST(CASE \
-             WHEN GET_LOCK(CONCAT(p.k, '/', MOD(p.first + 0, 3)), 0) = 1 THEN MOD(p.first + 0, 3) \
-             WHEN GET_LOCK(CONCAT(p.k, '/', MOD(p.first + 1, 3)), 0) = 1 THEN MOD(p.first + 1, 3) \
-             WHEN GET_LOCK(CONCAT(p.k, '/', MOD(p.first + 2, 3)), 0) = 1 THEN MOD(p.first + 2, 3) \
-             END AS SIGNED) FROM (SELECT ? AS k, ? AS first) AS p"
+            "SELECT CAST(CASE WHEN GET_LOCK(?, 0) = 1 THEN 0 WHEN GET_LOCK(?, 0) = 1 THEN 1 \
+             END AS SIGNED)"
         );
         let waits = sql.attempt(2, Attempt::Wait, Fence::Sequence, "`s`");
-        assert!(waits.ends_with(
-            "WHEN GET_LOCK(CONCAT(p.k, '/', p.first), p.wait) = 1 THEN NEXTVAL(`s`) * 64 + p.first \
-             END AS SIGNED) FROM (SELECT ? AS k, ? AS first, ? AS wait) AS p"
-        ));
+        assert!(
+            waits.ends_with(
+            "THEN NEXTVAL(`s`) * 64 + 1 ELSE CASE GET_LOCK(?, ?) WHEN 1 THEN NEXTVAL(`s`) * 64 + 0 \
+             WHEN 0 THEN NULL ELSE -1 END END AS SIGNED)"
+            ),
+            "{waits}"
+        );
     }
 
     #[test]
@@ -278,7 +372,7 @@ mod tests {
         let token = 1_733_000_000_000_000u64;
         let value = token.checked_shl(TOKEN_SHIFT).unwrap() | 63;
         assert_eq!(
-            (value.checked_shr(TOKEN_SHIFT).unwrap(), slot_of(value)),
+            (value.checked_shr(TOKEN_SHIFT).unwrap(), value & SLOT_MASK),
             (token, 63)
         );
         assert!(value < i64::MAX.unsigned_abs());
@@ -286,9 +380,10 @@ mod tests {
 
     #[test]
     fn slot_keys_fit_the_server_and_never_meet_a_lock_key() {
-        let last = MAX_PERMITS.saturating_sub(1);
-        let longest = format!("{}/{last}", semaphore_key("k", MAX_PERMITS));
-        assert_eq!(longest.len(), SUFFIX_CHARS.saturating_add(1));
+        let key = semaphore_key("k", MAX_PERMITS);
+        let last = slot_key(&key, MAX_PERMITS.saturating_sub(1));
+        assert_eq!(last.len(), SUFFIX_CHARS.saturating_add(1));
+        assert!(room_key(&key).len() <= last.len());
         assert!(semaphore_key("backups", 3).contains(' '));
     }
 }

@@ -26,8 +26,8 @@ fn bench_measures_every_raw_floor_of_mysql() {
 }
 
 /// `dlock bench --permits 1,3`: each number of permits measured against the raw floor of one of
-/// N slot locks with its token. A waiter blocks on one slot and tries them all every 100 ms;
-/// the floor's sequences are dropped.
+/// N slot locks with its token. Waiters line up for a room, and the first in line tries every
+/// slot each 5 ms; the floor's sequences are dropped.
 #[test]
 fn bench_measures_semaphores_against_their_raw_floor() {
     let server = MariaDb::start().unwrap_or_else(|e| panic!("{e}"));

@@ -1,9 +1,10 @@
 //! A semaphore's floors on MySQL and MariaDB, with sqlx alone: one of N slot locks, taken by one
 //! statement whose `CASE` tries each slot's `GET_LOCK(slot, 0)` from a random one round and draws
 //! the token in the branch that granted (MariaDB's sequence; on MySQL a counter row, in a
-//! statement of its own after the grant), and let go with `RELEASE_LOCK(slot)`. A waiter's
-//! statement ends with one more branch that blocks on its first slot for 100 ms, then it tries
-//! them all again, as dlock's does. One permit is a lock, whose wait blocks until granted.
+//! statement of its own after the grant), and let go with `RELEASE_LOCK(slot)`. Waiters line
+//! up for the semaphore's room (a blocking `GET_LOCK`), and the first in line tries every slot
+//! with one more branch that blocks on its first slot for 5 ms, again until granted, as dlock's
+//! does. One permit is a lock, whose wait blocks until granted.
 
 use std::time::Duration;
 
@@ -14,8 +15,9 @@ use tokio::time::timeout;
 use super::{BACKEND, CounterKind, FencedAcquire, NOW_MICROS, failed, timed_out};
 use crate::contend::Contender;
 
-/// How long a waiter blocks on its one slot before it tries them all again, as dlock's.
-const SLOT_WAIT_SECS: f64 = 0.1;
+/// How long the first waiter in line blocks on its one slot before it tries them all again,
+/// as dlock's.
+const SLOT_WAIT_SECS: f64 = 0.005;
 
 /// How long a lock's waiter blocks (dlock's waits go in 30 s pieces; one is plenty here).
 const LOCK_WAIT_SECS: f64 = 30.0;
@@ -23,11 +25,13 @@ const LOCK_WAIT_SECS: f64 = 30.0;
 /// The slots of a semaphore of this run and the statements that take them.
 pub(super) struct Slots {
     keys: Vec<String>,
+    /// The room the waiters line up for.
+    room: String,
     /// Parameters: every slot's key, from the first tried round. Its value: the position
     /// granted in that order (on the sequence, the token times 64 plus the position).
     try_all: String,
-    /// As `try_all`, then the first slot's key again and a wait in seconds: position `N` is
-    /// the first slot, granted by the wait.
+    /// As `try_all`, then the first slot's key again and a wait in seconds, whose grant is
+    /// position 0.
     wait_all: String,
     /// The counter row's statement where the token needs one (MySQL). Parameter: the
     /// semaphore's name.
@@ -63,8 +67,9 @@ impl Slots {
             try_all: format!("SELECT CAST(CASE{branches} END AS SIGNED)"),
             wait_all: format!(
                 "SELECT CAST(CASE{branches} WHEN GET_LOCK(?, ?) = 1 THEN {} END AS SIGNED)",
-                value(permits)
+                value(0)
             ),
+            room: format!("{name}/w"),
             token,
         }
     }
@@ -105,10 +110,9 @@ impl Slots {
         let Some(value) = value else {
             return Ok(None);
         };
-        // The position is the value's low six bits (the value itself without a sequence);
-        // position `n` is the wait's, on the first slot.
+        // The position is the value's low six bits (the value itself without a sequence).
         let position = usize::try_from(value.unsigned_abs() & 63).unwrap_or(0);
-        let slot = slot_at(position.checked_rem(n).unwrap_or(0)).unwrap_or(0);
+        let slot = slot_at(position).unwrap_or(0);
         if let Some(token) = &self.token {
             let name = self.keys[0].rsplit_once('/').map_or("", |(name, _)| name);
             timeout(within, sqlx::query(token).bind(name).execute(&mut *conn))
@@ -144,13 +148,29 @@ impl Slots {
         Ok(())
     }
 
-    /// How long a waiter blocks on one slot.
-    fn wait_secs(&self) -> f64 {
-        if self.keys.len() > 1 {
-            SLOT_WAIT_SECS
+    /// Takes (`take`) or lets go of the room, which must then be held.
+    async fn room(&self, conn: &mut MySqlConnection, take: bool, within: Duration) -> Result<()> {
+        let (statement, within) = if take {
+            ("SELECT GET_LOCK(?, 3600)", Duration::from_secs(3600))
         } else {
-            LOCK_WAIT_SECS
+            ("SELECT RELEASE_LOCK(?)", within)
+        };
+        let done: Option<i64> = timeout(
+            within,
+            sqlx::query_scalar(statement)
+                .bind(&self.room)
+                .fetch_one(&mut *conn),
+        )
+        .await
+        .map_err(|_| timed_out(within))?
+        .map_err(failed)?;
+        if done != Some(1) {
+            return Err(LockError::unexpected(
+                BACKEND,
+                format!("the floor's room answered {done:?}"),
+            ));
         }
+        Ok(())
     }
 }
 
@@ -165,18 +185,37 @@ pub(super) struct PermitContender {
 
 impl Contender for PermitContender {
     async fn lock(&mut self) -> Result<()> {
-        loop {
-            let first = self.slots.random();
-            let wait = Some(self.slots.wait_secs());
-            if let Some(slot) = self
-                .slots
-                .take(&mut self.conn, first, wait, self.within)
-                .await?
-            {
-                self.held = Some(slot);
-                return Ok(());
+        let (slots, within) = (self.slots.clone(), self.within);
+        if let Some(slot) = slots
+            .take(&mut self.conn, slots.random(), None, within)
+            .await?
+        {
+            self.held = Some(slot);
+            return Ok(());
+        }
+        if slots.keys.len() == 1 {
+            // One permit is a lock: its wait blocks until granted.
+            loop {
+                let wait = Some(LOCK_WAIT_SECS);
+                if let Some(slot) = slots.take(&mut self.conn, 0, wait, within).await? {
+                    self.held = Some(slot);
+                    return Ok(());
+                }
             }
         }
+        slots.room(&mut self.conn, true, within).await?;
+        let slot = loop {
+            let wait = Some(SLOT_WAIT_SECS);
+            if let Some(slot) = slots
+                .take(&mut self.conn, slots.random(), wait, within)
+                .await?
+            {
+                break slot;
+            }
+        };
+        slots.room(&mut self.conn, false, within).await?;
+        self.held = Some(slot);
+        Ok(())
     }
 
     async fn unlock(&mut self) -> Result<()> {

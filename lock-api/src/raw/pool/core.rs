@@ -20,6 +20,9 @@ use crate::status::LostReason;
 
 pub(super) type Conn<D> = Arc<Connection<D>>;
 
+/// Why [`PoolCore::close_all`] closes each connection.
+const CLIENT_CLOSED: &str = "the client was closed";
+
 /// What a grant holds on its connection, as its `claim` asked: a lock (limit 1), a reader's
 /// share, or one of `limit` permits of a semaphore, on `slot` (`None` before the server named
 /// one: an undo); `leader` once a lock's holder has proclaimed, so that its release clears the
@@ -376,7 +379,9 @@ impl<D: SessionDriver> PoolCore<D> {
         // One end for every guard on the connection.
         conn.guards.end(LostReason::SessionClosed);
         self.notify();
-        if held > 0 || closed.is_some() {
+        // A connection that held nothing, closed because its client was, is the normal end of
+        // a program: not worth a warning.
+        if held > 0 || (closed.is_some() && why != CLIENT_CLOSED) {
             tracing::warn!(
                 backend = self.driver.backend(),
                 connection = conn.server_id,
@@ -384,16 +389,23 @@ impl<D: SessionDriver> PoolCore<D> {
                 why,
                 "dlock: a lock connection closed"
             );
+        } else {
+            tracing::debug!(
+                backend = self.driver.backend(),
+                connection = conn.server_id,
+                why,
+                "dlock: a connection closed"
+            );
         }
         drop(closed);
     }
 
-    /// Closes every connection: the client was closed.
+    /// Closes every connection: the client was closed ([`CLIENT_CLOSED`]).
     pub(super) async fn close_all(&self) {
         let connections = self.registry().connections();
         for conn in connections {
             let mut guard = conn.conn.lock().await;
-            self.close(&conn, &mut guard, "the client was closed");
+            self.close(&conn, &mut guard, CLIENT_CLOSED);
         }
     }
 
