@@ -506,6 +506,7 @@ pub(crate) async fn many<P: Pairs>(
 /// deadline.
 #[cfg(any(
     feature = "redis",
+    feature = "mysql",
     feature = "postgres",
     feature = "etcd",
     feature = "zookeeper"
