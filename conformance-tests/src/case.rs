@@ -321,7 +321,7 @@ impl Ctx {
 
     /// Awaits [`dlock_api::settle`] for at most the timing's bound in **real** time; reaching
     /// it fails with `what`.
-    pub async fn settled(&self, what: &str) -> Result<(), Failure> {
+    pub(crate) async fn settled(&self, what: &str) -> Result<(), Failure> {
         let bound = self.timing().bound;
         let started = std::time::Instant::now();
         let settle = dlock_api::settle();
@@ -347,7 +347,7 @@ impl Ctx {
     /// released). Not [`settle`](dlock_api::settle), which waits for every case's cleanups in
     /// the process: under paused time, a runtime idle while another case's cleanup runs on a
     /// runtime of its own jumps its clock to the case's bound.
-    pub async fn until<F, Fut>(&self, what: &str, mut check: F) -> Result<(), Failure>
+    pub(crate) async fn until<F, Fut>(&self, what: &str, mut check: F) -> Result<(), Failure>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<bool, LockError>>,
@@ -364,7 +364,7 @@ impl Ctx {
 
     /// Waits (within the bound) until `client` can take `name` as a lock at once, and lets it
     /// go: see [`until`](Self::until).
-    pub async fn until_free(
+    pub(crate) async fn until_free(
         &self,
         what: &str,
         client: &dyn dlock_api::DistributedLock,
