@@ -18,6 +18,7 @@ use crate::election::LeaderSql;
 use crate::error::{error_number, is_connection_error, map_err};
 use crate::sql::{
     Cmd, ER_UNKNOWN_SEQUENCES, FENCE_RETENTION, Fence, HELLO, Reply, Sql, exec, raise_sequence,
+    waits_in_fractions,
 };
 use crate::tls;
 
@@ -69,6 +70,9 @@ pub(crate) struct MySqlDriver {
     init: String,
     /// Where tokens come from: decided by the first connection's server.
     fence: OnceLock<Fence>,
+    /// Whether the server's `GET_LOCK` waits for fractions of a second: decided by the first
+    /// connection's server.
+    fractional_waits: OnceLock<bool>,
     /// When this client last swept old counter rows (`None`: not yet).
     last_sweep: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// The leaders table's statements; `None` with fencing off (elections need terms).
@@ -86,6 +90,7 @@ impl MySqlDriver {
             connect: config.driver_options()?.statement_cache_capacity(16),
             config,
             fence: OnceLock::new(),
+            fractional_waits: OnceLock::new(),
             last_sweep: std::sync::Mutex::new(None),
             permit_sql: permits::PermitSql::default(),
         })
@@ -238,6 +243,8 @@ impl SessionDriver for MySqlDriver {
         let fence = *self.fence.get_or_init(|| {
             Fence::for_server(self.config.fencing, self.config.fence_table, &version)
         });
+        self.fractional_waits
+            .get_or_init(|| waits_in_fractions(&version));
         if fence == Fence::Sequence {
             raise_sequence(&mut conn, &self.sql, now_micros, self.config.create_table)
                 .await

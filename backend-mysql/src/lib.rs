@@ -84,7 +84,10 @@
 //!   first slot (a random one) for 5 ms. The server grants it that slot the moment it is
 //!   released, and a release of another slot reaches it at its next attempt, within 5 ms. Once
 //!   granted it lets the room go, and the next in line steps up. As for locks, a client sends
-//!   one waiter per semaphore to the server and queues the others.
+//!   one waiter per semaphore to the server and queues the others. MySQL's `GET_LOCK` waits
+//!   whole seconds only (MariaDB's fractions, since 10.1.2), so there the first in line tries
+//!   every slot each 5 ms without a wait at the server, for a second at most before it lines
+//!   up again.
 //! - **The number is part of the semaphore.** `GET_LOCK` has no shared mode, so nothing that
 //!   every holder of a semaphore holds can stand for the name, keep its limit, or keep its
 //!   lock out (Postgres' shared advisory locks do): that would take a check of every slot in

@@ -31,17 +31,29 @@ impl Fence {
         if table {
             return Self::Row;
         }
-        let mut numbers = version.split(['.', '-']).map(|n| n.parse::<u32>().ok());
-        let major_minor = (numbers.next().flatten(), numbers.next().flatten());
-        match major_minor {
-            (Some(major), Some(minor))
-                if version.contains("MariaDB") && (major, minor) >= (10, 3) =>
-            {
-                Self::Sequence
-            }
-            _ => Self::Row,
+        if mariadb_since(version, (10, 3, 0)) {
+            Self::Sequence
+        } else {
+            Self::Row
         }
     }
+}
+
+/// Whether `version` (`VERSION()`) is MariaDB's, at `since` or later.
+fn mariadb_since(version: &str, since: (u32, u32, u32)) -> bool {
+    let mut numbers = version.split(['.', '-']).map(|n| n.parse::<u32>().ok());
+    let mut next = || numbers.next().flatten();
+    let (major, minor, patch) = (next(), next(), next());
+    version.contains("MariaDB")
+        && matches!((major, minor), (Some(_), Some(_)))
+        && (major.unwrap_or(0), minor.unwrap_or(0), patch.unwrap_or(0)) >= since
+}
+
+/// Whether `GET_LOCK` on the server of `version` waits for fractions of a second: MariaDB's
+/// since 10.1.2 does; MySQL's takes the timeout as a whole number of seconds (`val_int`), so a
+/// wait of 5 ms is no wait at all there.
+pub(crate) fn waits_in_fractions(version: &str) -> bool {
+    mariadb_since(version, (10, 1, 2))
 }
 
 /// The statements of one client, built once from its config.
@@ -384,5 +396,16 @@ mod tests {
             Fence::Off
         );
         assert_eq!(Fence::for_server(true, true, "10.11.6-MariaDB"), Fence::Row);
+    }
+
+    #[test]
+    fn only_mariadb_since_10_1_2_waits_in_fractions_of_a_second() {
+        use super::waits_in_fractions;
+        assert!(waits_in_fractions("10.11.19-MariaDB-0+deb12u1"));
+        assert!(waits_in_fractions("10.1.2-MariaDB"));
+        assert!(!waits_in_fractions("10.1.1-MariaDB"));
+        assert!(!waits_in_fractions("10.0.38-MariaDB"));
+        assert!(!waits_in_fractions("8.0.36"));
+        assert!(!waits_in_fractions("8.4.0-commercial"));
     }
 }

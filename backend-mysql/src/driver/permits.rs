@@ -179,7 +179,7 @@ impl MySqlDriver {
         {
             return Ok(Waited::GrantedSlot(token, slot));
         }
-        let until = after(Instant::now(), wait);
+        let mut until = after(Instant::now(), wait);
         let room = room_key(key);
         let entered: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
             .bind(&room)
@@ -191,16 +191,24 @@ impl MySqlDriver {
             // 0: the wait ran out; NULL: interrupted. Either way the room is not held.
             return Ok(Waited::NotGranted);
         }
+        // Where `GET_LOCK` waits only whole seconds (MySQL), the first in line tries the slots
+        // every 5 ms without a wait at the server, for a second at most, so that a cancelled
+        // wait (which nothing interrupts between statements) ends soon; then it lines up again.
+        let fractional = self.fractional_waits.get().copied().unwrap_or(false);
+        if !fractional {
+            until = until.min(after(Instant::now(), Duration::from_secs(1)));
+        }
         let granted = loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break None;
             }
-            match self
-                .attempt_permit(conn, key, permits, Some(left.min(SLOT_WAIT)))
-                .await?
-            {
+            let wait = fractional.then(|| left.min(SLOT_WAIT));
+            match self.attempt_permit(conn, key, permits, wait).await? {
                 Attempted::Granted(token, slot) => break Some((token, slot)),
+                Attempted::Busy if !fractional => {
+                    tokio::time::sleep(left.min(SLOT_WAIT)).await;
+                }
                 Attempted::Busy => {}
                 Attempted::Interrupted => break None,
             }
