@@ -493,6 +493,20 @@ pub(crate) async fn many<P: Pairs>(
     }
 }
 
+/// A semaphore floor's uncontended attempt found every slot taken: its slots are its own, so
+/// something else holds them.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) fn all_slots_taken(backend: &'static str) -> LockError {
+    LockError::unexpected(backend, "the floor's random slots were all taken")
+}
+
+/// The slot a semaphore floor's contender holds, taken out to release it.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+pub(crate) fn held_slot<T>(held: &mut Option<T>, backend: &'static str) -> Result<T> {
+    held.take()
+        .ok_or_else(|| LockError::unexpected(backend, "released a slot it never took"))
+}
+
 /// Hand-offs of a semaphore's last free permit ([`Protocol::permit_handoffs`]): `waiters`
 /// contenders (at least two) made by `contender`, each holding `hold`, run for `duration`
 /// through [`contend`](crate::contend::contend), as dlock's own phase runs its clients; each

@@ -13,8 +13,8 @@ use tokio::time::timeout;
 
 use crate::contend::{Contender, contend};
 use crate::floor::{
-    FreeList, Measured, Ops, Pairs, Protocol, Throughput, WarmUp, contend_for_last_permit, many,
-    sample,
+    FreeList, Measured, Ops, Pairs, Protocol, Throughput, WarmUp, all_slots_taken,
+    contend_for_last_permit, many, sample,
 };
 
 mod permits;
@@ -172,9 +172,7 @@ impl Protocol for Postgres {
             let slot = slots
                 .take(&mut conn, slots.random(), within)
                 .await?
-                .ok_or_else(|| {
-                    LockError::unexpected(BACKEND, "the floor's random slots were all taken")
-                })?;
+                .ok_or_else(|| all_slots_taken(BACKEND))?;
             slots.release(&mut conn, slot, within).await
         })
         .await;

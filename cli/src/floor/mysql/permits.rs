@@ -14,6 +14,7 @@ use tokio::time::timeout;
 
 use super::{BACKEND, CounterKind, FencedAcquire, NOW_MICROS, failed, timed_out};
 use crate::contend::Contender;
+use crate::floor::held_slot;
 
 /// How long the first waiter in line blocks on its one slot before it tries them all again,
 /// as dlock's.
@@ -219,10 +220,7 @@ impl Contender for PermitContender {
     }
 
     async fn unlock(&mut self) -> Result<()> {
-        let slot = self
-            .held
-            .take()
-            .ok_or_else(|| LockError::unexpected(BACKEND, "released a slot it never took"))?;
+        let slot = held_slot(&mut self.held, BACKEND)?;
         self.slots.release(&mut self.conn, slot, self.within).await
     }
 }

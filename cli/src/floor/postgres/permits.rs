@@ -14,6 +14,7 @@ use tokio::time::timeout;
 
 use super::{BACKEND, failed, timed_out};
 use crate::contend::Contender;
+use crate::floor::held_slot;
 
 /// How long the first waiter in line waits for a notification before it tries the slots
 /// again, as dlock's does.
@@ -284,10 +285,7 @@ impl Contender for PermitContender {
     }
 
     async fn unlock(&mut self) -> Result<()> {
-        let slot = self
-            .held
-            .take()
-            .ok_or_else(|| LockError::unexpected(BACKEND, "released a slot it never took"))?;
+        let slot = held_slot(&mut self.held, BACKEND)?;
         self.slots.release(&mut self.conn, slot, self.within).await
     }
 }
