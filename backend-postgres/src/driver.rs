@@ -23,11 +23,13 @@ use crate::sql::{self, Sql};
 use crate::tls;
 
 mod claims;
+mod derived;
 mod room;
 mod set;
 
 use claims::int_key;
 pub(crate) use claims::slot_keys;
+use derived::DerivedKeys;
 use dlock_api::raw::random_below;
 use room::FirstInLine;
 
@@ -53,6 +55,11 @@ pub(crate) struct PgDriver {
     pub(crate) listener: Listener,
     /// This client's semaphore waiters first in line, for interrupts to reach.
     first_in_line: FirstInLine,
+    /// The semaphores' and readers' keys derived so far.
+    derived: DerivedKeys,
+    /// How long a semaphore's or a reader's attempt waits for the name's gate, as
+    /// `lock_timeout` reads it: the command timeout.
+    gate_timeout: String,
     connect: PgConnectOptions,
 }
 
@@ -141,7 +148,10 @@ impl PgDriver {
     ) -> Result<Self> {
         let connect = config.driver_options()?;
         let listener = Listener::new(connect.clone(), config.connect_timeout);
+        let gate_ms = u64::try_from(config.command_timeout.as_millis()).unwrap_or(u64::MAX);
         Ok(Self {
+            gate_timeout: format!("{}ms", gate_ms.max(1)),
+            derived: DerivedKeys::default(),
             connect,
             config,
             sql,
@@ -187,6 +197,15 @@ impl PgDriver {
             None => drawn,
         };
         Ok(token.unsigned_abs())
+    }
+
+    /// The gate and the readers' mark (the limit key of one) of the 64-bit key `k`.
+    fn reader_keys(&self, k: i64) -> sql::Gated {
+        let keys = self.derived.of(k, 1);
+        sql::Gated {
+            gate: keys.gate,
+            limit: keys.limit,
+        }
     }
 
     /// The pool limits this client's options ask for.
@@ -324,10 +343,17 @@ impl SessionDriver for PgDriver {
         slot: Option<u32>,
     ) -> std::result::Result<bool, DriverError> {
         let k = int_key(key)?;
-        let limit = limit_key(k, permits);
-        let query = || match slot {
-            Some(slot) => sql::unlock_permit(slot_key(k, slot), k, limit),
-            None => sql::undo_permit(slot_keys(k, permits, 0), k, limit),
+        let keys = self.derived.of(k, permits);
+        let slot_key = slot.map(|slot| {
+            let at = usize::try_from(slot).ok();
+            at.and_then(|at| keys.slots.get(at).copied())
+                .unwrap_or_else(|| slot_key(k, slot))
+        });
+        let query = || match slot_key {
+            Some(slot) => {
+                sql::unlock_permit(slot, k, keys.limit, (keys.room, keys.channel.clone()))
+            }
+            None => sql::undo_permit(keys.slots.to_vec(), k, keys.limit),
         };
         unlock_retrying(conn, query).await
     }
@@ -393,8 +419,7 @@ impl SessionDriver for PgDriver {
         key: &RawKey,
     ) -> std::result::Result<Option<u64>, DriverError> {
         let k = int_key(key)?;
-        let gate_ms = u64::try_from(self.config.command_timeout.as_millis()).unwrap_or(u64::MAX);
-        let row = match sql::try_read_query(&self.sql, k, gate_ms.max(1))
+        let row = match sql::try_read_query(&self.sql, k, self.reader_keys(k), &self.gate_timeout)
             .fetch_one(&mut *conn)
             .await
         {
@@ -417,7 +442,7 @@ impl SessionDriver for PgDriver {
         let k = int_key(key)?;
         let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
         let permit_limits = (2..=MAX_PERMITS).map(|n| limit_key(k, n)).collect();
-        match sql::wait_read_query(&self.sql, k, ms, permit_limits)
+        match sql::wait_read_query(&self.sql, k, self.reader_keys(k), ms, permit_limits)
             .fetch_one(&mut *conn)
             .await
         {
@@ -436,7 +461,8 @@ impl SessionDriver for PgDriver {
         key: &RawKey,
     ) -> std::result::Result<bool, DriverError> {
         let k = int_key(key)?;
-        unlock_retrying(conn, || sql::unlock_read(k)).await
+        let mark = self.reader_keys(k).limit;
+        unlock_retrying(conn, || sql::unlock_read(k, mark)).await
     }
 
     async fn proclaim(

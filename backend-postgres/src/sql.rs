@@ -5,8 +5,7 @@
 use sqlx::postgres::{PgArguments, Postgres};
 use sqlx::query::Query;
 
-use crate::key::{self, RawKey};
-use crate::listen::permit_channel;
+use crate::key::RawKey;
 
 /// The statements of one client, for both advisory key spaces.
 #[derive(Debug)]
@@ -111,31 +110,42 @@ fn try_all(token: &str) -> String {
     )
 }
 
-/// One attempt at a permit of the 64-bit key `key` of a semaphore of `permits`, trying the
-/// slots in the order of `slots` (the keys of every slot, rotated to a random start):
-/// `(status, slot key, token)`; see [`try_permit`].
-pub(crate) fn try_permit_query(
-    sql: &Sql,
-    key: i64,
-    permits: u32,
-    slots: Vec<i64>,
-    gate_timeout_ms: u64,
-) -> Query<'_, Postgres, PgArguments> {
-    sqlx::query(&sql.try_permit)
-        .bind(key::gate_key(key))
-        .bind(key)
-        .bind(key::limit_key(key, permits))
-        .bind(slots)
-        .bind(format!("{gate_timeout_ms}ms"))
+/// The keys a semaphore's or a reader's attempt binds besides the name's own (see
+/// [`crate::key::slot_key`]): the name's gate and the limit key.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gated {
+    pub(crate) gate: i64,
+    pub(crate) limit: i64,
 }
 
-/// A reader's attempt on the 64-bit key `key`: `(status, token)`; see [`try_read`].
-pub(crate) fn try_read_query(
-    sql: &Sql,
+/// One attempt at a permit of the 64-bit key `key` of a semaphore with the limit key in
+/// `gated`, trying the slots in the order of `slots` (the keys of every slot, rotated to a
+/// random start), waiting for the gate up to `gate_timeout` (`lock_timeout`'s text):
+/// `(status, slot key, token)`; see [`try_permit`].
+pub(crate) fn try_permit_query<'q>(
+    sql: &'q Sql,
     key: i64,
-    gate_timeout_ms: u64,
-) -> Query<'_, Postgres, PgArguments> {
-    read_query(&sql.try_read, key, gate_timeout_ms)
+    gated: Gated,
+    slots: Vec<i64>,
+    gate_timeout: &'q str,
+) -> Query<'q, Postgres, PgArguments> {
+    sqlx::query(&sql.try_permit)
+        .bind(gated.gate)
+        .bind(key)
+        .bind(gated.limit)
+        .bind(slots)
+        .bind(gate_timeout)
+}
+
+/// A reader's attempt on the 64-bit key `key`, its mark the limit key of one in `gated`:
+/// `(status, token)`; see [`try_read`].
+pub(crate) fn try_read_query<'q>(
+    sql: &'q Sql,
+    key: i64,
+    gated: Gated,
+    gate_timeout: &'q str,
+) -> Query<'q, Postgres, PgArguments> {
+    read_query(&sql.try_read, key, gated).bind(gate_timeout)
 }
 
 /// A reader's server-side wait on the 64-bit key `key` under `lock_timeout = timeout_ms`:
@@ -144,20 +154,22 @@ pub(crate) fn try_read_query(
 pub(crate) fn wait_read_query(
     sql: &Sql,
     key: i64,
+    gated: Gated,
     timeout_ms: u64,
     permit_limits: Vec<i64>,
 ) -> Query<'_, Postgres, PgArguments> {
-    read_query(&sql.wait_read, key, timeout_ms).bind(permit_limits)
+    read_query(&sql.wait_read, key, gated)
+        .bind(format!("{timeout_ms}ms"))
+        .bind(permit_limits)
 }
 
-/// A reader's statement `sql` with its first arguments: the gate, the name's key, the readers'
-/// mark and a `lock_timeout`.
-fn read_query(sql: &str, key: i64, timeout_ms: u64) -> Query<'_, Postgres, PgArguments> {
+/// A reader's statement `sql` with its first arguments: the gate, the name's key and the
+/// readers' mark.
+fn read_query(sql: &str, key: i64, gated: Gated) -> Query<'_, Postgres, PgArguments> {
     sqlx::query(sql)
-        .bind(key::gate_key(key))
+        .bind(gated.gate)
         .bind(key)
-        .bind(key::limit_key(key, 1))
-        .bind(format!("{timeout_ms}ms"))
+        .bind(gated.limit)
 }
 
 /// An attempt that found the name free: it now holds the name's limit.
@@ -339,6 +351,7 @@ pub(crate) fn unlock_permit(
     slot: i64,
     key: i64,
     limit: i64,
+    (room, channel): (i64, String),
 ) -> Query<'static, Postgres, PgArguments> {
     sqlx::query(
         "SELECT pg_advisory_unlock($1), pg_advisory_unlock_shared($3), \
@@ -349,8 +362,8 @@ pub(crate) fn unlock_permit(
     .bind(slot)
     .bind(key)
     .bind(limit)
-    .bind(key::room_key(key))
-    .bind(permit_channel(key))
+    .bind(room)
+    .bind(channel)
 }
 
 /// Undoes whatever a failed or unwanted permit attempt left on its session: any of the slots
@@ -373,12 +386,12 @@ pub(crate) fn undo_permit(
 /// the mark first: while a session holds the mark, readers may join without looking further,
 /// so the mark never outlives the share. The first column says whether the share was held;
 /// it is also the undo of a reader's attempt.
-pub(crate) fn unlock_read(key: i64) -> Query<'static, Postgres, PgArguments> {
+pub(crate) fn unlock_read(key: i64, mark: i64) -> Query<'static, Postgres, PgArguments> {
     sqlx::query(
         "SELECT pg_advisory_unlock_shared($2), ul FROM \
          (SELECT pg_advisory_unlock_shared($1) AS ul OFFSET 0) m",
     )
-    .bind(key::limit_key(key, 1))
+    .bind(mark)
     .bind(key)
 }
 

@@ -48,18 +48,23 @@ impl PgDriver {
         first: u32,
     ) -> std::result::Result<Option<(u64, u32)>, DriverError> {
         let k = int_key(key)?;
-        let slots = slot_keys(k, permits, first);
-        let gate_ms = u64::try_from(self.config.command_timeout.as_millis()).unwrap_or(u64::MAX);
-        let row = match sql::try_permit_query(&self.sql, k, permits, slots.clone(), gate_ms.max(1))
-            .fetch_one(&mut *conn)
-            .await
-        {
-            Ok(row) => row,
-            // The gate stayed taken for the whole timeout (the statement's only wait, and its
-            // first lock: nothing was taken): busy.
-            Err(e) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => return Ok(None),
-            Err(e) => return Err(failure(e)),
+        let keys = self.derived.of(k, permits);
+        let slots = keys.slots_from(first);
+        let gated = sql::Gated {
+            gate: keys.gate,
+            limit: keys.limit,
         };
+        let row =
+            match sql::try_permit_query(&self.sql, k, gated, slots.clone(), &self.gate_timeout)
+                .fetch_one(&mut *conn)
+                .await
+            {
+                Ok(row) => row,
+                // The gate stayed taken for the whole timeout (the statement's only wait, and its
+                // first lock: nothing was taken): busy.
+                Err(e) if sqlstate(&e).as_deref() == Some(LOCK_NOT_AVAILABLE) => return Ok(None),
+                Err(e) => return Err(failure(e)),
+            };
         let status: i32 = row.try_get(0).map_err(failure)?;
         let slot: Option<i64> = row.try_get(1).map_err(failure)?;
         let drawn: Option<i64> = row.try_get(2).map_err(failure)?;

@@ -2,7 +2,7 @@
 //!
 //! A permit can come from any of the name's slots, and a server-side wait is on one key, so no
 //! statement can wait for "any slot". Instead the waiters of every client queue for the name's
-//! waiting room ([`room_key`]) in the server's lock queue, where a cancel reaches them; the
+//! waiting room ([`room_key`](crate::key::room_key)) in the server's lock queue, where a cancel reaches them; the
 //! one holding it is first in line. It listens on the name's permit channel, then tries the
 //! slots, and tries again when a release notifies the channel (a release notifies only while
 //! the room is taken, so releases with nobody waiting cost no notification, and one release
@@ -23,8 +23,7 @@ use tokio::time::Instant;
 
 use super::{PgDriver, failure, int_key, unlock_retrying};
 use crate::error::{LOCK_NOT_AVAILABLE, QUERY_CANCELED, sqlstate};
-use crate::key::{RawKey, room_key};
-use crate::listen::permit_channel;
+use crate::key::RawKey;
 use crate::sql;
 use dlock_api::raw::random_below;
 
@@ -90,7 +89,7 @@ impl PgDriver {
     ) -> std::result::Result<Waited, DriverError> {
         let k = int_key(key)?;
         let deadline = Instant::now().checked_add(wait);
-        let room = room_key(k);
+        let room = self.derived.of(k, permits).room;
         let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
         let entered = sql::enter_room(room, ms).fetch_one(&mut *conn).await;
         let outcome = match entered {
@@ -139,7 +138,8 @@ impl PgDriver {
         let k = int_key(key)?;
         // Listening before the first try: a release after it is heard. Without a bell (the
         // listening connection failed) the rescans alone serve.
-        let mut bell: Option<ChangeBell> = match self.listener.bell(permit_channel(k)).await {
+        let channel = self.derived.of(k, permits).channel.clone();
+        let mut bell: Option<ChangeBell> = match self.listener.bell(channel).await {
             Ok(bell) => Some(bell),
             Err(error) => {
                 tracing::debug!(%error, "dlock: a semaphore waiter without notifications rescans");

@@ -92,6 +92,15 @@ pub struct BenchArgs {
     /// on a name of its own (the many-names phase), for `--duration`.
     #[arg(long, hide = true, requires = "profile", conflicts_with = "pairs")]
     profile_tasks: Option<usize>,
+    /// With `--profile`: the pairs take one permit of a semaphore of this many (dlock's, or
+    /// the floor's of the same algorithm) instead of a lock.
+    #[arg(
+        long,
+        hide = true,
+        requires = "profile",
+        conflicts_with = "profile_tasks"
+    )]
+    profile_permits: Option<u32>,
 }
 
 /// How many alternating slices the uncontended phase and its floors are measured in.

@@ -61,14 +61,16 @@ pub(super) async fn bench(
         args.duration, args.rounds, args.waiters, args.hold
     );
     println!(
-        "{:>7}  {:>13}  {:>13}  {:>8}  {:>14}  {:>14}  {:>8}",
+        "{:>7}  {:>13}  {:>13}  {:>8}  {:>14}  {:>14}  {:>8}  {:>15}  {:>15}",
         "permits",
         "dlock pairs/s",
         "floor pairs/s",
         "ratio",
         "dlock hand-off",
         "floor hand-off",
-        "ratio"
+        "ratio",
+        "dlock CPU/pair",
+        "floor CPU/pair"
     );
     let cell = |v: &Value, unit: &str| {
         v.as_f64()
@@ -76,7 +78,7 @@ pub(super) async fn bench(
     };
     for row in &report {
         println!(
-            "{:>7}  {:>13}  {:>13}  {:>8}  {:>14}  {:>14}  {:>8}",
+            "{:>7}  {:>13}  {:>13}  {:>8}  {:>14}  {:>14}  {:>8}  {:>15}  {:>15}",
             row["permits"],
             cell(&row["pairs_per_sec"], ""),
             cell(&row["floor_pairs_per_sec"], ""),
@@ -84,6 +86,8 @@ pub(super) async fn bench(
             cell(&row["handoff_p50_us"], " µs"),
             cell(&row["floor_handoff_p50_us"], " µs"),
             cell(&row["handoff_p50_vs_floor"], "x"),
+            cell(&row["cpu_us_per_pair"], " µs"),
+            cell(&row["floor_cpu_us_per_pair"], " µs"),
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -170,7 +174,7 @@ async fn park(
 
 /// The median over rounds of each figure of one number of permits.
 fn summary<'a>(permits: u32, rounds: impl Iterator<Item = &'a Measured>) -> Value {
-    let mut figures: [Vec<f64>; 6] = Default::default();
+    let mut figures: [Vec<f64>; 8] = Default::default();
     for round in rounds {
         let floor_pairs = round.floor_pairs.as_ref().map(Samples::per_sec);
         let floor_handoff = round.floor_handoff.as_ref().map(|s| s.percentile(50.0));
@@ -182,6 +186,8 @@ fn summary<'a>(permits: u32, rounds: impl Iterator<Item = &'a Measured>) -> Valu
             Some(handoff),
             floor_handoff,
             floor_handoff.map(|floor| ratio(handoff, floor)),
+            round.pairs.cpu_per_op(),
+            round.floor_pairs.as_ref().and_then(Samples::cpu_per_op),
         ];
         for (figure, value) in figures.iter_mut().zip(values) {
             figure.extend(value);
@@ -200,7 +206,16 @@ fn summary<'a>(permits: u32, rounds: impl Iterator<Item = &'a Measured>) -> Valu
             middle.round()
         })
     };
-    let [ours, floor, vs, handoff, floor_handoff, handoff_vs] = &mut figures;
+    let [
+        ours,
+        floor,
+        vs,
+        handoff,
+        floor_handoff,
+        handoff_vs,
+        cpu,
+        floor_cpu,
+    ] = &mut figures;
     json!({
         "permits": permits,
         "pairs_per_sec": median(ours),
@@ -209,5 +224,7 @@ fn summary<'a>(permits: u32, rounds: impl Iterator<Item = &'a Measured>) -> Valu
         "handoff_p50_us": median(handoff),
         "floor_handoff_p50_us": median(floor_handoff),
         "handoff_p50_vs_floor": median(handoff_vs),
+        "cpu_us_per_pair": median(cpu),
+        "floor_cpu_us_per_pair": median(floor_cpu),
     })
 }

@@ -45,9 +45,23 @@ pub(super) async fn bench(
             let name = LockName::new(format!("{run}/profile"))?;
             let opts = LockOptions::new().with_wait_timeout(Duration::from_secs(10));
             floor::sample(WarmUp::Rounds(50), duration, async || {
-                client.acquire(&name, &opts).await?.release().await
+                let guard = match args.profile_permits {
+                    Some(permits) => client.acquire_permit(&name, permits, &opts).await?,
+                    None => client.acquire(&name, &opts).await?,
+                };
+                guard.release().await
             })
             .await?
+        }
+        // A semaphore's floor takes its tokens: it is the fenced floor too.
+        ProfileSide::Floor | ProfileSide::FencedFloor if args.profile_permits.is_some() => {
+            let permits = args.profile_permits.unwrap_or(1);
+            floors_of(args)?
+                .permit_pairs(permits, duration)
+                .await?
+                .ok_or_else(|| {
+                    LockError::invalid("--profile-permits", "this backend has no semaphore floor")
+                })?
         }
         ProfileSide::Floor | ProfileSide::FencedFloor => {
             let floors = floors_of(args)?;

@@ -155,6 +155,8 @@ pub(crate) fn assert_permits_measured_against_their_floor(url: &str, duration: &
             "handoff_p50_us",
             "floor_handoff_p50_us",
             "handoff_p50_vs_floor",
+            "cpu_us_per_pair",
+            "floor_cpu_us_per_pair",
         ] {
             assert!(
                 row[figure].as_f64().is_some_and(|n| n > 0.0),

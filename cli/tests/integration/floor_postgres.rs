@@ -29,3 +29,24 @@ fn bench_measures_semaphores_against_their_raw_floor() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(left.trim(), "0", "floor sequences left");
 }
+
+/// `dlock bench --profile dlock|floor --profile-permits 3 --pairs N`: one side's semaphore
+/// pairs alone, the given number of them, for a profiler.
+#[test]
+fn bench_profiles_either_side_of_a_semaphore() {
+    let server = Postgres::start().unwrap_or_else(|e| panic!("{e}"));
+    for (side, label) in [("dlock", "Dlock: 20 pairs"), ("floor", "Floor: 20 pairs")] {
+        let stdout = common::succeeds([
+            "bench",
+            "--backend",
+            &server.url(),
+            "--profile",
+            side,
+            "--profile-permits",
+            "3",
+            "--pairs",
+            "20",
+        ]);
+        assert!(stdout.contains(label), "{side}: {stdout}");
+    }
+}
