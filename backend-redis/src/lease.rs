@@ -16,6 +16,19 @@ use tokio::time::Instant;
 use crate::client::Inner;
 use crate::keys::LockKeys;
 
+/// When a lease the server set (or extended) to `ttl`, by a request sent at `sent`, ends by this
+/// client's clock: `ttl` after `sent`, less a drift allowance of 1% of `ttl` and 2 ms, as
+/// Redlock's validity time has. The server times the key on its own wall clock from when it
+/// ran the request, which is after `sent`; the allowance is for that clock running ahead of
+/// ours, so that the guard's deadline errs early, never late.
+pub(crate) fn lease_end(sent: Instant, ttl: Duration) -> Instant {
+    let drift = ttl
+        .checked_div(100)
+        .unwrap_or_default()
+        .saturating_add(Duration::from_millis(2));
+    after(sent, ttl.saturating_sub(drift))
+}
+
 /// What an owner value holds, or may hold, of a name: which scripts release and renew it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Hold {
@@ -323,7 +336,7 @@ impl RawLease for RedisLease {
             }
         };
         if extended == 1 {
-            Ok(after(sent, ttl))
+            Ok(lease_end(sent, ttl))
         } else {
             Err(LockError::NotHeld {
                 name: self.name.to_string(),

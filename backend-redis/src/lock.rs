@@ -19,7 +19,7 @@ use crate::client::{HeldBy, Inner};
 use crate::config::RedisConfig;
 use crate::held::HeldLock;
 use crate::keys::LockKeys;
-use crate::lease::{Hold, RedisLease};
+use crate::lease::{Hold, RedisLease, lease_end};
 use crate::scripts::Scripts;
 use crate::wake::Wakeups;
 
@@ -214,7 +214,7 @@ impl RedisLock {
                     owner,
                     Held {
                         token,
-                        valid_until: after(started, options.ttl()),
+                        valid_until: lease_end(started, options.ttl()),
                         hold: Hold::Lock { uncontended: true },
                         record: None,
                     },
@@ -289,7 +289,7 @@ impl RedisLock {
         match answer {
             Some([1, token, pttl]) => {
                 let lease = Duration::from_millis(pttl.max(0) as u64).min(options.ttl());
-                let valid_until = after(started, lease);
+                let valid_until = lease_end(started, lease);
                 let held = Held {
                     token,
                     valid_until,
@@ -454,7 +454,7 @@ impl RedisLock {
                 let ttl = options.ttl();
                 let valid_until = last_busy
                     .filter(|&(_, fence)| token > fence)
-                    .map(|(sent, _)| after(sent, ttl.saturating_sub(grant_margin(ttl))));
+                    .map(|(sent, _)| lease_end(sent, ttl));
                 if let Some(valid_until) = valid_until.filter(|until| {
                     until.saturating_duration_since(Instant::now())
                         >= ttl.checked_div(2).unwrap_or_default()
@@ -565,15 +565,6 @@ fn ttl_ms(options: &LockOptions) -> String {
 /// A random owner value, shared by the acquire's keys, cleanup and lease.
 fn owner_token() -> Arc<str> {
     dlock_api::raw::random_owner().into()
-}
-
-/// How much earlier than `ttl` after its last busy attempt was sent a waiter granted the lock
-/// considers its lease over: the server's clock and ours run at slightly different rates, so
-/// the local deadline errs early, as Redlock's drift allowance does.
-fn grant_margin(ttl: Duration) -> Duration {
-    ttl.checked_div(100)
-        .unwrap_or_default()
-        .saturating_add(Duration::from_millis(2))
 }
 
 dlock_api::impl_distributed_lock!(RedisLock);

@@ -11,14 +11,13 @@
 use std::any::Any;
 use std::time::Duration;
 
-use dlock_api::raw::time::after;
 use dlock_api::raw::{RawLease, RenewBatch, async_trait, batch_answers, batch_groups};
 use dlock_api::{LockError, Result};
 use futures::future::join_all;
 use tokio::time::Instant;
 
 use crate::client::Inner;
-use crate::lease::{Hold, RedisLease};
+use crate::lease::{Hold, RedisLease, lease_end};
 
 /// The most keys one renewal script takes: a few hundred microseconds of the server's time.
 const CHUNK: usize = 512;
@@ -113,7 +112,7 @@ impl Inner {
                 .iter()
                 .zip(answers)
                 .map(|(&(index, lease), extended)| match extended {
-                    1 => (index, Ok(after(sent, ttl))),
+                    1 => (index, Ok(lease_end(sent, ttl))),
                     _ => (index, Err(lease.not_held())),
                 })
                 .collect(),

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use dlock_api::raw::time::after;
 use dlock_api::raw::{GrantedAtOnce, PendingAcquire};
 use dlock_api::{LockError, LockName, LockOptions, Result};
 use redis::cluster_routing::Slot;
@@ -13,7 +12,7 @@ use tokio::time::Instant;
 use super::{Held, LOCK, RedisLock, owner_token, ttl_ms};
 use crate::BACKEND;
 use crate::keys::LockKeys;
-use crate::lease::{Hold, RedisLease};
+use crate::lease::{Hold, RedisLease, lease_end};
 
 /// One member of the set: its name, keys and owner value.
 struct Member<'a> {
@@ -99,7 +98,7 @@ impl RedisLock {
         if self.inner.config.wait_replicas > 0 {
             self.wait_for_replicas().await?;
         }
-        let valid_until = after(started, options.ttl());
+        let valid_until = lease_end(started, options.ttl());
         let mut grants = Vec::with_capacity(members.len());
         for ((member, pending), token) in members.iter().zip(pending).zip(tokens) {
             let redis::Value::Int(token) = token else {

@@ -15,7 +15,7 @@ use tokio::time::{Instant, sleep_until};
 use super::{Held, RedisLock, in_use_as, owner_token, ttl_ms};
 use crate::BACKEND;
 use crate::keys::LockKeys;
-use crate::lease::{Hold, RedisLease};
+use crate::lease::{Hold, RedisLease, lease_end};
 
 /// The most permits a Redis semaphore takes: each held permit is one member of a sorted set,
 /// and every acquire counts them in O(1) and trims the expired ones in O(log n), so the limit
@@ -140,7 +140,7 @@ impl RedisLock {
             Some((1, token)) => {
                 let held = Held {
                     token,
-                    valid_until: after(started, options.ttl()),
+                    valid_until: lease_end(started, options.ttl()),
                     hold: share.hold(),
                     record: None,
                 };
