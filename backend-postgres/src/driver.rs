@@ -201,11 +201,7 @@ impl PgDriver {
 
     /// The gate and the readers' mark (the limit key of one) of the 64-bit key `k`.
     fn reader_keys(&self, k: i64) -> sql::Gated {
-        let keys = self.derived.of(k, 1);
-        sql::Gated {
-            gate: keys.gate,
-            limit: keys.limit,
-        }
+        self.derived.of(k, 1).gated()
     }
 
     /// The pool limits this client's options ask for.

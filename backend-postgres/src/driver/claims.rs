@@ -50,10 +50,7 @@ impl PgDriver {
         let k = int_key(key)?;
         let keys = self.derived.of(k, permits);
         let slots = keys.slots_from(first);
-        let gated = sql::Gated {
-            gate: keys.gate,
-            limit: keys.limit,
-        };
+        let gated = keys.gated();
         let row =
             match sql::try_permit_query(&self.sql, k, gated, slots.clone(), &self.gate_timeout)
                 .fetch_one(&mut *conn)

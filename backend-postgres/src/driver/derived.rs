@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::key::{gate_key, limit_key, room_key, slot_key};
 use crate::listen::permit_channel;
+use crate::sql::Gated;
 
 /// How many semaphores' keys a client remembers; past it, it forgets them all and derives
 /// again (a service with more names than this in turn pays the derivation, no more).
@@ -33,6 +34,14 @@ impl SemaphoreKeys {
             room: room_key(key),
             slots: (0..permits).map(|slot| slot_key(key, slot)).collect(),
             channel: permit_channel(key),
+        }
+    }
+
+    /// The gate and limit keys an attempt binds besides the name's own.
+    pub(crate) fn gated(&self) -> Gated {
+        Gated {
+            gate: self.gate,
+            limit: self.limit,
         }
     }
 
