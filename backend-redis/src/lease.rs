@@ -29,6 +29,30 @@ pub(crate) fn lease_end(sent: Instant, ttl: Duration) -> Instant {
     after(sent, ttl.saturating_sub(drift))
 }
 
+/// When a grant announced to a waiter (`granted OWNER TOKEN`) ends by this client's clock, if
+/// enough of it is certain to take it as it is; `None` sends the waiter to ask the server.
+///
+/// `last_busy` is the waiter's latest attempt that found no room: when it was sent, and the
+/// last token the name had handed out when the server ran it. A grant with a higher token was
+/// made after that attempt was sent, so its lease of `ttl` runs at least until then plus `ttl`.
+/// When the message *arrived* says nothing of when the grant was made: it may have sat in the
+/// socket of a paused process. A grant with a token no higher was made before the server ran
+/// the attempt, which found no room for this owner: that grant has already ended. And a lease
+/// with less than half its TTL certain left is asked about again rather than trusted.
+pub(crate) fn announced_grant_end(
+    last_busy: Option<(Instant, u64)>,
+    token: u64,
+    ttl: Duration,
+) -> Option<Instant> {
+    last_busy
+        .filter(|&(_, fence)| token > fence)
+        .map(|(sent, _)| lease_end(sent, ttl))
+        .filter(|until| {
+            until.saturating_duration_since(Instant::now())
+                >= ttl.checked_div(2).unwrap_or_default()
+        })
+}
+
 /// What an owner value holds, or may hold, of a name: which scripts release and renew it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Hold {
@@ -139,23 +163,35 @@ impl RedisLease {
         }
     }
 
-    /// Gives `owner`'s permit back and takes it out of the name's queue, waking the name's
-    /// waiters. True if the permit was live (also when this is the second arrival of a release
-    /// whose first one gave it back, where releases are marked).
-    async fn release_permit(inner: &Inner, keys: &LockKeys, owner: &str) -> Result<bool> {
+    /// Gives `owner`'s permit back and takes it out of the name's queue, granting the room to
+    /// the live waiters at its head. True if the permit was live (also when this is the second
+    /// arrival of a release whose first one gave it back, where releases are marked).
+    /// `leaving`: a wait ends, so the owner may still be queued (a holder's owner is not: it
+    /// left the queue when it was granted).
+    async fn release_permit(
+        inner: &Inner,
+        keys: &LockKeys,
+        owner: &str,
+        leaving: bool,
+    ) -> Result<bool> {
         let (permits, mark) = (keys.permits(), keys.permit_released_by(owner));
         let names = [
             keys.lock.as_str(),
             permits.as_str(),
             keys.queue.as_str(),
             keys.waiters.as_str(),
+            keys.fence.as_str(),
             mark.as_str(),
         ];
         let names = match inner.scripts.marks_releases {
             true => &names[..],
-            false => &names[..4],
+            false => &names[..5],
         };
-        let args = [owner, keys.channel.as_str()];
+        let args = [
+            owner,
+            keys.channel.as_str(),
+            if leaving { "1" } else { "0" },
+        ];
         Ok(Self::run_with(inner, &inner.scripts.release_permit, names, &args).await? == 1)
     }
 
@@ -165,7 +201,9 @@ impl RedisLease {
     async fn release_script(&self) -> Result<bool> {
         let (inner, keys, owner) = (&self.inner, &self.keys, &*self.owner);
         let uncontended = match self.hold {
-            Hold::Permit | Hold::Reader => return Self::release_permit(inner, keys, owner).await,
+            Hold::Permit | Hold::Reader => {
+                return Self::release_permit(inner, keys, owner, false).await;
+            }
             Hold::Lock { uncontended } => uncontended,
         };
         let marks = inner.scripts.marks_releases;
@@ -230,7 +268,9 @@ impl RedisLease {
             Hold::Lock { .. } => Self::run(inner, &inner.scripts.cancel, keys, owner)
                 .await
                 .map(drop),
-            Hold::Permit | Hold::Reader => Self::release_permit(inner, keys, owner).await.map(drop),
+            Hold::Permit | Hold::Reader => Self::release_permit(inner, keys, owner, true)
+                .await
+                .map(drop),
         }
     }
 

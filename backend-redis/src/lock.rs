@@ -19,9 +19,9 @@ use crate::client::{HeldBy, Inner};
 use crate::config::RedisConfig;
 use crate::held::HeldLock;
 use crate::keys::LockKeys;
-use crate::lease::{Hold, RedisLease, lease_end};
+use crate::lease::{Hold, RedisLease, announced_grant_end, lease_end};
 use crate::scripts::Scripts;
-use crate::wake::Wakeups;
+use crate::wake::{Waiting, Wakeups};
 
 /// Locks on Redis: a single node, a Sentinel-managed primary, or a Cluster.
 ///
@@ -326,6 +326,24 @@ impl RedisLock {
         PendingAcquire::arm(move || RedisLease::spawn_cleanup(inner, keys, owner, hold))
     }
 
+    /// A waiter's registration, as `owner`, for the grants announced on the name's channel, and
+    /// its cleanup armed: from here the server may queue it or grant it the name, and a dropped
+    /// wait undoes both.
+    fn join_wait(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Arc<str>,
+        hold: Hold,
+    ) -> (Waiting, PendingAcquire) {
+        let waiting = self.inner.hub.register(
+            &self.inner.conn,
+            &keys.channel,
+            owner,
+            self.inner.config.command_timeout,
+        );
+        (waiting, self.arm_cleanup(keys, owner, hold))
+    }
+
     /// Runs an acquire script for `owner` with its cleanup armed (the script may take effect even
     /// if this future is dropped or the reply is lost), the cleanup undoing what `hold` says the
     /// script takes: the reply, when the script was sent, and the cleanup, to disarm once the
@@ -419,46 +437,25 @@ impl RedisLock {
         (keys, mut owner): (Arc<LockKeys>, Arc<str>),
         mut recovery: WaitRecovery,
     ) -> Result<Option<Grant>> {
-        let timeout = self.inner.config.command_timeout;
-        let mut waiting = self
-            .inner
-            .hub
-            .register(&self.inner.conn, &keys.channel, &owner, timeout);
-        // From here the server may queue us or grant us the lock: a dropped wait must undo both.
-        let mut pending = self.arm_cleanup(&keys, &owner, LOCK);
+        let (mut waiting, mut pending) = self.join_wait(&keys, &owner, LOCK);
         let refresh = self.presence().checked_div(3).unwrap_or_default();
         let mut backoff = 0;
-        // The latest attempt that found the lock busy: when it was sent, and the last token the
-        // name had handed out when the server ran it. A grant to us with a higher token was made
-        // after that attempt was sent, so its lease runs at least until then plus the TTL. (When
-        // the grant's message *arrived* says nothing of when it was made: it may have sat in the
-        // socket of a paused process.) A grant with a token no higher was made before the server
-        // ran the attempt, which found the lock not ours: that grant has already ended.
+        // The latest attempt that found the lock busy, which dates a grant announced to us
+        // (`announced_grant_end`).
         let mut last_busy: Option<(Instant, u64)> = None;
         let mut reply_lost = false;
         loop {
             if std::mem::take(&mut reply_lost) {
                 owner = owner_token();
-                waiting = self
-                    .inner
-                    .hub
-                    .register(&self.inner.conn, &keys.channel, &owner, timeout);
                 pending.disarm();
-                pending = self.arm_cleanup(&keys, &owner, LOCK);
+                (waiting, pending) = self.join_wait(&keys, &owner, LOCK);
                 last_busy = None;
             }
             let notified = waiting.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if let Some(token) = waiting.take_grant() {
-                let ttl = options.ttl();
-                let valid_until = last_busy
-                    .filter(|&(_, fence)| token > fence)
-                    .map(|(sent, _)| lease_end(sent, ttl));
-                if let Some(valid_until) = valid_until.filter(|until| {
-                    until.saturating_duration_since(Instant::now())
-                        >= ttl.checked_div(2).unwrap_or_default()
-                }) {
+                if let Some(valid_until) = announced_grant_end(last_busy, token, options.ttl()) {
                     pending.disarm();
                     return Ok(Some(self.guard(
                         name,

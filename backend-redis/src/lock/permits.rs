@@ -1,8 +1,9 @@
 //! Semaphores and readers on Redis: one script takes a permit (`scripts/permits.rs`) or a
-//! reader's share (`scripts/readers.rs`); a waiter queues in the name's queue (the lock's),
-//! listens on the name's channel, where every release announces `free`, and tries again then, or
-//! when the earliest permit's lease (or the holding writer's) ends on the server (a holder that
-//! vanished announces nothing); the scripts grant in queue order.
+//! reader's share (`scripts/readers.rs`); a waiter queues in the name's queue (the lock's) and
+//! listens on the name's channel. A permit's release grants the room to the waiters at the
+//! queue's head and tells each (`granted OWNER TOKEN`); readers are told `free` and try again.
+//! Every waiter also tries again when the earliest permit's lease (or the holding writer's) ends
+//! on the server (a holder that vanished announces nothing); the scripts grant in queue order.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use tokio::time::{Instant, sleep_until};
 use super::{Held, RedisLock, in_use_as, owner_token, ttl_ms};
 use crate::BACKEND;
 use crate::keys::LockKeys;
-use crate::lease::{Hold, RedisLease, lease_end};
+use crate::lease::{Hold, RedisLease, announced_grant_end, lease_end};
 
 /// The most permits a Redis semaphore takes: each held permit is one member of a sorted set,
 /// and every acquire counts them in O(1) and trims the expired ones in O(log n), so the limit
@@ -54,6 +55,9 @@ enum PermitAttempt {
     /// leases (the writer's) ends this long from now (`None`: none is held).
     Busy {
         next_end: Option<Duration>,
+        /// The last token the name had handed out when the server ran the attempt (a
+        /// semaphore's; a reader's attempt does not say), which dates a grant announced later.
+        fence: Option<u64>,
     },
 }
 
@@ -126,18 +130,18 @@ impl RedisLock {
             .await?;
         let answer = match &reply {
             redis::Value::Array(items) => match items.as_slice() {
-                [redis::Value::Int(a), redis::Value::Int(b)] => Some((*a, *b)),
+                [redis::Value::Int(a), redis::Value::Int(b)] => Some((*a, *b, None)),
                 [
                     redis::Value::Int(a),
                     redis::Value::Int(b),
-                    redis::Value::Int(_),
-                ] => Some((*a, *b)),
+                    redis::Value::Int(c),
+                ] => Some((*a, *b, Some(*c))),
                 _ => None,
             },
             _ => None,
         };
         match answer {
-            Some((1, token)) => {
+            Some((1, token, _)) => {
                 let held = Held {
                     token,
                     valid_until: lease_end(started, options.ttl()),
@@ -148,14 +152,15 @@ impl RedisLock {
                     .await
                     .map(PermitAttempt::Granted)
             }
-            Some((0, next_end_ms)) => {
+            Some((0, next_end_ms, fence)) => {
                 // Queued or not, a waiter's own cleanup covers the queue from here.
                 pending.disarm();
                 Ok(PermitAttempt::Busy {
                     next_end: u64::try_from(next_end_ms).ok().map(Duration::from_millis),
+                    fence: fence.and_then(|fence| u64::try_from(fence).ok()),
                 })
             }
-            Some((-1, in_use)) => {
+            Some((-1, in_use, _)) => {
                 pending.disarm();
                 Err(in_use_as(name, share.limit(), in_use.unsigned_abs()))
             }
@@ -186,11 +191,13 @@ impl RedisLock {
 
     /// [`RawLock::wait_grant`](dlock_api::raw::RawLock::wait_grant) of more than one permit, or a
     /// reader's: tries once without queueing (the uncontended path), then joins the name's queue
-    /// and tries again at each `free` on the name's channel, at the end of the earliest held
-    /// lease (a holder that vanished announces nothing) and at each refresh of its presence in
-    /// the queue (a waiter ahead that vanished announces nothing either). The server grants it a
-    /// permit only once no live waiter queued ahead of it is owed the free ones, and a reader's
-    /// share only once no live writer waits ahead of it, so waiters are served in order.
+    /// and waits. A release grants the room it makes to the live waiters at the queue's head
+    /// (`granted OWNER TOKEN` on the name's channel: the permit is this waiter's already); a
+    /// reader tries again at each `free`. Every waiter also tries again at the end of the
+    /// earliest held lease (a holder that vanished announces nothing) and at each refresh of its
+    /// presence in the queue (a waiter ahead that vanished announces nothing either). The server
+    /// grants a permit only once no live waiter queued ahead of it is owed the free ones, and a
+    /// reader's share only once no live writer waits ahead of it, so waiters are served in order.
     pub(super) async fn wait_permit(
         &self,
         name: &LockName,
@@ -217,19 +224,40 @@ impl RedisLock {
                 }
             }
         };
-        let waiting = self.inner.hub.register(
-            &self.inner.conn,
-            &keys.channel,
-            &owner,
-            self.inner.config.command_timeout,
-        );
-        // From here the server may queue us or grant us a permit: a dropped wait undoes both.
-        let mut pending = self.arm_cleanup(&keys, &owner, share.hold());
+        let (mut waiting, mut pending) = self.join_wait(&keys, &owner, share.hold());
         let refresh = self.presence().checked_div(3).unwrap_or_default();
+        // The latest attempt that found no room, which dates a grant announced to us.
+        let mut last_busy: Option<(Instant, u64)> = None;
+        let mut reply_lost = false;
         loop {
+            if std::mem::take(&mut reply_lost) {
+                // The lost reply's cleanup gives back whatever that attempt did for this owner
+                // (a place in the queue, a permit), late or not: the wait goes on as a new
+                // owner, at the end of the queue.
+                owner = owner_token();
+                pending.disarm();
+                (waiting, pending) = self.join_wait(&keys, &owner, share.hold());
+                last_busy = None;
+            }
             let notified = waiting.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            if let Some(token) = waiting.take_grant() {
+                if let Some(valid_until) = announced_grant_end(last_busy, token, options.ttl()) {
+                    let held = Held {
+                        token: token as i64,
+                        valid_until,
+                        hold: share.hold(),
+                        record: None,
+                    };
+                    return self
+                        .granted(pending, name, &keys, &owner, held)
+                        .await
+                        .map(Some);
+                }
+                // An ended grant, or too little of its lease is certain: the attempt below asks
+                // the server (the permit still ours is renewed with a new token).
+            }
             // Subscribed before the attempt, so a release between the two is not missed.
             if let Err(error) = waiting.ensure_subscribed().await {
                 recovery
@@ -237,6 +265,7 @@ impl RedisLock {
                     .await?;
                 continue;
             }
+            let sent = Instant::now();
             let next_end = match self
                 .attempt_permit(name, &keys, &owner, share, options, true)
                 .await
@@ -245,20 +274,16 @@ impl RedisLock {
                     pending.disarm();
                     return Ok(Some(grant));
                 }
-                Ok(PermitAttempt::Busy { next_end }) => {
+                Ok(PermitAttempt::Busy { next_end, fence }) => {
                     recovery.reached_server();
+                    last_busy = fence.map(|fence| (sent, fence));
                     next_end
                 }
                 Err(error) => {
                     recovery
                         .pause_or_give_up(error, options.retry(), deadline)
                         .await?;
-                    // The lost reply's cleanup gives back whatever that attempt did for this
-                    // owner (a place in the queue, a permit), late or not: the wait goes on as
-                    // a new owner, at the end of the queue.
-                    owner = owner_token();
-                    pending.disarm();
-                    pending = self.arm_cleanup(&keys, &owner, share.hold());
+                    reply_lost = true;
                     continue;
                 }
             };
@@ -278,6 +303,7 @@ impl RedisLock {
             }
             tokio::select! {
                 _ = &mut notified => {}
+                _ = waiting.granted_signal() => {}
                 _ = sleep_until(wake_at) => {}
             }
         }

@@ -187,8 +187,8 @@ async fn next_granted(
 }
 
 /// Two permits held, waiters A, B and C queued in that order: each permit released goes to the
-/// first waiter still waiting, A, then B, then C (a permit released is announced to every
-/// waiter, and the server grants it only to the first in line).
+/// first waiter still waiting, A, then B, then C (the release grants it to the first in line
+/// in its own script, and tells that waiter alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permit_waiters_are_served_in_queue_order() {
     let server = server();
