@@ -67,7 +67,9 @@ macro_rules! fence_keep_ms {
 ///
 /// The token is above the last one, and at least the server clock in microseconds, so tokens keep
 /// rising even if the fence key is lost (restart without persistence, failover to a replica that
-/// missed the last grants). Lua numbers are doubles, exact below 2^53 µs (the year 2255).
+/// missed the last grants). Lua numbers are doubles, exact below 2^53 µs (the year 2255). They
+/// go to the server as `%d` text: Lua's own number-to-text conversion is its general
+/// floating-point one, which costs a short script more than most of its commands.
 macro_rules! lua_take_token {
     () => {
         concat!(
@@ -90,7 +92,7 @@ local keep = ",
             fence_keep_ms!(),
             r"
 if queued then keep = math.max(keep, redis.call('PTTL', queue)) end
-redis.call('SET', fence, string.format('%.0f', token) .. (queued and '+' or ''), 'PX', keep)
+redis.call('SET', fence, string.format('%d', token) .. (queued and '+' or ''), 'PX', string.format('%d', keep))
 "
         )
     };

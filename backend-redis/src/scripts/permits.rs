@@ -33,18 +33,28 @@ pub(crate) const ACQUIRE_PERMIT: &str = concat!(
     r"
 local lock, permits, fence, queue, waiters = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, limit, presence = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local mark = redis.call('GET', lock)
+-- A name nobody uses takes its mark in the call that reads it (`NX` with `GET`: nil when it
+-- set it), with the lease asked for, as a grant sets it: the uncontended path's one call for both.
+local mark = redis.call('SET', lock, '#permits:' .. ARGV[3], 'NX', 'PX', ARGV[2], 'GET')
 local prior = redis.call('GET', fence) or '0'
 if mark then
   local in_use = tonumber(string.match(mark, '^#permits:(%d+)$') or '1')
   if in_use ~= limit then return {-1, in_use} end
 elseif string.sub(prior, -1) == '+' and redis.call('EXISTS', queue) == 1 then
+  redis.call('DEL', lock)
   return {-1, 1}
 end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', permits, '-inf', now_ms)
-local held = redis.call('ZCARD', permits)
+-- Numbers go to the server as integer text (`%d`): Lua's own conversion of a number to text
+-- is the general floating-point one, a costly part of a short script.
+local held = 0
+-- An unmarked name has no permits, unless its mark was lost (a failover, an eviction): then
+-- its set is there, and counted as any.
+if mark or redis.call('EXISTS', permits) == 1 then
+  redis.call('ZREMRANGEBYSCORE', permits, '-inf', string.format('%d', now_ms))
+  held = redis.call('ZCARD', permits)
+end
 -- Whether the caller holds a permit already (an acquire that reached the server twice) matters
 -- only where it could be refused or queued; elsewhere the `ZADD` below tells.
 local mine = false
@@ -75,16 +85,18 @@ if not granted then
   local first = redis.call('ZRANGE', permits, 0, 0, 'WITHSCORES')
   return {0, math.max(tonumber(first[2]) - now_ms, 1), last}
 end
-if redis.call('ZADD', permits, now_ms + ttl, owner) == 1 then held = held + 1 end
+if redis.call('ZADD', permits, string.format('%d', now_ms + ttl), owner) == 1 then
+  held = held + 1
+end
 if mark and redis.call('HDEL', waiters, owner) == 1 then redis.call('LREM', queue, 1, owner) end
 -- The only live permit (a set made just now, without a TTL yet) sets both keys' TTL to its
--- lease; any other raises each to its lease if it would end sooner. Each key is checked on its
--- own: the mark also outlives the queue, which it gives to the semaphore, so its TTL says
--- nothing of the set's.
-if not mark or held == 1 or redis.call('PTTL', lock) < ttl then
-  redis.call('SET', lock, '#permits:' .. ARGV[3], 'PX', ttl)
+-- lease (an unmarked name's mark has it already); any other raises each to its lease if it
+-- would end sooner. Each key is checked on its own: the mark also outlives the queue, which it
+-- gives to the semaphore, so its TTL says nothing of the set's.
+if mark and (held == 1 or redis.call('PTTL', lock) < ttl) then
+  redis.call('SET', lock, mark, 'PX', ARGV[2])
 end
-if held == 1 or redis.call('PTTL', permits) < ttl then redis.call('PEXPIRE', permits, ttl) end
+if held == 1 or redis.call('PTTL', permits) < ttl then redis.call('PEXPIRE', permits, ARGV[2]) end
 if mark then
   local queue_left = redis.call('PTTL', queue)
   if queue_left > redis.call('PTTL', lock) then redis.call('PEXPIRE', lock, queue_left) end
@@ -125,19 +137,15 @@ local left_queue = ARGV[3] == '1' and redis.call('HDEL', waiters, ARGV[1]) == 1
 if left_queue then redis.call('LREM', queue, 1, ARGV[1]) end
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local score = redis.call('ZSCORE', permits, ARGV[1])
-local released = false
-if score then
-  redis.call('ZREM', permits, ARGV[1])
-  released = tonumber(score) > now_ms
-end
+-- The leases that ended go first, so that the owner's permit is found only if it was live.
+redis.call('ZREMRANGEBYSCORE', permits, '-inf', string.format('%d', now_ms))
+local released = redis.call('ZREM', permits, ARGV[1]) == 1
 local in_line = redis.call('EXISTS', queue) == 1
 -- Room nobody is queued for is not announced: a waiter not yet queued tries again anyway.
 local room_left = (released or left_queue) and in_line
 if room_left then
   local limit = tonumber(string.match(redis.call('GET', lock) or '', '^#permits:(%d+)$') or '')
   if limit then
-    redis.call('ZREMRANGEBYSCORE', permits, '-inf', now_ms)
     local held = redis.call('ZCARD', permits)
     local head = redis.call('LINDEX', queue, 0)
     while head and held < limit do
@@ -149,17 +157,17 @@ if room_left then
         if not deadline then break end
       end
       if tonumber(deadline) > now_ms then
-        ttl = tonumber(ttl)
-        redis.call('ZADD', permits, now_ms + ttl, head)
+        local ttl_ms = tonumber(ttl)
+        redis.call('ZADD', permits, string.format('%d', now_ms + ttl_ms), head)
         held = held + 1
-        if redis.call('PTTL', permits) < ttl then redis.call('PEXPIRE', permits, ttl) end
-        if redis.call('PTTL', lock) < ttl then redis.call('PEXPIRE', lock, ttl) end
+        if redis.call('PTTL', permits) < ttl_ms then redis.call('PEXPIRE', permits, ttl) end
+        if redis.call('PTTL', lock) < ttl_ms then redis.call('PEXPIRE', lock, ttl) end
         -- A semaphore's fence carries no queue mark: the lock key's mark keeps locks off.
         local prior, queued = redis.call('GET', fence) or '0', false
 ",
             lua_take_token_after_prior!(),
             r"
-        redis.call('PUBLISH', ARGV[2], 'granted ' .. head .. ' ' .. string.format('%.0f', token))
+        redis.call('PUBLISH', ARGV[2], 'granted ' .. head .. ' ' .. string.format('%d', token))
       end
       redis.call('LPOP', queue)
       redis.call('HDEL', waiters, head)
